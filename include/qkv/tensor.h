@@ -1,0 +1,194 @@
+// Tensors: TensorView (non-owning pointer + shape + element strides) and Tensor (owning,
+// 64-byte aligned, contiguous row-major). Rank is at most 4.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "qkv/error.h"
+
+namespace qkv {
+
+inline constexpr int kMaxRank = 4;
+inline constexpr std::size_t kTensorAlignment = 64;
+
+// bfloat16 as stored bits: the top 16 bits of an IEEE float32.
+struct bf16 {
+  uint16_t bits = 0;
+};
+float bf16_to_float(bf16 x);
+// Rounds to nearest even; NaN stays NaN.
+bf16 float_to_bf16(float x);
+
+// Multiplies a shape's dimensions, throwing qkv::Error (naming `what`) on a negative dimension or
+// when the element count times `element_size` would overflow size_t.
+int64_t checked_numel(std::span<const int64_t> shape, std::size_t element_size, const std::string& what);
+
+// Describes a shape as "[2, 3, 4]" for messages.
+std::string shape_string(std::span<const int64_t> shape);
+
+// A non-owning view: pointer, shape and strides in elements (a stride may be 0 to broadcast).
+// Cheap to copy; the caller keeps the memory alive. Thread-compatible, like a pointer.
+template <class T>
+class TensorView {
+ public:
+  TensorView() = default;
+  // A contiguous row-major view of `shape`.
+  TensorView(T* data, std::span<const int64_t> shape) : data_(data), rank_(static_cast<int>(shape.size())) {
+    check_rank();
+    int64_t stride = 1;
+    for (int i = rank_ - 1; i >= 0; --i) {
+      shape_[i] = shape[i];
+      strides_[i] = stride;
+      stride *= shape[i];
+    }
+  }
+  TensorView(T* data, std::initializer_list<int64_t> shape)
+      : TensorView(data, std::span<const int64_t>(shape.begin(), shape.size())) {}
+  TensorView(T* data, std::span<const int64_t> shape, std::span<const int64_t> strides)
+      : data_(data), rank_(static_cast<int>(shape.size())) {
+    check_rank();
+    if (strides.size() != shape.size()) throw Error("TensorView: shape and strides differ in rank");
+    for (int i = 0; i < rank_; ++i) {
+      shape_[i] = shape[i];
+      strides_[i] = strides[i];
+    }
+  }
+  // A view of T converts to a view of const T.
+  template <class U, class = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
+  TensorView(const TensorView<U>& other) : data_(other.data()), rank_(other.rank()) {
+    for (int i = 0; i < rank_; ++i) {
+      shape_[i] = other.dim(i);
+      strides_[i] = other.stride(i);
+    }
+  }
+
+  T* data() const { return data_; }
+  int rank() const { return rank_; }
+  bool empty() const { return data_ == nullptr; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t stride(int i) const { return strides_[i]; }
+  std::span<const int64_t> shape() const { return {shape_.data(), static_cast<std::size_t>(rank_)}; }
+  std::span<const int64_t> strides() const { return {strides_.data(), static_cast<std::size_t>(rank_)}; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= shape_[i];
+    return n;
+  }
+  bool is_contiguous() const {
+    int64_t stride = 1;
+    for (int i = rank_ - 1; i >= 0; --i) {
+      if (shape_[i] != 1 && strides_[i] != stride) return false;
+      stride *= shape_[i];
+    }
+    return true;
+  }
+
+  T& operator()(int64_t i) const { return data_[i * strides_[0]]; }
+  T& operator()(int64_t i, int64_t j) const { return data_[i * strides_[0] + j * strides_[1]]; }
+  T& operator()(int64_t i, int64_t j, int64_t k) const {
+    return data_[i * strides_[0] + j * strides_[1] + k * strides_[2]];
+  }
+  T& operator()(int64_t i, int64_t j, int64_t k, int64_t l) const {
+    return data_[i * strides_[0] + j * strides_[1] + k * strides_[2] + l * strides_[3]];
+  }
+
+  // The same memory seen as rank 4 by prepending dimensions of size 1 (stride 0).
+  TensorView as_rank4() const {
+    if (rank_ > 4) throw Error("as_rank4: rank above 4");
+    std::array<int64_t, 4> shape{1, 1, 1, 1}, strides{0, 0, 0, 0};
+    for (int i = 0; i < rank_; ++i) {
+      shape[4 - rank_ + i] = shape_[i];
+      strides[4 - rank_ + i] = strides_[i];
+    }
+    return TensorView(data_, shape, strides);
+  }
+  // Swaps two dimensions without moving data.
+  TensorView transposed(int a, int b) const {
+    TensorView t = *this;
+    std::swap(t.shape_[a], t.shape_[b]);
+    std::swap(t.strides_[a], t.strides_[b]);
+    return t;
+  }
+
+ private:
+  void check_rank() const {
+    if (rank_ > kMaxRank) throw Error("TensorView: rank above 4");
+  }
+  T* data_ = nullptr;
+  int rank_ = 0;
+  std::array<int64_t, kMaxRank> shape_{};
+  std::array<int64_t, kMaxRank> strides_{};
+};
+
+namespace detail {
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+void* aligned_alloc_bytes(std::size_t bytes, const std::string& what);
+}  // namespace detail
+
+// An owning, contiguous, row-major tensor whose data is 64-byte aligned and zero-initialized.
+// Allocation failure or an overflowing shape throws qkv::Error. Movable, not copyable (use clone()).
+template <class T>
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::span<const int64_t> shape, const std::string& what = "tensor") : rank_(static_cast<int>(shape.size())) {
+    if (rank_ > kMaxRank) throw Error(what + ": rank above 4");
+    numel_ = checked_numel(shape, sizeof(T), what);
+    for (int i = 0; i < rank_; ++i) shape_[i] = shape[i];
+    data_.reset(static_cast<T*>(detail::aligned_alloc_bytes(static_cast<std::size_t>(numel_) * sizeof(T), what)));
+  }
+  Tensor(std::initializer_list<int64_t> shape, const std::string& what = "tensor")
+      : Tensor(std::span<const int64_t>(shape.begin(), shape.size()), what) {}
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  Tensor clone() const {
+    Tensor t(shape());
+    for (int64_t i = 0; i < numel_; ++i) t.data()[i] = data()[i];
+    return t;
+  }
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  int rank() const { return rank_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t numel() const { return numel_; }
+  std::span<const int64_t> shape() const { return {shape_.data(), static_cast<std::size_t>(rank_)}; }
+  TensorView<T> view() { return TensorView<T>(data(), shape()); }
+  TensorView<const T> view() const { return TensorView<const T>(data(), shape()); }
+  TensorView<const T> cview() const { return view(); }
+  T& operator[](int64_t i) { return data_.get()[i]; }
+  const T& operator[](int64_t i) const { return data_.get()[i]; }
+
+ private:
+  std::unique_ptr<T, detail::AlignedFree> data_;
+  int rank_ = 0;
+  int64_t numel_ = 0;
+  std::array<int64_t, kMaxRank> shape_{};
+};
+
+// Copies any view (any strides) into a new contiguous tensor of element type To.
+template <class To, class From>
+Tensor<To> to_contiguous(TensorView<From> src) {
+  Tensor<To> out(src.shape());
+  std::array<int64_t, 4> idx{};
+  TensorView<From> s = src.as_rank4();
+  int64_t o = 0;
+  for (idx[0] = 0; idx[0] < s.dim(0); ++idx[0])
+    for (idx[1] = 0; idx[1] < s.dim(1); ++idx[1])
+      for (idx[2] = 0; idx[2] < s.dim(2); ++idx[2])
+        for (idx[3] = 0; idx[3] < s.dim(3); ++idx[3]) out[o++] = static_cast<To>(s(idx[0], idx[1], idx[2], idx[3]));
+  return out;
+}
+
+}  // namespace qkv

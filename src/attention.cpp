@@ -1,0 +1,115 @@
+#include "qkv/attention.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "qkv/reference.h"
+
+namespace qkv {
+namespace {
+
+void require_rank4(std::span<const int64_t> shape, const char* name, const char* letters) {
+  if (shape.size() != 4)
+    throw Error(fmt::format("{}: expected rank 4 {}, got shape {}", name, letters, shape_string(shape)));
+}
+
+}  // namespace
+
+AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<const int64_t> k,
+                                      std::span<const int64_t> v, const AttentionOptions& options) {
+  require_rank4(q, "q", "[B, H, N, D]");
+  require_rank4(k, "k", "[B, Hkv, M, D]");
+  require_rank4(v, "v", "[B, Hkv, M, Dv]");
+  AttentionShape s{q[0], q[1], k[1], q[2], k[2], q[3], v[3]};
+  if (k[0] != s.B || v[0] != s.B)
+    throw Error(fmt::format("batch sizes differ: q {}, k {}, v {}", shape_string(q), shape_string(k), shape_string(v)));
+  if (k[3] != s.D)
+    throw Error(fmt::format("head dims differ: q has D = {} but k has D = {}", s.D, k[3]));
+  if (v[1] != s.Hkv || v[2] != s.M)
+    throw Error(fmt::format("k {} and v {} must agree on [B, Hkv, M]", shape_string(k), shape_string(v)));
+  if (s.D <= 0) throw Error("head dim D must be at least 1, got 0");
+  if (s.Dv <= 0) throw Error("value head dim Dv must be at least 1, got 0");
+  if (s.H <= 0 || s.Hkv <= 0) throw Error(fmt::format("head counts must be positive: H = {}, Hkv = {}", s.H, s.Hkv));
+  if (s.H % s.Hkv != 0)
+    throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));
+  if (options.scale && !std::isfinite(*options.scale)) throw Error("scale must be finite");
+
+  const Mask& m = options.mask;
+  auto check_lengths = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* name) {
+    if (lengths.empty()) return;
+    if (static_cast<int64_t>(lengths.size()) != s.B)
+      throw Error(fmt::format("{}: expected {} entries (one per batch row), got {}", name, s.B, lengths.size()));
+    for (std::size_t b = 0; b < lengths.size(); ++b)
+      if (lengths[b] < 0 || lengths[b] > limit)
+        throw Error(fmt::format("{}[{}] = {} is outside [0, {}]", name, b, lengths[b], limit));
+  };
+  check_lengths(m.key_lengths, s.M, "key_lengths");
+  check_lengths(m.query_lengths, s.N, "query_lengths");
+  auto check_mask_view = [&](std::span<const int64_t> shape, const char* name) {
+    const std::array<int64_t, 4> want{s.B, s.H, s.N, s.M};
+    if (shape.size() != 4 || !std::equal(shape.begin(), shape.end(), want.begin()))
+      throw Error(fmt::format("{}: shape {} must be [B, H, N, M] = {} (use broadcast_mask)", name, shape_string(shape),
+                              shape_string(want)));
+  };
+  if (!m.keep.empty()) check_mask_view(m.keep.shape(), "keep mask");
+  if (!m.bias.empty()) check_mask_view(m.bias.shape(), "bias");
+  if (!m.alibi_slopes.empty() && static_cast<int64_t>(m.alibi_slopes.size()) != s.H)
+    throw Error(fmt::format("alibi slopes: expected H = {} entries, got {}", s.H, m.alibi_slopes.size()));
+  for (float slope : m.alibi_slopes)
+    if (!std::isfinite(slope)) throw Error("alibi slopes must be finite");
+  if (!(m.softcap >= 0) || !std::isfinite(m.softcap)) throw Error("softcap must be finite and >= 0 (0 = off)");
+  return s;
+}
+
+int default_num_threads() {
+  if (const char* env = std::getenv("QKV_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+  }
+  return omp_get_max_threads();
+}
+
+namespace {
+
+void check_output(std::span<const int64_t> got, std::span<const int64_t> want, const char* name) {
+  if (!std::equal(got.begin(), got.end(), want.begin(), want.end()))
+    throw Error(fmt::format("{}: shape {} must be {}", name, shape_string(got), shape_string(want)));
+}
+
+void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                           TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
+  Tensor<double> q64 = to_contiguous<double>(q), k64 = to_contiguous<double>(k), v64 = to_contiguous<double>(v);
+  Tensor<double> out64(out.shape(), "out");
+  Tensor<double> lse64(std::array<int64_t, 3>{q.dim(0), q.dim(1), q.dim(2)}, "lse");
+  reference_attention_forward(out64.view(), lse64.view(), {}, q64.cview(), k64.cview(), v64.cview(), options);
+  TensorView<const double> o = out64.cview();
+  for (int64_t b = 0; b < out.dim(0); ++b)
+    for (int64_t h = 0; h < out.dim(1); ++h)
+      for (int64_t i = 0; i < out.dim(2); ++i) {
+        for (int64_t e = 0; e < out.dim(3); ++e) out(b, h, i, e) = static_cast<float>(o(b, h, i, e));
+        if (!lse.empty()) lse(b, h, i) = static_cast<float>(lse64.cview()(b, h, i));
+      }
+}
+
+}  // namespace
+
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                       TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
+  const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
+  check_output(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
+  if (!lse.empty()) check_output(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
+  switch (options.kernel) {
+    case Kernel::automatic:
+    case Kernel::reference:
+    case Kernel::fused:  // Until the fused kernel lands, every request is served exactly.
+      reference_forward_f32(out, lse, q, k, v, options);
+      return;
+  }
+}
+
+}  // namespace qkv

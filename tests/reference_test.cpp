@@ -1,0 +1,97 @@
+// The float64 reference against the seeds' worked numbers and against direct definitions.
+#include "qkv/reference.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+// Seed 003: X (3 words, E = 4) and W_q, W_k, W_v (4 -> 4).
+const double kX[3][4] = {{1, 0, 1, 0}, {0, 2, 0, 2}, {1, 1, 1, 1}};
+const double kWq[4][4] = {{0.1, 0.2, 0, 0}, {0, 0.1, 0.3, 0}, {0.1, 0, 0, 0.2}, {0, 0, 0.2, 0.3}};
+const double kWk[4][4] = {{0.2, 0, 0.1, 0}, {0, 0.1, 0, 0.3}, {0.1, 0, 0.2, 0}, {0, 0.2, 0, 0.1}};
+const double kWv[4][4] = {{0, 0.1, 0, 0.2}, {0.2, 0, 0.2, 0}, {0, 0.3, 0.1, 0}, {0.1, 0, 0, 0.3}};
+
+Tensor<double> project(const double (&w)[4][4]) {
+  Tensor<double> out({1, 1, 3, 4});
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int e = 0; e < 4; ++e) out[i * 4 + j] += kX[i][e] * w[e][j];
+  return out;
+}
+
+TEST(Reference, ReproducesSeed003) {
+  Tensor<double> q = project(kWq), k = project(kWk), v = project(kWv);
+  Tensor<double> out({1, 1, 3, 4}), lse({1, 1, 3}), weights({1, 1, 3, 3});
+  reference_attention_forward(out.view(), lse.view(), weights.view(), q.cview(), k.cview(), v.cview());
+  const double want_weights[3] = {0.31359894, 0.35006362, 0.33633743};
+  const double want_context[4] = {0.3109394, 0.25997455, 0.27228657, 0.44092668};
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(weights[j], want_weights[j], 1e-6);
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(out[e], want_context[e], 1e-6);
+  for (int i = 0; i < 3; ++i) {
+    double sum = 0;
+    for (int j = 0; j < 3; ++j) sum += weights[i * 3 + j];
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+  }
+}
+
+TEST(Reference, FullyMaskedRowsAreZeroWithMinusInfLse) {
+  test::Rng rng("Reference.FullyMasked");
+  Tensor<double> q = rng.normal64({2, 2, 5, 3}), k = rng.normal64({2, 2, 4, 3}), v = rng.normal64({2, 2, 4, 6});
+  Tensor<double> out({2, 2, 5, 6}), lse({2, 2, 5}), weights({2, 2, 5, 4});
+  AttentionOptions options;
+  options.mask.key_lengths = {0, 4};
+  options.mask.query_lengths = {5, 3};
+  reference_attention_forward(out.view(), lse.view(), weights.view(), q.cview(), k.cview(), v.cview(), options);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 5; ++i) {
+      const bool masked_row = i >= 3;  // batch 0 has no keys at all; batch 1 has 3 valid queries
+      EXPECT_EQ(lse.view()(0, h, i), -std::numeric_limits<double>::infinity());
+      for (int64_t e = 0; e < 6; ++e) EXPECT_EQ(out.view()(0, h, i, e), 0.0);
+      if (masked_row) {
+        EXPECT_EQ(lse.view()(1, h, i), -std::numeric_limits<double>::infinity());
+        for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(weights.view()(1, h, i, j), 0.0);
+      } else {
+        EXPECT_TRUE(std::isfinite(lse.view()(1, h, i)));
+      }
+    }
+}
+
+TEST(Reference, CausalBottomRightLastQuerySeesAllKeys) {
+  test::Rng rng("Reference.CausalBottomRight");
+  Tensor<double> q = rng.normal64({1, 1, 2, 4}), k = rng.normal64({1, 1, 5, 4}), v = rng.normal64({1, 1, 5, 4});
+  Tensor<double> out({1, 1, 2, 4}), weights({1, 1, 2, 5});
+  AttentionOptions options;
+  options.mask.causal = CausalAlign::bottom_right;
+  reference_attention_forward(out.view(), {}, weights.view(), q.cview(), k.cview(), v.cview(), options);
+  for (int j = 0; j < 5; ++j) EXPECT_GT(weights.view()(0, 0, 1, j), 0.0);
+  EXPECT_EQ(weights.view()(0, 0, 0, 4), 0.0);
+  EXPECT_GT(weights.view()(0, 0, 0, 3), 0.0);
+  options.mask.causal = CausalAlign::top_left;
+  reference_attention_forward(out.view(), {}, weights.view(), q.cview(), k.cview(), v.cview(), options);
+  EXPECT_GT(weights.view()(0, 0, 0, 0), 0.0);
+  EXPECT_EQ(weights.view()(0, 0, 0, 1), 0.0);
+}
+
+TEST(Reference, RejectsBadShapes) {
+  test::Rng rng("Reference.BadShapes");
+  Tensor<double> q = rng.normal64({1, 3, 2, 4}), k = rng.normal64({1, 2, 5, 4}), v = rng.normal64({1, 2, 5, 4});
+  Tensor<double> out({1, 3, 2, 4});
+  EXPECT_THROW(reference_attention_forward(out.view(), {}, {}, q.cview(), k.cview(), v.cview()), Error);
+  Tensor<double> q0 = rng.normal64({1, 2, 2, 0}), k0 = rng.normal64({1, 2, 5, 0});
+  try {
+    reference_attention_forward(out.view(), {}, {}, q0.cview(), k0.cview(), v.cview());
+    FAIL() << "D = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("D must be at least 1"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qkv

@@ -1,0 +1,40 @@
+// The `qkv` command: one subcommand per file, registered here. Every failure is one line on
+// stderr and a non-zero exit: 2 for bad usage, 1 for bad input or a failed run.
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "qkv/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"qkv: self-attention, exact and fast. Try `qkv explain`."};
+  app.require_subcommand(1);
+  std::vector<qkv::cli::Command> commands;
+  for (qkv::cli::CommandFactory add : {&qkv::cli::add_explain, &qkv::cli::add_context, &qkv::cli::add_compare,
+                                       &qkv::cli::add_attend})
+    commands.push_back(add(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "qkv: {}\n", e.what());
+    return 2;
+  }
+  try {
+    for (const auto& command : commands)
+      if (command.app->parsed()) return command.run();
+    return 2;
+  } catch (const qkv::Error& e) {
+    fmt::print(stderr, "qkv: error: {}\n", e.what());
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "qkv: error: out of memory\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "qkv: error: {}\n", e.what());
+  }
+  return 1;
+}
