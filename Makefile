@@ -24,3 +24,7 @@ test: build
 
 clean:
 	rm -rf $(BUILD)
+
+# Builds Release and prints the comparison table (qkv vs the FMA peak and PyTorch); see BENCHMARKS.md.
+bench: build
+	bench/run.sh $(BUILD)

@@ -1,0 +1,62 @@
+// Static word embeddings (GloVe text, word2vec text and binary), the tokenizer, and the
+// out-of-vocabulary policy that turns a sentence into an embedding matrix X [N, E].
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+enum class EmbeddingFormat { automatic, glove, word2vec_text, word2vec_binary };
+
+// A vocabulary and its matrix [V, E]. Immutable after load; safe to share between threads.
+class Embeddings {
+ public:
+  // Loads a file. automatic tells the formats apart by content: a "count dim" first line is
+  // word2vec (binary if the vectors are not text), anything else GloVe. Throws qkv::Error naming
+  // the file and line for a missing file, a ragged or non-numeric row, a truncated binary file,
+  // a header that declares more data than the file holds, or an empty vocabulary. The matrix is
+  // sized once from a first pass, so loading does not double memory.
+  static Embeddings load(const std::string& path, EmbeddingFormat format = EmbeddingFormat::automatic);
+
+  // Builds from words and a matrix [V, E] (words.size() == V). Duplicate words keep the first.
+  Embeddings(std::vector<std::string> words, Tensor<float> matrix);
+
+  int64_t size() const { return static_cast<int64_t>(words_.size()); }
+  int64_t dim() const { return matrix_.rank() == 2 ? matrix_.dim(1) : 0; }
+  const std::string& word(int64_t index) const { return words_[static_cast<std::size_t>(index)]; }
+  std::span<const float> vector(int64_t index) const;
+  // Index of `word`, trying it as given and then lowercased; -1 if absent.
+  int64_t find(std::string_view word) const;
+  const Tensor<float>& matrix() const { return matrix_; }
+
+ private:
+  std::vector<std::string> words_;
+  std::unordered_map<std::string_view, int64_t> index_;
+  Tensor<float> matrix_;
+};
+
+// Lowercases and splits on whitespace and punctuation (ASCII punctuation separates and is
+// dropped; bytes >= 0x80 are kept inside words so UTF-8 survives). "The bank's" -> the, bank, s.
+std::vector<std::string> tokenize(std::string_view sentence);
+
+// What to do with a token that is not in the vocabulary.
+enum class OovPolicy { error, zero, skip };
+
+struct EmbeddedSentence {
+  std::vector<std::string> tokens;  // the tokens kept, in order
+  Tensor<float> x;                  // [N, E], one row per kept token
+  std::vector<std::string> missing; // out-of-vocabulary tokens (zeroed or skipped)
+};
+
+// Tokenizes and looks up a sentence. error: throws qkv::Error listing every missing word;
+// zero: a zero row; skip: drops the token. Throws if the sentence has no tokens or none remain.
+EmbeddedSentence embed_sentence(const Embeddings& embeddings, std::string_view sentence, OovPolicy policy);
+
+}  // namespace qkv

@@ -1,0 +1,55 @@
+// MultiHeadAttention: the learnable layer. Q = X·W_q, K = Xkv·W_k, V = Xkv·W_v (the seeds'
+// row-vector convention: W_q is [E, H·D]), attention per head, heads concatenated, then ·W_o.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "qkv/attention.h"
+#include "qkv/io.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+struct LayerConfig {
+  int64_t embed_dim = 0;     // E, width of the input rows
+  int64_t num_heads = 1;     // H
+  int64_t num_kv_heads = 0;  // Hkv; 0 means H
+  int64_t head_dim = 0;      // D; 0 means E / H
+  int64_t value_dim = 0;     // Dv; 0 means D
+  bool bias = false;         // b_q, b_k, b_v (and b_o if output_projection)
+  bool output_projection = true;  // W_o [H·Dv, E]; without it the output is [.., H·Dv]
+  // Q = K = V = X (seed 002): no parameters; requires H = 1 and D = Dv = E.
+  bool parameter_free = false;
+  uint64_t seed = 0;         // initialization: uniform ±1/sqrt(fan_in), biases 0
+};
+
+// Owns its weights (public so training, I/O and bindings reach them). forward() is const and
+// thread-safe; changing weights while another thread runs forward() is not.
+class MultiHeadAttention {
+ public:
+  explicit MultiHeadAttention(const LayerConfig& config);
+
+  const LayerConfig& config() const { return config_; }
+  int64_t output_dim() const;
+
+  // x: [B, N, E] or [N, E]; kv: [B, M, E] or [M, E] for cross-attention, or empty for
+  // self-attention. Returns [B, N, output_dim()] (rank matching x). Throws qkv::Error on shapes.
+  Tensor<float> forward(TensorView<const float> x, TensorView<const float> kv = {},
+                        const AttentionOptions& options = {}) const;
+
+  // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
+  // config in the metadata. load() throws qkv::Error on a missing tensor or a wrong shape.
+  void save(const std::string& path) const;
+  static MultiHeadAttention load(const std::string& path);
+
+  // [E, H·D], [E, Hkv·D], [E, Hkv·Dv], [H·Dv, E_out]; biases [H·D], [Hkv·D], [Hkv·Dv], [E_out].
+  // Empty when the config has no such parameter.
+  Tensor<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
+
+ private:
+  LayerConfig config_;
+};
+
+}  // namespace qkv
