@@ -1,0 +1,26 @@
+// Attention backward: gradients of a loss L with respect to q, k, v (and the additive bias),
+// given dout = dL/dout. Undoes attention_forward using its output and lse (no N×M memory).
+#pragma once
+
+#include "qkv/attention.h"
+
+namespace qkv {
+
+// dq [B,H,N,D], dk [B,Hkv,M,D], dv [B,Hkv,M,Dv] are overwritten (for GQA, dk/dv sum over the query
+// heads of each group). dbias, if not empty, receives dL/dbias with the shape of
+// options.mask.bias before broadcasting is NOT assumed: it must be [B,H,N,M] or a view with
+// stride-0 broadcast dims, which are summed into. out and lse are attention_forward's results
+// for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
+// thread count.
+void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                        const AttentionOptions& options = {});
+
+// The float64 oracle of attention_backward: recomputes everything from q, k, v in float64.
+void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
+                                  TensorView<double> dbias, TensorView<const double> dout, TensorView<const double> q,
+                                  TensorView<const double> k, TensorView<const double> v,
+                                  const AttentionOptions& options = {});
+
+}  // namespace qkv
