@@ -7,10 +7,9 @@
 namespace qkv {
 
 // dq [B,H,N,D], dk [B,Hkv,M,D], dv [B,Hkv,M,Dv] are overwritten (for GQA, dk/dv sum over the query
-// heads of each group). dbias, if not empty, receives dL/dbias with the shape of
-// options.mask.bias before broadcasting is NOT assumed: it must be [B,H,N,M] or a view with
-// stride-0 broadcast dims, which are summed into. out and lse are attention_forward's results
-// for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
+// heads of each group). dbias, if not empty, must be [B,H,N,M] without stride-0 dims and receives
+// dL/dscores (= dL/dbias); the caller sums it over any dims it broadcast. out and lse are
+// attention_forward's results for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
 // thread count.
 void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                         TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
