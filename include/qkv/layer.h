@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "qkv/attention.h"
 #include "qkv/io.h"
@@ -25,12 +27,26 @@ struct LayerConfig {
   uint64_t seed = 0;         // initialization: uniform ±1/sqrt(fan_in), biases 0
 };
 
+// What forward() keeps for a later backward pass (training). Filled by forward(.., cache).
+struct LayerCache {
+  int64_t batch = 0, queries = 0, keys = 0;  // B, N, M
+  bool batched = false;                      // x was [B, N, E] (else [N, E])
+  bool cross = false;                        // keys/values came from a separate kv input
+  Tensor<float> x, kv;                       // contiguous inputs; kv empty for self-attention
+  Tensor<float> q, k, v;                     // [B, N, H·D], [B, M, Hkv·D], [B, M, Hkv·Dv]; empty when parameter-free
+  Tensor<float> ctx;                         // attention output, heads concatenated: [B, N, H·Dv]
+  Tensor<float> lse;                         // [B, H, N]
+};
+
 // Owns its weights (public so training, I/O and bindings reach them). forward() is const and
 // thread-safe; changing weights while another thread runs forward() is not.
 class MultiHeadAttention {
  public:
+  // Checks the config (throws qkv::Error naming the bad field) and initializes the weights.
   explicit MultiHeadAttention(const LayerConfig& config);
 
+  // The resolved config: num_kv_heads, head_dim and value_dim are filled in; parameter-free
+  // layers report output_projection = false.
   const LayerConfig& config() const { return config_; }
   int64_t output_dim() const;
 
@@ -38,9 +54,18 @@ class MultiHeadAttention {
   // self-attention. Returns [B, N, output_dim()] (rank matching x). Throws qkv::Error on shapes.
   Tensor<float> forward(TensorView<const float> x, TensorView<const float> kv = {},
                         const AttentionOptions& options = {}) const;
+  // The same, also filling `cache` (if not null) with what backward needs.
+  Tensor<float> forward(TensorView<const float> x, TensorView<const float> kv, const AttentionOptions& options,
+                        LayerCache* cache) const;
+
+  // The parameters the config has, by name (w_q, w_k, w_v, w_o, b_q, ...), in a fixed order.
+  std::vector<std::pair<std::string, Tensor<float>*>> parameters();
+  std::vector<std::pair<std::string, const Tensor<float>*>> parameters() const;
 
   // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
-  // config in the metadata. load() throws qkv::Error on a missing tensor or a wrong shape.
+  // config in the metadata. load() throws qkv::Error on a missing tensor, a wrong shape, a
+  // non-finite weight or a parameter the config does not have; other tensor names are ignored
+  // (so a training checkpoint loads as a layer).
   void save(const std::string& path) const;
   static MultiHeadAttention load(const std::string& path);
 

@@ -1,0 +1,15 @@
+// Row-major single-precision matrix products through OpenBLAS, with the size checks cblas cannot
+// do itself (its dimensions are 32-bit). Internal to the library.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::detail {
+
+// c[m, n] = alpha · op(a) · op(b) + beta · c, all row-major with leading dimensions lda, ldb, ldc;
+// op(a) is [m, k] (a stored [k, m] when trans_a), op(b) is [k, n] (b stored [n, k] when trans_b).
+// Empty products (m, n or k = 0) only scale c by beta. Throws qkv::Error if a size exceeds 2^31 - 1.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace qkv::detail

@@ -1,0 +1,31 @@
+// Shape checks and head views shared by the layer's forward and backward. Internal.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "qkv/layer.h"
+
+namespace qkv::detail {
+
+struct LayerDims {
+  int64_t B = 0, N = 0, M = 0;
+  bool batched = false, cross = false;
+};
+
+// Checks x [N, E] or [B, N, E] and kv (empty, or [M, E] / [B, M, E] matching x's rank and B)
+// against the config; throws qkv::Error naming the input.
+LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> x, TensorView<const float> kv);
+
+// A contiguous [B, rows, width] copy of a rank-2 or rank-3 view.
+Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what);
+
+// Rows laid out [B, N, H, D] (one projected row per token, heads side by side) seen as
+// [B, H, N, D] through strides, the layout attention_forward takes.
+template <class T>
+TensorView<T> head_view(T* data, int64_t B, int64_t H, int64_t N, int64_t D) {
+  const std::array<int64_t, 4> shape{B, H, N, D}, strides{N * H * D, D, H * D, 1};
+  return TensorView<T>(data, shape, strides);
+}
+
+}  // namespace qkv::detail

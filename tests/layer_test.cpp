@@ -1,0 +1,211 @@
+// MultiHeadAttention against an independent float64 computation, the seeds' numbers, and its
+// bad-input behaviour (save/load: layer_io_test.cpp).
+#include "qkv/layer.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "qkv/reference.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+// y[r, :] = x[r, :] · w + b in float64; x is [rows, e] and w [e, n].
+std::vector<double> project64(const float* x, int64_t rows, const Tensor<float>& w, const Tensor<float>& b) {
+  const int64_t e = w.dim(0), n = w.dim(1);
+  std::vector<double> y(static_cast<std::size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = b.numel() ? b[j] : 0.0;
+      for (int64_t i = 0; i < e; ++i) acc += double(x[r * e + i]) * double(w[i * n + j]);
+      y[r * n + j] = acc;
+    }
+  return y;
+}
+
+// Rows [B, T, heads·dim] copied into a contiguous [B, heads, T, dim] tensor (explicit permute).
+Tensor<double> split_heads(const std::vector<double>& rows, int64_t B, int64_t T, int64_t heads, int64_t dim) {
+  Tensor<double> out({B, heads, T, dim});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < dim; ++d) out.view()(b, h, t, d) = rows[((b * T + t) * heads + h) * dim + d];
+  return out;
+}
+
+// The layer recomputed in float64 from its weights: X·W, attention per head, concat, ·W_o.
+// x: [B, N, E], kv: [B, M, E] or null. Returns [B·N, out_dim] row-major.
+std::vector<double> layer_reference(const MultiHeadAttention& layer, const Tensor<float>& x, const Tensor<float>* kv,
+                                    int64_t B, int64_t N, int64_t M, const AttentionOptions& options) {
+  const LayerConfig& c = layer.config();
+  const int64_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim, E = c.embed_dim;
+  const float* src = kv ? kv->data() : x.data();
+  std::vector<double> q, k, v;
+  if (c.parameter_free) {
+    q.assign(x.data(), x.data() + B * N * E);
+    k.assign(src, src + B * M * E);
+    v = k;
+  } else {
+    q = project64(x.data(), B * N, layer.w_q, layer.b_q);
+    k = project64(src, B * M, layer.w_k, layer.b_k);
+    v = project64(src, B * M, layer.w_v, layer.b_v);
+  }
+  Tensor<double> q4 = split_heads(q, B, N, H, D), k4 = split_heads(k, B, M, Hkv, D), v4 = split_heads(v, B, M, Hkv, Dv);
+  Tensor<double> out({B, H, N, Dv});
+  reference_attention_forward(out.view(), {}, {}, q4.cview(), k4.cview(), v4.cview(), options);
+  std::vector<double> ctx(static_cast<std::size_t>(B * N * H * Dv));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t e = 0; e < Dv; ++e) ctx[((b * N + n) * H + h) * Dv + e] = out.view()(b, h, n, e);
+  if (!c.output_projection) return ctx;
+  std::vector<double> y(static_cast<std::size_t>(B * N * E));
+  for (int64_t r = 0; r < B * N; ++r)
+    for (int64_t j = 0; j < E; ++j) {
+      double acc = layer.b_o.numel() ? layer.b_o[j] : 0.0;
+      for (int64_t i = 0; i < H * Dv; ++i) acc += ctx[r * H * Dv + i] * double(layer.w_o[i * E + j]);
+      y[r * E + j] = acc;
+    }
+  return y;
+}
+
+// max |got - want| / max(1, max |want|).
+double rel_error(const Tensor<float>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  double err = 0, scale = 1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(double(got[static_cast<int64_t>(i)]) - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+void randomize_biases(MultiHeadAttention& layer, test::Rng& rng) {
+  for (Tensor<float>* b : {&layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o})
+    for (int64_t i = 0; i < b->numel(); ++i) (*b)[i] = static_cast<float>(rng.uniform(-0.5, 0.5));
+}
+
+TEST(Layer, ForwardMatchesFloat64Recomputation) {
+  test::Rng rng("Layer.ForwardMatchesFloat64");
+  for (int trial = 0; trial < 40; ++trial) {
+    LayerConfig c;
+    c.num_kv_heads = rng.uniform_int(1, 3);
+    c.num_heads = c.num_kv_heads * rng.uniform_int(1, 2);
+    c.head_dim = std::array<int64_t, 6>{1, 3, 8, 17, 40, 59}[rng.uniform_int(0, 5)];
+    c.value_dim = rng.uniform_int(0, 1) ? 0 : rng.uniform_int(1, 20);
+    c.embed_dim = rng.uniform_int(1, 48);
+    c.bias = rng.uniform_int(0, 1);
+    c.output_projection = rng.uniform_int(0, 1);
+    c.seed = rng.engine()();
+    MultiHeadAttention layer(c);
+    randomize_biases(layer, rng);
+    const bool batched = rng.uniform_int(0, 1), cross = rng.uniform_int(0, 1);
+    const int64_t B = batched ? rng.uniform_int(1, 3) : 1, N = rng.uniform_int(1, 9);
+    const int64_t M = cross ? rng.uniform_int(1, 11) : N, E = c.embed_dim;
+    Tensor<float> x = batched ? rng.normal32(std::array<int64_t, 3>{B, N, E}) : rng.normal32(std::array<int64_t, 2>{N, E});
+    Tensor<float> kv = batched ? rng.normal32(std::array<int64_t, 3>{B, M, E}) : rng.normal32(std::array<int64_t, 2>{M, E});
+    AttentionOptions options;
+    if (rng.uniform_int(0, 2) == 0) options.mask.causal = CausalAlign::bottom_right;
+    Tensor<float> y = layer.forward(x.cview(), cross ? kv.cview() : TensorView<const float>{}, options);
+    ASSERT_EQ(y.rank(), batched ? 3 : 2);
+    EXPECT_EQ(y.dim(y.rank() - 1), layer.output_dim());
+    const double err = rel_error(y, layer_reference(layer, x, cross ? &kv : nullptr, B, N, M, options));
+    EXPECT_LE(err, 2e-5) << "trial " << trial << " E=" << E << " H=" << c.num_heads << " Hkv=" << c.num_kv_heads
+                         << " D=" << c.head_dim << " B=" << B << " N=" << N << " M=" << M << " cross=" << cross;
+  }
+}
+
+TEST(Layer, StridedInputEqualsContiguous) {
+  test::Rng rng("Layer.StridedInput");
+  LayerConfig c{.embed_dim = 6, .num_heads = 2, .seed = 7};
+  MultiHeadAttention layer(c);
+  Tensor<float> x = rng.normal32(std::array<int64_t, 3>{4, 2, 6});  // stored [N, B, E]
+  TensorView<const float> strided = x.cview().transposed(0, 1);   // seen as [B, N, E]
+  Tensor<float> copy = to_contiguous<float>(strided);
+  Tensor<float> a = layer.forward(strided), b = layer.forward(copy.cview());
+  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a[i], b[i]);
+}
+
+TEST(Layer, ParameterFreeIsAttentionOnX) {
+  test::Rng rng("Layer.ParameterFree");
+  for (int64_t E : {1, 3, 40}) {
+    MultiHeadAttention layer(LayerConfig{.embed_dim = E, .parameter_free = true});
+    EXPECT_TRUE(layer.parameters().empty());
+    EXPECT_EQ(layer.output_dim(), E);
+    const int64_t B = 2, N = 5;
+    Tensor<float> x = rng.normal32(std::array<int64_t, 3>{B, N, E});
+    Tensor<double> x64({B, 1, N, E});
+    for (int64_t i = 0; i < x.numel(); ++i) x64[i] = x[i];
+    Tensor<double> out({B, 1, N, E});
+    reference_attention_forward(out.view(), {}, {}, x64.cview(), x64.cview(), x64.cview());
+    Tensor<float> y = layer.forward(x.cview());
+    std::vector<double> want(out.data(), out.data() + out.numel());
+    EXPECT_LE(rel_error(y, want), 1e-6) << "E=" << E;
+  }
+}
+
+// Seed 003's X, W_q, W_k, W_v (one head, no output projection) through the layer.
+TEST(Layer, ReproducesSeed003) {
+  const float x[3][4] = {{1, 0, 1, 0}, {0, 2, 0, 2}, {1, 1, 1, 1}};
+  const float wq[16] = {0.1f, 0.2f, 0, 0, 0, 0.1f, 0.3f, 0, 0.1f, 0, 0, 0.2f, 0, 0, 0.2f, 0.3f};
+  const float wk[16] = {0.2f, 0, 0.1f, 0, 0, 0.1f, 0, 0.3f, 0.1f, 0, 0.2f, 0, 0, 0.2f, 0, 0.1f};
+  const float wv[16] = {0, 0.1f, 0, 0.2f, 0.2f, 0, 0.2f, 0, 0, 0.3f, 0.1f, 0, 0.1f, 0, 0, 0.3f};
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 1, .output_projection = false});
+  for (int i = 0; i < 16; ++i) {
+    layer.w_q[i] = wq[i];
+    layer.w_k[i] = wk[i];
+    layer.w_v[i] = wv[i];
+  }
+  Tensor<float> y = layer.forward(TensorView<const float>(&x[0][0], {3, 4}));
+  const double want[4] = {0.3109394, 0.25997455, 0.27228657, 0.44092668};
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(y[e], want[e], 1e-6);
+}
+
+TEST(Layer, InitializationIsSeededAndBounded) {
+  LayerConfig c{.embed_dim = 16, .num_heads = 4, .bias = true, .seed = 42};
+  MultiHeadAttention a(c), b(c);
+  c.seed = 43;
+  MultiHeadAttention other(c);
+  int differ = 0;
+  const float bound = 1.0f / 4.0f;
+  for (int64_t i = 0; i < a.w_q.numel(); ++i) {
+    EXPECT_EQ(a.w_q[i], b.w_q[i]);
+    EXPECT_LE(std::abs(a.w_q[i]), bound);
+    differ += a.w_q[i] != other.w_q[i];
+  }
+  EXPECT_GT(differ, a.w_q.numel() / 2);
+  for (int64_t i = 0; i < a.b_q.numel(); ++i) EXPECT_EQ(a.b_q[i], 0.0f);
+  ASSERT_EQ(a.parameters().size(), 8u);
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Layer, RefusesBadConfigsAndShapes) {
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 0}); }, "embed_dim must be at least 1");
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 6, .num_heads = 4}); },
+               "embed_dim = 6 is not divisible by num_heads = 4");
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 4, .num_kv_heads = 3}); },
+               "num_heads = 4 must be a multiple of num_kv_heads = 3");
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true}); },
+               "parameter-free mode needs 1 head");
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2});
+  Tensor<float> x({2, 3, 5}), x4({1, 1, 3, 4}), good({2, 3, 4}), kv({3, 5, 4}), kv2({5, 4});
+  expect_error([&] { layer.forward(x.cview()); }, "x has width 5 but the layer's embed_dim is 4");
+  expect_error([&] { layer.forward(x4.cview()); }, "x must be [N, E] or [B, N, E]");
+  expect_error([&] { layer.forward(good.cview(), kv.cview()); }, "x has batch 2 but kv has batch 3");
+  expect_error([&] { layer.forward(good.cview(), kv2.cview()); }, "kv must have the same rank as x");
+}
+
+}  // namespace
+}  // namespace qkv
