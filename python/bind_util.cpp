@@ -1,0 +1,259 @@
+#include "bind_util.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "qkv/mask.h"
+
+namespace qkvpy {
+
+DType dtype_of(const py::handle& obj, const char* name) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(fmt::format("{} must be a numpy array, got {}", name, std::string(py::str(obj.get_type().attr("__name__")))));
+  if (py::isinstance<py::array_t<float>>(obj)) return DType::f32;
+  if (py::isinstance<py::array_t<double>>(obj)) return DType::f64;
+  if (py::isinstance<py::array_t<uint16_t>>(obj)) return DType::bf16;
+  const std::string got = py::str(py::reinterpret_borrow<py::array>(obj).dtype());
+  throw py::type_error(fmt::format("{}: dtype {} is not supported; use float32, float64, or uint16 holding bfloat16 bits",
+                                   name, got));
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::bf16: return "uint16 (bfloat16)";
+  }
+  return "?";
+}
+
+std::vector<int64_t> shape_of(const py::array& a) {
+  std::vector<int64_t> shape(static_cast<std::size_t>(a.ndim()));
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) shape[static_cast<std::size_t>(i)] = a.shape(i);
+  return shape;
+}
+
+namespace {
+
+template <class T>
+std::array<int64_t, 4> element_strides(const py::array& a, const char* name) {
+  if (a.ndim() > 4)
+    throw py::value_error(fmt::format("{}: rank {} is above 4 (shape {})", name, a.ndim(), qkv::shape_string(shape_of(a))));
+  std::array<int64_t, 4> strides{};
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    const py::ssize_t bytes = a.strides(i);
+    if (bytes % static_cast<py::ssize_t>(sizeof(T)) != 0)
+      throw py::value_error(fmt::format("{}: stride of {} bytes in dim {} is not a multiple of the element size {}; "
+                                        "pass np.ascontiguousarray({})",
+                                        name, bytes, i, sizeof(T), name));
+    strides[static_cast<std::size_t>(i)] = bytes / static_cast<py::ssize_t>(sizeof(T));
+  }
+  return strides;
+}
+
+}  // namespace
+
+template <class T>
+qkv::TensorView<const T> array_view(const py::array& a, const char* name) {
+  const std::array<int64_t, 4> strides = element_strides<T>(a, name);
+  const std::vector<int64_t> shape = shape_of(a);
+  return qkv::TensorView<const T>(static_cast<const T*>(a.data()), shape,
+                                  std::span<const int64_t>(strides.data(), shape.size()));
+}
+
+template <class T>
+qkv::TensorView<T> mutable_view(py::array& a, const char* name) {
+  const std::array<int64_t, 4> strides = element_strides<T>(a, name);
+  const std::vector<int64_t> shape = shape_of(a);
+  return qkv::TensorView<T>(static_cast<T*>(a.mutable_data()), shape,
+                            std::span<const int64_t>(strides.data(), shape.size()));
+}
+
+template <class T>
+py::array_t<T> new_array(const std::vector<int64_t>& shape) {
+  std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+  return py::array_t<T>(dims);
+}
+
+template <class T>
+void check_finite(qkv::TensorView<const T> v, const char* name) {
+  const int rank = v.rank();
+  const qkv::TensorView<const T> v4 = v.as_rank4();
+  for (int64_t a = 0; a < v4.dim(0); ++a)
+    for (int64_t b = 0; b < v4.dim(1); ++b)
+      for (int64_t c = 0; c < v4.dim(2); ++c)
+        for (int64_t d = 0; d < v4.dim(3); ++d) {
+          const double x = static_cast<double>(v4(a, b, c, d));
+          if (std::isfinite(x)) continue;
+          const std::array<int64_t, 4> idx{a, b, c, d};
+          std::string where;
+          for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
+          throw py::value_error(fmt::format("{} contains {} at index ({})", name,
+                                            std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), where));
+        }
+}
+
+template qkv::TensorView<const float> array_view(const py::array&, const char*);
+template qkv::TensorView<const double> array_view(const py::array&, const char*);
+template qkv::TensorView<const uint16_t> array_view(const py::array&, const char*);
+template qkv::TensorView<const uint8_t> array_view(const py::array&, const char*);
+template qkv::TensorView<float> mutable_view(py::array&, const char*);
+template qkv::TensorView<double> mutable_view(py::array&, const char*);
+template py::array_t<float> new_array(const std::vector<int64_t>&);
+template py::array_t<double> new_array(const std::vector<int64_t>&);
+template void check_finite(qkv::TensorView<const float>, const char*);
+template void check_finite(qkv::TensorView<const double>, const char*);
+
+Lead lead_of(const py::array& a, const char* name) {
+  if (a.ndim() < 2 || a.ndim() > 4)
+    throw py::value_error(fmt::format("{}: expected rank 2 [N, D], 3 [H, N, D] or 4 [B, H, N, D], got shape {}", name,
+                                      qkv::shape_string(shape_of(a))));
+  Lead lead;
+  if (a.ndim() >= 3) lead.H = a.shape(a.ndim() - 3);
+  if (a.ndim() == 4) lead.B = a.shape(0);
+  return lead;
+}
+
+void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v) {
+  const Lead lq = lead_of(q, "q"), lk = lead_of(k, "k");
+  lead_of(v, "v");
+  const std::string sq = qkv::shape_string(shape_of(q)), sk = qkv::shape_string(shape_of(k)),
+                    sv = qkv::shape_string(shape_of(v));
+  if (q.ndim() != k.ndim() || q.ndim() != v.ndim())
+    throw py::value_error(fmt::format("q {}, k {} and v {} must have the same rank", sq, sk, sv));
+  const py::ssize_t r = q.ndim();
+  if (q.shape(r - 1) != k.shape(r - 1))
+    throw py::value_error(fmt::format("q {} and k {} must have the same last dim (head dim D)", sq, sk));
+  for (py::ssize_t i = 0; i < r - 1; ++i)
+    if (k.shape(i) != v.shape(i))
+      throw py::value_error(fmt::format("k {} and v {} must agree on every dim but the last", sk, sv));
+  if (lq.B != lk.B) throw py::value_error(fmt::format("q {} and k {} have different batch sizes", sq, sk));
+  if (lk.H <= 0 || lq.H % lk.H != 0)
+    throw py::value_error(fmt::format("q {} has {} heads, which is not a multiple of k's {} heads (k {})", sq, lq.H,
+                                      lk.H, sk));
+  if (q.shape(r - 1) == 0) throw py::value_error(fmt::format("q {}: head dim D must be at least 1", sq));
+  if (v.shape(r - 1) == 0) throw py::value_error(fmt::format("v {}: value head dim Dv must be at least 1", sv));
+}
+
+namespace {
+
+int64_t to_index(const py::handle& obj, const std::string& name) {
+  if (py::isinstance<py::bool_>(obj) || PyIndex_Check(obj.ptr()) == 0)
+    throw py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
+  PyObject* i = PyNumber_Index(obj.ptr());
+  if (i == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(i).cast<int64_t>();
+}
+
+std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char* name) {
+  if (obj.is_none()) return {};
+  if (PyIndex_Check(obj.ptr()) && !py::isinstance<py::bool_>(obj) && !py::isinstance<py::array>(obj))
+    return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj, name));
+  if (!py::isinstance<py::sequence>(obj) && !py::isinstance<py::array>(obj))
+    throw py::type_error(fmt::format("{} must be an int or a sequence of {} ints (one per batch row)", name, B));
+  std::vector<int64_t> out;
+  std::size_t i = 0;
+  for (const py::handle item : obj) out.push_back(to_index(item, fmt::format("{}[{}]", name, i++)));
+  if (static_cast<int64_t>(out.size()) != B)
+    throw py::value_error(fmt::format("{}: expected {} entries (one per batch row), got {}", name, B, out.size()));
+  return out;
+}
+
+double to_float(const py::handle& obj, const std::string& name) {
+  if (py::isinstance<py::bool_>(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj))
+    throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
+  PyObject* f = PyNumber_Float(obj.ptr());
+  if (f == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(f).cast<double>();
+}
+
+qkv::CausalAlign parse_align(const py::handle& obj) {
+  if (!obj.is_none() && !py::isinstance<py::str>(obj)) throw py::type_error("causal_align must be a string");
+  const std::string s = obj.is_none() ? "top_left" : py::cast<std::string>(obj);
+  if (s == "top_left") return qkv::CausalAlign::top_left;
+  if (s == "bottom_right") return qkv::CausalAlign::bottom_right;
+  throw py::value_error(fmt::format("causal_align must be 'top_left' or 'bottom_right', got '{}'", s));
+}
+
+std::optional<qkv::Window> parse_window(const py::handle& obj) {
+  if (obj.is_none()) return std::nullopt;
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) || py::len(obj) != 2)
+    throw py::type_error("window must be a pair (left, right); None or a negative bound means unbounded");
+  const py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  qkv::Window w;
+  w.left = seq[0].is_none() ? -1 : to_index(seq[0], "window[0]");
+  w.right = seq[1].is_none() ? -1 : to_index(seq[1], "window[1]");
+  return w;
+}
+
+}  // namespace
+
+MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int64_t M) {
+  auto get = [&](const char* key) -> py::object {
+    return kwargs.contains(key) ? py::reinterpret_borrow<py::object>(kwargs[key]) : py::none();
+  };
+  MaskArgs out;
+  qkv::Mask& mask = out.mask;
+  const qkv::CausalAlign align = parse_align(get("causal_align"));
+  const py::object causal = get("causal");
+  if (!causal.is_none() && !py::isinstance<py::bool_>(causal))
+    throw py::type_error("causal must be True or False");
+  if (!causal.is_none() && causal.cast<bool>()) mask.causal = align;
+  mask.diagonal = align;
+  mask.window = parse_window(get("window"));
+  mask.key_lengths = parse_lengths(get("key_lengths"), B, "key_lengths");
+  mask.query_lengths = parse_lengths(get("query_lengths"), B, "query_lengths");
+
+  if (const py::object keep = get("keep_mask"); !keep.is_none()) {
+    if (!py::isinstance<py::array_t<bool>>(keep) && !py::isinstance<py::array_t<uint8_t>>(keep))
+      throw py::type_error("keep_mask must be a numpy bool (or uint8) array, True = may attend; pass an additive "
+                           "float mask as bias=");
+    out.keep_owner = py::reinterpret_borrow<py::array>(keep);
+    mask.keep = qkv::broadcast_mask(array_view<uint8_t>(out.keep_owner, "keep_mask"), B, H, N, M, "keep_mask");
+  }
+  if (const py::object bias = get("bias"); !bias.is_none()) {
+    if (!py::isinstance<py::array_t<float>>(bias) && !py::isinstance<py::array_t<double>>(bias))
+      throw py::type_error("bias must be a numpy float32 or float64 array (added to the scaled scores)");
+    // float64 biases are rounded to float32 once, as every kernel reads float32 bias.
+    out.bias_owner = py::array_t<float>::ensure(bias);
+    mask.bias = qkv::broadcast_mask(array_view<float>(out.bias_owner, "bias"), B, H, N, M, "bias");
+  }
+  if (const py::object slopes = get("alibi_slopes"); !slopes.is_none()) {
+    if (!py::isinstance<py::sequence>(slopes) && !py::isinstance<py::array>(slopes))
+      throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");
+    std::size_t i = 0;
+    for (const py::handle s : slopes)
+      mask.alibi_slopes.push_back(static_cast<float>(to_float(s, fmt::format("alibi_slopes[{}]", i++))));
+    if (static_cast<int64_t>(mask.alibi_slopes.size()) != H)
+      throw py::value_error(
+          fmt::format("alibi_slopes: expected {} entries (one per query head), got {}", H, mask.alibi_slopes.size()));
+  }
+  if (const py::object cap = get("softcap"); !cap.is_none()) {
+    const double c = to_float(cap, "softcap");
+    if (!(c >= 0.0) || !std::isfinite(c)) throw py::value_error("softcap must be a finite number >= 0 (0 = off)");
+    mask.softcap = static_cast<float>(c);
+  }
+  return out;
+}
+
+qkv::Kernel parse_kernel(const std::string& name) {
+  if (name == "auto") return qkv::Kernel::automatic;
+  if (name == "reference") return qkv::Kernel::reference;
+  if (name == "fused") return qkv::Kernel::fused;
+  throw py::value_error(fmt::format("kernel must be 'auto', 'reference' or 'fused', got '{}'", name));
+}
+
+qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
+  const qkv::TensorView<const uint16_t> bits = array_view<uint16_t>(a, name);
+  qkv::Tensor<float> out(bits.shape(), name);
+  const qkv::TensorView<const uint16_t> b4 = bits.as_rank4();
+  int64_t o = 0;
+  for (int64_t i = 0; i < b4.dim(0); ++i)
+    for (int64_t j = 0; j < b4.dim(1); ++j)
+      for (int64_t k = 0; k < b4.dim(2); ++k)
+        for (int64_t l = 0; l < b4.dim(3); ++l) out[o++] = qkv::bf16_to_float(qkv::bf16{b4(i, j, k, l)});
+  return out;
+}
+
+}  // namespace qkvpy

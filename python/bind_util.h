@@ -1,0 +1,78 @@
+// Shared pieces of the Python bindings: numpy arrays as qkv views (zero-copy, any strides), dtype
+// checks that raise TypeError, the mask dictionary every attention entry point accepts, and the
+// finite-value check. Everything here runs with the GIL held.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "qkv/attention.h"
+#include "qkv/tensor.h"
+
+namespace qkvpy {
+
+namespace py = pybind11;
+
+enum class DType { f32, f64, bf16 };
+
+// The element type of a numpy array argument: float32, float64, or uint16 read as bfloat16 bits.
+// Raises TypeError naming `name` for anything else (ints, complex, float16, non-native byte order)
+// or for an object that is not a numpy array.
+DType dtype_of(const py::handle& obj, const char* name);
+const char* dtype_name(DType t);
+
+// A zero-copy view of a numpy array of T (rank <= 4; strides are converted from bytes to elements).
+// The caller keeps the array alive. Raises ValueError for rank > 4 or strides that are not a whole
+// number of elements.
+template <class T>
+qkv::TensorView<const T> array_view(const py::array& a, const char* name);
+template <class T>
+qkv::TensorView<T> mutable_view(py::array& a, const char* name);
+
+// A new C-contiguous array of T with the given shape.
+template <class T>
+py::array_t<T> new_array(const std::vector<int64_t>& shape);
+
+// The shape of a numpy array as a vector.
+std::vector<int64_t> shape_of(const py::array& a);
+
+// Raises ValueError("<name> contains NaN at index (i, j, ...)") at the first non-finite element.
+// Indices are the caller's (numpy) indices.
+template <class T>
+void check_finite(qkv::TensorView<const T> v, const char* name);
+
+// The leading dimensions of a [..., N, D] argument of rank 2..4, as (B, H).
+struct Lead {
+  int64_t B = 1, H = 1;
+};
+Lead lead_of(const py::array& a, const char* name);
+
+// Checks q [..., N, D], k [..., M, D], v [..., M, Dv] in the caller's terms (same rank 2..4, same
+// batch, heads of k a divisor of heads of q) so messages show the shapes the caller passed.
+void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v);
+
+// Holds everything a qkv::Mask borrows (converted bias or keep arrays) for the duration of a call.
+struct MaskArgs {
+  qkv::Mask mask;
+  py::array keep_owner;
+  py::array bias_owner;
+};
+
+// Builds a mask from the dictionary the Python layer passes (keys: causal, causal_align,
+// key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap; missing keys or None
+// mean "off"). keep_mask and bias broadcast to [B, H, N, M] by numpy rules. Raises TypeError or
+// ValueError naming the key.
+MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int64_t M);
+
+// "auto" | "reference" | "fused" -> qkv::Kernel; ValueError otherwise.
+qkv::Kernel parse_kernel(const std::string& name);
+
+// A view of bf16 bits widened exactly to float32.
+qkv::Tensor<float> widen_bf16(const py::array& a, const char* name);
+
+}  // namespace qkvpy

@@ -1,0 +1,16 @@
+// One registration function per bound concept; module.cpp calls those whose library part is built
+// (see python/CMakeLists.txt for how that is decided).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace qkvpy {
+
+void bind_attention(pybind11::module_& m);
+void bind_backward(pybind11::module_& m);
+void bind_layer(pybind11::module_& m);
+void bind_embeddings(pybind11::module_& m);
+void bind_explain(pybind11::module_& m);
+void bind_weights(pybind11::module_& m);
+
+}  // namespace qkvpy

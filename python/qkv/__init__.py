@@ -1,0 +1,17 @@
+"""qkv: exact, fast self-attention on numpy arrays.
+
+    import numpy as np, qkv
+    q = k = v = np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)
+    out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
+
+Functions take numpy arrays shaped like PyTorch's ([..., N, D]) and return new numpy arrays.
+Bad input raises TypeError (wrong type or dtype) or ValueError (wrong shape or value), never
+crashes. `qkv.features` lists the parts compiled into this build.
+"""
+
+from . import _qkv
+from .attention import attention_backward, default_num_threads, scaled_dot_product_attention
+
+features = _qkv.features
+
+__all__ = ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "features"]

@@ -1,0 +1,116 @@
+"""Scaled dot-product attention on numpy arrays (forward, backward, exact weights)."""
+
+import numpy as np
+
+from . import _qkv
+
+_MASK_DOC = """
+    Masks (all optional; they combine: a key is used only if every mask allows it):
+      causal: bool. Query i sees keys j <= diag(i).
+      causal_align: "top_left" (diag(i) = i) or "bottom_right" (diag(i) = i + M_b - N_b, where
+          M_b, N_b are the valid key and query lengths of batch row b, so the last valid query
+          sees every valid key, as when decoding with a cache). Also places the diagonal used by
+          `window` and `alibi_slopes` when causal is False.
+      key_lengths: int or sequence of B ints; keys j >= key_lengths[b] are masked.
+      query_lengths: int or sequence of B ints; query rows i >= query_lengths[b] are fully masked.
+      window: pair (left, right): query i sees keys diag(i) - left <= j <= diag(i) + right;
+          None (or a negative bound) leaves that side unbounded.
+      keep_mask: bool (or uint8) array broadcastable to [B, H, N, M]; True = may attend.
+      bias: float32/float64 array broadcastable to [B, H, N, M], added to the scaled (and
+          softcapped) scores; -inf removes a pair. float64 bias is rounded to float32.
+      alibi_slopes: sequence of H floats; adds -slope[h] * |j - diag(i)| to the scores.
+      softcap: float c > 0: scores s become c * tanh(s / c) before bias and ALiBi (0/None: off).
+    A query row with no allowed key gets output 0 and lse -inf (never NaN).
+"""
+
+
+def _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap):
+    return dict(causal=causal, causal_align=causal_align, key_lengths=key_lengths, query_lengths=query_lengths,
+                window=window, keep_mask=keep_mask, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap)
+
+
+def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_left", key_lengths=None,
+                                 query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
+                                 softcap=None, scale=None, return_lse=False, kernel="auto", num_threads=0,
+                                 check_finite=False):
+    """out = softmax(scale * q @ k^T + mask) @ v, like PyTorch's scaled_dot_product_attention.
+
+    Shapes follow PyTorch: q [..., N, D], k [..., M, D], v [..., M, Dv] with the same rank 2, 3 or
+    4; leading dims are [H] (rank 3) or [B, H] (rank 4), none means B = H = 1. k and v may have
+    fewer heads than q (grouped-query attention: query head h uses key head h // (H // Hkv)).
+
+    dtypes: q, k, v must share one of
+      float32 - computed by qkv's fp32 kernel (zero-copy; results float32);
+      float64 - computed by the float64 reference (results float64);
+      uint16  - read as bfloat16 bit patterns, widened exactly to float32 (results float32).
+    Any strides are accepted without copying (transposed or sliced views, negative steps), as
+    long as each stride is a whole number of elements.
+
+    Args:
+      scale: multiplies q @ k^T; default 1 / sqrt(D).
+      return_lse: also return lse [..., N], the log-sum-exp of each row of masked, scaled scores.
+      kernel: "auto" (fastest available), "reference" (float64 inside) or "fused".
+      num_threads: threads for this call; 0 = qkv.default_num_threads().
+      check_finite: if True, a NaN or infinity in q, k or v raises ValueError naming the tensor
+          and the index; if False, non-finite values propagate as IEEE arithmetic says.
+    {mask}
+    Returns out [..., N, Dv], or (out, lse) if return_lse.
+
+    Raises TypeError for arguments of the wrong type or dtype (int, complex, float16 arrays, or q,
+    k, v of different dtypes) and ValueError for inconsistent shapes or values. The GIL is
+    released while computing, so other Python threads keep running.
+    """
+    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
+    return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, bool(return_lse), kernel, int(num_threads),
+                                             bool(check_finite))
+
+
+scaled_dot_product_attention.__doc__ = scaled_dot_product_attention.__doc__.replace("{mask}", _MASK_DOC)
+
+
+def _reduce_to_shape(grad, shape):
+    """Sums grad over the dims numpy broadcasting added or stretched to reach grad.shape from shape."""
+    shape = tuple(shape)
+    extra = grad.ndim - len(shape)
+    if extra > 0:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad.reshape(shape)
+
+
+def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causal_align="top_left", key_lengths=None,
+                       query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None, softcap=None,
+                       scale=None, return_dbias=False, kernel="auto", num_threads=0, check_finite=False):
+    """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
+
+    q, k, v and every mask argument are as for scaled_dot_product_attention; dout has out's shape
+    [..., N, Dv] and dtype. out and lse are the forward's results for the same inputs (float32
+    only); when either is None the forward is run here first. float64 inputs use the float64
+    reference backward.
+
+    Returns (dq, dk, dv), shaped like q, k, v (for grouped-query attention dk and dv sum over the
+    query heads of each group), or (dq, dk, dv, dbias) if return_dbias. dbias = dL/dbias has the
+    shape of `bias` when a bias was given (summed over the dims it was broadcast along), else the
+    full scores shape [..., N, M]. Fully masked rows contribute zero gradients.
+    {mask}
+    Raises TypeError / ValueError as scaled_dot_product_attention does (dout too). Releases the GIL.
+    """
+    if not hasattr(_qkv, "attention_backward"):
+        raise NotImplementedError("this qkv build has no attention backward (qkv.features lists what is built)")
+    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
+    grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, bool(return_dbias), kernel,
+                                    int(num_threads), bool(check_finite))
+    if return_dbias and bias is not None:
+        dq, dk, dv, dbias = grads
+        return dq, dk, dv, _reduce_to_shape(dbias, np.shape(bias)).astype(dbias.dtype, copy=False)
+    return grads
+
+
+attention_backward.__doc__ = attention_backward.__doc__.replace("{mask}", _MASK_DOC)
+
+
+def default_num_threads():
+    """Threads a call uses when num_threads=0: QKV_NUM_THREADS if positive, else OpenMP's default."""
+    return _qkv.default_num_threads()

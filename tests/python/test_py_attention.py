@@ -1,0 +1,195 @@
+"""qkv.scaled_dot_product_attention against PyTorch (float64 oracle in py_oracle.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from py_oracle import BASE_SEED, assert_close, random_case, rng_for, seed_note, torch_attention
+
+FP32_TOL = 2e-5
+FP64_TOL = 1e-12
+
+
+def _run(q, k, v, mask, **kw):
+    return qkv.scaled_dot_product_attention(q, k, v, return_lse=True, **mask, **kw)
+
+
+def _check(q, k, v, mask, tol, note, **kw):
+    out, lse = _run(q, k, v, mask, **kw)
+    assert out.dtype == (np.float64 if q.dtype == np.float64 else np.float32), note
+    assert out.shape == q.shape[:-1] + (v.shape[-1],), note
+    assert lse.shape == q.shape[:-1], note
+    want_out, want_lse = torch_attention(q, k, v, **mask)
+    assert_close(out, want_out.numpy(), tol, f"out, {note}")
+    assert_close(lse, want_lse.numpy(), tol, f"lse, {note}")
+
+
+@pytest.mark.parametrize("case", range(300))
+def test_random_parity_float32(case):
+    q, k, v, mask, desc = random_case(rng_for(case), np.float32)
+    _check(q, k, v, mask, FP32_TOL, f"{seed_note(case)} {desc}")
+
+
+@pytest.mark.parametrize("case", range(300, 500))
+def test_random_parity_float64(case):
+    q, k, v, mask, desc = random_case(rng_for(case), np.float64)
+    _check(q, k, v, mask, FP64_TOL, f"{seed_note(case)} {desc}")
+
+
+# Each mask kind alone (and with GQA) on odd sizes, so no kind depends on the random draw above.
+MASK_KINDS = {
+    "none": lambda rng, B, H, N, M: {},
+    "causal_top_left": lambda rng, B, H, N, M: {"causal": True},
+    "causal_bottom_right": lambda rng, B, H, N, M: {"causal": True, "causal_align": "bottom_right",
+                                                    "key_lengths": [M, max(M - 2, 0)][:B],
+                                                    "query_lengths": [N, max(N - 1, 0)][:B]},
+    "key_lengths": lambda rng, B, H, N, M: {"key_lengths": [int(x) for x in rng.integers(0, M + 1, B)]},
+    "query_lengths": lambda rng, B, H, N, M: {"query_lengths": [int(x) for x in rng.integers(0, N + 1, B)]},
+    "window": lambda rng, B, H, N, M: {"window": (2, 1)},
+    "window_left_only_bottom_right": lambda rng, B, H, N, M: {"window": (3, None), "causal_align": "bottom_right"},
+    "keep_mask": lambda rng, B, H, N, M: {"keep_mask": rng.random((B, H, N, M)) < 0.5},
+    "keep_mask_broadcast": lambda rng, B, H, N, M: {"keep_mask": rng.random((N, 1)) < 0.8},
+    "bias": lambda rng, B, H, N, M: {"bias": rng.standard_normal((B, H, N, M)).astype(np.float32)},
+    "bias_float64_broadcast": lambda rng, B, H, N, M: {"bias": rng.standard_normal((1, M))},
+    "alibi": lambda rng, B, H, N, M: {"alibi_slopes": [float(x) for x in rng.uniform(0.05, 1.0, H)]},
+    "alibi_causal_bottom_right": lambda rng, B, H, N, M: {"alibi_slopes": [0.5] * H, "causal": True,
+                                                          "causal_align": "bottom_right"},
+    "softcap": lambda rng, B, H, N, M: {"softcap": 0.7, "scale": 2.0},
+    "softcap_bias_alibi": lambda rng, B, H, N, M: {"softcap": 1.5, "alibi_slopes": [0.25] * H,
+                                                   "bias": rng.standard_normal((N, M)).astype(np.float32)},
+    "everything": lambda rng, B, H, N, M: {"causal": True, "window": (4, None), "key_lengths": [M, M // 2][:B],
+                                           "keep_mask": rng.random((N, M)) < 0.9, "softcap": 5.0,
+                                           "bias": rng.standard_normal((N, M)).astype(np.float32),
+                                           "alibi_slopes": [0.1] * H},
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("kind", sorted(MASK_KINDS))
+def test_each_mask_kind(kind, gqa, dtype):
+    case = 1000 + sorted(MASK_KINDS).index(kind) * 4 + 2 * gqa + (dtype == np.float64)
+    rng = rng_for(case)
+    B, Hkv, N, M, D = 2, 2, 17, 65, 3
+    H = 4 if gqa else Hkv
+    q = rng.standard_normal((B, H, N, D)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, M, D)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, M, 59)).astype(dtype)
+    mask = MASK_KINDS[kind](rng, B, H, N, M)
+    _check(q, k, v, mask, FP32_TOL if dtype == np.float32 else FP64_TOL, f"{seed_note(case)} {kind} gqa={gqa}")
+
+
+def test_fully_masked_rows_are_zero_with_lse_minus_inf():
+    rng = rng_for(2000)
+    q = rng.standard_normal((2, 1, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 1, 7, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 1, 7, 6)).astype(np.float32)
+    keep = np.ones((5, 7), dtype=bool)
+    keep[1] = False  # row 1 of every batch: no key at all
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, keep_mask=keep, query_lengths=[5, 3], key_lengths=[7, 0],
+                                                return_lse=True)
+    assert np.all(out[:, :, 1] == 0) and np.all(np.isneginf(lse[:, :, 1])), seed_note(2000)
+    assert np.all(out[1] == 0) and np.all(np.isneginf(lse[1])), seed_note(2000)  # key_lengths 0
+    assert not np.isnan(out).any(), seed_note(2000)
+    assert np.all(np.isfinite(lse[0, 0, [0, 2, 3, 4]])), seed_note(2000)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference", "fused"])
+def test_kernels_and_threads_agree(kernel):
+    rng = rng_for(2100)
+    q = rng.standard_normal((2, 4, 65, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 64, 64)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 64, 40)).astype(np.float32)
+    one = qkv.scaled_dot_product_attention(q, k, v, causal=True, kernel=kernel, num_threads=1)
+    two = qkv.scaled_dot_product_attention(q, k, v, causal=True, kernel=kernel, num_threads=2)
+    assert np.array_equal(one, two), f"results differ between 1 and 2 threads ({seed_note(2100)})"
+    want, _ = torch_attention(q, k, v, causal=True)
+    assert_close(one, want.numpy(), FP32_TOL, f"kernel={kernel} {seed_note(2100)}")
+
+
+def test_strided_views_are_read_in_place():
+    # Views that are not C-contiguous are accepted (documented): the [B, N, H, D] layout
+    # transposed to [B, H, N, D], every other row, a reversed head dim.
+    rng = rng_for(2200)
+    qb = rng.standard_normal((2, 9, 3, 40)).astype(np.float32)
+    kb = rng.standard_normal((2, 18, 3, 40)).astype(np.float32)
+    vb = rng.standard_normal((2, 18, 3, 7)).astype(np.float32)
+    q = qb.transpose(0, 2, 1, 3)
+    k = kb.transpose(0, 2, 1, 3)[:, :, ::2]
+    v = vb.transpose(0, 2, 1, 3)[:, :, ::2, ::-1]
+    assert not (q.flags.c_contiguous or k.flags.c_contiguous or v.flags.c_contiguous)
+    out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
+    want = qkv.scaled_dot_product_attention(*(np.ascontiguousarray(a) for a in (q, k, v)), causal=True)
+    assert np.array_equal(out, want), seed_note(2200)
+    ref, _ = torch_attention(q, k, v, causal=True)
+    assert_close(out, ref.numpy(), FP32_TOL, seed_note(2200))
+
+
+def test_broadcast_view_of_k_and_v():
+    rng = rng_for(2300)
+    q = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    kv = rng.standard_normal((1, 6, 8)).astype(np.float32)
+    k = np.broadcast_to(kv, (3, 6, 8))  # stride 0 over heads
+    out = qkv.scaled_dot_product_attention(q, k, k)
+    ref, _ = torch_attention(q, np.ascontiguousarray(k), np.ascontiguousarray(k))
+    assert_close(out, ref.numpy()[0], FP32_TOL, seed_note(2300))
+
+
+def _to_bf16_bits(x):
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+    return (rounded >> 16).astype(np.uint16)
+
+
+def _from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_bfloat16_bits_widen_exactly():
+    rng = rng_for(2400)
+    q, k, v = (_to_bf16_bits(rng.standard_normal((2, 17, 59))) for _ in range(3))
+    out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
+    assert out.dtype == np.float32
+    ref, _ = torch_attention(_from_bf16_bits(q), _from_bf16_bits(k), _from_bf16_bits(v), causal=True)
+    assert_close(out, ref.numpy()[0], FP32_TOL, seed_note(2400))
+
+
+def test_matches_torch_formula_directly_in_float32():
+    # The issue's literal oracle: torch.softmax(q @ k^T * scale + mask) @ v, computed by torch in fp32.
+    rng = rng_for(2500)
+    q = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 65, 64)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 65, 64)).astype(np.float32)
+    add = np.where(np.tril(np.ones((64, 65), dtype=bool)), 0.0, -np.inf).astype(np.float32)
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    want = torch.softmax(tq @ tk.transpose(-1, -2) * 0.125 + torch.from_numpy(add), dim=-1) @ tv
+    out = qkv.scaled_dot_product_attention(q, k, v, causal=True)
+    assert_close(out, want.numpy(), FP32_TOL, seed_note(2500))
+
+
+def test_scale_and_scalar_lengths():
+    rng = rng_for(2600)
+    q = rng.standard_normal((2, 2, 3, 5))
+    k = rng.standard_normal((2, 1, 17, 5))
+    v = rng.standard_normal((2, 1, 17, 3))
+    out = qkv.scaled_dot_product_attention(q, k, v, scale=0.3, key_lengths=np.int64(11), query_lengths=(3, 2))
+    ref, _ = torch_attention(q, k, v, scale=0.3, key_lengths=11, query_lengths=(3, 2))
+    assert_close(out, ref.numpy(), FP64_TOL, seed_note(2600))
+
+
+def test_empty_query_and_key_lengths_dims():
+    rng = rng_for(2700)
+    q = rng.standard_normal((0, 4)).astype(np.float32)
+    k = rng.standard_normal((3, 4)).astype(np.float32)
+    assert qkv.scaled_dot_product_attention(q, k, k).shape == (0, 4)
+    out, lse = qkv.scaled_dot_product_attention(k, q, np.zeros((0, 2), np.float32), return_lse=True)
+    assert out.shape == (3, 2) and np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_docstrings_and_features():
+    assert "PyTorch" in qkv.scaled_dot_product_attention.__doc__
+    assert "keep_mask" in qkv.scaled_dot_product_attention.__doc__
+    assert "attention" in qkv.features
+    assert qkv.default_num_threads() >= 1
+    assert BASE_SEED > 0
