@@ -75,8 +75,12 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
   return out;
 }
 
-py::object sdpa(const py::array& q, const py::array& k, const py::array& v, const py::dict& mask,
+py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::dict& mask,
                 const py::object& scale, bool return_lse, const std::string& kernel, int num_threads, bool finite) {
+  dtype_of(q_obj, "q");
+  dtype_of(k_obj, "k");
+  dtype_of(v_obj, "v");
+  const py::array q = aligned(q_obj), k = aligned(k_obj), v = aligned(v_obj);
   ForwardCall call = prepare(q, k, v, mask, scale, kernel, num_threads);
   switch (call.dtype) {
     case DType::f64:

@@ -34,6 +34,12 @@ std::vector<int64_t> shape_of(const py::array& a) {
   return shape;
 }
 
+py::array aligned(const py::handle& obj) {
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if ((a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0) return a;
+  return py::module_::import("numpy").attr("ascontiguousarray")(a);
+}
+
 namespace {
 
 template <class T>

@@ -34,6 +34,10 @@ qkv::TensorView<const T> array_view(const py::array& a, const char* name);
 template <class T>
 qkv::TensorView<T> mutable_view(py::array& a, const char* name);
 
+// The array itself if its data is aligned for its dtype (numpy's usual case), else an aligned
+// contiguous copy: kernels may use aligned vector loads on element boundaries.
+py::array aligned(const py::handle& obj);
+
 // A new C-contiguous array of T with the given shape.
 template <class T>
 py::array_t<T> new_array(const std::vector<int64_t>& shape);

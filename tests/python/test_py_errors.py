@@ -1,0 +1,168 @@
+"""Bad input to the qkv module raises the documented exception with a clear message, never crashes."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import qkv
+from py_oracle import rng_for, seed_note
+
+sdpa = qkv.scaled_dot_product_attention
+
+
+def _qkv(case, n=5, m=7, d=4, dtype=np.float32):
+    rng = rng_for(case)
+    return (rng.standard_normal((n, d)).astype(dtype), rng.standard_normal((m, d)).astype(dtype),
+            rng.standard_normal((m, d)).astype(dtype))
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((4,), "q: expected rank 2 [N, D], 3 [H, N, D] or 4 [B, H, N, D], got shape [4]"),
+    ((1, 1, 1, 3, 4), "q: expected rank 2"),
+])
+def test_wrong_rank(shape, message):
+    _, k, v = _qkv(3000)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        sdpa(np.ones(shape, np.float32), k, v)
+
+
+def test_scalar_array_rank_zero():
+    _, k, v = _qkv(3001)
+    with pytest.raises(ValueError, match="q: expected rank 2"):
+        sdpa(np.ones((), np.float32), k, v)
+
+
+def test_mismatched_shapes():
+    q, k, v = _qkv(3002)
+    with pytest.raises(ValueError, match=r"q \[5, 4\] and k \[7, 3\] must have the same last dim"):
+        sdpa(q, k[:, :3], v)
+    with pytest.raises(ValueError, match=r"k \[7, 4\] and v \[6, 4\] must agree on every dim but the last"):
+        sdpa(q, k, v[:6])
+    with pytest.raises(ValueError, match="must have the same rank"):
+        sdpa(q[None], k, v)
+    with pytest.raises(ValueError, match=r"q \[3, 5, 4\] has 3 heads, which is not a multiple of k's 2 heads"):
+        sdpa(np.stack([q] * 3), np.stack([k] * 2), np.stack([v] * 2))
+    with pytest.raises(ValueError, match="different batch sizes"):
+        sdpa(q[None, None], np.stack([k[None]] * 2), np.stack([v[None]] * 2))
+    with pytest.raises(ValueError, match="head dim D must be at least 1"):
+        sdpa(q[:, :0], k[:, :0], v)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.complex64, np.float16, np.bool_])
+def test_wrong_dtype(dtype):
+    q, k, v = _qkv(3003)
+    with pytest.raises(TypeError, match=f"q: dtype {np.dtype(dtype).name} is not supported; use float32, float64"):
+        sdpa(q.astype(dtype), k, v)
+
+
+def test_non_native_byte_order_is_refused():
+    q, k, v = _qkv(3004)
+    with pytest.raises(TypeError, match="k: dtype >f4 is not supported"):
+        sdpa(q, k.astype(">f4"), v)
+
+
+def test_mixed_dtypes_and_non_arrays():
+    q, k, v = _qkv(3005)
+    with pytest.raises(TypeError, match="q, k and v must share a dtype, got float32, float64 and float32"):
+        sdpa(q, k.astype(np.float64), v)
+    with pytest.raises(TypeError, match="v must be a numpy array, got list"):
+        sdpa(q, k, v.tolist())
+
+
+def test_misaligned_arrays_are_copied_not_refused():
+    q, k, v = _qkv(3006)
+    raw = np.zeros(5 * 4 * 4 + 1, dtype=np.uint8)[1:].view(np.float32).reshape(5, 4)
+    raw[...] = q
+    assert not raw.flags.aligned
+    assert np.array_equal(sdpa(raw, k, v), sdpa(q, k, v)), seed_note(3006)
+    record = np.zeros((5, 4), dtype=[("a", np.int8), ("x", np.float32)])
+    record["x"] = q
+    odd = record["x"]  # strides of 20 and 5 bytes: not a whole number of float32
+    assert np.array_equal(sdpa(odd, k, v), sdpa(q, k, v)), seed_note(3006)
+
+
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+@pytest.mark.parametrize("bad, word", [(np.nan, "NaN"), (np.inf, r"\+inf"), (-np.inf, "-inf")])
+def test_check_finite_names_tensor_and_index(tensor, bad, word):
+    arrays = dict(zip("qkv", _qkv(3007)))
+    arrays[tensor][2, 3] = bad
+    with pytest.raises(ValueError, match=rf"{tensor} contains {word} at index \(2, 3\)"):
+        sdpa(arrays["q"], arrays["k"], arrays["v"], check_finite=True)
+
+
+def test_check_finite_off_propagates_nan_in_that_row_only():
+    q, k, v = _qkv(3008)
+    q[1, 0] = np.nan
+    out = sdpa(q, k, v)
+    assert np.isnan(out[1]).all() and np.isfinite(np.delete(out, 1, axis=0)).all(), seed_note(3008)
+
+
+def test_check_finite_index_for_rank4_float64():
+    rng = rng_for(3009)
+    q = rng.standard_normal((2, 3, 4, 5))
+    q[1, 2, 0, 4] = np.nan
+    with pytest.raises(ValueError, match=r"q contains NaN at index \(1, 2, 0, 4\)"):
+        sdpa(q, q, q, check_finite=True)
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(causal_align="diagonal"), ValueError, "causal_align must be 'top_left' or 'bottom_right', got 'diagonal'"),
+    (dict(causal_align=3), TypeError, "causal_align must be a string"),
+    (dict(causal="yes"), TypeError, "causal must be True or False"),
+    (dict(key_lengths=[1, 2]), ValueError, r"key_lengths: expected 1 entries \(one per batch row\), got 2"),
+    (dict(key_lengths=8), ValueError, r"key_lengths\[0\] = 8 is outside \[0, 7\]"),
+    (dict(key_lengths=[1.5]), TypeError, r"key_lengths\[0\] must be an integer, got 1.5"),
+    (dict(query_lengths=-1), ValueError, r"query_lengths\[0\] = -1 is outside \[0, 5\]"),
+    (dict(window=3), TypeError, r"window must be a pair \(left, right\)"),
+    (dict(window=(1, "x")), TypeError, r"window\[1\] must be an integer"),
+    (dict(keep_mask=np.ones((5, 7), np.float32)), TypeError, "keep_mask must be a numpy bool"),
+    (dict(keep_mask=np.ones((4, 7), bool)), ValueError, r"keep_mask: shape \[4, 7\] does not broadcast"),
+    (dict(bias=np.ones((5, 6), np.float32)), ValueError, r"bias: shape \[5, 6\] does not broadcast"),
+    (dict(bias=np.ones((5, 7), np.int64)), TypeError, "bias must be a numpy float32 or float64 array"),
+    (dict(alibi_slopes=[0.1, 0.2]), ValueError, r"alibi_slopes: expected 1 entries \(one per query head\), got 2"),
+    (dict(alibi_slopes=["a"]), TypeError, r"alibi_slopes\[0\] must be a number"),
+    (dict(alibi_slopes=[np.inf]), ValueError, "alibi slopes must be finite"),
+    (dict(softcap=-1.0), ValueError, "softcap must be a finite number >= 0"),
+    (dict(softcap="big"), TypeError, "softcap must be a number"),
+    (dict(scale=np.nan), ValueError, "scale must be finite"),
+    (dict(scale="x"), TypeError, "scale must be a number or None"),
+    (dict(kernel="gpu"), ValueError, "kernel must be 'auto', 'reference' or 'fused', got 'gpu'"),
+    (dict(num_threads=-2), ValueError, r"num_threads must be >= 0 \(0 = default\), got -2"),
+])
+def test_bad_mask_and_option_arguments(kwargs, exc, message):
+    q, k, v = _qkv(3010)
+    with pytest.raises(exc, match=message):
+        sdpa(q, k, v, **kwargs)
+
+
+def test_the_gil_is_released_during_a_long_call():
+    # A call of a few hundred milliseconds; a Python thread counting meanwhile must advance.
+    rng = rng_for(3100)
+    q = rng.standard_normal((1, 2, 512, 64)).astype(np.float32)
+    counter = [0]
+    started = threading.Event()
+    running = [True]
+
+    def spin():
+        started.set()
+        while running[0]:
+            counter[0] += 1
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    started.wait()
+    try:
+        before = counter[0]
+        t0 = time.perf_counter()
+        sdpa(q, q, q, kernel="reference", num_threads=1)
+        elapsed = time.perf_counter() - t0
+        during = counter[0] - before
+    finally:
+        running[0] = False
+        thread.join()
+    # With the GIL held for the whole call, the counter could move at most during the brief
+    # Python-side argument handling (one switch interval, 5 ms); it must keep counting throughout.
+    assert elapsed > 0.05, f"call too short ({elapsed:.3f} s) to tell"
+    assert during > 1000, f"counter advanced only {during} times in {elapsed:.3f} s ({seed_note(3100)})"
