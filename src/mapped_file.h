@@ -1,0 +1,46 @@
+// Internal: a read-only memory map of a whole file, used by the .npy, .safetensors and
+// embedding readers so a large file is never copied into a second buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace qkv::detail {
+
+// Maps `path` read-only. Throws qkv::Error naming the path for a missing or unreadable file, a
+// directory or other non-regular file. An empty file maps to an empty view. Movable, not copyable.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&&) = delete;
+  MappedFile(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::string_view bytes() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+
+  // Hints that [begin, end) will be read once, front to back.
+  void advise_sequential() const;
+  // Drops the pages wholly inside [begin, end) from this process's resident set (they stay in
+  // the page cache), so a pass over a large file does not hold the whole file resident.
+  void release(std::size_t begin, std::size_t end) const;
+
+ private:
+  std::string path_;
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// strerror for `errnum` (thread-safe).
+std::string errno_text(int errnum);
+
+// A short printable rendering of untrusted bytes for messages: quoted, control bytes escaped,
+// cut at `max_bytes`.
+std::string quoted(std::string_view bytes, std::size_t max_bytes = 40);
+
+}  // namespace qkv::detail

@@ -1,0 +1,111 @@
+// write_file_atomically: the target is either the old file or the whole new one, never partial,
+// and no temporary file outlives a failure.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "io_test_util.h"
+#include "qkv/io.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+using test::expect_error;
+using test::read_raw;
+using test::TempDir;
+
+std::string random_bytes(test::Rng& rng, std::size_t n) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng.uniform_int(0, 255));
+  return s;
+}
+
+TEST(AtomicFile, WritesThenReplacesLeavingOnlyTheTarget) {
+  test::Rng rng("AtomicFile.WritesThenReplaces");
+  TempDir dir;
+  std::string path = dir.file("out.bin");
+  std::string first = random_bytes(rng, 1 + static_cast<std::size_t>(rng.uniform_int(0, 5000)));
+  write_file_atomically(path, first);
+  EXPECT_EQ(read_raw(path), first);
+  std::string second = random_bytes(rng, static_cast<std::size_t>(rng.uniform_int(0, 300)));
+  write_file_atomically(path, second);
+  EXPECT_EQ(read_raw(path), second);
+  write_file_atomically(path, "");
+  EXPECT_EQ(read_raw(path), "");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"out.bin"});
+}
+
+TEST(AtomicFile, ReplacingKeepsThePermissions) {
+  TempDir dir;
+  std::string path = dir.file("keep.txt");
+  write_file_atomically(path, "one");
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  write_file_atomically(path, "two");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  EXPECT_EQ(read_raw(path), "two");
+}
+
+TEST(AtomicFile, MissingDirectoryIsRefusedWithThePathAndReason) {
+  TempDir dir;
+  std::string path = dir.file("no/such/dir/out.bin");
+  expect_error([&] { write_file_atomically(path, "data"); }, {path, "No such file or directory"});
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(AtomicFile, UnwritableDirectoryLeavesNothing) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root may write into a read-only directory";
+  TempDir dir;
+  std::string sub = dir.file("ro");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0555), 0);
+  expect_error([&] { write_file_atomically(sub + "/out.bin", "data"); }, {sub + "/out.bin", "Permission denied"});
+  EXPECT_TRUE(std::filesystem::is_empty(sub));
+}
+
+TEST(AtomicFile, DirectoryAsTargetIsRefused) {
+  TempDir dir;
+  std::string sub = dir.file("d");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
+  expect_error([&] { write_file_atomically(sub, "data"); }, {sub, "is a directory"});
+  expect_error([&] { write_file_atomically(sub + "/", "data"); }, {"ends in '/'"});
+  expect_error([&] { write_file_atomically("", "data"); }, {"empty name"});
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"d"});
+}
+
+// A write that fails half way (here: the file-size limit) keeps the old file and removes the
+// temporary one.
+TEST(AtomicFile, FailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
+  test::Rng rng("AtomicFile.FailedWrite");
+  TempDir dir;
+  std::string path = dir.file("model.bin");
+  std::string old = random_bytes(rng, 100);
+  write_file_atomically(path, old);
+
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  expect_error([&] { write_file_atomically(path, random_bytes(rng, 100000)); }, {"cannot write", path, "File too large"});
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::signal(SIGXFSZ, old_handler);
+
+  EXPECT_EQ(read_raw(path), old);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"model.bin"});
+}
+
+TEST(AtomicFile, RelativePathWritesIntoTheWorkingDirectory) {
+  TempDir dir;
+  std::filesystem::path saved = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path());
+  write_file_atomically("rel.txt", "relative");
+  std::filesystem::current_path(saved);
+  EXPECT_EQ(read_raw(dir.file("rel.txt")), "relative");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"rel.txt"});
+}
+
+}  // namespace
+}  // namespace qkv
