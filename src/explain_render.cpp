@@ -100,9 +100,10 @@ void seed003_head(std::string& out, const Explanation& e, const HeadSteps& h, in
   out += "Attention weights:\n";
   matrix_block(out, "attention_weights", h.weights, t, precision);
   out += "\nStep 5. Compute the weighted sum of values: output = attention_weights @ V\n";
-  const std::vector<std::string> names = quoted(t);
+  std::vector<std::string> values;
+  for (const auto& name : quoted(t)) values.push_back("V[" + name + "]");
   for (int64_t i = 0; i < h.weights.rows; ++i)
-    out += fmt::format("  {} = {}\n", names[i], weighted_sum(h, i, names, precision, "·"));
+    out += fmt::format("  output[\"{}\"] = {}\n", t[i], weighted_sum(h, i, values, precision, "·"));
   out += "Self-attention output:\n";
   matrix_block(out, "output (context vectors)", h.context, t, precision);
 }

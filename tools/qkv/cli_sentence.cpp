@@ -1,0 +1,105 @@
+// Options and set-up shared by the sentence commands (explain, context, compare): embeddings,
+// the out-of-vocabulary policy and the attention layer.
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli_util.h"
+#include "qkv/error.h"
+
+namespace qkv::cli {
+
+void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required) {
+  CLI::Option* emb = app->add_option("--embeddings", args.embeddings,
+                                     "Static word embeddings: GloVe text, word2vec text or binary (told apart by content)");
+  if (embeddings_required) emb->required();
+  app->add_option("--oov", args.oov, "Out-of-vocabulary words: error (list them), zero (zero vector) or skip")
+      ->check(CLI::IsMember({"error", "zero", "skip"}));
+  CLI::Option* weights =
+      app->add_option("--weights", args.weights, "Layer weights (.safetensors written by MultiHeadAttention::save)");
+  CLI::Option* heads = app->add_option("--heads", args.heads, "Attention heads of a random layer")
+                           ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  CLI::Option* dk = app->add_option("--dk", args.dk, "Head dimension d_k of a random layer (default E / heads)")
+                        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* seed = app->add_option("--seed", args.seed, "Seed of the random W_q, W_k, W_v (default 0)");
+  CLI::Option* free = app->add_flag("--parameter-free", args.parameter_free,
+                                    "No weights: Q = K = V = X, as in seed 002's first-principles attention");
+  weights->excludes(heads)->excludes(dk)->excludes(seed)->excludes(free);
+  free->excludes(heads)->excludes(dk)->excludes(seed);
+}
+
+bool layer_options_given(const CLI::App* app) {
+  for (const char* name : {"--weights", "--heads", "--dk", "--seed", "--parameter-free", "--oov"})
+    if (app->count(name) > 0) return true;
+  return false;
+}
+
+OovPolicy oov_policy(const SentenceArgs& args) {
+  if (args.oov == "zero") return OovPolicy::zero;
+  if (args.oov == "skip") return OovPolicy::skip;
+  return OovPolicy::error;
+}
+
+Embeddings load_embeddings(const SentenceArgs& args) { return Embeddings::load(args.embeddings); }
+
+EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence, const SentenceArgs& args,
+                       const std::string& what) {
+  if (tokenize(sentence).empty())
+    throw Error(fmt::format("{}: \"{}\" has no words (it is empty or only punctuation)", what, sentence));
+  EmbeddedSentence s = embed_sentence(embeddings, sentence, oov_policy(args));
+  if (!s.missing.empty()) {
+    std::string list;
+    for (const auto& w : s.missing) list += (list.empty() ? "" : ", ") + w;
+    std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
+                 args.oov == "zero" ? "given zero vectors" : "skipped", list.c_str());
+  }
+  // A non-finite value in a used vector would turn every context vector into NaN: name the word.
+  for (int64_t i = 0; i < s.x.dim(0); ++i)
+    for (int64_t j = 0; j < s.x.dim(1); ++j) {
+      const float v = s.x.cview()(i, j);
+      if (!std::isfinite(v))
+        throw Error(fmt::format("{}: the vector of \"{}\" has {} at index {}", args.embeddings,
+                                s.tokens[static_cast<std::size_t>(i)], std::isnan(v) ? "NaN" : "Inf", j));
+    }
+  return s;
+}
+
+MultiHeadAttention make_layer(const SentenceArgs& args, int64_t E) {
+  if (!args.weights.empty()) {
+    MultiHeadAttention layer = MultiHeadAttention::load(args.weights);
+    if (layer.config().embed_dim != E)
+      throw Error(fmt::format("--weights {}: the layer takes rows of width E = {}, but the embeddings have width {}",
+                              args.weights, layer.config().embed_dim, E));
+    const std::pair<const char*, const Tensor<float>*> tensors[] = {
+        {"w_q", &layer.w_q}, {"w_k", &layer.w_k}, {"w_v", &layer.w_v}, {"w_o", &layer.w_o},
+        {"b_q", &layer.b_q}, {"b_k", &layer.b_k}, {"b_v", &layer.b_v}, {"b_o", &layer.b_o}};
+    for (const auto& [name, t] : tensors)
+      if (t->numel() > 0) check_finite(t->cview(), fmt::format("--weights {}: tensor {}", args.weights, name));
+    return layer;
+  }
+  LayerConfig config;
+  config.embed_dim = E;
+  config.output_projection = false;
+  if (args.parameter_free) {
+    config.parameter_free = true;
+    return MultiHeadAttention(config);
+  }
+  if (args.dk == 0 && E % args.heads != 0)
+    throw Error(fmt::format("--heads {}: does not divide the embedding width {}; pass --dk", args.heads, E));
+  config.num_heads = args.heads;
+  config.head_dim = args.dk;
+  config.seed = args.seed;
+  return MultiHeadAttention(config);
+}
+
+std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& layer) {
+  const LayerConfig& c = layer.config();
+  if (c.parameter_free) return "parameter-free (Q = K = V = X, seed 002)";
+  const int64_t D = c.head_dim > 0 ? c.head_dim : c.embed_dim / c.num_heads;
+  const std::string heads = fmt::format("{} head{}, d_k = {}", c.num_heads, c.num_heads == 1 ? "" : "s", D);
+  if (!args.weights.empty()) return fmt::format("weights from {}, {}", args.weights, heads);
+  return fmt::format("random W_q, W_k, W_v (seed {}), {}", c.seed, heads);
+}
+
+}  // namespace qkv::cli

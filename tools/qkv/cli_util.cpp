@@ -1,0 +1,184 @@
+// Shared CLI helpers: finiteness checks, option lists, mask options and all-or-nothing outputs.
+#include "cli_util.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+
+namespace qkv::cli {
+
+void usage_error(const std::string& message) { throw CLI::ValidationError(message); }
+
+template <class T>
+void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf) {
+  const Tensor<T> c = to_contiguous<T>(t);  // any strides; the index below is in t's own shape
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    const T x = c[i];
+    if (std::isfinite(x) || (allow_neg_inf && std::isinf(x) && x < 0)) continue;
+    std::vector<int64_t> index(static_cast<std::size_t>(t.rank()));
+    int64_t rest = i;
+    for (int d = t.rank() - 1; d >= 0; --d) {
+      index[static_cast<std::size_t>(d)] = rest % t.dim(d);
+      rest /= t.dim(d);
+    }
+    const char* what = std::isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf");
+    throw Error(fmt::format("{}: element {} is {}", name, shape_string(index), what));
+  }
+}
+template void check_finite<float>(TensorView<const float>, const std::string&, bool);
+template void check_finite<double>(TensorView<const double>, const std::string&, bool);
+
+namespace {
+
+std::vector<std::string> split_commas(const std::string& text, const std::string& option) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    parts.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const auto& p : parts)
+    if (p.empty()) throw Error(fmt::format("{}: '{}' has an empty entry (expected e.g. 3,5)", option, text));
+  return parts;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+  std::vector<int64_t> values;
+  for (const std::string& p : split_commas(text, option)) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(p.c_str(), &end, 10);
+    if (end == p.c_str() || *end != '\0' || errno == ERANGE)
+      throw Error(fmt::format("{}: '{}' is not an integer (in '{}')", option, p, text));
+    values.push_back(v);
+  }
+  return values;
+}
+
+std::vector<float> parse_float_list(const std::string& text, const std::string& option) {
+  std::vector<float> values;
+  for (const std::string& p : split_commas(text, option)) {
+    char* end = nullptr;
+    const float v = std::strtof(p.c_str(), &end);
+    if (end == p.c_str() || *end != '\0' || !std::isfinite(v))
+      throw Error(fmt::format("{}: '{}' is not a finite number (in '{}')", option, p, text));
+    values.push_back(v);
+  }
+  return values;
+}
+
+namespace {
+
+// Runs `parse` at parse time, so a malformed list is a usage error (exit 2), not a failed run.
+template <class F>
+CLI::Validator list_check(F parse, const std::string& option, std::size_t count = 0) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        try {
+          const std::size_t n = parse(text, option).size();
+          if (count != 0 && n != count) return fmt::format("expected {} comma-separated values, got '{}'", count, text);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "LIST", "");
+}
+
+}  // namespace
+
+void add_mask_options(CLI::App* app, MaskArgs& args) {
+  // A flag that also takes "=value": --causal alone is top_left (PyTorch's is_causal).
+  app->add_flag("--causal{top_left}", args.causal,
+                "Causal mask; --causal=bottom_right puts the diagonal at the last valid key (decoding with a cache)")
+      ->check(CLI::IsMember({"top_left", "bottom_right"}));
+  app->add_option("--window", args.window, "Sliding window L,R around the diagonal (negative = unbounded)")
+      ->check(list_check(parse_int_list, "--window", 2));
+  app->add_option("--key-lengths", args.key_lengths, "Valid keys per batch row, e.g. 3,5")
+      ->check(list_check(parse_int_list, "--key-lengths"));
+  app->add_option("--query-lengths", args.query_lengths, "Valid queries per batch row, e.g. 2,4")
+      ->check(list_check(parse_int_list, "--query-lengths"));
+  app->add_option("--keep-mask", args.keep_mask_path, "Bool .npy broadcastable to [B,H,N,M]; true = may attend");
+  app->add_option("--bias", args.bias_path, "Additive float .npy broadcastable to [B,H,N,M]; -inf removes a pair");
+  app->add_option("--alibi-slopes", args.alibi_slopes, "ALiBi slopes, one per query head: s1,s2,...")
+      ->check(list_check(parse_float_list, "--alibi-slopes"));
+  app->add_option("--softcap", args.softcap, "Logit softcap C: s -> C*tanh(s/C) before bias and ALiBi (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M) {
+  Mask mask;
+  if (!args.causal.empty())
+    mask.causal = args.causal == "bottom_right" ? CausalAlign::bottom_right : CausalAlign::top_left;
+  if (!args.window.empty()) {
+    const std::vector<int64_t> lr = parse_int_list(args.window, "--window");
+    if (lr.size() != 2) throw Error(fmt::format("--window: expected L,R (two integers), got '{}'", args.window));
+    mask.window = Window{lr[0], lr[1]};
+  }
+  if (!args.key_lengths.empty()) mask.key_lengths = parse_int_list(args.key_lengths, "--key-lengths");
+  if (!args.query_lengths.empty()) mask.query_lengths = parse_int_list(args.query_lengths, "--query-lengths");
+  if (!args.alibi_slopes.empty()) mask.alibi_slopes = parse_float_list(args.alibi_slopes, "--alibi-slopes");
+  if (!std::isfinite(args.softcap) || args.softcap < 0)
+    throw Error(fmt::format("--softcap: {} must be finite and >= 0 (0 = off)", args.softcap));
+  mask.softcap = static_cast<float>(args.softcap);
+  if (!args.keep_mask_path.empty()) {
+    const std::string name = "--keep-mask " + args.keep_mask_path;
+    args.keep = load_npy<uint8_t>(args.keep_mask_path);
+    if (args.keep.rank() == 0) throw Error(name + ": a scalar cannot be a mask; expected [.., N, M]");
+    mask.keep = broadcast_mask(args.keep.cview(), B, H, N, M, name.c_str());
+  }
+  if (!args.bias_path.empty()) {
+    const std::string name = "--bias " + args.bias_path;
+    args.bias = load_npy<float>(args.bias_path);
+    if (args.bias.rank() == 0) throw Error(name + ": a scalar cannot be a bias; expected [.., N, M]");
+    check_finite(args.bias.cview(), args.bias_path, /*allow_neg_inf=*/true);
+    mask.bias = broadcast_mask(args.bias.cview(), B, H, N, M, name.c_str());
+  }
+  return mask;
+}
+
+void check_output_path(const std::string& path, const std::string& option) {
+  if (path.empty()) throw Error(option + ": empty file name");
+  if (path.back() == '/') throw Error(fmt::format("{} {}: names a directory, not a file", option, path));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw Error(fmt::format("{} {}: is a directory", option, path));
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw Error(fmt::format("{} {}: directory {} does not exist", option, path, dir));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(fmt::format("{} {}: directory {} is not writable", option, path, dir));
+}
+
+void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::set<std::string> seen;
+  for (const auto& f : files)
+    if (!seen.insert(f.first).second) throw Error(fmt::format("{}: named for two outputs", f.first));
+  std::vector<std::string> written;
+  try {
+    for (const auto& [path, bytes] : files) {
+      write_file_atomically(path, bytes);
+      written.push_back(path);
+    }
+  } catch (...) {
+    for (const std::string& path : written) std::remove(path.c_str());
+    throw;
+  }
+}
+
+}  // namespace qkv::cli

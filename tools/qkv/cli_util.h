@@ -1,0 +1,86 @@
+// Helpers shared by the `qkv` subcommands: mask options, the layer/embedding options of the
+// sentence commands, finiteness checks that name the tensor and index, and output files that
+// are either all written or none.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "qkv/attention.h"
+#include "qkv/embeddings.h"
+#include "qkv/layer.h"
+#include "qkv/tensor.h"
+
+namespace qkv::cli {
+
+// Throws CLI::ValidationError (exit code 2, "usage") with `message`; for checks that CLI11
+// cannot express, run from a subcommand's parse callback.
+[[noreturn]] void usage_error(const std::string& message);
+
+// Refuses NaN and Inf (or only NaN and +Inf when `allow_neg_inf`, for additive biases) with
+// "<name>: element [i, j, ...] is NaN", the index in the tensor's own shape.
+template <class T>
+void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false);
+
+// Parses "3,5" (option `option`) into integers / floats; throws qkv::Error naming the option.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
+std::vector<float> parse_float_list(const std::string& text, const std::string& option);
+
+// The mask options of `qkv attend`. add_mask_options() registers them; build_mask() loads the
+// mask files and returns a Mask whose views point into this struct (keep it alive).
+struct MaskArgs {
+  std::string causal;  // "", "top_left" or "bottom_right"
+  std::string window;  // "L,R"
+  std::string key_lengths, query_lengths;
+  std::string keep_mask_path, bias_path;
+  std::string alibi_slopes;
+  double softcap = 0.0;
+
+  Tensor<uint8_t> keep;
+  Tensor<float> bias;
+};
+void add_mask_options(CLI::App* app, MaskArgs& args);
+// Loads and checks the mask files against [B, H, N, M] (numpy broadcasting); throws qkv::Error
+// naming the option and file.
+Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M);
+
+// Checks that `path` (given to `option`) can be written: not a directory, its directory exists.
+// Cheap, run before computing. The write itself is atomic.
+void check_output_path(const std::string& path, const std::string& option);
+
+// Writes every (path, bytes) atomically; if one fails, removes the ones already written in this
+// call, so a failed run leaves no output behind. Paths must differ (checked).
+void write_outputs(const std::vector<std::pair<std::string, std::string>>& files);
+
+// Embeddings and the layer for the sentence commands (explain, context, compare).
+struct SentenceArgs {
+  std::string embeddings;
+  std::string oov = "error";
+  std::string weights;  // safetensors from MultiHeadAttention::save
+  int64_t heads = 1;
+  int64_t dk = 0;  // 0: E / heads
+  uint64_t seed = 0;
+  bool parameter_free = false;
+};
+// Registers --embeddings (required if `embeddings_required`), --oov, --weights, --heads, --dk,
+// --seed, --parameter-free.
+void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
+// True if any layer option (--weights, --heads, --dk, --seed, --parameter-free, --oov) was given.
+bool layer_options_given(const CLI::App* app);
+OovPolicy oov_policy(const SentenceArgs& args);
+// Loads the embeddings and refuses non-finite vectors only when they are used (see embed()).
+Embeddings load_embeddings(const SentenceArgs& args);
+// Tokenizes and embeds `sentence` (named `what` in messages); notes zeroed/skipped words on stderr.
+EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence, const SentenceArgs& args,
+                       const std::string& what = "sentence");
+// The layer: loaded from --weights (checked against width E and for finite weights), or a fresh
+// seeded one (no output projection, so its output is the heads' context vectors), or parameter-free.
+MultiHeadAttention make_layer(const SentenceArgs& args, int64_t E);
+// A one-line description of the layer for headers ("random W (seed 0), 1 head, d_k = 50").
+std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& layer);
+
+}  // namespace qkv::cli

@@ -1,0 +1,116 @@
+// `qkv compare`: one word in two sentences (the seeds' "money bank" and "river bank"). Its
+// static vector is the same in both (cosine 1); its contextual vectors differ.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "qkv/error.h"
+
+namespace qkv::cli {
+namespace {
+
+struct CompareArgs {
+  std::string word;
+  std::vector<std::string> sentences;
+  SentenceArgs sentence_args;
+  bool json = false;
+};
+
+double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, int64_t j, const std::string& what) {
+  double dot = 0.0, na = 0.0, nb = 0.0;
+  for (int64_t d = 0; d < a.dim(1); ++d) {
+    const double x = a(i, d), y = b(j, d);
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  if (na == 0.0 || nb == 0.0) throw Error(fmt::format("{}: a zero vector has no cosine similarity", what));
+  return dot / std::sqrt(na * nb);
+}
+
+struct Occurrence {
+  EmbeddedSentence embedded;
+  int64_t position = 0;
+  Tensor<float> contextual;
+};
+
+int run_compare(const CompareArgs& a) {
+  const std::vector<std::string> word_tokens = tokenize(a.word);
+  if (word_tokens.size() != 1)
+    throw Error(fmt::format("--word '{}': must be exactly one word (it tokenizes to {} tokens)", a.word,
+                            word_tokens.size()));
+  const std::string& word = word_tokens[0];
+  const SentenceArgs& sa = a.sentence_args;
+  const Embeddings embeddings = load_embeddings(sa);
+  if (embeddings.find(word) < 0)
+    throw Error(fmt::format("--word '{}': not in the vocabulary of {}", a.word, sa.embeddings));
+  const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
+
+  std::vector<Occurrence> occ;
+  for (std::size_t n = 0; n < a.sentences.size(); ++n) {
+    const std::string what = fmt::format("sentence {}", n + 1);
+    Occurrence o{embed(embeddings, a.sentences[n], sa, what), -1, {}};
+    for (std::size_t t = 0; t < o.embedded.tokens.size() && o.position < 0; ++t)
+      if (o.embedded.tokens[t] == word) o.position = static_cast<int64_t>(t);
+    if (o.position < 0)
+      throw Error(fmt::format("--word '{}': not in {} (\"{}\")", a.word, what, a.sentences[n]));
+    o.contextual = layer.forward(o.embedded.x.cview());
+    check_finite(o.contextual.cview(), fmt::format("contextual vectors of {} (the layer overflowed float32)", what));
+    occ.push_back(std::move(o));
+  }
+  const double static_cos = cosine(occ[0].embedded.x.cview(), occ[0].position, occ[1].embedded.x.cview(),
+                                   occ[1].position, fmt::format("static vector of '{}'", word));
+  const double context_cos = cosine(occ[0].contextual.cview(), occ[0].position, occ[1].contextual.cview(),
+                                    occ[1].position, fmt::format("contextual vectors of '{}'", word));
+  const std::string description = describe_layer(sa, layer);
+
+  std::string text;
+  if (a.json) {
+    nlohmann::json sentences = nlohmann::json::array();
+    for (std::size_t n = 0; n < occ.size(); ++n)
+      sentences.push_back({{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
+    const nlohmann::json j = {{"word", word},
+                              {"sentences", std::move(sentences)},
+                              {"static_cosine", static_cos},
+                              {"contextual_cosine", context_cos},
+                              {"layer", description}};
+    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  } else {
+    text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", word, description);
+    for (std::size_t n = 0; n < occ.size(); ++n)
+      text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], occ[n].position + 1,
+                          occ[n].embedded.tokens.size());
+    text += fmt::format("static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
+                        "sentence)\n",
+                        static_cos, word);
+    text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
+                        context_cos);
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+  return 0;
+}
+
+}  // namespace
+
+Command add_compare(CLI::App& app) {
+  auto args = std::make_shared<CompareArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "compare",
+      "Cosine similarity of one word's static and contextual vectors across two sentences,\n"
+      "e.g. --word bank \"I went to the bank to deposit money\" \"We sat by the river bank\".");
+  sub->add_option("--word", args->word, "The word to compare (it must occur in both sentences)")->required();
+  sub->add_option("sentences", args->sentences, "The two sentences")->required()->expected(2);
+  add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
+  sub->add_flag("--json", args->json, "Print the result as JSON");
+  return {sub, [args] { return run_compare(*args); }};
+}
+
+}  // namespace qkv::cli

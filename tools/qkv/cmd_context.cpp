@@ -1,0 +1,95 @@
+// `qkv context`: one contextual vector per token of a sentence (static embeddings in, the
+// attention layer's output out), as a table, JSON or .npy.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+
+namespace qkv::cli {
+namespace {
+
+struct ContextArgs {
+  std::string sentence;
+  SentenceArgs sentence_args;
+  std::string format = "table";
+  std::string out;
+  int precision = 6;
+};
+
+std::string table_text(const ContextArgs& a, const EmbeddedSentence& s, const Tensor<float>& y,
+                       const std::string& layer) {
+  std::string text = fmt::format("# {} contextual vectors of width {} ({})\n", y.dim(0), y.dim(1), layer);
+  std::size_t width = 0;
+  for (const auto& t : s.tokens) width = std::max(width, t.size());
+  for (int64_t i = 0; i < y.dim(0); ++i) {
+    text += fmt::format("{:<{}}", s.tokens[static_cast<std::size_t>(i)], width);
+    for (int64_t j = 0; j < y.dim(1); ++j) text += fmt::format(" {: .{}f}", y.cview()(i, j) + 0.0f, a.precision);
+    text += "\n";
+  }
+  return text;
+}
+
+std::string json_text(const ContextArgs& a, const EmbeddedSentence& s, const Tensor<float>& y,
+                      const std::string& layer) {
+  nlohmann::json vectors = nlohmann::json::array();
+  for (int64_t i = 0; i < y.dim(0); ++i) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int64_t j = 0; j < y.dim(1); ++j) row.push_back(static_cast<double>(y.cview()(i, j)));
+    vectors.push_back(std::move(row));
+  }
+  const nlohmann::json j = {{"sentence", a.sentence}, {"tokens", s.tokens}, {"missing", s.missing},
+                            {"layer", layer},         {"dim", y.dim(1)},   {"vectors", std::move(vectors)}};
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+int run_context(const ContextArgs& a) {
+  if (!a.out.empty()) check_output_path(a.out, "--out");
+  const SentenceArgs& sa = a.sentence_args;
+  const Embeddings embeddings = load_embeddings(sa);
+  const EmbeddedSentence s = embed(embeddings, a.sentence, sa);
+  const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
+  const Tensor<float> y = layer.forward(s.x.cview());
+  check_finite(y.cview(), "contextual vectors (the layer overflowed float32)");
+  const std::string description = describe_layer(sa, layer);
+
+  std::string bytes;
+  if (a.format == "npy") bytes = npy_bytes<float>(y.cview());
+  else if (a.format == "json") bytes = json_text(a, s, y, description);
+  else bytes = table_text(a, s, y, description);
+  if (!a.out.empty()) {
+    write_outputs({{a.out, bytes}});
+  } else {
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_context(CLI::App& app) {
+  auto args = std::make_shared<ContextArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "context",
+      "One contextual vector per token: the sentence's static embeddings through self-attention.\n"
+      "The layer is random and seeded (--seed, --heads, --dk), loaded (--weights) or parameter-free.");
+  sub->add_option("sentence", args->sentence, "The sentence")->required();
+  add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
+  sub->add_option("--format", args->format, "table (default), json, or npy (float32 [N, width]; needs --out)")
+      ->check(CLI::IsMember({"table", "json", "npy"}));
+  sub->add_option("--out", args->out, "Write to this file (atomically) instead of standard output");
+  sub->add_option("--precision", args->precision, "Decimals in the table (default 6)")->check(CLI::Range(1, 9));
+  sub->callback([args] {
+    if (args->format == "npy" && args->out.empty()) usage_error("context: --format npy needs --out F");
+  });
+  return {sub, [args] { return run_context(*args); }};
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,83 @@
+// `qkv explain`: every step of self-attention, printed in the seeds' terms. No arguments: seed
+// 003's worked example; --example playing-outside: seed 000's; --embeddings F "sentence": any
+// sentence through a random, loaded or parameter-free layer.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "qkv/error.h"
+#include "qkv/explain.h"
+
+namespace qkv::cli {
+namespace {
+
+struct ExplainArgs {
+  std::string sentence;
+  std::string example;
+  SentenceArgs sentence_args;
+  bool json = false;
+  int precision = 8;
+};
+
+void validate(const CLI::App* sub, const ExplainArgs& a) {
+  const bool has_embeddings = sub->count("--embeddings") > 0;
+  const bool has_sentence = sub->get_option("sentence")->count() > 0;
+  if (has_embeddings && a.sentence_args.embeddings.empty()) usage_error("--embeddings: empty file name");
+  if (!a.example.empty() && (has_embeddings || has_sentence))
+    usage_error("explain: --example shows a built-in example; it takes no sentence and no --embeddings");
+  if (has_sentence && !has_embeddings)
+    usage_error("explain: a sentence needs --embeddings F (GloVe or word2vec) to look its words up");
+  if (has_embeddings && !has_sentence) usage_error("explain: --embeddings needs a sentence to explain");
+  if (!has_embeddings && layer_options_given(sub))
+    usage_error("explain: --weights, --heads, --dk, --seed, --parameter-free and --oov apply only to a sentence "
+                "with --embeddings");
+}
+
+Explanation sentence_explanation(const ExplainArgs& a) {
+  const SentenceArgs& s = a.sentence_args;
+  const Embeddings embeddings = load_embeddings(s);
+  const EmbeddedSentence sentence = embed(embeddings, a.sentence, s);
+  const MultiHeadAttention layer = make_layer(s, embeddings.dim());
+  Explanation e = explain_layer(sentence.tokens, sentence.x.cview(), layer);
+  e.title = fmt::format("Self-attention for \"{}\"", a.sentence);
+  e.source = fmt::format("embeddings from {} (width {}); {}", s.embeddings, embeddings.dim(), describe_layer(s, layer));
+  e.style = "sentence";
+  return e;
+}
+
+int run_explain(const ExplainArgs& a) {
+  const Explanation e =
+      a.sentence_args.embeddings.empty() ? explain_example(a.example.empty() ? "seed-003" : a.example)
+                                         : sentence_explanation(a);
+  const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, a.precision);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+  return 0;
+}
+
+}  // namespace
+
+Command add_explain(CLI::App& app) {
+  auto args = std::make_shared<ExplainArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "explain",
+      "Print every step of self-attention: Q, K, V, raw scores Q·Kᵀ, scaled scores, attention weights, context "
+      "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
+      "--embeddings F \"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free).");
+  sub->add_option("sentence", args->sentence, "The sentence to explain (needs --embeddings)");
+  std::string names;
+  for (const std::string& n : example_names()) names += (names.empty() ? "" : ", ") + n;
+  sub->add_option("--example", args->example, "A built-in worked example: " + names)
+      ->check(CLI::IsMember(example_names()));
+  add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/false);
+  sub->add_flag("--json", args->json, "Print the steps as JSON (full float64 precision)");
+  sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8)")->check(CLI::Range(1, 17));
+  sub->callback([sub, args] { validate(sub, *args); });
+  return {sub, [args] { return run_explain(*args); }};
+}
+
+}  // namespace qkv::cli
