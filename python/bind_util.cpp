@@ -243,6 +243,60 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   return out;
 }
 
+py::array_t<float> tensor_to_numpy(qkv::Tensor<float>&& t) {
+  auto* owned = new qkv::Tensor<float>(std::move(t));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<qkv::Tensor<float>*>(p); });
+  std::vector<py::ssize_t> dims(owned->shape().begin(), owned->shape().end());
+  return py::array_t<float>(dims, owned->data(), free_when_done);
+}
+
+qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner) {
+  const DType t = dtype_of(obj, name);
+  if (t == DType::bf16) throw py::type_error(fmt::format("{}: pass float32 or float64 (uint16/bfloat16 is only for attention)", name));
+  owner = t == DType::f32 ? aligned(obj) : py::array(py::array_t<float>::ensure(obj));
+  return array_view<float>(owner, name);
+}
+
+CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
+  static const char* const kMaskKeys[] = {"causal", "causal_align", "key_lengths", "query_lengths", "window",
+                                          "keep_mask", "bias", "alibi_slopes", "softcap"};
+  CallOptions call;
+  for (const auto& [key_obj, value] : kwargs) {
+    const std::string key = py::cast<std::string>(key_obj);
+    bool is_mask = false;
+    for (const char* m : kMaskKeys) is_mask |= key == m;
+    if (is_mask) {
+      call.mask[key_obj] = value;
+    } else if (key == "scale") {
+      call.scale = py::reinterpret_borrow<py::object>(value);
+    } else if (key == "kernel") {
+      if (!py::isinstance<py::str>(value)) throw py::type_error("kernel must be a string");
+      call.kernel = py::cast<std::string>(value);
+    } else if (key == "num_threads") {
+      if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
+        throw py::type_error("num_threads must be an integer");
+      call.num_threads = py::cast<int>(value);
+    } else if (key == "check_finite") {
+      call.check_finite = py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(value)));
+    } else {
+      throw py::type_error(fmt::format("{}() got an unexpected keyword argument '{}'", function, key));
+    }
+  }
+  return call;
+}
+
+void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
+  if (!call.scale.is_none()) {
+    if (py::isinstance<py::bool_>(call.scale) || PyNumber_Check(call.scale.ptr()) == 0)
+      throw py::type_error("scale must be a number or None");
+    options.scale = py::float_(call.scale).cast<double>();
+  }
+  options.kernel = parse_kernel(call.kernel);
+  if (call.num_threads < 0)
+    throw py::value_error(fmt::format("num_threads must be >= 0 (0 = default), got {}", call.num_threads));
+  options.num_threads = call.num_threads;
+}
+
 qkv::Kernel parse_kernel(const std::string& name) {
   if (name == "auto") return qkv::Kernel::automatic;
   if (name == "reference") return qkv::Kernel::reference;

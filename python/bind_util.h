@@ -42,6 +42,27 @@ py::array aligned(const py::handle& obj);
 template <class T>
 py::array_t<T> new_array(const std::vector<int64_t>& shape);
 
+// Moves a tensor into a numpy array that owns it (no copy).
+py::array_t<float> tensor_to_numpy(qkv::Tensor<float>&& t);
+
+// A float32 view of a numpy float32 or float64 array argument (float64 is rounded into a copy held
+// by `owner`); TypeError for other dtypes, ValueError for rank > 4.
+qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner);
+
+// Splits **kwargs of a layer-style call into the mask dictionary and the options scale, kernel,
+// num_threads and check_finite. TypeError for an unknown keyword.
+struct CallOptions {
+  py::dict mask;
+  py::object scale = py::none();
+  std::string kernel = "auto";
+  int num_threads = 0;
+  bool check_finite = false;
+};
+CallOptions split_kwargs(const py::kwargs& kwargs, const char* function);
+
+// Fills options.scale, kernel and num_threads from `call` (mask is set separately).
+void apply_options(const CallOptions& call, qkv::AttentionOptions& options);
+
 // The shape of a numpy array as a vector.
 std::vector<int64_t> shape_of(const py::array& a);
 

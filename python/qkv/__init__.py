@@ -14,4 +14,10 @@ from .attention import attention_backward, default_num_threads, scaled_dot_produ
 
 features = _qkv.features
 
-__all__ = ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "features"]
+if "layer" in features:
+    from ._qkv import MultiHeadAttention  # noqa: F401
+    __all__ = ["MultiHeadAttention"]
+else:
+    __all__ = []
+
+__all__ += ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "features"]

@@ -1,0 +1,190 @@
+// qkv.MultiHeadAttention: the learnable layer, with its weights visible to numpy in place.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/layer.h"
+
+namespace qkvpy {
+namespace {
+
+using qkv::MultiHeadAttention;
+
+constexpr const char* kParameterNames[] = {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"};
+
+qkv::Tensor<float>& parameter(MultiHeadAttention& layer, const std::string& name) {
+  qkv::Tensor<float>* all[] = {&layer.w_q, &layer.w_k, &layer.w_v, &layer.w_o,
+                               &layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o};
+  for (std::size_t i = 0; i < std::size(kParameterNames); ++i)
+    if (name == kParameterNames[i]) return *all[i];
+  throw py::value_error(fmt::format("no parameter named {}", name));
+}
+
+// A numpy view of a weight that keeps the layer alive; writes through it change the layer.
+py::object get_parameter(py::object self, const std::string& name) {
+  qkv::Tensor<float>& t = parameter(self.cast<MultiHeadAttention&>(), name);
+  if (t.rank() == 0) return py::none();
+  std::vector<py::ssize_t> dims(t.shape().begin(), t.shape().end());
+  return py::array_t<float>(dims, t.data(), self);
+}
+
+// Copies into the existing buffer (never reallocates), so views handed out earlier stay valid.
+void set_parameter(MultiHeadAttention& layer, const std::string& name, const py::object& value) {
+  qkv::Tensor<float>& t = parameter(layer, name);
+  if (t.rank() == 0)
+    throw py::value_error(fmt::format("this layer has no {} (see its config: bias, output_projection, "
+                                      "parameter_free)", name));
+  py::array owner;
+  const qkv::TensorView<const float> v = float32_view(value, name.c_str(), owner);
+  if (!std::equal(v.shape().begin(), v.shape().end(), t.shape().begin(), t.shape().end()))
+    throw py::value_error(fmt::format("{}: shape {} must be {}", name, qkv::shape_string(v.shape()),
+                                      qkv::shape_string(t.shape())));
+  const qkv::Tensor<float> copy = qkv::to_contiguous<float>(v);
+  for (int64_t i = 0; i < copy.numel(); ++i)
+    if (!std::isfinite(copy[i])) throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));
+  std::copy(copy.data(), copy.data() + copy.numel(), t.data());
+}
+
+MultiHeadAttention make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
+                              std::optional<int64_t> head_dim, std::optional<int64_t> value_dim, bool bias,
+                              bool output_projection, bool parameter_free, uint64_t seed) {
+  qkv::LayerConfig c;
+  c.embed_dim = embed_dim;
+  c.num_heads = num_heads;
+  c.num_kv_heads = num_kv_heads.value_or(0);
+  c.head_dim = head_dim.value_or(0);
+  c.value_dim = value_dim.value_or(0);
+  c.bias = bias;
+  c.output_projection = output_projection;
+  c.parameter_free = parameter_free;
+  c.seed = seed;
+  return MultiHeadAttention(c);
+}
+
+py::array forward(const MultiHeadAttention& layer, const py::object& x_obj, const py::object& kv_obj,
+                  const py::kwargs& kwargs) {
+  const CallOptions call = split_kwargs(kwargs, "forward");
+  py::array x_owner, kv_owner;
+  const qkv::TensorView<const float> x = float32_view(x_obj, "x", x_owner);
+  qkv::TensorView<const float> kv;
+  if (!kv_obj.is_none()) kv = float32_view(kv_obj, "kv", kv_owner);
+  if (x.rank() != 2 && x.rank() != 3)
+    throw py::value_error(fmt::format("x: expected [N, E] or [B, N, E], got shape {}", qkv::shape_string(x.shape())));
+  if (!kv.empty() && kv.rank() != x.rank())
+    throw py::value_error(fmt::format("kv {} must have the rank of x {}", qkv::shape_string(kv.shape()),
+                                      qkv::shape_string(x.shape())));
+  const int64_t B = x.rank() == 3 ? x.dim(0) : 1, N = x.dim(x.rank() - 2);
+  const int64_t M = kv.empty() ? N : kv.dim(kv.rank() - 2);
+  if (call.check_finite) {
+    check_finite(x, "x");
+    if (!kv.empty()) check_finite(kv, "kv");
+  }
+  MaskArgs mask = parse_mask(call.mask, B, layer.config().num_heads, N, M);
+  qkv::AttentionOptions options;
+  options.mask = mask.mask;
+  apply_options(call, options);
+  qkv::Tensor<float> out;
+  {
+    py::gil_scoped_release release;
+    out = layer.forward(x, kv, options);
+  }
+  return tensor_to_numpy(std::move(out));
+}
+
+constexpr const char* kClassDoc = R"(Multi-head attention layer: Q = X·W_q (+ b_q), K = Xkv·W_k, V = Xkv·W_v,
+attention per head, heads concatenated, then ·W_o (+ b_o).
+
+Weights use the row-vector convention: w_q is [E, H·D] and Q = X @ w_q, i.e. the transpose of
+torch.nn.MultiheadAttention's in_proj_weight rows (w_q = in_proj_weight[:E].T, w_o =
+out_proj.weight.T). Grouped-query attention when num_kv_heads < num_heads.
+
+MultiHeadAttention(embed_dim, num_heads=1, num_kv_heads=None, head_dim=None, value_dim=None,
+                   bias=False, output_projection=True, parameter_free=False, seed=0)
+  num_kv_heads: key/value heads (default num_heads; must divide it).
+  head_dim: D (default embed_dim // num_heads); value_dim: Dv (default head_dim).
+  bias: adds b_q, b_k, b_v (and b_o with the output projection).
+  output_projection: without it the output is the concatenated heads [.., H·Dv].
+  parameter_free: Q = K = V = X, no weights (needs num_heads = 1).
+  seed: weights are uniform in ±1/sqrt(fan_in) from this seed (the same on every platform);
+        biases start at 0.
+Raises ValueError for an inconsistent configuration.
+
+Weights (.w_q, .w_k, .w_v, .w_o, .b_q, .b_k, .b_v, .b_o) are float32 numpy views of the layer's
+own memory: writing into them changes the layer; assigning an array of the same shape copies it
+in. A parameter the config does not have reads as None. forward() releases the GIL: do not change
+weights from another thread while it runs.)";
+
+constexpr const char* kForwardDoc = R"(forward(x, kv=None, **options) -> numpy.ndarray float32
+
+x: [N, E] or [B, N, E] (float32, or float64 rounded to float32). kv: keys/values input [M, E] or
+[B, M, E] for cross-attention (same rank as x); None for self-attention. Returns [N, output_dim]
+or [B, N, output_dim].
+options: the mask keywords of qkv.scaled_dot_product_attention (causal, causal_align,
+key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap; shapes in terms of
+[B, num_heads, N, M]) and scale, kernel, num_threads, check_finite. An unknown keyword is a
+TypeError; bad shapes or values raise ValueError.)";
+
+}  // namespace
+
+void bind_layer(py::module_& m) {
+  py::class_<MultiHeadAttention> cls(m, "MultiHeadAttention", kClassDoc);
+  cls.def(py::init(&make_layer), py::arg("embed_dim"), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
+          py::arg("head_dim") = py::none(), py::arg("value_dim") = py::none(), py::arg("bias") = false,
+          py::arg("output_projection") = true, py::arg("parameter_free") = false, py::arg("seed") = 0,
+          "Creates a layer with seeded random weights (see the class docstring).");
+  cls.def("forward", &forward, py::arg("x"), py::arg("kv") = py::none(), kForwardDoc);
+  cls.def("__call__", &forward, py::arg("x"), py::arg("kv") = py::none(), "Same as forward().");
+  cls.def("save", &MultiHeadAttention::save, py::arg("path"),
+          "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).",
+          py::call_guard<py::gil_scoped_release>());
+  cls.def_static("load", &MultiHeadAttention::load, py::arg("path"),
+                 "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
+                 "malformed file, a wrong shape or a non-finite weight.",
+                 py::call_guard<py::gil_scoped_release>());
+  cls.def("parameters", [](py::object self) {
+        py::dict out;
+        for (const auto& [name, t] : self.cast<MultiHeadAttention&>().parameters())
+          out[py::str(name)] = get_parameter(self, name);
+        return out;
+      },
+      "The parameters this layer has, as {name: float32 view}, in a fixed order (w_q, w_k, w_v, w_o, b_q, ...).");
+  // pybind11 keeps a pointer to each docstring, so they live as long as the module.
+  static std::vector<std::string> docs;
+  docs.reserve(std::size(kParameterNames));
+  for (const char* name : kParameterNames) {
+    const std::string n = name;
+    docs.push_back(fmt::format("{} as a float32 view of the layer's memory (None if the config has none); "
+                               "assign an array of the same shape to replace it.", name));
+    cls.def_property(
+        name, [n](py::object self) { return get_parameter(self, n); },
+        [n](MultiHeadAttention& layer, const py::object& value) { set_parameter(layer, n, value); },
+        docs.back().c_str());
+  }
+  auto config_int = [&](const char* name, int64_t qkv::LayerConfig::*field, const char* doc) {
+    cls.def_property_readonly(name, [field](const MultiHeadAttention& l) { return l.config().*field; }, doc);
+  };
+  config_int("embed_dim", &qkv::LayerConfig::embed_dim, "E, the width of the input rows.");
+  config_int("num_heads", &qkv::LayerConfig::num_heads, "H, query heads.");
+  config_int("num_kv_heads", &qkv::LayerConfig::num_kv_heads, "Hkv, key/value heads.");
+  config_int("head_dim", &qkv::LayerConfig::head_dim, "D, the query/key head width.");
+  config_int("value_dim", &qkv::LayerConfig::value_dim, "Dv, the value head width.");
+  cls.def_property_readonly("bias", [](const MultiHeadAttention& l) { return l.config().bias; }, "Has biases.");
+  cls.def_property_readonly("output_projection", [](const MultiHeadAttention& l) { return l.config().output_projection; },
+                            "Has W_o.");
+  cls.def_property_readonly("parameter_free", [](const MultiHeadAttention& l) { return l.config().parameter_free; },
+                            "Q = K = V = X.");
+  cls.def_property_readonly("seed", [](const MultiHeadAttention& l) { return l.config().seed; }, "Init seed.");
+  cls.def_property_readonly("output_dim", &MultiHeadAttention::output_dim, "Width of each output row.");
+  cls.def("__repr__", [](const MultiHeadAttention& l) {
+    const qkv::LayerConfig& c = l.config();
+    return fmt::format("MultiHeadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, head_dim={}, value_dim={}, "
+                       "bias={}, output_projection={}, parameter_free={})",
+                       c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim, c.bias ? "True" : "False",
+                       c.output_projection ? "True" : "False", c.parameter_free ? "True" : "False");
+  });
+}
+
+}  // namespace qkvpy

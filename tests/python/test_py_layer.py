@@ -1,0 +1,178 @@
+"""qkv.MultiHeadAttention against torch.nn.MultiheadAttention loaded with the same weights."""
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from py_oracle import assert_close, rng_for, seed_note, torch_attention
+
+pytestmark = pytest.mark.skipif("layer" not in qkv.features, reason="layer bindings not built")
+
+TOL = 2e-5
+
+
+def _torch_mha(layer):
+    """A torch.nn.MultiheadAttention (batch_first) carrying `layer`'s weights (transposed)."""
+    E, H = layer.embed_dim, layer.num_heads
+    mha = torch.nn.MultiheadAttention(E, H, bias=layer.bias, batch_first=True).double()
+    with torch.no_grad():
+        w = np.concatenate([layer.w_q.T, layer.w_k.T, layer.w_v.T], axis=0)
+        mha.in_proj_weight.copy_(torch.from_numpy(w.astype(np.float64)))
+        mha.out_proj.weight.copy_(torch.from_numpy(layer.w_o.T.astype(np.float64)))
+        if layer.bias:
+            b = np.concatenate([layer.b_q, layer.b_k, layer.b_v])
+            mha.in_proj_bias.copy_(torch.from_numpy(b.astype(np.float64)))
+            mha.out_proj.bias.copy_(torch.from_numpy(layer.b_o.astype(np.float64)))
+    return mha
+
+
+def _randomize_biases(layer, rng):
+    for name in ("b_q", "b_k", "b_v", "b_o"):
+        b = getattr(layer, name)
+        if b is not None:
+            setattr(layer, name, rng.standard_normal(b.shape).astype(np.float32) * 0.1)
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_forward_matches_torch_multihead_attention(case):
+    rng = rng_for(4000 + case)
+    H = int(rng.choice([1, 2, 3, 4]))
+    E = H * int(rng.choice([1, 3, 16, 20]))
+    B, N = int(rng.integers(1, 4)), int(rng.choice([1, 3, 17, 33]))
+    cross = bool(rng.random() < 0.3)
+    M = int(rng.choice([1, 5, 17])) if cross else N
+    bias = bool(rng.random() < 0.5)
+    causal = bool(rng.random() < 0.4) and not cross
+    padded = bool(rng.random() < 0.3)
+    layer = qkv.MultiHeadAttention(E, H, bias=bias, seed=int(rng.integers(0, 2**31)))
+    _randomize_biases(layer, rng)
+    x = rng.standard_normal((B, N, E)).astype(np.float32)
+    kv = rng.standard_normal((B, M, E)).astype(np.float32) if cross else None
+    lengths = [int(v) for v in rng.integers(1, M + 1, B)] if padded else None
+    kwargs = {}
+    torch_kwargs = {}
+    if causal:
+        kwargs["causal"] = True
+        torch_kwargs["attn_mask"] = torch.triu(torch.ones(N, M, dtype=torch.bool), diagonal=1)
+    if lengths:
+        kwargs["key_lengths"] = lengths
+        torch_kwargs["key_padding_mask"] = torch.arange(M)[None, :] >= torch.tensor(lengths)[:, None]
+    out = layer.forward(x, kv, **kwargs)
+    tx = torch.from_numpy(x).double()
+    tkv = torch.from_numpy(kv).double() if cross else tx
+    want, _ = _torch_mha(layer)(tx, tkv, tkv, need_weights=False, **torch_kwargs)
+    note = f"{seed_note(4000 + case)} E={E} H={H} B={B} N={N} M={M} bias={bias} causal={causal} lengths={lengths}"
+    assert out.shape == (B, N, E), note
+    assert_close(out, want.detach().numpy(), TOL, note)
+
+
+def _manual_layer(layer, x, kv=None, **mask):
+    """The layer's definition in numpy/torch float64: projections, per-head attention, concat, W_o."""
+    kv = x if kv is None else kv
+    x64, kv64 = x.astype(np.float64), kv.astype(np.float64)
+
+    def proj(inp, w, b):
+        y = inp @ w.astype(np.float64)
+        return y + b.astype(np.float64) if b is not None else y
+
+    H, Hkv, D, Dv = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.value_dim
+    q = proj(x64, layer.w_q, layer.b_q).reshape(x.shape[0], -1, H, D).transpose(0, 2, 1, 3)
+    k = proj(kv64, layer.w_k, layer.b_k).reshape(kv.shape[0], -1, Hkv, D).transpose(0, 2, 1, 3)
+    v = proj(kv64, layer.w_v, layer.b_v).reshape(kv.shape[0], -1, Hkv, Dv).transpose(0, 2, 1, 3)
+    ctx, _ = torch_attention(q, k, v, **mask)
+    ctx = ctx.numpy().transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], H * Dv)
+    return proj(ctx, layer.w_o, layer.b_o) if layer.output_projection else ctx
+
+
+@pytest.mark.parametrize("config", [
+    dict(embed_dim=12, num_heads=4, num_kv_heads=2),
+    dict(embed_dim=12, num_heads=6, num_kv_heads=1, head_dim=5, value_dim=3, bias=True),
+    dict(embed_dim=10, num_heads=2, head_dim=7, output_projection=False),
+])
+def test_gqa_and_odd_head_dims_match_the_definition(config):
+    case = 4100 + len(str(config))
+    rng = rng_for(case)
+    layer = qkv.MultiHeadAttention(**config, seed=7)
+    _randomize_biases(layer, rng)
+    x = rng.standard_normal((2, 9, config["embed_dim"])).astype(np.float32)
+    window = (2, 0)
+    out = layer.forward(x, causal=True, window=window)
+    want = _manual_layer(layer, x, causal=True, window=window)
+    assert out.shape == want.shape, seed_note(case)
+    assert_close(out, want, TOL, f"{seed_note(case)} {config}")
+
+
+def test_rank2_input_and_parameter_free():
+    rng = rng_for(4200)
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    layer = qkv.MultiHeadAttention(6, parameter_free=True)
+    assert layer.w_q is None and layer.parameters() == {}
+    out = layer.forward(x)
+    want, _ = torch_attention(x, x, x)
+    assert_close(out, want.numpy()[0, 0], TOL, seed_note(4200))
+    with pytest.raises(ValueError, match="this layer has no w_q"):
+        layer.w_q = np.zeros((6, 6), np.float32)
+
+
+def test_weights_are_views_and_setters_copy(tmp_path):
+    rng = rng_for(4300)
+    layer = qkv.MultiHeadAttention(8, 2, bias=True, seed=3)
+    view = layer.w_q
+    view[1, 2] = 4.5
+    assert layer.w_q[1, 2] == 4.5
+    new = rng.standard_normal((8, 8))  # float64 is rounded to float32
+    layer.w_q = new
+    assert np.array_equal(view, new.astype(np.float32)), "earlier views see the assignment"
+    assert list(layer.parameters()) == ["w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"]
+    with pytest.raises(ValueError, match=r"w_k: shape \[8, 7\] must be \[8, 8\]"):
+        layer.w_k = np.zeros((8, 7), np.float32)
+    with pytest.raises(ValueError, match="b_o contains a non-finite value at flat index 3"):
+        layer.b_o = np.array([0, 0, 0, np.nan, 0, 0, 0, 0], np.float32)
+    with pytest.raises(TypeError, match="w_v: dtype int64 is not supported"):
+        layer.w_v = np.zeros((8, 8), np.int64)
+    del layer
+    assert view.shape == (8, 8) and np.isfinite(view).all()  # the view keeps the layer alive
+
+
+def test_save_and_load_round_trip(tmp_path):
+    rng = rng_for(4400)
+    layer = qkv.MultiHeadAttention(12, 4, num_kv_heads=2, bias=True, seed=11)
+    _randomize_biases(layer, rng)
+    path = str(tmp_path / "layer.safetensors")
+    layer.save(path)
+    loaded = qkv.MultiHeadAttention.load(path)
+    assert repr(loaded) == repr(layer)
+    for name, w in layer.parameters().items():
+        assert np.array_equal(getattr(loaded, name), w), name
+    x = rng.standard_normal((3, 12)).astype(np.float32)
+    assert np.array_equal(loaded.forward(x), layer.forward(x)), seed_note(4400)
+    with pytest.raises(ValueError, match="missing.safetensors"):
+        qkv.MultiHeadAttention.load(str(tmp_path / "missing.safetensors"))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\xff" * 20)
+    with pytest.raises(ValueError, match="bad.safetensors"):
+        qkv.MultiHeadAttention.load(str(bad))
+
+
+def test_bad_layer_arguments():
+    with pytest.raises(ValueError, match="embed_dim = 10 is not divisible by num_heads = 3"):
+        qkv.MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="num_heads = 4 must be a multiple of num_kv_heads = 3"):
+        qkv.MultiHeadAttention(12, 4, num_kv_heads=3)
+    with pytest.raises(TypeError):
+        qkv.MultiHeadAttention("12")
+    layer = qkv.MultiHeadAttention(4, 2)
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'casual'"):
+        layer.forward(x, casual=True)
+    with pytest.raises(ValueError, match=r"x: expected \[N, E\] or \[B, N, E\], got shape \[4\]"):
+        layer.forward(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="4|width|E"):
+        layer.forward(np.ones((3, 5), np.float32))
+    with pytest.raises(ValueError, match="x contains NaN at index \\(1, 2\\)"):
+        bad = x.copy()
+        bad[1, 2] = np.nan
+        layer.forward(bad, check_finite=True)
+    with pytest.raises(ValueError, match=r"alibi_slopes: expected 2 entries"):
+        layer.forward(x, alibi_slopes=[0.5])
