@@ -1,0 +1,97 @@
+// MultiHeadAttention::save / load: round trip and refusal of bad files.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "qkv/io.h"
+#include "qkv/layer.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+void randomize_biases(MultiHeadAttention& layer, test::Rng& rng) {
+  for (Tensor<float>* b : {&layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o})
+    for (int64_t i = 0; i < b->numel(); ++i) (*b)[i] = static_cast<float>(rng.uniform(-0.5, 0.5));
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("qkv_layer_test_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(LayerIo, SaveLoadRoundTrip) {
+  test::Rng rng("Layer.SaveLoad");
+  LayerConfig c{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 2, .head_dim = 5, .value_dim = 7, .bias = true,
+                .seed = 9};
+  MultiHeadAttention layer(c);
+  randomize_biases(layer, rng);
+  const std::string path = temp_path("roundtrip.safetensors");
+  layer.save(path);
+  MultiHeadAttention loaded = MultiHeadAttention::load(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(loaded.config().num_kv_heads, 2);
+  EXPECT_EQ(loaded.config().value_dim, 7);
+  EXPECT_TRUE(loaded.config().bias);
+  auto pa = layer.parameters(), pb = loaded.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t p = 0; p < pa.size(); ++p)
+    for (int64_t i = 0; i < pa[p].second->numel(); ++i) ASSERT_EQ((*pa[p].second)[i], (*pb[p].second)[i]) << pa[p].first;
+  Tensor<float> x = rng.normal32(std::array<int64_t, 3>{2, 3, 12});
+  Tensor<float> ya = layer.forward(x.cview()), yb = loaded.forward(x.cview());
+  for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya[i], yb[i]);
+}
+
+TEST(LayerIo, LoadRefusesMissingAndMisshapenTensors) {
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2, .seed = 1});
+  const std::string good = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");
+  layer.save(good);
+  std::map<std::string, std::string> meta;
+  TensorMap tensors = load_safetensors(good, &meta);
+  auto write_without = [&](const std::string& skip, const Tensor<float>* replacement) {
+    std::vector<std::pair<std::string, TensorView<const float>>> list;
+    for (const auto& [name, t] : tensors)
+      if (name != skip) list.emplace_back(name, t.view());
+      else if (replacement) list.emplace_back(name, replacement->view());
+    save_safetensors(bad, list, meta);
+  };
+  write_without("w_k", nullptr);
+  expect_error([&] { MultiHeadAttention::load(bad); }, "missing tensor w_k");
+  Tensor<float> wrong({4, 3});
+  write_without("w_v", &wrong);
+  expect_error([&] { MultiHeadAttention::load(bad); }, "tensor w_v has shape [4, 3] but the config needs [4, 4]");
+  Tensor<float> nan_w({4, 4});
+  nan_w[5] = std::nanf("");
+  write_without("w_q", &nan_w);
+  expect_error([&] { MultiHeadAttention::load(bad); }, "tensor w_q has a non-finite value");
+  Tensor<float> extra({4});
+  std::vector<std::pair<std::string, TensorView<const float>>> list;
+  for (const auto& [name, t] : tensors) list.emplace_back(name, t.view());
+  list.emplace_back("b_q", extra.view());
+  save_safetensors(bad, list, meta);
+  expect_error([&] { MultiHeadAttention::load(bad); }, "b_q is present but the layer config has no such parameter");
+  save_safetensors(bad, list, {});
+  expect_error([&] { MultiHeadAttention::load(bad); }, "not a qkv layer file");
+  meta["qkv.num_heads"] = "two";
+  write_without("", nullptr);
+  expect_error([&] { MultiHeadAttention::load(bad); }, "qkv.num_heads = 'two' is not an integer");
+  std::filesystem::remove(good);
+  std::filesystem::remove(bad);
+}
+
+}  // namespace
+}  // namespace qkv
