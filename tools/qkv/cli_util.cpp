@@ -106,6 +106,9 @@ void add_mask_options(CLI::App* app, MaskArgs& args) {
   app->add_flag("--causal{top_left}", args.causal,
                 "Causal mask; --causal=bottom_right puts the diagonal at the last valid key (decoding with a cache)")
       ->check(CLI::IsMember({"top_left", "bottom_right"}));
+  app->add_option("--diagonal", args.diagonal,
+                  "Where the --window and ALiBi diagonal sits without --causal: top_left (default) or bottom_right")
+      ->check(CLI::IsMember({"top_left", "bottom_right"}));
   app->add_option("--window", args.window, "Sliding window L,R around the diagonal (negative = unbounded)")
       ->check(list_check(parse_int_list, "--window", 2));
   app->add_option("--key-lengths", args.key_lengths, "Valid keys per batch row, e.g. 3,5")
@@ -124,6 +127,7 @@ Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M) {
   Mask mask;
   if (!args.causal.empty())
     mask.causal = args.causal == "bottom_right" ? CausalAlign::bottom_right : CausalAlign::top_left;
+  mask.diagonal = args.diagonal == "bottom_right" ? CausalAlign::bottom_right : CausalAlign::top_left;
   if (!args.window.empty()) {
     const std::vector<int64_t> lr = parse_int_list(args.window, "--window");
     if (lr.size() != 2) throw Error(fmt::format("--window: expected L,R (two integers), got '{}'", args.window));

@@ -1,0 +1,110 @@
+"""Helpers for the `qkv` command tests: embedding file writers, an independent numpy attention
+(following include/qkv/mask.h), and a check for files a failed run left behind."""
+import struct
+from pathlib import Path
+
+import numpy as np
+
+# Every word of the seeds' sentences that the tests use, plus a few more.
+VOCABULARY = sorted(set("""
+i am going to play playing outside the bank went deposit money we sat by river grows
+word a sentence of static contextual cake piece easy task is and in on at it this that
+""".split()))
+
+
+def write_glove(path, words, matrix):
+    with open(path, "w") as f:
+        for w, row in zip(words, matrix):
+            f.write(w + " " + " ".join(repr(float(x)) for x in row) + "\n")
+
+
+def write_word2vec_text(path, words, matrix):
+    with open(path, "w") as f:
+        f.write(f"{len(words)} {matrix.shape[1]}\n")
+        for w, row in zip(words, matrix):
+            f.write(w + " " + " ".join(repr(float(x)) for x in row) + "\n")
+
+
+def write_word2vec_binary(path, words, matrix):
+    with open(path, "wb") as f:
+        f.write(f"{len(words)} {matrix.shape[1]}\n".encode())
+        for w, row in zip(words, matrix):
+            f.write(w.encode() + b" " + struct.pack(f"<{len(row)}f", *row.astype(np.float32)) + b"\n")
+
+
+class EmbeddingFiles:
+    """Random float32-exact vectors for VOCABULARY in the three formats."""
+    def __init__(self, directory, rng, dim=6):
+        self.words = list(VOCABULARY)
+        self.matrix = rng.standard_normal((len(self.words), dim)).astype(np.float32)
+        self.index = {w: i for i, w in enumerate(self.words)}
+        self.glove = directory / "glove.txt"
+        self.w2v_text = directory / "w2v.txt"
+        self.w2v_bin = directory / "w2v.bin"
+        write_glove(self.glove, self.words, self.matrix)
+        write_word2vec_text(self.w2v_text, self.words, self.matrix)
+        write_word2vec_binary(self.w2v_bin, self.words, self.matrix)
+
+    def x(self, tokens):
+        return np.array([self.matrix[self.index[t]] for t in tokens], dtype=np.float64)
+
+
+def leftovers(directory, keep=()):
+    """Files in `directory` other than `keep` (inputs): outputs or temporaries a failed run left."""
+    return sorted(p.name for p in Path(directory).iterdir() if p.name not in set(keep))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(q, k, v, scale=None, causal=None, diagonal="top_left", window=None, key_lengths=None,
+              query_lengths=None, keep=None, bias=None, alibi=None, softcap=0.0):
+    """softmax(scale·q·kᵀ + mask)·v in float64 for q [B,H,N,D], k [B,Hkv,M,D], v [B,Hkv,M,Dv],
+    written from include/qkv/mask.h's text: the diagonal of query i in batch row b is i, or
+    i + key_len[b] - query_len[b] for bottom_right; softcap, then bias, then -slope·|j - diag(i)|.
+    Fully masked rows: out 0, weights 0, lse -inf. Returns (out, lse, weights)."""
+    B, H, N, D = q.shape
+    _, Hkv, M, Dv = v.shape
+    group = H // Hkv
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    s = np.einsum("bhnd,bhmd->bhnm", q, k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + np.broadcast_to(bias, (B, H, N, M))
+    key_lengths = [M] * B if key_lengths is None else key_lengths
+    query_lengths = [N] * B if query_lengths is None else query_lengths
+    align = causal if causal else diagonal
+    i = np.arange(N)[:, None]
+    j = np.arange(M)[None, :]
+    allowed = np.ones((B, H, N, M), dtype=bool)
+    for b in range(B):
+        diag = i + (key_lengths[b] - query_lengths[b]) if align == "bottom_right" else i
+        a = (j < key_lengths[b]) & (i < query_lengths[b])
+        if causal:
+            a &= j <= diag
+        if window is not None:
+            left, right = window
+            if left >= 0:
+                a &= j >= diag - left
+            if right >= 0:
+                a &= j <= diag + right
+        allowed[b] &= a
+        if alibi is not None:
+            s[b] = s[b] - np.asarray(alibi, dtype=np.float64)[:, None, None] * np.abs(j - diag)[None]
+    if keep is not None:
+        allowed &= np.broadcast_to(keep, (B, H, N, M)) != 0
+    s = np.where(allowed, s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True) if M > 0 else np.full((B, H, N, 1), -np.inf)
+    masked = row_max == -np.inf
+    p = np.exp(s - np.where(masked, 0.0, row_max))
+    total = p.sum(axis=-1, keepdims=True)
+    weights = np.where(masked, 0.0, p / np.where(masked, 1.0, total))
+    out = weights @ v
+    with np.errstate(divide="ignore"):
+        lse = np.where(masked, -np.inf, row_max + np.log(np.where(masked, 1.0, total)))[..., 0]
+    return out, lse, weights
