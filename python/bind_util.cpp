@@ -243,12 +243,49 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   return out;
 }
 
-py::array_t<float> tensor_to_numpy(qkv::Tensor<float>&& t) {
-  auto* owned = new qkv::Tensor<float>(std::move(t));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<qkv::Tensor<float>*>(p); });
+template <class T>
+py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t) {
+  auto* owned = new qkv::Tensor<T>(std::move(t));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<qkv::Tensor<T>*>(p); });
   std::vector<py::ssize_t> dims(owned->shape().begin(), owned->shape().end());
-  return py::array_t<float>(dims, owned->data(), free_when_done);
+  return py::array_t<T>(dims, owned->data(), free_when_done);
 }
+template py::array_t<float> tensor_to_numpy(qkv::Tensor<float>&&);
+template py::array_t<double> tensor_to_numpy(qkv::Tensor<double>&&);
+
+std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, const py::object& v) {
+  const DType tq = dtype_of(q, "q"), tk = dtype_of(k, "k"), tv = dtype_of(v, "v");
+  if (tk != tq || tv != tq)
+    throw py::type_error(fmt::format("q, k and v must share a dtype, got {}, {} and {}", dtype_name(tq),
+                                     dtype_name(tk), dtype_name(tv)));
+  return {aligned(q), aligned(k), aligned(v)};
+}
+
+AttentionCall prepare_call(const py::array& q, const py::array& k, const py::array& v, const CallOptions& options) {
+  AttentionCall call;
+  call.dtype = dtype_of(q, "q");
+  check_qkv_shapes(q, k, v);
+  const Lead lead = lead_of(q, "q");
+  const py::ssize_t r = q.ndim();
+  call.lse_shape = shape_of(q);
+  call.lse_shape.pop_back();
+  call.out_shape = call.lse_shape;
+  call.out_shape.push_back(v.shape(r - 1));
+  call.mask = parse_mask(options.mask, lead.B, lead.H, q.shape(r - 2), k.shape(r - 2));
+  call.options.mask = call.mask.mask;
+  apply_options(options, call.options);
+  return call;
+}
+
+template <class T>
+qkv::TensorView<T> lse_view(qkv::TensorView<T> lse) {
+  const qkv::TensorView<T> l4 = lse.as_rank4();
+  return qkv::TensorView<T>(l4.data(), std::array<int64_t, 3>{l4.dim(1), l4.dim(2), l4.dim(3)},
+                            std::array<int64_t, 3>{l4.stride(1), l4.stride(2), l4.stride(3)});
+}
+template qkv::TensorView<float> lse_view(qkv::TensorView<float>);
+template qkv::TensorView<double> lse_view(qkv::TensorView<double>);
+template qkv::TensorView<const float> lse_view(qkv::TensorView<const float>);
 
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner) {
   const DType t = dtype_of(obj, name);

@@ -43,7 +43,8 @@ template <class T>
 py::array_t<T> new_array(const std::vector<int64_t>& shape);
 
 // Moves a tensor into a numpy array that owns it (no copy).
-py::array_t<float> tensor_to_numpy(qkv::Tensor<float>&& t);
+template <class T>
+py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t);
 
 // A float32 view of a numpy float32 or float64 array argument (float64 is rounded into a copy held
 // by `owner`); TypeError for other dtypes, ValueError for rank > 4.
@@ -93,6 +94,26 @@ struct MaskArgs {
 // mean "off"). keep_mask and bias broadcast to [B, H, N, M] by numpy rules. Raises TypeError or
 // ValueError naming the key.
 MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int64_t M);
+
+// One attention call in the caller's terms: the common dtype of q, k, v, the shapes of out
+// (q.shape[:-1] + (Dv,)) and lse (q.shape[:-1]), the mask and the options.
+struct AttentionCall {
+  DType dtype = DType::f32;
+  std::vector<int64_t> out_shape, lse_shape;
+  MaskArgs mask;
+  qkv::AttentionOptions options;
+};
+
+// Checks q, k, v (numpy arrays of one supported dtype, shapes as in check_qkv_shapes) and builds
+// the call. TypeError / ValueError naming the argument.
+AttentionCall prepare_call(const py::array& q, const py::array& k, const py::array& v, const CallOptions& options);
+
+// The arrays q, k, v after dtype_of checks, each aligned (see aligned()).
+std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, const py::object& v);
+
+// lse [..., N] seen as [B, H, N] (the rank-4 view of [..., N] drops its first dim).
+template <class T>
+qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 
 // "auto" | "reference" | "fused" -> qkv::Kernel; ValueError otherwise.
 qkv::Kernel parse_kernel(const std::string& name);

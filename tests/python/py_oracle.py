@@ -38,7 +38,7 @@ def _lengths(lengths, B, full):
 
 def as4(x):
     """Adds leading size-1 dims to reach rank 4 (how qkv reads rank-2 and rank-3 arguments)."""
-    t = torch.as_tensor(np.ascontiguousarray(x))
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(x))
     while t.dim() < 4:
         t = t.unsqueeze(0)
     return t
@@ -57,7 +57,9 @@ def torch_scores(q, k, *, causal=False, causal_align="top_left", key_lengths=Non
     if softcap:
         softcap = float(np.float32(softcap))  # qkv::Mask stores softcap as float32
         s = softcap * torch.tanh(s / softcap)
-    if bias is not None:
+    if isinstance(bias, torch.Tensor):
+        s = s + as4(bias)
+    elif bias is not None:
         s = s + as4(np.asarray(bias, dtype=np.float32)).double()
     mb = _lengths(key_lengths, B, M).view(B, 1, 1, 1)
     nb = _lengths(query_lengths, B, N).view(B, 1, 1, 1)
@@ -82,13 +84,16 @@ def torch_scores(q, k, *, causal=False, causal_align="top_left", key_lengths=Non
 
 
 def torch_attention(q, k, v, **mask):
-    """(out [B, H, N, Dv], lse [B, H, N]) in float64, with qkv's convention for empty rows."""
+    """(out [B, H, N, Dv], lse [B, H, N]) in float64, with qkv's convention for empty rows.
+
+    q, k, v (and bias) may be torch tensors that require grad; gradients flow through out."""
     s = torch_scores(q, k, **mask)
     v4 = as4(v).double()
     v4 = v4.repeat_interleave(s.shape[1] // v4.shape[1], dim=1)
-    p = torch.softmax(s, dim=-1)
-    empty = torch.isinf(s).all(dim=-1) & (s < 0).all(dim=-1)
-    p = torch.where(empty.unsqueeze(-1), torch.zeros_like(p), p)
+    # Rows with no allowed key: softmax would be NaN (and its gradient too); qkv gives 0.
+    empty = (s == float("-inf")).all(dim=-1, keepdim=True)
+    p = torch.softmax(torch.where(empty, torch.zeros_like(s), s), dim=-1)
+    p = torch.where(empty, torch.zeros_like(p), p)
     out = p @ v4
     lse = torch.logsumexp(s, dim=-1)
     return out, lse

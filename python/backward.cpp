@@ -1,0 +1,118 @@
+// qkv._qkv.attention_backward: gradients of attention on numpy arrays (float32 through the fp32
+// backward, float64 through the float64 reference). Public signature and docstring: qkv/attention.py.
+#include <fmt/format.h>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/backward.h"
+
+namespace qkvpy {
+namespace {
+
+template <class T>
+std::vector<int64_t> dims4_of(const qkv::TensorView<const T>& v) {
+  return {v.dim(0), v.dim(1), v.dim(2), v.dim(3)};
+}
+
+// A float32 array argument that must have exactly `shape` (out or lse given back by the caller).
+qkv::TensorView<const float> given(const py::object& obj, const char* name, const std::vector<int64_t>& shape,
+                                   py::array& owner) {
+  if (dtype_of(obj, name) != DType::f32)
+    throw py::type_error(fmt::format("{} must be float32 like the forward's result", name));
+  owner = aligned(obj);
+  const qkv::TensorView<const float> v = array_view<float>(owner, name);
+  if (!std::equal(v.shape().begin(), v.shape().end(), shape.begin(), shape.end()))
+    throw py::value_error(fmt::format("{}: shape {} must be {}", name, qkv::shape_string(v.shape()),
+                                      qkv::shape_string(shape)));
+  return v;
+}
+
+template <class T>
+py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& dout_arr, const py::object& out_obj,
+                      const py::object& lse_obj, const AttentionCall& call, bool return_dbias, bool finite) {
+  const qkv::TensorView<const T> q = array_view<T>(qkv_in[0], "q"), k = array_view<T>(qkv_in[1], "k"),
+                                 v = array_view<T>(qkv_in[2], "v"), dout = array_view<T>(dout_arr, "dout");
+  if (finite) {
+    check_finite(q, "q");
+    check_finite(k, "k");
+    check_finite(v, "v");
+    check_finite(dout, "dout");
+  }
+  const qkv::TensorView<const T> q4 = q.as_rank4(), k4 = k.as_rank4(), v4 = v.as_rank4(), dout4 = dout.as_rank4();
+  qkv::Tensor<T> dq(dims4_of(q4), "dq"), dk(dims4_of(k4), "dk"), dv(dims4_of(v4), "dv"), dbias;
+  if (return_dbias) dbias = qkv::Tensor<T>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2), k4.dim(2)}, "dbias");
+  if constexpr (std::is_same_v<T, double>) {
+    py::gil_scoped_release release;
+    qkv::reference_attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout4, q4, k4, v4, call.options);
+  } else {
+    py::array out_owner, lse_owner;
+    qkv::Tensor<float> out_buf, lse_buf;
+    qkv::TensorView<const float> out4, lse3;
+    const bool have_forward = !out_obj.is_none() && !lse_obj.is_none();
+    if (have_forward) {
+      out4 = given(out_obj, "out", call.out_shape, out_owner).as_rank4();
+      lse3 = lse_view(given(lse_obj, "lse", call.lse_shape, lse_owner));
+    } else {
+      out_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2), v4.dim(3)}, "out");
+      lse_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2)}, "lse");
+    }
+    py::gil_scoped_release release;
+    if (!have_forward) {
+      qkv::attention_forward(out_buf.view(), lse_buf.view(), q4, k4, v4, call.options);
+      out4 = out_buf.cview();
+      lse3 = lse_buf.cview();
+    }
+    qkv::attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout4, q4, k4, v4, out4, lse3,
+                            call.options);
+  }
+  auto shaped = [](qkv::Tensor<T>&& t, const py::array& like) {
+    return tensor_to_numpy(std::move(t)).reshape(std::vector<py::ssize_t>(like.shape(), like.shape() + like.ndim()));
+  };
+  py::list grads;
+  grads.append(shaped(std::move(dq), qkv_in[0]));
+  grads.append(shaped(std::move(dk), qkv_in[1]));
+  grads.append(shaped(std::move(dv), qkv_in[2]));
+  if (return_dbias) {
+    std::vector<py::ssize_t> shape(call.lse_shape.begin(), call.lse_shape.end());
+    shape.push_back(k4.dim(2));
+    grads.append(tensor_to_numpy(std::move(dbias)).reshape(shape));
+  }
+  return py::tuple(grads);
+}
+
+py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
+                   const py::object& dout_obj, const py::object& out_obj, const py::object& lse_obj,
+                   const py::dict& mask, const py::object& scale, bool return_dbias, const std::string& kernel,
+                   int num_threads, bool finite) {
+  const std::array<py::array, 3> arrays = qkv_arrays(q_obj, k_obj, v_obj);
+  CallOptions options;
+  options.mask = mask;
+  options.scale = scale;
+  options.kernel = kernel;
+  options.num_threads = num_threads;
+  const AttentionCall call = prepare_call(arrays[0], arrays[1], arrays[2], options);
+  if (call.dtype == DType::bf16)
+    throw py::type_error("attention_backward: uint16 (bfloat16) inputs are not supported; pass float32");
+  if (dtype_of(dout_obj, "dout") != call.dtype)
+    throw py::type_error(fmt::format("dout must have the dtype of q ({})", dtype_name(call.dtype)));
+  const py::array dout = aligned(dout_obj);
+  const std::vector<int64_t> dout_shape = shape_of(dout);
+  if (dout_shape != call.out_shape)
+    throw py::value_error(fmt::format("dout: shape {} must be the output's shape {}", qkv::shape_string(dout_shape),
+                                      qkv::shape_string(call.out_shape)));
+  if (out_obj.is_none() != lse_obj.is_none())
+    throw py::value_error("pass both out and lse from the forward, or neither");
+  if (call.dtype == DType::f64) return backward_as<double>(arrays, dout, out_obj, lse_obj, call, return_dbias, finite);
+  return backward_as<float>(arrays, dout, out_obj, lse_obj, call, return_dbias, finite);
+}
+
+}  // namespace
+
+void bind_backward(py::module_& m) {
+  m.def("attention_backward", &backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("out"),
+        py::arg("lse"), py::arg("mask"), py::arg("scale"), py::arg("return_dbias"), py::arg("kernel"),
+        py::arg("num_threads"), py::arg("check_finite"),
+        "Core of qkv.attention_backward (see that function's docstring).");
+}
+
+}  // namespace qkvpy

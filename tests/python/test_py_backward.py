@@ -1,0 +1,108 @@
+"""qkv.attention_backward against torch autograd through the float64 oracle of py_oracle.py."""
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from py_oracle import assert_close, random_case, rng_for, seed_note, torch_attention
+
+pytestmark = pytest.mark.skipif("backward" not in qkv.features, reason="backward bindings not built")
+
+FP32_TOL = 2e-5
+FP64_TOL = 1e-11
+
+
+def _torch_grads(q, k, v, dout, mask):
+    """(dq, dk, dv, dbias or None) by autograd of sum(out * dout) in float64."""
+    leaves = [torch.tensor(np.ascontiguousarray(a), dtype=torch.float64, requires_grad=True) for a in (q, k, v)]
+    mask = dict(mask)
+    bias = None
+    if "bias" in mask:
+        bias = torch.tensor(np.asarray(mask["bias"], dtype=np.float32), dtype=torch.float64, requires_grad=True)
+        mask["bias"] = bias
+    out, _ = torch_attention(*leaves, **mask)
+    (out * torch.as_tensor(np.ascontiguousarray(dout), dtype=torch.float64).reshape(out.shape)).sum().backward()
+    grads = [t.grad.numpy() for t in leaves]
+    return grads + [bias.grad.numpy() if bias is not None else None]
+
+
+def _check(q, k, v, mask, tol, case, note):
+    rng = rng_for(case + 100000)
+    dout = rng.standard_normal(q.shape[:-1] + (v.shape[-1],)).astype(q.dtype)
+    want = _torch_grads(q, k, v, dout, mask)
+    got = qkv.attention_backward(q, k, v, dout, return_dbias="bias" in mask, **mask)
+    for name, g, w, like in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
+        assert g.shape == like.shape and g.dtype == q.dtype, f"{name} {note}"
+        assert_close(g, w, tol, f"{name}, {note}")
+    if "bias" in mask:
+        assert got[3].shape == np.shape(mask["bias"]), note
+        finite = np.isfinite(np.asarray(mask["bias"]))
+        # Where the bias is -inf the pair is removed; both sides give a zero gradient there.
+        assert_close(got[3], want[3], tol, f"dbias, {note}")
+        assert np.all(got[3][~finite] == 0), note
+
+
+@pytest.mark.parametrize("case", range(5000, 5090))
+def test_random_backward_parity_float32(case):
+    q, k, v, mask, desc = random_case(rng_for(case), np.float32)
+    _check(q, k, v, mask, FP32_TOL, case, f"{seed_note(case)} {desc}")
+
+
+@pytest.mark.parametrize("case", range(5100, 5130))
+def test_random_backward_parity_float64(case):
+    q, k, v, mask, desc = random_case(rng_for(case), np.float64)
+    _check(q, k, v, mask, FP64_TOL, case, f"{seed_note(case)} {desc}")
+
+
+def test_given_forward_results_give_the_same_gradients():
+    rng = rng_for(5200)
+    q = rng.standard_normal((2, 4, 17, 40)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 65, 40)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 65, 3)).astype(np.float32)
+    dout = rng.standard_normal((2, 4, 17, 3)).astype(np.float32)
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
+    given = qkv.attention_backward(q, k, v, dout, out=out, lse=lse, causal=True, causal_align="bottom_right")
+    computed = qkv.attention_backward(q, k, v, dout, causal=True, causal_align="bottom_right")
+    for a, b in zip(given, computed):
+        assert np.array_equal(a, b), seed_note(5200)
+
+
+def test_full_dbias_without_bias_and_fully_masked_rows():
+    rng = rng_for(5300)
+    q = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((3, 6, 4)).astype(np.float32)
+    v = rng.standard_normal((3, 6, 2)).astype(np.float32)
+    dout = rng.standard_normal((3, 5, 2)).astype(np.float32)
+    keep = np.ones((5, 6), bool)
+    keep[2] = False
+    dq, dk, dv, dbias = qkv.attention_backward(q, k, v, dout, keep_mask=keep, return_dbias=True)
+    assert dbias.shape == (3, 5, 6), seed_note(5300)
+    assert np.all(dq[:, 2] == 0) and np.all(dbias[:, 2] == 0), seed_note(5300)
+    want = _torch_grads(q, k, v, dout, {"keep_mask": keep, "bias": np.zeros((3, 5, 6), np.float32)})
+    assert_close(dbias, want[3], FP32_TOL, seed_note(5300))
+    assert_close(dk, want[1], FP32_TOL, seed_note(5300))
+
+
+def test_backward_bad_inputs():
+    rng = rng_for(5400)
+    q = rng.standard_normal((5, 4)).astype(np.float32)
+    dout = rng.standard_normal((5, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"dout: shape \[5, 3\] must be the output's shape \[5, 4\]"):
+        qkv.attention_backward(q, q, q, dout[:, :3])
+    with pytest.raises(TypeError, match=r"dout must have the dtype of q \(float32\)"):
+        qkv.attention_backward(q, q, q, dout.astype(np.float64))
+    with pytest.raises(ValueError, match="pass both out and lse from the forward, or neither"):
+        qkv.attention_backward(q, q, q, dout, out=dout)
+    out, lse = qkv.scaled_dot_product_attention(q, q, q, return_lse=True)
+    with pytest.raises(ValueError, match=r"lse: shape \[4\] must be \[5\]"):
+        qkv.attention_backward(q, q, q, dout, out=out, lse=lse[:4])
+    with pytest.raises(TypeError, match="out must be float32"):
+        qkv.attention_backward(q, q, q, dout, out=out.astype(np.float64), lse=lse)
+    bf = q.view(np.uint16)[:, ::2].copy()
+    with pytest.raises(TypeError, match="bfloat16\\) inputs are not supported"):
+        qkv.attention_backward(bf, bf, bf, bf)
+    bad = dout.copy()
+    bad[4, 1] = np.inf
+    with pytest.raises(ValueError, match=r"dout contains \+inf at index \(4, 1\)"):
+        qkv.attention_backward(q, q, q, bad, check_finite=True)
