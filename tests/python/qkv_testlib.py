@@ -108,3 +108,60 @@ def attention(q, k, v, scale=None, causal=None, diagonal="top_left", window=None
     with np.errstate(divide="ignore"):
         lse = np.where(masked, -np.inf, row_max + np.log(np.where(masked, 1.0, total)))[..., 0]
     return out, lse, weights
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes float32 tensors (dict name -> array) and string metadata as .safetensors."""
+    import json
+    header, blobs, offset = {}, [], 0
+    for name, array in sorted(tensors.items()):
+        data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_layer(path, rng, E, H, D, Dv=None, kv_heads=None, output_projection=True, bias=False):
+    """A qkv layer file (MultiHeadAttention::save's format) with random weights; returns them."""
+    Dv = D if Dv is None else Dv
+    Hkv = H if kv_heads is None else kv_heads
+    w = {"w_q": rng.uniform(-0.5, 0.5, (E, H * D)), "w_k": rng.uniform(-0.5, 0.5, (E, Hkv * D)),
+         "w_v": rng.uniform(-0.5, 0.5, (E, Hkv * Dv))}
+    if output_projection:
+        w["w_o"] = rng.uniform(-0.5, 0.5, (H * Dv, E))
+    if bias:
+        w.update(b_q=rng.uniform(-0.5, 0.5, H * D), b_k=rng.uniform(-0.5, 0.5, Hkv * D),
+                 b_v=rng.uniform(-0.5, 0.5, Hkv * Dv))
+        if output_projection:
+            w["b_o"] = rng.uniform(-0.5, 0.5, E)
+    w = {name: a.astype(np.float32) for name, a in w.items()}
+    metadata = {"qkv.format": "qkv.MultiHeadAttention/1", "qkv.embed_dim": str(E), "qkv.num_heads": str(H),
+                "qkv.num_kv_heads": str(Hkv), "qkv.head_dim": str(D), "qkv.value_dim": str(Dv),
+                "qkv.bias": "1" if bias else "0", "qkv.output_projection": "1" if output_projection else "0",
+                "qkv.parameter_free": "0"}
+    write_safetensors(path, w, metadata)
+    return {name: a.astype(np.float64) for name, a in w.items()}
+
+
+def layer_forward(x, w, H, Hkv=None):
+    """The layer in float64: per-head softmax(Q·Kᵀ/√D)·V, heads concatenated, then ·W_o + b_o."""
+    Hkv = H if Hkv is None else Hkv
+    q = x @ w["w_q"] + w.get("b_q", 0.0)
+    k = x @ w["w_k"] + w.get("b_k", 0.0)
+    v = x @ w["w_v"] + w.get("b_v", 0.0)
+    D = q.shape[1] // H
+    Dv = v.shape[1] // Hkv
+    heads = []
+    for h in range(H):
+        hk = h // (H // Hkv)
+        qh, kh, vh = q[:, h * D:(h + 1) * D], k[:, hk * D:(hk + 1) * D], v[:, hk * Dv:(hk + 1) * Dv]
+        heads.append(softmax(qh @ kh.T / np.sqrt(D)) @ vh)
+    out = np.concatenate(heads, axis=1)
+    if "w_o" in w:
+        out = out @ w["w_o"] + w.get("b_o", 0.0)
+    return out
