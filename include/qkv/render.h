@@ -1,0 +1,107 @@
+// Pictures of attention: a self-contained HTML page per explanation (every step as labelled
+// matrices, a heatmap of the weights per head, a head/query selector that writes the query's
+// context vector as a weighted sum of value vectors), a standalone SVG heatmap, a top-k page for
+// inputs too long for an N×N heatmap, and a side-by-side page for one word in two sentences.
+// Pages load nothing from the network: CSS, JS and data are inline. All user text is escaped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/explain.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+// The longest input shown as a dense N×N heatmap; longer inputs get the top-k page.
+inline constexpr int64_t kMaxHeatmapTokens = 512;
+
+struct HtmlOptions {
+  int precision = 4;      // decimals shown in tables and labels (exact values are in the data)
+  bool context_first = false;  // `qkv context`: the contextual vectors lead the page
+};
+
+// The explanation as one HTML page. Requires e.tokens.size() <= kMaxHeatmapTokens (else
+// qkv::Error: use the top-k page). Pure function of its arguments; thread-safe.
+std::string render_explanation_html(const Explanation& e, const HtmlOptions& options = {});
+
+struct SvgOptions {
+  int64_t head = -1;  // the head to draw (0-based), or -1 for every head side by side
+  int precision = 3;  // decimals printed in cells (when they are large enough to read) and titles
+};
+
+// The weights of the chosen head(s) as a standalone SVG document: tokens on both axes, a colour
+// scale, one <rect> per cell with its exact weight in data-w and a <title> tooltip. Throws
+// qkv::Error for a head out of range or more than kMaxHeatmapTokens tokens.
+std::string render_heatmap_svg(const Explanation& e, const SvgOptions& options = {});
+
+// The largest weights of every query row, per head, found one row at a time: memory is
+// O(M) per thread plus the result, never N×M.
+struct TopKWeights {
+  int64_t num_heads = 0, rows = 0, cols = 0, k = 0;  // H, N, M, min(top_k, M)
+  std::vector<int32_t> index;  // [H, N, k] key positions, largest weight first (ties: lower index)
+  std::vector<double> weight;  // [H, N, k] softmax weights
+  std::vector<double> rest;    // [H, N] total weight of the keys outside the top k
+};
+
+// q [H, N, D], k [Hkv, M, D] (any strides, H % Hkv == 0, head h uses key head h / (H / Hkv)).
+// Scores are q·kᵀ·scale (default 1/√D), accumulated in float64. If `lse` [H, N] is given (the
+// fused kernel's log-sum-exp, e.g. LayerCache::lse) the weights are exp(score − lse), so they are
+// the ones the fused path normalized; else each row is normalized here. Throws qkv::Error on
+// shapes or top_k < 1. Runs rows in parallel with OpenMP.
+TopKWeights attention_top_k(TensorView<const float> q, TensorView<const float> k, int64_t top_k,
+                            std::optional<double> scale = {}, TensorView<const float> lse = {});
+
+// One full row of weights: head `head`, query `row` of q [H, N, D] against k [Hkv, M, D], as
+// above (O(M) memory). Throws qkv::Error on shapes or an index out of range.
+std::vector<double> attention_row(TensorView<const float> q, TensorView<const float> k, int64_t head, int64_t row,
+                                  std::optional<double> scale = {});
+
+// What the top-k page shows: the tokens, the weights, and optionally the contextual vectors.
+struct LongInputPage {
+  std::string title;
+  std::string source;
+  std::vector<std::string> tokens;  // N (queries = keys: self-attention)
+  TopKWeights top;
+  Matrix output;  // [N, ·] contextual vectors, or empty
+};
+
+// A page listing each row's top-k weights with a head/query selector; scales to N in the
+// thousands (the DOM holds one row's entries per head at a time). Throws qkv::Error if the sizes
+// of `page` disagree.
+std::string render_top_k_html(const LongInputPage& page, const HtmlOptions& options = {});
+
+// One sentence of a comparison: where the word is, its weights against every token per head,
+// and its static and contextual vectors.
+struct WordInSentence {
+  std::string sentence;
+  std::vector<std::string> tokens;
+  int64_t position = 0;                      // index of the word in tokens
+  std::vector<std::vector<double>> weights;  // [H][tokens.size()]: the word's row of each head
+  std::vector<double> static_vector;         // the word's embedding
+  std::vector<double> contextual_vector;     // the layer's output row for the word
+};
+
+struct Comparison {
+  std::string word;
+  std::string layer;  // description of the layer
+  double static_cosine = 0.0, contextual_cosine = 0.0;
+  WordInSentence first, second;
+};
+
+// The word's weights in both sentences side by side, with both cosine similarities. Throws
+// qkv::Error if the sizes disagree.
+std::string render_comparison_html(const Comparison& c, const HtmlOptions& options = {});
+
+// Text as HTML character data or attribute value: & < > " ' escaped. Invalid UTF-8 is kept
+// byte for byte (browsers show U+FFFD). Exposed for tests.
+std::string html_escape(std::string_view text);
+
+// JSON text made safe inside a <script> element: <, >, &, U+2028 and U+2029 become \u escapes,
+// so "</script>" in a string cannot end the element. `json` must be valid JSON.
+std::string json_for_script(std::string_view json);
+
+}  // namespace qkv
