@@ -14,10 +14,15 @@ from .attention import attention_backward, default_num_threads, scaled_dot_produ
 
 features = _qkv.features
 
+__all__ = []
 if "layer" in features:
     from ._qkv import MultiHeadAttention  # noqa: F401
-    __all__ = ["MultiHeadAttention"]
-else:
-    __all__ = []
+    __all__ += ["MultiHeadAttention"]
+if "embeddings" in features:
+    from ._qkv import Embeddings, load_embeddings, tokenize  # noqa: F401
+    __all__ += ["Embeddings", "load_embeddings", "tokenize"]
+if "explain" in features:
+    from ._qkv import explain, explain_examples  # noqa: F401
+    __all__ += ["explain", "explain_examples"]
 
 __all__ += ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "features"]

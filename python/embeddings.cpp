@@ -1,0 +1,119 @@
+// qkv.load_embeddings, qkv.Embeddings and qkv.tokenize: static word vectors for numpy. The matrix
+// is handed to numpy without a copy (a read-only view kept alive by the Embeddings object), so a
+// large GloVe file costs its size once.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/embeddings.h"
+
+namespace qkvpy {
+namespace {
+
+using qkv::Embeddings;
+
+qkv::EmbeddingFormat parse_format(const std::string& name) {
+  if (name == "auto") return qkv::EmbeddingFormat::automatic;
+  if (name == "glove") return qkv::EmbeddingFormat::glove;
+  if (name == "word2vec_text") return qkv::EmbeddingFormat::word2vec_text;
+  if (name == "word2vec_binary") return qkv::EmbeddingFormat::word2vec_binary;
+  throw py::value_error(
+      fmt::format("format must be 'auto', 'glove', 'word2vec_text' or 'word2vec_binary', got '{}'", name));
+}
+
+qkv::OovPolicy parse_oov(const std::string& name) {
+  if (name == "error") return qkv::OovPolicy::error;
+  if (name == "zero") return qkv::OovPolicy::zero;
+  if (name == "skip") return qkv::OovPolicy::skip;
+  throw py::value_error(fmt::format("oov must be 'error', 'zero' or 'skip', got '{}'", name));
+}
+
+std::shared_ptr<Embeddings> load(const std::string& path, const std::string& format) {
+  const qkv::EmbeddingFormat f = parse_format(format);
+  py::gil_scoped_release release;
+  return std::make_shared<Embeddings>(Embeddings::load(path, f));
+}
+
+// The matrix [V, E] as a read-only float32 view whose base keeps the Embeddings alive.
+py::array matrix_view(const py::object& self) {
+  const qkv::Tensor<float>& m = self.cast<const Embeddings&>().matrix();
+  std::vector<py::ssize_t> dims(m.shape().begin(), m.shape().end());
+  py::array_t<float> view(dims, m.data(), self);
+  view.attr("setflags")(py::arg("write") = false);
+  return view;
+}
+
+std::vector<std::string> words_of(const Embeddings& e) {
+  std::vector<std::string> words;
+  words.reserve(static_cast<std::size_t>(e.size()));
+  for (int64_t i = 0; i < e.size(); ++i) words.push_back(e.word(i));
+  return words;
+}
+
+py::tuple embed(const Embeddings& e, const std::string& sentence, const std::string& oov) {
+  qkv::EmbeddedSentence s = qkv::embed_sentence(e, sentence, parse_oov(oov));
+  return py::make_tuple(s.tokens, tensor_to_numpy(std::move(s.x)), s.missing);
+}
+
+constexpr const char* kEmbeddingsDoc = R"(A vocabulary of words and their static vectors, matrix [V, E].
+
+Embeddings.load(path, format="auto") reads GloVe text, word2vec text or word2vec binary
+("auto" tells them apart by content). ValueError names the file and line for a missing file, a
+ragged or non-numeric row, a truncated binary file or an empty vocabulary.
+Embeddings(words, matrix) builds one from a list of V words and a float32 array [V, E].
+Immutable; safe to share between threads.)";
+
+}  // namespace
+
+void bind_embeddings(py::module_& m) {
+  py::class_<Embeddings, std::shared_ptr<Embeddings>> cls(m, "Embeddings", kEmbeddingsDoc);
+  cls.def(py::init([](std::vector<std::string> words, const py::object& matrix) {
+            py::array owner;
+            const qkv::TensorView<const float> v = float32_view(matrix, "matrix", owner);
+            if (v.rank() != 2 || v.dim(0) != static_cast<int64_t>(words.size()))
+              throw py::value_error(fmt::format("matrix: shape {} must be [V, E] with V = {} words",
+                                                qkv::shape_string(v.shape()), words.size()));
+            return std::make_shared<Embeddings>(std::move(words), qkv::to_contiguous<float>(v));
+          }),
+          py::arg("words"), py::arg("matrix"), "Builds embeddings from words and a [V, E] matrix (copied).");
+  cls.def_static("load", &load, py::arg("path"), py::arg("format") = "auto",
+                 "Loads GloVe / word2vec text / word2vec binary embeddings (see the class docstring).");
+  cls.def_property_readonly("matrix", &matrix_view, "The vectors [V, E] as a read-only float32 view (no copy).");
+  cls.def_property_readonly("words", &words_of, "The vocabulary as a list of V words, in file order.");
+  cls.def_property_readonly("dim", &Embeddings::dim, "E, the width of each vector.");
+  cls.def("__len__", &Embeddings::size, "V, the number of words.");
+  cls.def("find", [](const Embeddings& e, const std::string& w) { return e.find(w); }, py::arg("word"),
+          "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");
+  cls.def("__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"));
+  cls.def("vector", [](const py::object& self, const std::string& w) -> py::object {
+        const int64_t i = self.cast<const Embeddings&>().find(w);
+        if (i < 0) throw py::key_error(fmt::format("'{}' is not in the vocabulary", w));
+        return matrix_view(self)[py::int_(i)];
+      },
+      py::arg("word"), "The vector of `word` (read-only view); KeyError if it is not in the vocabulary.");
+  cls.def("embed", &embed, py::arg("sentence"), py::arg("oov") = "error",
+          R"(Tokenizes `sentence` (qkv.tokenize) and looks the tokens up.
+
+Returns (tokens, x, missing): the tokens kept, x float32 [N, E], and the out-of-vocabulary tokens.
+oov: "error" raises ValueError listing every missing word; "zero" gives them a zero row; "skip"
+drops them. ValueError if the sentence has no tokens or none remain.)");
+  cls.def("__repr__", [](const Embeddings& e) { return fmt::format("Embeddings(V={}, E={})", e.size(), e.dim()); });
+
+  m.def("load_embeddings", [](const std::string& path, const std::string& format) {
+        const std::shared_ptr<Embeddings> e = load(path, format);
+        return py::make_tuple(words_of(*e), matrix_view(py::cast(e)));
+      },
+      py::arg("path"), py::arg("format") = "auto",
+      R"(Loads word embeddings; returns (words, matrix): a list of V words and a read-only float32
+array [V, E] (no copy of the vectors). format: "auto", "glove", "word2vec_text" or
+"word2vec_binary". Raises ValueError naming the file (and line) for anything malformed.
+Use qkv.Embeddings.load for lookups and sentence embedding.)");
+  m.def("tokenize", &qkv::tokenize, py::arg("sentence"),
+        "Lowercases and splits on whitespace and ASCII punctuation (dropped); bytes >= 0x80 stay inside words. "
+        "\"The bank's\" -> ['the', 'bank', 's'].");
+}
+
+}  // namespace qkvpy

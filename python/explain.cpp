@@ -1,0 +1,172 @@
+// qkv.explain: every intermediate step of attention for a short input, in float64, as a dict of
+// numpy arrays (or the CLI's text / JSON renderings).
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/explain.h"
+#include "qkv/layer.h"
+
+namespace qkvpy {
+namespace {
+
+using qkv::Matrix;
+
+// A float32/float64 numpy array of rank 1 ([n] -> [1, n]) or 2 as a Matrix; empty for None.
+Matrix to_matrix(const py::object& obj, const char* name) {
+  if (obj.is_none()) return {};
+  const DType t = dtype_of(obj, name);
+  if (t == DType::bf16) throw py::type_error(fmt::format("{}: pass float32 or float64", name));
+  const py::array a = py::array_t<double>::ensure(obj);
+  if (a.ndim() != 1 && a.ndim() != 2)
+    throw py::value_error(fmt::format("{}: expected a matrix, got shape {}", name, qkv::shape_string(shape_of(a))));
+  const qkv::TensorView<const double> v = array_view<double>(a, name);
+  const int64_t rows = a.ndim() == 2 ? v.dim(0) : 1, cols = v.dim(v.rank() - 1);
+  Matrix m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) m(i, j) = a.ndim() == 2 ? v(i, j) : v(j);
+  return m;
+}
+
+py::object to_numpy(const Matrix& m) {
+  if (m.empty()) return py::none();
+  py::array_t<double> a({static_cast<py::ssize_t>(m.rows), static_cast<py::ssize_t>(m.cols)});
+  std::copy(m.data.begin(), m.data.end(), a.mutable_data());
+  return a;
+}
+
+py::dict to_dict(const qkv::Explanation& e) {
+  py::dict d;
+  d["title"] = e.title;
+  d["source"] = e.source;
+  d["style"] = e.style;
+  d["tokens"] = e.tokens;
+  d["x"] = to_numpy(e.x);
+  d["w_q"] = to_numpy(e.w_q);
+  d["w_k"] = to_numpy(e.w_k);
+  d["w_v"] = to_numpy(e.w_v);
+  d["b_q"] = to_numpy(e.b_q);
+  d["b_k"] = to_numpy(e.b_k);
+  d["b_v"] = to_numpy(e.b_v);
+  d["w_o"] = to_numpy(e.w_o);
+  d["b_o"] = to_numpy(e.b_o);
+  d["parameter_free"] = e.parameter_free;
+  d["num_heads"] = e.num_heads;
+  d["num_kv_heads"] = e.num_kv_heads;
+  d["d_k"] = e.d_k;
+  py::list heads;
+  for (const qkv::HeadSteps& h : e.heads) {
+    py::dict hd;
+    hd["q"] = to_numpy(h.q);
+    hd["k"] = to_numpy(h.k);
+    hd["v"] = to_numpy(h.v);
+    hd["scores"] = to_numpy(h.scores);
+    hd["scale"] = h.scale;
+    hd["scaled_scores"] = to_numpy(h.scaled_scores);
+    hd["weights"] = to_numpy(h.weights);
+    hd["context"] = to_numpy(h.context);
+    heads.append(hd);
+  }
+  d["heads"] = heads;
+  d["concat"] = to_numpy(e.concat);
+  d["output"] = to_numpy(e.output);
+  return d;
+}
+
+std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
+  if (!tokens.is_none()) return tokens.cast<std::vector<std::string>>();
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < rows; ++i) out.push_back(fmt::format("t{}", i));
+  return out;
+}
+
+struct ExplainArgs {
+  py::object example, tokens, x, layer, q, k, v, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o;
+  int64_t num_heads = 1;
+  std::optional<int64_t> num_kv_heads;
+};
+
+qkv::Explanation build(const ExplainArgs& a) {
+  const bool have_qkv = !a.q.is_none() || !a.k.is_none() || !a.v.is_none();
+  const bool have_w = !a.w_q.is_none() || !a.w_k.is_none() || !a.w_v.is_none();
+  const int sources = int(have_qkv) + int(have_w) + int(!a.layer.is_none()) + int(!a.example.is_none());
+  if (sources > 1) throw py::value_error("explain: give one of example, (q, k, v), layer, or (w_q, w_k, w_v)");
+  if (have_qkv) {
+    if (a.q.is_none() || a.k.is_none() || a.v.is_none()) throw py::value_error("explain: q, k and v go together");
+    if (!a.x.is_none()) throw py::value_error("explain: x is not used with q, k, v");
+    Matrix q = to_matrix(a.q, "q");
+    return qkv::explain_qkv(tokens_for(a.tokens, q.rows), std::move(q), to_matrix(a.k, "k"), to_matrix(a.v, "v"));
+  }
+  if (!a.example.is_none() || (a.x.is_none() && a.layer.is_none() && !have_w)) {
+    if (!a.x.is_none() || !a.tokens.is_none()) throw py::value_error("explain: an example brings its own tokens and x");
+    const std::string name = a.example.is_none() ? "seed-003" : a.example.cast<std::string>();
+    return qkv::explain_example(name);
+  }
+  if (a.x.is_none()) throw py::value_error("explain: x (the embeddings [N, E]) is required");
+  if (!a.layer.is_none()) {
+    py::array owner;
+    const qkv::TensorView<const float> x = float32_view(a.x, "x", owner);
+    if (x.rank() != 2) throw py::value_error(fmt::format("x: expected [N, E], got shape {}", qkv::shape_string(x.shape())));
+    const auto& layer = a.layer.cast<const qkv::MultiHeadAttention&>();
+    return qkv::explain_layer(tokens_for(a.tokens, x.dim(0)), x, layer);
+  }
+  Matrix x = to_matrix(a.x, "x");
+  std::vector<std::string> tokens = tokens_for(a.tokens, x.rows);
+  if (!have_w) return qkv::explain_parameter_free(std::move(tokens), std::move(x));
+  if (a.w_q.is_none() || a.w_k.is_none() || a.w_v.is_none())
+    throw py::value_error("explain: w_q, w_k and w_v go together");
+  return qkv::explain_projections(std::move(tokens), std::move(x), to_matrix(a.w_q, "w_q"), to_matrix(a.w_k, "w_k"),
+                                  to_matrix(a.w_v, "w_v"), a.num_heads, a.num_kv_heads.value_or(a.num_heads),
+                                  to_matrix(a.b_q, "b_q"), to_matrix(a.b_k, "b_k"), to_matrix(a.b_v, "b_v"),
+                                  to_matrix(a.w_o, "w_o"), to_matrix(a.b_o, "b_o"));
+}
+
+constexpr const char* kExplainDoc = R"(Every step of self-attention for a short input, computed in float64.
+
+explain()                         the worked example of seed 003 (what `qkv explain` prints)
+explain("playing-outside")        another built-in example (see qkv.explain_examples())
+explain(x=X, w_q=.., w_k=.., w_v=.., num_heads=1, num_kv_heads=None, b_q=.., b_k=.., b_v=..,
+        w_o=.., b_o=..)           from embeddings X [N, E] and projections (row-vector convention:
+                                  Q = X @ w_q, w_q [E, H*D]); biases and w_o optional
+explain(x=X, layer=layer)         what a qkv.MultiHeadAttention computes for X
+explain(x=X)                      parameter-free attention: Q = K = V = X
+explain(q=Q, k=K, v=V)            single-head attention from given q, k, v
+tokens: one label per row (default t0, t1, ...). Arrays may be float32 or float64.
+
+format: "dict" (default) returns {title, source, style, tokens, x, w_q, w_k, w_v, b_q, b_k, b_v,
+w_o, b_o, parameter_free, num_heads, num_kv_heads, d_k, heads, concat, output}, matrices as
+float64 numpy arrays (None where a step does not apply), heads a list of {q, k, v, scores,
+scale, scaled_scores, weights, context}; "text" returns the readable step-by-step print
+(`precision` decimals); "json" returns the JSON the CLI writes.
+Raises ValueError for inconsistent shapes or an unknown example name.)";
+
+py::object explain(const py::object& example, const py::object& tokens, const py::object& x,
+                   const py::object& layer, const py::object& q, const py::object& k, const py::object& v,
+                   const py::object& w_q, const py::object& w_k, const py::object& w_v, const py::object& b_q,
+                   const py::object& b_k, const py::object& b_v, const py::object& w_o, const py::object& b_o,
+                   int64_t num_heads, std::optional<int64_t> num_kv_heads, const std::string& format, int precision) {
+  if (format != "dict" && format != "text" && format != "json")
+    throw py::value_error(fmt::format("format must be 'dict', 'text' or 'json', got '{}'", format));
+  const ExplainArgs args{example, tokens, x, layer, q, k, v, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o,
+                         num_heads, num_kv_heads};
+  const qkv::Explanation e = build(args);
+  if (format == "text") return py::str(qkv::explanation_to_text(e, precision));
+  if (format == "json") return py::str(qkv::explanation_to_json(e));
+  return to_dict(e);
+}
+
+}  // namespace
+
+void bind_explain(py::module_& m) {
+  m.def("explain", &explain, py::arg("example") = py::none(), py::kw_only(), py::arg("tokens") = py::none(),
+        py::arg("x") = py::none(), py::arg("layer") = py::none(), py::arg("q") = py::none(),
+        py::arg("k") = py::none(), py::arg("v") = py::none(), py::arg("w_q") = py::none(),
+        py::arg("w_k") = py::none(), py::arg("w_v") = py::none(), py::arg("b_q") = py::none(),
+        py::arg("b_k") = py::none(), py::arg("b_v") = py::none(), py::arg("w_o") = py::none(),
+        py::arg("b_o") = py::none(), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
+        py::arg("format") = "dict", py::arg("precision") = 8, kExplainDoc);
+  m.def("explain_examples", &qkv::example_names, "Names of the built-in worked examples qkv.explain() accepts.");
+}
+
+}  // namespace qkvpy

@@ -1,0 +1,91 @@
+"""qkv.load_embeddings, qkv.Embeddings and qkv.tokenize on small generated files."""
+
+import struct
+
+import numpy as np
+import pytest
+
+import qkv
+from py_oracle import rng_for, seed_note
+
+pytestmark = pytest.mark.skipif("embeddings" not in qkv.features, reason="embeddings bindings not built")
+
+WORDS = ["the", "bank", "river", "money", "Paris", "deposit"]
+
+
+def _vectors(case, dim=5):
+    return rng_for(case).standard_normal((len(WORDS), dim)).astype(np.float32)
+
+
+def _write_glove(path, vectors):
+    with open(path, "w") as f:
+        for w, row in zip(WORDS, vectors):
+            f.write(w + " " + " ".join(repr(float(x)) for x in row) + "\n")
+
+
+def _write_word2vec_binary(path, vectors):
+    with open(path, "wb") as f:
+        f.write(f"{len(WORDS)} {vectors.shape[1]}\n".encode())
+        for w, row in zip(WORDS, vectors):
+            f.write(w.encode() + b" " + struct.pack(f"<{len(row)}f", *row) + b"\n")
+
+
+@pytest.mark.parametrize("writer, fmt", [(_write_glove, "auto"), (_write_glove, "glove"),
+                                         (_write_word2vec_binary, "auto"), (_write_word2vec_binary, "word2vec_binary")])
+def test_load_embeddings_returns_words_and_matrix(tmp_path, writer, fmt):
+    vectors = _vectors(6000)
+    path = tmp_path / "vectors.txt"
+    writer(path, vectors)
+    words, matrix = qkv.load_embeddings(str(path), format=fmt)
+    assert words == WORDS
+    assert matrix.dtype == np.float32 and matrix.shape == (6, 5)
+    assert np.array_equal(matrix, vectors), seed_note(6000)
+    assert not matrix.flags.writeable
+
+
+def test_embeddings_lookup_and_sentence(tmp_path):
+    vectors = _vectors(6100, dim=3)
+    path = tmp_path / "glove.txt"
+    _write_glove(path, vectors)
+    emb = qkv.Embeddings.load(str(path))
+    assert len(emb) == 6 and emb.dim == 3 and "river" in emb and "ocean" not in emb
+    assert emb.find("paris") == 4  # the tokenizer lowercases; a cased vocabulary still matches
+    assert np.array_equal(emb.vector("money"), vectors[3])
+    tokens, x, missing = emb.embed("The river bank!")
+    assert tokens == ["the", "river", "bank"] and missing == []
+    assert np.array_equal(x, vectors[[0, 2, 1]]), seed_note(6100)
+    tokens, x, missing = emb.embed("the ocean bank", oov="zero")
+    assert tokens == ["the", "ocean", "bank"] and missing == ["ocean"] and np.all(x[1] == 0)
+    tokens, x, missing = emb.embed("the ocean bank", oov="skip")
+    assert tokens == ["the", "bank"] and x.shape == (2, 3)
+    with pytest.raises(ValueError, match="ocean"):
+        emb.embed("the ocean bank")
+    with pytest.raises(ValueError, match="oov must be 'error', 'zero' or 'skip', got 'drop'"):
+        emb.embed("the bank", oov="drop")
+    with pytest.raises(KeyError, match="'ocean' is not in the vocabulary"):
+        emb.vector("ocean")
+
+
+def test_embeddings_from_arrays_and_tokenize():
+    vectors = _vectors(6200, dim=4).astype(np.float64)
+    emb = qkv.Embeddings(WORDS, vectors)
+    assert np.array_equal(emb.matrix, vectors.astype(np.float32)) and emb.words == WORDS
+    with pytest.raises(ValueError, match=r"matrix: shape \[5, 4\] must be \[V, E\] with V = 6 words"):
+        qkv.Embeddings(WORDS, vectors[:5])
+    assert qkv.tokenize("The bank's river-side, café!") == ["the", "bank", "s", "river", "side", "café"]
+
+
+def test_malformed_files_raise_value_error_naming_the_file(tmp_path):
+    with pytest.raises(ValueError, match="nope.txt"):
+        qkv.load_embeddings(str(tmp_path / "nope.txt"))
+    ragged = tmp_path / "ragged.txt"
+    ragged.write_text("a 1 2 3\nb 1 2\n")
+    with pytest.raises(ValueError, match="ragged.txt"):
+        qkv.load_embeddings(str(ragged))
+    truncated = tmp_path / "truncated.bin"
+    _write_word2vec_binary(truncated, _vectors(6300))
+    truncated.write_bytes(truncated.read_bytes()[:-7])
+    with pytest.raises(ValueError, match="truncated.bin"):
+        qkv.load_embeddings(str(truncated), format="word2vec_binary")
+    with pytest.raises(ValueError, match="format must be 'auto', 'glove'"):
+        qkv.load_embeddings(str(ragged), format="fasttext")

@@ -1,0 +1,98 @@
+"""qkv.explain: the steps agree with each other, with numpy, and with the layer."""
+
+import json
+
+import numpy as np
+import pytest
+
+import qkv
+from py_oracle import rng_for, seed_note
+
+pytestmark = pytest.mark.skipif("explain" not in qkv.features, reason="explain bindings not built")
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _check_steps(steps, x, w_q, w_k, w_v, heads=1, tol=1e-12):
+    """Recomputes every step of every head in numpy float64 from x and the W's."""
+    q_all, k_all, v_all = x @ w_q, x @ w_k, x @ w_v
+    d = q_all.shape[1] // heads
+    concat = []
+    for h, step in enumerate(steps["heads"]):
+        q = q_all[:, h * d:(h + 1) * d]
+        k = k_all[:, h * d:(h + 1) * d]
+        v = v_all[:, h * d:(h + 1) * d]
+        scores = q @ k.T
+        weights = _softmax(scores / np.sqrt(d))
+        np.testing.assert_allclose(step["q"], q, atol=tol)
+        np.testing.assert_allclose(step["scores"], scores, atol=tol)
+        assert step["scale"] == pytest.approx(1 / np.sqrt(d), abs=1e-15)
+        np.testing.assert_allclose(step["scaled_scores"], scores / np.sqrt(d), atol=tol)
+        np.testing.assert_allclose(step["weights"], weights, atol=tol)
+        np.testing.assert_allclose(step["weights"].sum(axis=1), 1.0, atol=1e-12)
+        np.testing.assert_allclose(step["context"], weights @ v, atol=tol)
+        concat.append(weights @ v)
+    np.testing.assert_allclose(steps["concat"], np.concatenate(concat, axis=1), atol=tol)
+
+
+def test_default_is_seed_003_worked_example():
+    steps = qkv.explain()
+    x = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])  # from the seed's text
+    w_q = np.array([[0.1, 0.2, 0.0, 0.0], [0.0, 0.1, 0.3, 0.0], [0.1, 0.0, 0.0, 0.2], [0.0, 0.0, 0.2, 0.3]])
+    np.testing.assert_array_equal(steps["x"], x)
+    np.testing.assert_array_equal(steps["w_q"], w_q)
+    assert len(steps["tokens"]) == 3 and steps["num_heads"] == 1 and steps["d_k"] == 4
+    _check_steps(steps, steps["x"], steps["w_q"], steps["w_k"], steps["w_v"])
+    assert "playing-outside" in qkv.explain_examples()
+
+
+def test_from_projections_with_two_heads():
+    rng = rng_for(7000)
+    x = rng.standard_normal((4, 6))
+    w_q, w_k, w_v = (rng.standard_normal((6, 4)) for _ in range(3))
+    steps = qkv.explain(x=x, w_q=w_q, w_k=w_k, w_v=w_v, num_heads=2, tokens=["a", "b", "c", "d"])
+    assert steps["tokens"] == ["a", "b", "c", "d"] and len(steps["heads"]) == 2 and steps["w_o"] is None
+    _check_steps(steps, x, w_q, w_k, w_v, heads=2)
+
+
+def test_layer_explanation_matches_forward():
+    rng = rng_for(7100)
+    layer = qkv.MultiHeadAttention(8, 2, bias=True, seed=5)
+    layer.b_q = rng.standard_normal(8).astype(np.float32)
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    steps = qkv.explain(x=x, layer=layer)
+    np.testing.assert_allclose(steps["output"], layer.forward(x), atol=1e-5, err_msg=seed_note(7100))
+
+
+def test_parameter_free_and_qkv_and_renderings():
+    rng = rng_for(7200)
+    x = rng.standard_normal((3, 4))
+    steps = qkv.explain(x=x)
+    assert steps["parameter_free"]
+    np.testing.assert_allclose(steps["heads"][0]["context"], _softmax(x @ x.T / 2.0) @ x, atol=1e-12)
+    q, k, v = rng.standard_normal((3, 2)), rng.standard_normal((3, 2)), rng.standard_normal((3, 5))
+    steps = qkv.explain(q=q, k=k, v=v)
+    np.testing.assert_allclose(steps["heads"][0]["context"], _softmax(q @ k.T / np.sqrt(2)) @ v, atol=1e-12)
+    assert steps["tokens"] == ["t0", "t1", "t2"]
+    assert "Tokens" in qkv.explain(format="text")
+    assert json.loads(qkv.explain(format="json"))["d_k"] == 4
+
+
+def test_explain_bad_arguments():
+    with pytest.raises(ValueError, match="playing-outside"):
+        qkv.explain("no-such-example")
+    with pytest.raises(ValueError, match="q, k and v go together"):
+        qkv.explain(q=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="w_q, w_k and w_v go together"):
+        qkv.explain(x=np.ones((2, 2)), w_q=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="give one of"):
+        qkv.explain("seed-003", q=np.ones((2, 2)), k=np.ones((2, 2)), v=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="format must be 'dict', 'text' or 'json'"):
+        qkv.explain(format="html")
+    with pytest.raises(ValueError, match="2 rows but 3 tokens"):
+        qkv.explain(x=np.ones((2, 2)), tokens=["a", "b", "c"])
+    with pytest.raises(TypeError, match="x: dtype int64 is not supported"):
+        qkv.explain(x=np.ones((2, 2), np.int64))
