@@ -8,69 +8,20 @@
 
 #include <gtest/gtest.h>
 
+#include "layer_reference.h"
 #include "qkv/reference.h"
 #include "test_util.h"
 
 namespace qkv {
 namespace {
 
-// y[r, :] = x[r, :] · w + b in float64; x is [rows, e] and w [e, n].
-std::vector<double> project64(const float* x, int64_t rows, const Tensor<float>& w, const Tensor<float>& b) {
-  const int64_t e = w.dim(0), n = w.dim(1);
-  std::vector<double> y(static_cast<std::size_t>(rows * n));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = b.numel() ? b[j] : 0.0;
-      for (int64_t i = 0; i < e; ++i) acc += double(x[r * e + i]) * double(w[i * n + j]);
-      y[r * n + j] = acc;
-    }
-  return y;
-}
-
-// Rows [B, T, heads·dim] copied into a contiguous [B, heads, T, dim] tensor (explicit permute).
-Tensor<double> split_heads(const std::vector<double>& rows, int64_t B, int64_t T, int64_t heads, int64_t dim) {
-  Tensor<double> out({B, heads, T, dim});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t d = 0; d < dim; ++d) out.view()(b, h, t, d) = rows[((b * T + t) * heads + h) * dim + d];
-  return out;
-}
-
-// The layer recomputed in float64 from its weights: X·W, attention per head, concat, ·W_o.
-// x: [B, N, E], kv: [B, M, E] or null. Returns [B·N, out_dim] row-major.
+// The layer recomputed in float64 from its weights (tests/layer_reference.h).
 std::vector<double> layer_reference(const MultiHeadAttention& layer, const Tensor<float>& x, const Tensor<float>* kv,
                                     int64_t B, int64_t N, int64_t M, const AttentionOptions& options) {
-  const LayerConfig& c = layer.config();
-  const int64_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim, E = c.embed_dim;
-  const float* src = kv ? kv->data() : x.data();
-  std::vector<double> q, k, v;
-  if (c.parameter_free) {
-    q.assign(x.data(), x.data() + B * N * E);
-    k.assign(src, src + B * M * E);
-    v = k;
-  } else {
-    q = project64(x.data(), B * N, layer.w_q, layer.b_q);
-    k = project64(src, B * M, layer.w_k, layer.b_k);
-    v = project64(src, B * M, layer.w_v, layer.b_v);
-  }
-  Tensor<double> q4 = split_heads(q, B, N, H, D), k4 = split_heads(k, B, M, Hkv, D), v4 = split_heads(v, B, M, Hkv, Dv);
-  Tensor<double> out({B, H, N, Dv});
-  reference_attention_forward(out.view(), {}, {}, q4.cview(), k4.cview(), v4.cview(), options);
-  std::vector<double> ctx(static_cast<std::size_t>(B * N * H * Dv));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t e = 0; e < Dv; ++e) ctx[((b * N + n) * H + h) * Dv + e] = out.view()(b, h, n, e);
-  if (!c.output_projection) return ctx;
-  std::vector<double> y(static_cast<std::size_t>(B * N * E));
-  for (int64_t r = 0; r < B * N; ++r)
-    for (int64_t j = 0; j < E; ++j) {
-      double acc = layer.b_o.numel() ? layer.b_o[j] : 0.0;
-      for (int64_t i = 0; i < H * Dv; ++i) acc += ctx[r * H * Dv + i] * double(layer.w_o[i * E + j]);
-      y[r * E + j] = acc;
-    }
-  return y;
+  const std::vector<double> x64(x.data(), x.data() + x.numel());
+  std::vector<double> kv64;
+  if (kv) kv64.assign(kv->data(), kv->data() + kv->numel());
+  return test::layer_forward64(layer.config(), test::weights64(layer), x64, kv ? &kv64 : nullptr, B, N, M, options);
 }
 
 // max |got - want| / max(1, max |want|).

@@ -58,6 +58,14 @@ class MultiHeadAttention {
   Tensor<float> forward(TensorView<const float> x, TensorView<const float> kv, const AttentionOptions& options,
                         LayerCache* cache) const;
 
+  // Backward through the forward that filled `cache` (call it with the same options): given
+  // dy = dL/dy (the forward's output shape), writes dL/dparameter into `grads` by parameter name
+  // (w_q, ..., b_o: the names and shapes of parameters(); replaced if present), and, when not null,
+  // dx = dL/dx (x's shape) and dkv = dL/dkv (kv's shape; cross-attention only). Throws qkv::Error
+  // on shapes. Thread-safe like forward().
+  void backward(const LayerCache& cache, TensorView<const float> dy, const AttentionOptions& options,
+                TensorMap* grads, Tensor<float>* dx = nullptr, Tensor<float>* dkv = nullptr) const;
+
   // The parameters the config has, by name (w_q, w_k, w_v, w_o, b_q, ...), in a fixed order.
   std::vector<std::pair<std::string, Tensor<float>*>> parameters();
   std::vector<std::pair<std::string, const Tensor<float>*>> parameters() const;

@@ -1,0 +1,137 @@
+// MultiHeadAttention::backward against float64 finite differences of the float64 layer
+// (tests/layer_reference.h): every parameter, the input x and the cross-attention input kv.
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "layer_reference.h"
+#include "qkv/layer.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+// Fourth-order central difference of f with respect to *x (restored afterwards).
+double derivative(double* x, const std::function<double()>& f) {
+  constexpr double h = 1e-3;
+  const double x0 = *x;
+  auto at = [&](double delta) {
+    *x = x0 + delta;
+    return f();
+  };
+  const double d = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
+  *x = x0;
+  return d;
+}
+
+// Checks an fp32 gradient against finite differences of f over the float64 values `x`: error
+// relative to max |fd| (floored at 0.1, where cancellation makes the exact gradient ~0).
+void check_gradient(const std::string& name, const float* got, std::vector<double>& x,
+                    const std::function<double()>& f, const std::string& note) {
+  std::vector<double> fd(x.size());
+  double scale = 0.1;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    fd[i] = derivative(&x[i], f);
+    scale = std::max(scale, std::abs(fd[i]));
+  }
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ASSERT_LE(std::abs(got[i] - fd[i]) / scale, 2e-4) << name << "[" << i << "]: " << got[i] << " vs " << fd[i] << " "
+                                                      << note;
+}
+
+TEST(LayerBackward, MatchesFiniteDifferences) {
+  test::Rng rng("LayerBackward.FiniteDifferences");
+  for (int trial = 0; trial < 24; ++trial) {
+    LayerConfig c;
+    c.parameter_free = trial % 6 == 5;
+    if (!c.parameter_free) {
+      c.num_kv_heads = rng.uniform_int(1, 2);
+      c.num_heads = c.num_kv_heads * rng.uniform_int(1, 2);
+      c.head_dim = rng.uniform_int(1, 4);
+      c.value_dim = rng.uniform_int(1, 4);
+      c.bias = rng.uniform_int(0, 1);
+      c.output_projection = rng.uniform_int(0, 1);
+    }
+    c.embed_dim = rng.uniform_int(1, 5);
+    c.seed = rng.engine()();
+    MultiHeadAttention layer(c);
+    for (auto& [name, t] : layer.parameters())
+      for (int64_t i = 0; i < t->numel(); ++i) (*t)[i] = static_cast<float>(rng.uniform(-1.0, 1.0));
+    const bool batched = rng.uniform_int(0, 1), cross = rng.uniform_int(0, 1);
+    const int64_t B = batched ? rng.uniform_int(1, 2) : 1, N = rng.uniform_int(1, 4), M = cross ? rng.uniform_int(1, 5) : N;
+    const int64_t E = c.embed_dim;
+    auto shape = [&](int64_t rows) {
+      return batched ? std::vector<int64_t>{B, rows, E} : std::vector<int64_t>{rows, E};
+    };
+    Tensor<float> x = rng.normal32(shape(N)), kv = rng.normal32(shape(M));
+    AttentionOptions options;
+    if (rng.uniform_int(0, 2) == 0) options.mask.causal = CausalAlign::bottom_right;
+    if (rng.uniform_int(0, 3) == 0) options.mask.softcap = 2.0f;
+    const TensorView<const float> kv_view = cross ? kv.cview() : TensorView<const float>{};
+
+    LayerCache cache;
+    Tensor<float> y = layer.forward(x.cview(), kv_view, options, &cache);
+    std::vector<int64_t> y_shape(y.shape().begin(), y.shape().end());
+    Tensor<float> dy = rng.normal32(y_shape);
+    TensorMap grads;
+    Tensor<float> dx, dkv;
+    layer.backward(cache, dy.cview(), options, &grads, &dx, &dkv);
+
+    const std::string note = fmt::format("trial {} E={} H={} Hkv={} D={} Dv={} bias={} wo={} free={} B={} N={} M={} cross={}",
+                                         trial, E, layer.config().num_heads, layer.config().num_kv_heads,
+                                         layer.config().head_dim, layer.config().value_dim, c.bias,
+                                         layer.config().output_projection, c.parameter_free, B, N, M, cross);
+    test::Weights64 w = test::weights64(layer);
+    std::vector<double> x64(x.data(), x.data() + x.numel()), kv64(kv.data(), kv.data() + kv.numel());
+    auto loss = [&] {
+      const std::vector<double> y64 =
+          test::layer_forward64(layer.config(), w, x64, cross ? &kv64 : nullptr, B, N, M, options);
+      double sum = 0.0;
+      for (std::size_t i = 0; i < y64.size(); ++i) sum += y64[i] * dy[static_cast<int64_t>(i)];
+      return sum;
+    };
+    ASSERT_EQ(grads.size(), w.size()) << note;
+    for (auto& [name, values] : w) {
+      ASSERT_TRUE(grads.count(name)) << name << " " << note;
+      ASSERT_EQ(grads[name].numel(), static_cast<int64_t>(values.size())) << name << " " << note;
+      check_gradient("d" + name, grads[name].data(), values, loss, note);
+    }
+    ASSERT_EQ(dx.numel(), x.numel()) << note;
+    EXPECT_EQ(dx.rank(), x.rank()) << note;
+    check_gradient("dx", dx.data(), x64, loss, note);
+    if (cross) {
+      ASSERT_EQ(dkv.numel(), kv.numel()) << note;
+      check_gradient("dkv", dkv.data(), kv64, loss, note);
+    } else {
+      EXPECT_EQ(dkv.rank(), 0) << note;
+    }
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(LayerBackward, RefusesBadShapesAndEmptyCache) {
+  test::Rng rng("LayerBackward.BadShapes");
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2, .seed = 3});
+  Tensor<float> x = rng.normal32(std::vector<int64_t>{2, 3, 4}), bad({2, 3, 5});
+  TensorMap grads;
+  auto expect = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  LayerCache empty;
+  expect([&] { layer.backward(empty, x.cview(), {}, &grads); }, "the cache is empty");
+  LayerCache cache;
+  layer.forward(x.cview(), {}, {}, &cache);
+  expect([&] { layer.backward(cache, bad.cview(), {}, &grads); },
+         "dy has shape [2, 3, 5] but the forward's output is [2, 3, 4]");
+}
+
+}  // namespace
+}  // namespace qkv
