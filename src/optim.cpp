@@ -1,0 +1,121 @@
+#include "qkv/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+namespace qkv {
+namespace {
+
+const Tensor<float>& find_same_shape(const TensorMap& map, const std::string& key, const Tensor<float>& like,
+                                     const char* what) {
+  const auto it = map.find(key);
+  if (it == map.end()) throw Error(fmt::format("{}: no tensor named {}", what, key));
+  if (!std::equal(it->second.shape().begin(), it->second.shape().end(), like.shape().begin(), like.shape().end()))
+    throw Error(fmt::format("{}: {} has shape {} but the parameter is {}", what, key,
+                            shape_string(it->second.shape()), shape_string(like.shape())));
+  return it->second;
+}
+
+std::string first_name(OptimizerKind kind) { return kind == OptimizerKind::sgd ? "sgd.momentum." : "adamw.m."; }
+
+}  // namespace
+
+Optimizer::Optimizer(const OptimizerConfig& config, ParameterList params) : config_(config), params_(std::move(params)) {
+  const OptimizerConfig& c = config_;
+  if (!(c.momentum >= 0 && c.momentum < 1)) throw Error(fmt::format("optimizer: momentum {} is outside [0, 1)", c.momentum));
+  if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
+    throw Error(fmt::format("optimizer: betas ({}, {}) must be in [0, 1)", c.beta1, c.beta2));
+  if (!(c.eps > 0) || !(c.weight_decay >= 0))
+    throw Error(fmt::format("optimizer: eps {} must be > 0 and weight decay {} >= 0", c.eps, c.weight_decay));
+  for (const auto& [name, p] : params_) {
+    first_.emplace_back(p->shape(), name);
+    if (c.kind == OptimizerKind::adamw) second_.emplace_back(p->shape(), name);
+  }
+}
+
+void Optimizer::step(const TensorMap& grads, double lr) {
+  if (!std::isfinite(lr) || lr < 0) throw Error(fmt::format("optimizer: learning rate {} must be finite and >= 0", lr));
+  std::vector<const Tensor<float>*> g;
+  for (const auto& [name, p] : params_) g.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
+  ++steps_;
+  const OptimizerConfig& c = config_;
+  const double wd = c.weight_decay;
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(steps_));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(steps_));
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    float* p = params_[k].second->data();
+    float* m = first_[k].data();
+    const float* grad = g[k]->data();
+    const int64_t n = first_[k].numel();
+    if (c.kind == OptimizerKind::sgd) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = double(grad[i]) + wd * p[i];
+        const double buf = c.momentum == 0 ? gi : (steps_ == 1 ? gi : c.momentum * m[i] + gi);
+        m[i] = static_cast<float>(buf);
+        p[i] = static_cast<float>(p[i] - lr * buf);
+      }
+      continue;
+    }
+    float* v = second_[k].data();
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = grad[i];
+      const double mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
+      const double vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
+      m[i] = static_cast<float>(mi);
+      v[i] = static_cast<float>(vi);
+      double pi = p[i] - lr * wd * p[i];
+      pi -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
+      p[i] = static_cast<float>(pi);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, TensorView<const float>>> Optimizer::state() const {
+  std::vector<std::pair<std::string, TensorView<const float>>> out;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    out.emplace_back(first_name(config_.kind) + params_[k].first, first_[k].view());
+    if (config_.kind == OptimizerKind::adamw) out.emplace_back("adamw.v." + params_[k].first, second_[k].view());
+  }
+  return out;
+}
+
+void Optimizer::load_state(const TensorMap& tensors, int64_t step_count) {
+  if (step_count < 0) throw Error(fmt::format("optimizer state: step count {} is negative", step_count));
+  std::vector<const Tensor<float>*> src;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    src.push_back(&find_same_shape(tensors, first_name(config_.kind) + params_[k].first, first_[k], "optimizer state"));
+    if (config_.kind == OptimizerKind::adamw)
+      src.push_back(&find_same_shape(tensors, "adamw.v." + params_[k].first, second_[k], "optimizer state"));
+  }
+  std::size_t s = 0;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    std::copy_n(src[s++]->data(), first_[k].numel(), first_[k].data());
+    if (config_.kind == OptimizerKind::adamw) std::copy_n(src[s++]->data(), second_[k].numel(), second_[k].data());
+  }
+  steps_ = step_count;
+}
+
+double clip_grad_norm(TensorMap& grads, double max_norm) {
+  double sum = 0.0;
+  for (const auto& [name, g] : grads)
+    for (int64_t i = 0; i < g.numel(); ++i) sum += double(g[i]) * double(g[i]);
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0 && norm > max_norm) {
+    const double factor = max_norm / norm;
+    for (auto& [name, g] : grads)
+      for (int64_t i = 0; i < g.numel(); ++i) g[i] = static_cast<float>(g[i] * factor);
+  }
+  return norm;
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup > 0 && step < warmup) return base * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+  const double progress = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
+  return min_lr + 0.5 * (base - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+}  // namespace qkv
