@@ -23,7 +23,7 @@ def _default_bin():
 
 @pytest.fixture(scope="session")
 def qkv_bin():
-    path = os.environ.get("QKV_BIN", _default_bin())
+    path = os.path.abspath(os.environ.get("QKV_BIN", _default_bin()))
     if not Path(path).exists():
         pytest.fail(f"qkv binary not found at {path}; set QKV_BIN")
     return path

@@ -48,6 +48,12 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
   if (tokenize(sentence).empty())
     throw Error(fmt::format("{}: \"{}\" has no words (it is empty or only punctuation)", what, sentence));
   EmbeddedSentence s = embed_sentence(embeddings, sentence, oov_policy(args));
+  if (!s.missing.empty() && s.missing.size() == s.tokens.size()) {
+    // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful.
+    std::string list;
+    for (const auto& w : s.missing) list += (list.empty() ? "" : ", ") + w;
+    throw Error(fmt::format("{}: none of its words is in {}: {}", what, args.embeddings, list));
+  }
   if (!s.missing.empty()) {
     std::string list;
     for (const auto& w : s.missing) list += (list.empty() ? "" : ", ") + w;

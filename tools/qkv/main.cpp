@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +23,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+      std::string known;
+      for (const CLI::App* sub : app.get_subcommands({})) known += (known.empty() ? "" : ", ") + sub->get_name();
+      fmt::print(stderr, "qkv: unknown subcommand '{}' (known: {}; see qkv --help)\n", argv[1], known);
+      return 2;
+    }
     fmt::print(stderr, "qkv: {}\n", e.what());
     return 2;
   }

@@ -1,0 +1,363 @@
+"""Bad input through the `qkv` command: each case checks the exit code (2 usage, 1 bad input), that
+stderr is one line naming the file or argument and the fault, and that no output file (nor a
+temporary) is left behind. N = 0 is not an error: it gives an empty [.., 0, Dv] output
+(test_cli_reference.py); D = 0 is refused."""
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from qkv_testlib import leftovers, write_layer, write_safetensors
+
+
+def check_failure(proc, code, *needles, directory=None, inputs=()):
+    message = proc.stderr.strip()
+    assert proc.returncode == code, f"exit {proc.returncode}, stderr: {proc.stderr!r}"
+    assert message and "\n" not in message, f"not one line: {proc.stderr!r}"
+    for needle in needles:
+        assert str(needle) in message, f"{needle!r} not in {message!r}"
+    assert "Segmentation" not in message and "terminate" not in message
+    if directory is not None:
+        assert leftovers(directory, keep=[os.path.basename(str(i)) for i in inputs]) == [], \
+            f"a failed run left files behind: {leftovers(directory, keep=inputs)}"
+
+
+class Attend:
+    """q/k/v .npy inputs in a directory, and a runner of `qkv attend` that checks for leftovers."""
+    def __init__(self, run, directory, rng, q=(2, 3, 5, 4), k=(2, 3, 6, 4), v=(2, 3, 6, 3), dtype=np.float64):
+        self.run, self.dir = run, directory
+        self.inputs = []
+        for name, shape in (("q", q), ("k", k), ("v", v)):
+            self.save(name + ".npy", rng.standard_normal(shape).astype(dtype))
+
+    def save(self, name, array):
+        np.save(self.dir / name, array)
+        self.inputs.append(name)
+        return self.dir / name
+
+    def write(self, name, data):
+        (self.dir / name).write_bytes(data)
+        self.inputs.append(name)
+        return self.dir / name
+
+    def __call__(self, *extra, q="q.npy", k="k.npy", v="v.npy", out="out.npy", lse="lse.npy"):
+        args = ["attend", "--q", self.dir / q, "--k", self.dir / k, "--v", self.dir / v]
+        if out:
+            args += ["--out", self.dir / out]
+        if lse:
+            args += ["--lse", self.dir / lse]
+        return self.run(*args, *extra)
+
+    def fails(self, code, *needles, extra=(), **kw):
+        proc = self(*extra, **kw)
+        check_failure(proc, code, *needles, directory=self.dir, inputs=self.inputs)
+        return proc
+
+
+@pytest.fixture
+def attend(run, tmp_path, seed):
+    return Attend(run, tmp_path, np.random.default_rng(seed))
+
+
+# ---- files that are missing, unreadable, truncated or garbled ----
+
+def test_missing_input_file(attend):
+    attend.fails(1, "nope.npy", q="nope.npy")
+
+
+def test_directory_as_input(attend):
+    (attend.dir / "adir").mkdir()
+    attend.inputs.append("adir")
+    attend.fails(1, "adir", q="adir")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_input_file(attend):
+    os.chmod(attend.dir / "k.npy", 0)
+    attend.fails(1, "k.npy")
+
+
+def test_truncated_npy(attend):
+    data = (attend.dir / "k.npy").read_bytes()
+    attend.write("short.npy", data[:-7])
+    attend.fails(1, "short.npy", k="short.npy")
+
+
+@pytest.mark.parametrize("garble", ["magic", "header", "random", "empty", "dtype", "huge_shape"])
+def test_garbled_npy(attend, seed, garble):
+    data = bytearray((attend.dir / "q.npy").read_bytes())
+    if garble == "magic":
+        data[1:6] = b"NUMPZ"
+    elif garble == "header":
+        start = data.index(b"{")
+        data[start:start + 10] = b"{'descr'::"
+    elif garble == "random":
+        data = np.random.default_rng(seed).integers(0, 256, 300, dtype=np.uint8).tobytes()
+    elif garble == "empty":
+        data = b""
+    elif garble == "dtype":
+        data = bytes(data).replace(b"'<f8'", b"'<c8'")
+    else:
+        data = bytes(data).replace(b"(2, 3, 5, 4)", b"(2, 3, 5, 9999999999)"[:12])
+    attend.write("bad.npy", bytes(data))
+    attend.fails(1, "bad.npy", q="bad.npy")
+
+
+# ---- shapes ----
+
+@pytest.mark.parametrize("shapes, needle", [
+    (dict(k=(2, 3, 6, 5)), "head dims differ"),
+    (dict(v=(2, 3, 7, 3)), "must agree"),
+    (dict(k=(2, 2, 6, 4), v=(2, 2, 6, 3)), "multiple"),
+    (dict(k=(1, 3, 6, 4), v=(1, 3, 6, 3)), "batch sizes differ"),
+    (dict(q=(5, 4)), "ranks differ"),
+    (dict(q=(7,), k=(7,), v=(7,)), "expected a 2-D"),
+    (dict(q=(5, 0), k=(6, 0), v=(6, 3)), "head dim D must be at least 1"),
+    (dict(v=(2, 3, 6, 0)), "Dv must be at least 1"),
+])
+def test_mismatched_shapes(run, tmp_path, seed, shapes, needle):
+    dims = dict(q=(2, 3, 5, 4), k=(2, 3, 6, 4), v=(2, 3, 6, 3))
+    dims.update(shapes)
+    a = Attend(run, tmp_path, np.random.default_rng(seed), **dims)
+    a.fails(1, needle, "q.npy")
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda: np.ones((4, 6), dtype=bool), "--keep-mask"),
+    (lambda: np.ones((2, 2, 5, 6), dtype=bool), "does not broadcast"),
+    (lambda: np.ones((), dtype=bool), "scalar"),
+])
+def test_keep_mask_shape(attend, make, needle):
+    attend.save("keep.npy", make())
+    attend.fails(1, needle, "keep.npy", extra=["--keep-mask", attend.dir / "keep.npy"])
+
+
+def test_bias_shape_and_values(attend, seed):
+    attend.save("bias.npy", np.zeros((3, 5, 7), dtype=np.float32))
+    attend.fails(1, "--bias", "bias.npy", "does not broadcast", extra=["--bias", attend.dir / "bias.npy"])
+    bias = np.zeros((5, 6), dtype=np.float32)
+    bias[3, 2] = np.nan
+    attend.save("nanbias.npy", bias)
+    attend.fails(1, "nanbias.npy: element [3, 2] is NaN", extra=["--bias", attend.dir / "nanbias.npy"])
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--key-lengths", "3"], "key_lengths: expected 2 entries"),
+    (["--key-lengths", "3,7"], "key_lengths[1] = 7 is outside [0, 6]"),
+    (["--query-lengths", "-1,2"], "query_lengths[0] = -1"),
+    (["--alibi-slopes", "0.5,0.25"], "alibi slopes: expected H = 3"),
+    (["--scale", "inf"], "scale must be finite"),
+])
+def test_mask_arguments_against_shapes(attend, extra, needle):
+    attend.fails(1, needle, extra=extra)
+
+
+# ---- non-finite values ----
+
+@pytest.mark.parametrize("tensor, index, value, word", [
+    ("q", (1, 2, 3, 0), np.nan, "NaN"),
+    ("k", (0, 1, 5, 3), np.inf, "+Inf"),
+    ("v", (1, 0, 0, 2), -np.inf, "-Inf"),
+])
+def test_non_finite_inputs(attend, tensor, index, value, word):
+    array = np.load(attend.dir / f"{tensor}.npy")
+    array[index] = value
+    attend.save(f"{tensor}.npy", array)
+    attend.fails(1, f"{tensor}.npy: element [{', '.join(map(str, index))}] is {word}")
+
+
+def test_non_finite_float32_inputs(run, tmp_path, seed):
+    a = Attend(run, tmp_path, np.random.default_rng(seed), q=(5, 4), k=(6, 4), v=(6, 3), dtype=np.float32)
+    q = np.load(tmp_path / "q.npy")
+    q[4, 1] = np.nan
+    a.save("q.npy", q)
+    a.fails(1, "q.npy: element [4, 1] is NaN")
+
+
+def test_overflowing_scores_are_refused_not_nan(run, tmp_path, seed):
+    a = Attend(run, tmp_path, np.random.default_rng(seed), q=(3, 2), k=(4, 2), v=(4, 2))
+    a.save("q.npy", np.full((3, 2), 1e300))
+    a.save("k.npy", np.full((4, 2), 1e300))
+    a.fails(1, "output of attention", "NaN", extra=["--kernel", "reference"])
+
+
+# ---- outputs ----
+
+def test_output_directory_missing(attend):
+    attend.fails(1, "--out", "does not exist", out="no/such/dir/out.npy")
+
+
+def test_output_is_a_directory(attend):
+    (attend.dir / "outdir").mkdir()
+    attend.inputs.append("outdir")
+    attend.fails(1, "outdir", "is a directory", out="outdir")
+
+
+def test_second_output_unwritable_leaves_nothing(attend):
+    attend.fails(1, "--lse", "does not exist", lse="missing/lse.npy")
+
+
+def test_same_path_for_two_outputs(attend):
+    attend.fails(1, "out.npy", "two outputs", lse="out.npy")
+
+
+def test_failure_keeps_an_existing_output(attend):
+    """A failed run leaves an existing output file as it was (outputs are renamed into place)."""
+    attend.save("out.npy", np.arange(3.0))
+    attend.fails(1, "nope.npy", q="nope.npy")
+    assert np.array_equal(np.load(attend.dir / "out.npy"), np.arange(3.0))
+
+
+# ---- usage errors: exit code 2 ----
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--bogus"], "--bogus"),
+    (["--causal=diagonal"], "--causal"),
+    (["--key-lengths", "3,x"], "'x' is not an integer"),
+    (["--window", "1"], "--window"),
+    (["--alibi-slopes", "0.5,,1"], "empty entry"),
+    (["--softcap", "-1"], "--softcap"),
+    (["--kernel", "gpu"], "--kernel"),
+    (["--threads", "0"], "--threads"),
+])
+def test_bad_options(attend, extra, needle):
+    attend.fails(2, needle, extra=extra)
+
+
+def test_missing_required_option(attend):
+    attend.fails(2, "--out", out=None)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["frobnicate"], "frobnicate"),
+    ([], "subcommand"),
+    (["explain", "a sentence"], "needs --embeddings"),
+    (["explain", "--example", "nope"], "--example"),
+    (["explain", "--heads", "2"], "apply only to a sentence"),
+    (["context", "hello"], "--embeddings"),
+    (["compare", "--embeddings", "e.txt", "--word", "bank", "only one sentence"], "sentences"),
+])
+def test_usage_errors(run, tmp_path, args, needle):
+    proc = run(*args, cwd=tmp_path)
+    check_failure(proc, 2, needle, directory=tmp_path)
+
+
+# ---- embeddings files, sentences, layer files ----
+
+@pytest.mark.parametrize("content, needle", [
+    ("bank 0.1 0.2 0.3\nriver 0.1 0.2\n", "line 2"),
+    ("bank 0.1 0.2 0.3\nriver 0.1 zero 0.3\n", "line 2"),
+    ("", "glove.txt"),
+    ("3 3\nbank 0.1 0.2 0.3\n", "glove.txt"),
+])
+def test_garbled_glove_and_word2vec_text(run, tmp_path, content, needle):
+    (tmp_path / "glove.txt").write_text(content)
+    proc = run("context", "--embeddings", tmp_path / "glove.txt", "--out", tmp_path / "o.npy", "--format", "npy",
+               "river bank")
+    check_failure(proc, 1, needle, directory=tmp_path, inputs=["glove.txt"])
+
+
+@pytest.mark.parametrize("cut", [2, 5, 20])  # 1 would only drop the optional final newline
+def test_truncated_word2vec_binary(run, embeddings, tmp_path, cut):
+    data = embeddings.w2v_bin.read_bytes()
+    bad = tmp_path / "cut.bin"
+    bad.write_bytes(data[:-cut])
+    proc = run("context", "--embeddings", bad, "--out", tmp_path / "o.npy", "--format", "npy", "river bank")
+    check_failure(proc, 1, "cut.bin", directory=tmp_path, inputs=["glove.txt", "w2v.txt", "w2v.bin", "cut.bin"])
+
+
+def test_garbled_word2vec_binary_header(run, embeddings, tmp_path):
+    data = embeddings.w2v_bin.read_bytes()
+    bad = tmp_path / "big.bin"
+    bad.write_bytes(b"99999999 300\n" + data[data.index(b"\n") + 1:])
+    proc = run("explain", "--embeddings", bad, "river bank")
+    check_failure(proc, 1, "big.bin")
+
+
+def test_missing_embeddings_file(run, tmp_path):
+    proc = run("explain", "--embeddings", tmp_path / "nope.txt", "river bank")
+    check_failure(proc, 1, "nope.txt", directory=tmp_path)
+
+
+@pytest.mark.parametrize("command", ["explain", "context"])
+@pytest.mark.parametrize("sentence", ["", "  ", "!!! ..."])
+def test_empty_sentence(run, embeddings, command, sentence):
+    proc = run(command, "--embeddings", embeddings.glove, sentence)
+    check_failure(proc, 1, "has no words")
+
+
+@pytest.mark.parametrize("policy", ["error", "zero", "skip"])
+def test_all_words_out_of_vocabulary(run, embeddings, tmp_path, policy):
+    proc = run("context", "--embeddings", embeddings.glove, "--oov", policy, "--format", "npy", "--out",
+               tmp_path / "o.npy", "zyzzyva quux")
+    check_failure(proc, 1, "zyzzyva", "quux", directory=tmp_path, inputs=["glove.txt", "w2v.txt", "w2v.bin"])
+
+
+def test_some_words_out_of_vocabulary_listed(run, embeddings):
+    proc = run("explain", "--embeddings", embeddings.glove, "the zyzzyva bank quux")
+    check_failure(proc, 1, "zyzzyva", "quux")
+
+
+def test_nan_in_an_embedding(run, embeddings, tmp_path):
+    text = embeddings.glove.read_text().splitlines()
+    i = next(n for n, line in enumerate(text) if line.startswith("bank "))
+    parts = text[i].split()
+    parts[3] = "nan"
+    text[i] = " ".join(parts)
+    (tmp_path / "nan.txt").write_text("\n".join(text) + "\n")
+    proc = run("context", "--embeddings", tmp_path / "nan.txt", "river bank")
+    check_failure(proc, 1, "nan.txt", "bank")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header", "length", "missing_tensor", "wrong_shape", "nan", "width"])
+def test_bad_layer_file(run, embeddings, tmp_path, seed, damage):
+    rng = np.random.default_rng(seed)
+    E = embeddings.matrix.shape[1]
+    path = tmp_path / "layer.safetensors"
+    w = write_layer(path, rng, E=E if damage != "width" else E + 1, H=2, D=3)
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[:-10])
+    elif damage == "header":
+        path.write_bytes(data[:8] + b"{not json" + data[17:])
+    elif damage == "length":
+        path.write_bytes(struct.pack("<Q", 1 << 40) + data[8:])
+    elif damage in ("missing_tensor", "wrong_shape", "nan"):
+        meta = {"qkv.format": "qkv.MultiHeadAttention/1", "qkv.embed_dim": str(E), "qkv.num_heads": "2",
+                "qkv.num_kv_heads": "2", "qkv.head_dim": "3", "qkv.value_dim": "3", "qkv.bias": "0",
+                "qkv.output_projection": "1", "qkv.parameter_free": "0"}
+        tensors = {k: v.astype(np.float32) for k, v in w.items()}
+        if damage == "missing_tensor":
+            del tensors["w_k"]
+        elif damage == "wrong_shape":
+            tensors["w_v"] = tensors["w_v"][:, :5]
+        else:
+            tensors["w_q"][1, 2] = np.nan
+        write_safetensors(path, tensors, meta)
+    out = tmp_path / "o.npy"
+    proc = run("context", "--embeddings", embeddings.glove, "--weights", path, "--format", "npy", "--out", out,
+               "river bank")
+    needle = {"missing_tensor": "w_k", "wrong_shape": "w_v", "nan": "w_q", "width": "width"}.get(damage, "layer")
+    check_failure(proc, 1, "layer.safetensors", needle, directory=tmp_path,
+                  inputs=["glove.txt", "w2v.txt", "w2v.bin", "layer.safetensors"])
+
+
+def test_weights_excludes_random_layer_options(run, embeddings, tmp_path):
+    proc = run("context", "--embeddings", embeddings.glove, "--weights", tmp_path / "x", "--heads", "2", "bank")
+    check_failure(proc, 2, "--weights", "--heads")
+
+
+@pytest.mark.parametrize("word, needle", [
+    ("grows", "not in sentence 1"),
+    ("zyzzyva", "not in the vocabulary"),
+    ("river bank", "exactly one word"),
+])
+def test_compare_word_problems(run, embeddings, word, needle):
+    proc = run("compare", "--embeddings", embeddings.glove, "--word", word, "I went to the bank", "river bank")
+    check_failure(proc, 1, needle)
+
+
+def test_heads_must_divide_width(run, embeddings):
+    proc = run("context", "--embeddings", embeddings.glove, "--heads", "4", "river bank")
+    check_failure(proc, 1, "--heads 4", "--dk")
