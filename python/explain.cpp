@@ -5,6 +5,7 @@
 
 #include "bind_util.h"
 #include "bindings.h"
+#include "layer_binding.h"
 #include "qkv/explain.h"
 #include "qkv/layer.h"
 
@@ -108,7 +109,7 @@ qkv::Explanation build(const ExplainArgs& a) {
     py::array owner;
     const qkv::TensorView<const float> x = float32_view(a.x, "x", owner);
     if (x.rank() != 2) throw py::value_error(fmt::format("x: expected [N, E], got shape {}", qkv::shape_string(x.shape())));
-    const auto& layer = a.layer.cast<const qkv::MultiHeadAttention&>();
+    const auto& layer = a.layer.cast<const PyLayer&>().layer;
     return qkv::explain_layer(tokens_for(a.tokens, x.dim(0)), x, layer);
   }
   Matrix x = to_matrix(a.x, "x");

@@ -6,6 +6,7 @@
 
 #include "bind_util.h"
 #include "bindings.h"
+#include "layer_binding.h"
 #include "qkv/layer.h"
 
 namespace qkvpy {
@@ -15,7 +16,8 @@ using qkv::MultiHeadAttention;
 
 constexpr const char* kParameterNames[] = {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"};
 
-qkv::Tensor<float>& parameter(MultiHeadAttention& layer, const std::string& name) {
+qkv::Tensor<float>& parameter(PyLayer& py_layer, const std::string& name) {
+  MultiHeadAttention& layer = py_layer.layer;
   qkv::Tensor<float>* all[] = {&layer.w_q, &layer.w_k, &layer.w_v, &layer.w_o,
                                &layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o};
   for (std::size_t i = 0; i < std::size(kParameterNames); ++i)
@@ -25,14 +27,14 @@ qkv::Tensor<float>& parameter(MultiHeadAttention& layer, const std::string& name
 
 // A numpy view of a weight that keeps the layer alive; writes through it change the layer.
 py::object get_parameter(py::object self, const std::string& name) {
-  qkv::Tensor<float>& t = parameter(self.cast<MultiHeadAttention&>(), name);
+  qkv::Tensor<float>& t = parameter(self.cast<PyLayer&>(), name);
   if (t.rank() == 0) return py::none();
   std::vector<py::ssize_t> dims(t.shape().begin(), t.shape().end());
   return py::array_t<float>(dims, t.data(), self);
 }
 
 // Copies into the existing buffer (never reallocates), so views handed out earlier stay valid.
-void set_parameter(MultiHeadAttention& layer, const std::string& name, const py::object& value) {
+void set_parameter(PyLayer& layer, const std::string& name, const py::object& value) {
   qkv::Tensor<float>& t = parameter(layer, name);
   if (t.rank() == 0)
     throw py::value_error(fmt::format("this layer has no {} (see its config: bias, output_projection, "
@@ -48,7 +50,7 @@ void set_parameter(MultiHeadAttention& layer, const std::string& name, const py:
   std::copy(copy.data(), copy.data() + copy.numel(), t.data());
 }
 
-MultiHeadAttention make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
+PyLayer make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
                               std::optional<int64_t> head_dim, std::optional<int64_t> value_dim, bool bias,
                               bool output_projection, bool parameter_free, uint64_t seed) {
   qkv::LayerConfig c;
@@ -61,11 +63,11 @@ MultiHeadAttention make_layer(int64_t embed_dim, int64_t num_heads, std::optiona
   c.output_projection = output_projection;
   c.parameter_free = parameter_free;
   c.seed = seed;
-  return MultiHeadAttention(c);
+  return PyLayer(MultiHeadAttention(c));
 }
 
-py::array forward(const MultiHeadAttention& layer, const py::object& x_obj, const py::object& kv_obj,
-                  const py::kwargs& kwargs) {
+py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_obj, const py::kwargs& kwargs) {
+  const MultiHeadAttention& layer = self.layer;
   const CallOptions call = split_kwargs(kwargs, "forward");
   py::array x_owner, kv_owner;
   const qkv::TensorView<const float> x = float32_view(x_obj, "x", x_owner);
@@ -82,16 +84,45 @@ py::array forward(const MultiHeadAttention& layer, const py::object& x_obj, cons
     check_finite(x, "x");
     if (!kv.empty()) check_finite(kv, "kv");
   }
-  MaskArgs mask = parse_mask(call.mask, B, layer.config().num_heads, N, M);
-  qkv::AttentionOptions options;
-  options.mask = mask.mask;
-  apply_options(call, options);
+  auto state = std::make_shared<ForwardState>();
+  state->mask = parse_mask(call.mask, B, layer.config().num_heads, N, M);
+  state->options.mask = state->mask.mask;
+  apply_options(call, state->options);
   qkv::Tensor<float> out;
   {
     py::gil_scoped_release release;
-    out = layer.forward(x, kv, options);
+    out = layer.forward(x, kv, state->options, self.training ? &state->cache : nullptr);
   }
+  self.last = self.training ? std::move(state) : nullptr;
   return tensor_to_numpy(std::move(out));
+}
+
+py::object backward(PyLayer& self, const py::object& dy_obj) {
+  const std::shared_ptr<const ForwardState> state = self.last;
+  if (!state)
+    throw py::value_error("backward: no forward to go back through; call forward() first with training = True");
+  py::array dy_owner;
+  const qkv::TensorView<const float> dy = float32_view(dy_obj, "dout", dy_owner);
+  qkv::TensorMap grads;
+  qkv::Tensor<float> dx, dkv;
+  {
+    py::gil_scoped_release release;
+    self.layer.backward(state->cache, dy, state->options, &grads, &dx, state->cache.cross ? &dkv : nullptr);
+  }
+  self.grads = std::move(grads);
+  if (state->cache.cross) return py::make_tuple(tensor_to_numpy(std::move(dx)), tensor_to_numpy(std::move(dkv)));
+  return tensor_to_numpy(std::move(dx));
+}
+
+// The gradients of the last backward() as {name: float32 array} (copies, so a later backward()
+// cannot change arrays the caller holds).
+py::dict grads_of(const py::object& self) {
+  py::dict out;
+  for (auto& [name, t] : self.cast<PyLayer&>().grads) {
+    std::vector<py::ssize_t> dims(t.shape().begin(), t.shape().end());
+    out[py::str(name)] = py::array_t<float>(dims, t.data(), self).attr("copy")();
+  }
+  return out;
 }
 
 constexpr const char* kClassDoc = R"(Multi-head attention layer: Q = X·W_q (+ b_q), K = Xkv·W_k, V = Xkv·W_v,
@@ -127,27 +158,40 @@ key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap; shap
 [B, num_heads, N, M]) and scale, kernel, num_threads, check_finite. An unknown keyword is a
 TypeError; bad shapes or values raise ValueError.)";
 
+constexpr const char* kBackwardDoc = R"(backward(dout) -> dx, or (dx, dkv) after a cross-attention forward
+
+Backpropagates dout = dL/dy (the shape of the last forward()'s output) through the last forward()
+(which must have run with training = True; same masks and options). Returns dL/dx (x's shape)
+and, for cross-attention, dL/dkv; stores dL/d(parameter) in .grads by parameter name.
+ValueError without a preceding forward or for a wrong dout shape.)";
+
 }  // namespace
 
 void bind_layer(py::module_& m) {
-  py::class_<MultiHeadAttention> cls(m, "MultiHeadAttention", kClassDoc);
+  py::class_<PyLayer> cls(m, "MultiHeadAttention", kClassDoc);
   cls.def(py::init(&make_layer), py::arg("embed_dim"), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
           py::arg("head_dim") = py::none(), py::arg("value_dim") = py::none(), py::arg("bias") = false,
           py::arg("output_projection") = true, py::arg("parameter_free") = false, py::arg("seed") = 0,
           "Creates a layer with seeded random weights (see the class docstring).");
   cls.def("forward", &forward, py::arg("x"), py::arg("kv") = py::none(), kForwardDoc);
   cls.def("__call__", &forward, py::arg("x"), py::arg("kv") = py::none(), "Same as forward().");
-  cls.def("save", &MultiHeadAttention::save, py::arg("path"),
+  cls.def("backward", &backward, py::arg("dout"), kBackwardDoc);
+  cls.def_property_readonly("grads", &grads_of,
+                            "Gradients of the last backward() as {name: float32 array} (empty before the first).");
+  cls.def_readwrite("training", &PyLayer::training,
+                    "If True (the default), forward() keeps what backward() needs (inputs, projections, lse) "
+                    "until the next forward(); set False for inference to keep no activations.");
+  cls.def("save", [](const PyLayer& l, const std::string& path) { l.layer.save(path); }, py::arg("path"),
           "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).",
           py::call_guard<py::gil_scoped_release>());
-  cls.def_static("load", &MultiHeadAttention::load, py::arg("path"),
+  cls.def_static("load", [](const std::string& path) { return PyLayer(MultiHeadAttention::load(path)); },
+                 py::arg("path"),
                  "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
                  "malformed file, a wrong shape or a non-finite weight.",
                  py::call_guard<py::gil_scoped_release>());
   cls.def("parameters", [](py::object self) {
         py::dict out;
-        for (const auto& [name, t] : self.cast<MultiHeadAttention&>().parameters())
-          out[py::str(name)] = get_parameter(self, name);
+        for (const auto& [name, t] : self.cast<PyLayer&>().layer.parameters()) out[py::str(name)] = get_parameter(self, name);
         return out;
       },
       "The parameters this layer has, as {name: float32 view}, in a fixed order (w_q, w_k, w_v, w_o, b_q, ...).");
@@ -160,26 +204,26 @@ void bind_layer(py::module_& m) {
                                "assign an array of the same shape to replace it.", name));
     cls.def_property(
         name, [n](py::object self) { return get_parameter(self, n); },
-        [n](MultiHeadAttention& layer, const py::object& value) { set_parameter(layer, n, value); },
-        docs.back().c_str());
+        [n](PyLayer& layer, const py::object& value) { set_parameter(layer, n, value); }, docs.back().c_str());
   }
   auto config_int = [&](const char* name, int64_t qkv::LayerConfig::*field, const char* doc) {
-    cls.def_property_readonly(name, [field](const MultiHeadAttention& l) { return l.config().*field; }, doc);
+    cls.def_property_readonly(name, [field](const PyLayer& l) { return l.layer.config().*field; }, doc);
   };
   config_int("embed_dim", &qkv::LayerConfig::embed_dim, "E, the width of the input rows.");
   config_int("num_heads", &qkv::LayerConfig::num_heads, "H, query heads.");
   config_int("num_kv_heads", &qkv::LayerConfig::num_kv_heads, "Hkv, key/value heads.");
   config_int("head_dim", &qkv::LayerConfig::head_dim, "D, the query/key head width.");
   config_int("value_dim", &qkv::LayerConfig::value_dim, "Dv, the value head width.");
-  cls.def_property_readonly("bias", [](const MultiHeadAttention& l) { return l.config().bias; }, "Has biases.");
-  cls.def_property_readonly("output_projection", [](const MultiHeadAttention& l) { return l.config().output_projection; },
+  cls.def_property_readonly("bias", [](const PyLayer& l) { return l.layer.config().bias; }, "Has biases.");
+  cls.def_property_readonly("output_projection", [](const PyLayer& l) { return l.layer.config().output_projection; },
                             "Has W_o.");
-  cls.def_property_readonly("parameter_free", [](const MultiHeadAttention& l) { return l.config().parameter_free; },
+  cls.def_property_readonly("parameter_free", [](const PyLayer& l) { return l.layer.config().parameter_free; },
                             "Q = K = V = X.");
-  cls.def_property_readonly("seed", [](const MultiHeadAttention& l) { return l.config().seed; }, "Init seed.");
-  cls.def_property_readonly("output_dim", &MultiHeadAttention::output_dim, "Width of each output row.");
-  cls.def("__repr__", [](const MultiHeadAttention& l) {
-    const qkv::LayerConfig& c = l.config();
+  cls.def_property_readonly("seed", [](const PyLayer& l) { return l.layer.config().seed; }, "Init seed.");
+  cls.def_property_readonly("output_dim", [](const PyLayer& l) { return l.layer.output_dim(); },
+                            "Width of each output row.");
+  cls.def("__repr__", [](const PyLayer& l) {
+    const qkv::LayerConfig& c = l.layer.config();
     return fmt::format("MultiHeadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, head_dim={}, value_dim={}, "
                        "bias={}, output_projection={}, parameter_free={})",
                        c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim, c.bias ? "True" : "False",

@@ -176,3 +176,56 @@ def test_bad_layer_arguments():
         layer.forward(bad, check_finite=True)
     with pytest.raises(ValueError, match=r"alibi_slopes: expected 2 entries"):
         layer.forward(x, alibi_slopes=[0.5])
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_backward_matches_torch_autograd(case):
+    rng = rng_for(4500 + case)
+    H = int(rng.choice([1, 2, 4]))
+    E = H * int(rng.choice([2, 5, 8]))
+    B, N = int(rng.integers(1, 3)), int(rng.choice([1, 3, 17]))
+    cross = case % 3 == 2
+    M = int(rng.choice([2, 9])) if cross else N
+    bias, causal = case % 2 == 1, case % 4 == 0 and not cross
+    layer = qkv.MultiHeadAttention(E, H, bias=bias, seed=case)
+    _randomize_biases(layer, rng)
+    x = rng.standard_normal((B, N, E)).astype(np.float32)
+    kv = rng.standard_normal((B, M, E)).astype(np.float32) if cross else None
+    dy = rng.standard_normal((B, N, E)).astype(np.float32)
+    y = layer.forward(x, kv, causal=causal)
+    grads_in = layer.backward(dy)
+    dx, dkv = grads_in if cross else (grads_in, None)
+
+    mha = _torch_mha(layer)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    tkv = torch.tensor(kv, dtype=torch.float64, requires_grad=True) if cross else tx
+    mask = torch.triu(torch.ones(N, M, dtype=torch.bool), diagonal=1) if causal else None
+    ty, _ = mha(tx, tkv, tkv, need_weights=False, attn_mask=mask)
+    (ty * torch.from_numpy(dy).double()).sum().backward()
+    note = f"{seed_note(4500 + case)} E={E} H={H} B={B} N={N} M={M} bias={bias} causal={causal} cross={cross}"
+    assert_close(y, ty.detach().numpy(), TOL, note)
+    assert_close(dx, tx.grad.numpy(), TOL, f"dx {note}")
+    if cross:
+        assert_close(dkv, tkv.grad.numpy(), TOL, f"dkv {note}")
+    g = mha.in_proj_weight.grad.numpy()
+    want = {"w_q": g[:E].T, "w_k": g[E:2 * E].T, "w_v": g[2 * E:].T, "w_o": mha.out_proj.weight.grad.numpy().T}
+    if bias:
+        gb = mha.in_proj_bias.grad.numpy()
+        want.update(b_q=gb[:E], b_k=gb[E:2 * E], b_v=gb[2 * E:], b_o=mha.out_proj.bias.grad.numpy())
+    assert sorted(layer.grads) == sorted(want), note
+    for name, w in want.items():
+        assert_close(layer.grads[name], w, TOL, f"d{name} {note}")
+
+
+def test_backward_needs_a_training_forward():
+    layer = qkv.MultiHeadAttention(4, 2)
+    with pytest.raises(ValueError, match="backward: no forward to go back through"):
+        layer.backward(np.ones((3, 4), np.float32))
+    x = np.ones((3, 4), np.float32)
+    layer.forward(x)
+    with pytest.raises(ValueError, match=r"dy has shape \[3, 5\]"):
+        layer.backward(np.ones((3, 5), np.float32))
+    layer.training = False
+    layer.forward(x)
+    with pytest.raises(ValueError, match="backward: no forward to go back through"):
+        layer.backward(np.ones((3, 4), np.float32))
