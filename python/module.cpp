@@ -40,5 +40,9 @@ PYBIND11_MODULE(_qkv, m) {
   qkvpy::bind_weights(m);
   features.append("weights");
 #endif
+#ifdef QKV_PY_OPTIM
+  qkvpy::bind_optim(m);
+  features.append("optim");
+#endif
   m.attr("features") = py::tuple(features);
 }

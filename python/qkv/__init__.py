@@ -24,5 +24,9 @@ if "embeddings" in features:
 if "explain" in features:
     from ._qkv import explain, explain_examples  # noqa: F401
     __all__ += ["explain", "explain_examples"]
+if "optim" in features:
+    from ._qkv import Optimizer, clip_grad_norm, lr_at  # noqa: F401
+    from .optim import SGD, AdamW  # noqa: F401
+    __all__ += ["Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at"]
 
 __all__ += ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "features"]

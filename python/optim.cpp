@@ -1,0 +1,110 @@
+// qkv.Optimizer (SGD with momentum, AdamW) over a MultiHeadAttention's parameters, gradient
+// clipping and the learning-rate schedule. The friendly constructors SGD() and AdamW() are in
+// qkv/optim.py.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "layer_binding.h"
+#include "qkv/optim.h"
+
+namespace qkvpy {
+namespace {
+
+// The optimizer updates the layer's tensors in place through pointers; the bound object keeps
+// the layer alive (py::keep_alive) and the layer never reallocates them (setters copy in).
+struct PyOptimizer {
+  PyOptimizer(PyLayer& layer, const qkv::OptimizerConfig& config, double lr)
+      : layer(layer), optimizer(config, layer.layer.parameters()), lr(lr) {}
+  PyLayer& layer;
+  qkv::Optimizer optimizer;
+  double lr;
+};
+
+qkv::TensorMap grads_from_dict(const py::dict& grads) {
+  qkv::TensorMap map;
+  for (const auto& [key, value] : grads) {
+    const std::string name = py::cast<std::string>(key);
+    py::array owner;
+    map.emplace(name, qkv::to_contiguous<float>(float32_view(value, name.c_str(), owner)));
+  }
+  return map;
+}
+
+PyOptimizer make_optimizer(PyLayer& layer, const std::string& kind, double lr, double momentum,
+                           std::pair<double, double> betas, double eps, double weight_decay) {
+  qkv::OptimizerConfig c;
+  if (kind == "sgd") c.kind = qkv::OptimizerKind::sgd;
+  else if (kind == "adamw") c.kind = qkv::OptimizerKind::adamw;
+  else throw py::value_error(fmt::format("kind must be 'sgd' or 'adamw', got '{}'", kind));
+  if (!(lr >= 0.0)) throw py::value_error(fmt::format("lr must be >= 0, got {}", lr));
+  c.momentum = momentum;
+  c.beta1 = betas.first;
+  c.beta2 = betas.second;
+  c.eps = eps;
+  c.weight_decay = weight_decay;
+  return PyOptimizer(layer, c, lr);
+}
+
+void step(PyOptimizer& self, const std::optional<py::dict>& grads, std::optional<double> lr) {
+  const double rate = lr.value_or(self.lr);
+  if (!(rate >= 0.0)) throw py::value_error(fmt::format("lr must be >= 0, got {}", rate));
+  if (grads) {
+    const qkv::TensorMap map = grads_from_dict(*grads);
+    self.optimizer.step(map, rate);
+    return;
+  }
+  if (self.layer.grads.empty())
+    throw py::value_error("step: the layer has no gradients; call layer.backward() first or pass grads=");
+  self.optimizer.step(self.layer.grads, rate);
+}
+
+py::dict state_of(const PyOptimizer& self) {
+  py::dict out;
+  for (const auto& [name, view] : self.optimizer.state())
+    out[py::str(name)] = tensor_to_numpy(qkv::to_contiguous<float>(view));
+  return out;
+}
+
+constexpr const char* kOptimizerDoc = R"(An optimizer over a qkv.MultiHeadAttention's parameters.
+
+Optimizer(layer, kind="adamw", lr=1e-3, momentum=0.9, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+  sgd   (PyTorch's convention): g += weight_decay·p; buf = momentum·buf + g; p -= lr·buf.
+  adamw: decoupled weight decay p -= lr·weight_decay·p, then p -= lr·m̂/(sqrt(v̂) + eps).
+Prefer qkv.SGD(layer, ...) and qkv.AdamW(layer, ...). Updates run in float64 per element and are
+bitwise reproducible. ValueError for a bad config. Not thread-safe.)";
+
+}  // namespace
+
+void bind_optim(py::module_& m) {
+  py::class_<PyOptimizer> cls(m, "Optimizer", kOptimizerDoc);
+  cls.def(py::init(&make_optimizer), py::arg("layer"), py::arg("kind") = "adamw", py::arg("lr") = 1e-3,
+          py::arg("momentum") = 0.9, py::arg("betas") = std::pair<double, double>(0.9, 0.999), py::arg("eps") = 1e-8,
+          py::arg("weight_decay") = 0.0, py::keep_alive<1, 2>(), "See the class docstring.");
+  cls.def("step", &step, py::arg("grads") = py::none(), py::arg("lr") = py::none(),
+          "One update. grads: {name: array} for every parameter (default: layer.grads from the last "
+          "backward()); lr: this step's rate (default: the optimizer's lr). ValueError for a missing or "
+          "misshapen gradient, before anything changes.");
+  cls.def_readwrite("lr", &PyOptimizer::lr, "The learning rate step() uses by default.");
+  cls.def_property_readonly("step_count", [](const PyOptimizer& o) { return o.optimizer.step_count(); },
+                            "Updates done so far.");
+  cls.def("state", &state_of, "The optimizer state as {name: float32 array} (copies), e.g. 'adamw.m.w_q'.");
+  cls.def("load_state", [](PyOptimizer& o, const py::dict& tensors, int64_t step_count) {
+        o.optimizer.load_state(grads_from_dict(tensors), step_count);
+      },
+      py::arg("state"), py::arg("step_count"), "Restores what state() returned and the step count.");
+
+  m.def("clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads, max_norm); },
+        py::arg("layer"), py::arg("max_norm"),
+        "Scales layer.grads (the last backward()'s gradients) so their global L2 norm is at most max_norm "
+        "(max_norm <= 0: never). Returns the norm before clipping.");
+  m.def("lr_at", [](int64_t step, double base, double min_lr, int64_t warmup, int64_t total) {
+        return qkv::LrSchedule{base, min_lr, warmup, total}.at(step);
+      },
+      py::arg("step"), py::arg("base") = 1e-3, py::arg("min_lr") = 0.0, py::arg("warmup") = 0, py::arg("total") = 1,
+      "The learning rate at `step` (from 0): linear warm-up from base/warmup to base over `warmup` steps, then "
+      "cosine decay to min_lr at step `total`.");
+}
+
+}  // namespace qkvpy
