@@ -18,6 +18,7 @@ build: deps $(BUILD)/CMakeCache.txt
 
 demo: build
 	$(BUILD)/qkv explain
+	$(BUILD)/qkv explain --html $(BUILD)/explain.html && echo "seed 003's example as a page: $(BUILD)/explain.html"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

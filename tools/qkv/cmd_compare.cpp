@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_html.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
@@ -21,6 +22,7 @@ struct CompareArgs {
   std::vector<std::string> sentences;
   SentenceArgs sentence_args;
   bool json = false;
+  std::string html;  // also write the side-by-side page
 };
 
 double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, int64_t j, const std::string& what) {
@@ -47,6 +49,7 @@ int run_compare(const CompareArgs& a) {
     throw Error(fmt::format("--word '{}': must be exactly one word (it tokenizes to {} tokens)", a.word,
                             word_tokens.size()));
   const std::string& word = word_tokens[0];
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   if (embeddings.find(word) < 0)
@@ -93,6 +96,12 @@ int run_compare(const CompareArgs& a) {
     text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
                         context_cos);
   }
+  if (!a.html.empty()) {
+    Comparison c{word, description, static_cos, context_cos, {}, {}};
+    c.first = word_in_sentence(a.sentences[0], occ[0].embedded, occ[0].position, layer, occ[0].contextual.cview());
+    c.second = word_in_sentence(a.sentences[1], occ[1].embedded, occ[1].position, layer, occ[1].contextual.cview());
+    write_outputs({{a.html, render_comparison_html(c)}});
+  }
   std::fwrite(text.data(), 1, text.size(), stdout);
   if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
   return 0;
@@ -110,6 +119,7 @@ Command add_compare(CLI::App& app) {
   sub->add_option("sentences", args->sentences, "The two sentences")->required()->expected(2);
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   sub->add_flag("--json", args->json, "Print the result as JSON");
+  sub->add_option("--html", args->html, "Also write a self-contained HTML page: the word's weights side by side");
   return {sub, [args] { return run_compare(*args); }};
 }
 

@@ -3,10 +3,13 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_html.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
@@ -21,6 +24,7 @@ struct ContextArgs {
   std::string format = "table";
   std::string out;
   int precision = 6;
+  std::string html;  // also write the page of the steps and the contextual vectors
 };
 
 std::string table_text(const ContextArgs& a, const EmbeddedSentence& s, const Tensor<float>& y,
@@ -51,6 +55,7 @@ std::string json_text(const ContextArgs& a, const EmbeddedSentence& s, const Ten
 
 int run_context(const ContextArgs& a) {
   if (!a.out.empty()) check_output_path(a.out, "--out");
+  if (!a.html.empty()) check_output_path(a.html, "--html");
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   const EmbeddedSentence s = embed(embeddings, a.sentence, sa);
@@ -63,6 +68,14 @@ int run_context(const ContextArgs& a) {
   if (a.format == "npy") bytes = npy_bytes<float>(y.cview());
   else if (a.format == "json") bytes = json_text(a, s, y, description);
   else bytes = table_text(a, s, y, description);
+  if (!a.html.empty()) {
+    const std::string title = fmt::format("Contextual vectors of \"{}\"", a.sentence);
+    const std::string source = fmt::format("embeddings from {} (width {}); {}", sa.embeddings, embeddings.dim(), description);
+    std::vector<std::pair<std::string, std::string>> files{{a.html, context_page(s, layer, title, source)}};
+    if (!a.out.empty()) files.emplace_back(a.out, bytes);
+    write_outputs(files);
+    if (!a.out.empty()) return 0;
+  }
   if (!a.out.empty()) {
     write_outputs({{a.out, bytes}});
   } else {
@@ -86,6 +99,7 @@ Command add_context(CLI::App& app) {
       ->check(CLI::IsMember({"table", "json", "npy"}));
   sub->add_option("--out", args->out, "Write to this file (atomically) instead of standard output");
   sub->add_option("--precision", args->precision, "Decimals in the table (default 6)")->check(CLI::Range(1, 9));
+  sub->add_option("--html", args->html, "Also write a self-contained HTML page: the contextual vectors and every step");
   sub->callback([args] {
     if (args->format == "npy" && args->out.empty()) usage_error("context: --format npy needs --out F");
   });

@@ -4,13 +4,17 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "cli_html.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
+#include "qkv/render.h"
 
 namespace qkv::cli {
 namespace {
@@ -21,6 +25,7 @@ struct ExplainArgs {
   SentenceArgs sentence_args;
   bool json = false;
   int precision = 8;
+  std::string html, svg;  // pictures instead of text
 };
 
 void validate(const CLI::App* sub, const ExplainArgs& a) {
@@ -32,27 +37,57 @@ void validate(const CLI::App* sub, const ExplainArgs& a) {
   if (has_sentence && !has_embeddings)
     usage_error("explain: a sentence needs --embeddings F (GloVe or word2vec) to look its words up");
   if (has_embeddings && !has_sentence) usage_error("explain: --embeddings needs a sentence to explain");
+  if (a.json && (!a.html.empty() || !a.svg.empty()))
+    usage_error("explain: --json prints the steps; --html and --svg write pictures instead: choose one");
   if (!has_embeddings && layer_options_given(sub))
     usage_error("explain: --weights, --heads, --dk, --seed, --parameter-free and --oov apply only to a sentence "
                 "with --embeddings");
 }
 
-Explanation sentence_explanation(const ExplainArgs& a) {
+// For --html of a sentence longer than a heatmap shows, fills `long_page` with the top-k page
+// instead and returns an empty explanation (its N×N matrices are never built).
+Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
   const SentenceArgs& s = a.sentence_args;
   const Embeddings embeddings = load_embeddings(s);
   const EmbeddedSentence sentence = embed(embeddings, a.sentence, s);
   const MultiHeadAttention layer = make_layer(s, embeddings.dim());
+  const std::string title = fmt::format("Self-attention for \"{}\"", a.sentence);
+  const std::string source =
+      fmt::format("embeddings from {} (width {}); {}", s.embeddings, embeddings.dim(), describe_layer(s, layer));
+  const auto n = static_cast<int64_t>(sentence.tokens.size());
+  if (n > kMaxHeatmapTokens && !a.svg.empty())
+    throw Error(fmt::format("--svg: {} tokens is more than the {} a heatmap shows (--html lists the top-{} weights "
+                            "per row instead)", n, kMaxHeatmapTokens, kPageTopK));
+  if (n > kMaxHeatmapTokens && !a.html.empty()) {
+    long_page = top_k_page(sentence, layer, title, source, /*with_output=*/false);
+    return {};
+  }
   Explanation e = explain_layer(sentence.tokens, sentence.x.cview(), layer);
-  e.title = fmt::format("Self-attention for \"{}\"", a.sentence);
-  e.source = fmt::format("embeddings from {} (width {}); {}", s.embeddings, embeddings.dim(), describe_layer(s, layer));
+  e.title = title;
+  e.source = source;
   e.style = "sentence";
   return e;
 }
 
+// Writes --html and --svg (all or none).
+void write_pictures(const ExplainArgs& a, const Explanation& e, const std::string& long_page) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!a.html.empty()) files.emplace_back(a.html, long_page.empty() ? render_explanation_html(e) : long_page);
+  if (!a.svg.empty()) files.emplace_back(a.svg, render_heatmap_svg(e));
+  write_outputs(files);
+}
+
 int run_explain(const ExplainArgs& a) {
+  if (!a.html.empty()) check_output_path(a.html, "--html");
+  if (!a.svg.empty()) check_output_path(a.svg, "--svg");
+  std::string long_page;
   const Explanation e =
       a.sentence_args.embeddings.empty() ? explain_example(a.example.empty() ? "seed-003" : a.example)
-                                         : sentence_explanation(a);
+                                         : sentence_explanation(a, long_page);
+  if (!a.html.empty() || !a.svg.empty()) {
+    write_pictures(a, e, long_page);
+    return 0;
+  }
   const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, a.precision);
   std::fwrite(text.data(), 1, text.size(), stdout);
   if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
@@ -76,6 +111,10 @@ Command add_explain(CLI::App& app) {
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/false);
   sub->add_flag("--json", args->json, "Print the steps as JSON (full float64 precision)");
   sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8)")->check(CLI::Range(1, 17));
+  sub->add_option("--html", args->html,
+                  "Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the text; "
+                  "beyond 512 tokens it lists each row's top-10 weights");
+  sub->add_option("--svg", args->svg, "Write the attention weights heatmap as a standalone SVG (up to 512 tokens)");
   sub->callback([sub, args] { validate(sub, *args); });
   return {sub, [args] { return run_explain(*args); }};
 }

@@ -1,0 +1,75 @@
+// Pages of the sentence commands, from the layer's own projections (LayerCache) so that long
+// sentences never need the float64 explanation and its N×N matrices.
+#include "cli_html.h"
+
+#include <array>
+#include <utility>
+
+#include "qkv/explain.h"
+
+namespace qkv::cli {
+namespace {
+
+struct Projections {
+  LayerCache cache;
+  Tensor<float> y;
+  TensorView<const float> q, k;  // [H, N, D], [Hkv, N, D] views into `cache`
+};
+
+// Runs the layer once and returns q and k per head as strided views of its projected rows.
+Projections project(const EmbeddedSentence& s, const MultiHeadAttention& layer) {
+  Projections p;
+  p.y = layer.forward(s.x.cview(), {}, {}, &p.cache);
+  const LayerConfig& c = layer.config();
+  const int64_t N = s.x.dim(0);
+  // A parameter-free layer keeps no projections: Q = K = X.
+  const float* q = c.parameter_free ? p.cache.x.data() : p.cache.q.data();
+  const float* k = c.parameter_free ? p.cache.x.data() : p.cache.k.data();
+  const int64_t H = c.num_heads, Hkv = c.num_kv_heads, D = c.parameter_free ? c.embed_dim : c.head_dim;
+  const std::array<int64_t, 3> qs{H, N, D}, qst{D, H * D, 1}, ks{Hkv, N, D}, kst{D, Hkv * D, 1};
+  p.q = TensorView<const float>(q, qs, qst);
+  p.k = TensorView<const float>(k, ks, kst);
+  return p;
+}
+
+}  // namespace
+
+std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& layer, const std::string& title,
+                       const std::string& source, bool with_output) {
+  const Projections p = project(s, layer);
+  LongInputPage page;
+  page.title = title;
+  page.source = source;
+  page.tokens = s.tokens;
+  // Normalized by the fused kernel's own log-sum-exp: the page shows what the fused path computed.
+  const std::array<int64_t, 2> lse_shape{p.cache.lse.dim(1), p.cache.lse.dim(2)};
+  page.top = attention_top_k(p.q, p.k, kPageTopK, {}, TensorView<const float>(p.cache.lse.data(), lse_shape));
+  if (with_output) page.output = Matrix::from_view(p.y.cview(), "contextual vectors");
+  return render_top_k_html(page);
+}
+
+std::string context_page(const EmbeddedSentence& s, const MultiHeadAttention& layer, const std::string& title,
+                         const std::string& source) {
+  if (static_cast<int64_t>(s.tokens.size()) > kMaxHeatmapTokens) return top_k_page(s, layer, title, source, true);
+  Explanation e = explain_layer(s.tokens, s.x.cview(), layer);
+  e.title = title;
+  e.source = source;
+  HtmlOptions options;
+  options.context_first = true;
+  return render_explanation_html(e, options);
+}
+
+WordInSentence word_in_sentence(const std::string& sentence, const EmbeddedSentence& s, int64_t position,
+                                const MultiHeadAttention& layer, TensorView<const float> contextual) {
+  const Projections p = project(s, layer);
+  WordInSentence w;
+  w.sentence = sentence;
+  w.tokens = s.tokens;
+  w.position = position;
+  for (int64_t h = 0; h < p.q.dim(0); ++h) w.weights.push_back(attention_row(p.q, p.k, h, position));
+  for (int64_t j = 0; j < s.x.dim(1); ++j) w.static_vector.push_back(s.x.cview()(position, j));
+  for (int64_t j = 0; j < contextual.dim(1); ++j) w.contextual_vector.push_back(contextual(position, j));
+  return w;
+}
+
+}  // namespace qkv::cli
