@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "kernels/dispatch.h"
+#include "kernels/fused_forward.h"
+#include "mask_eval.h"
 #include "qkv/reference.h"
 
 namespace qkv {
@@ -98,18 +101,82 @@ void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorV
 
 }  // namespace
 
+namespace {
+
+template <class T>
+kernels::ForwardParams make_params(TensorView<float> out, TensorView<float> lse, TensorView<const T> q,
+                                   TensorView<const T> k, TensorView<const T> v, const AttentionShape& s,
+                                   const AttentionOptions& options, const detail::MaskEval& mask) {
+  kernels::ForwardParams p;
+  p.shape = s;
+  for (int i = 0; i < 4; ++i) {
+    p.sq[i] = q.stride(i);
+    p.sk[i] = k.stride(i);
+    p.sv[i] = v.stride(i);
+    p.so[i] = out.stride(i);
+  }
+  if (!lse.empty())
+    for (int i = 0; i < 3; ++i) p.sl[i] = lse.stride(i);
+  p.out = out.data();
+  p.lse = lse.empty() ? nullptr : lse.data();
+  p.scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(s.D)));
+  p.mask = &mask;
+  return p;
+}
+
+// Below about a microsecond of work, waking a second thread costs more than it saves (and the
+// thread count cannot change the result, so this is only about time).
+int threads_for(const AttentionShape& s, const AttentionOptions& options) {
+  const double flops = 2.0 * static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
+                       static_cast<double>(s.D + s.Dv);
+  if (flops < 2e5) return 1;
+  return options.num_threads > 0 ? options.num_threads : default_num_threads();
+}
+
+Tensor<float> widen(TensorView<const bf16> x) {
+  Tensor<float> out(x.shape(), "bf16 input");
+  int64_t o = 0;
+  for (int64_t a = 0; a < x.dim(0); ++a)
+    for (int64_t b = 0; b < x.dim(1); ++b)
+      for (int64_t c = 0; c < x.dim(2); ++c)
+        for (int64_t d = 0; d < x.dim(3); ++d) out[o++] = bf16_to_float(x(a, b, c, d));
+  return out;
+}
+
+AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,
+                             std::span<const int64_t> k, std::span<const int64_t> v, bool has_lse,
+                             const AttentionOptions& options) {
+  const AttentionShape s = check_attention_shapes(q, k, v, options);
+  check_output(out, std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
+  if (has_lse) check_output(lse, std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
+  return s;
+}
+
+}  // namespace
+
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
                        TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
-  const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
-  check_output(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
-  if (!lse.empty()) check_output(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
-  switch (options.kernel) {
-    case Kernel::automatic:
-    case Kernel::reference:
-    case Kernel::fused:  // Until the fused kernel lands, every request is served exactly.
-      reference_forward_f32(out, lse, q, k, v, options);
-      return;
+  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  if (options.kernel == Kernel::reference) {
+    reference_forward_f32(out, lse, q, k, v, options);
+    return;
   }
+  const Simd path = kernels::resolve_simd(options.simd);
+  const detail::MaskEval mask(options.mask, s);
+  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  kernels::fused_forward(p, path, threads_for(s, options));
 }
+
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
+                       TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
+  check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  Tensor<float> q32 = widen(q), k32 = widen(k), v32 = widen(v);
+  attention_forward(out, lse, q32.cview(), k32.cview(), v32.cview(), options);
+}
+
+const char* simd_path_name(Simd simd) { return kernels::simd_name(kernels::resolve_simd(simd)); }
 
 }  // namespace qkv

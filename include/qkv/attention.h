@@ -13,6 +13,10 @@ namespace qkv {
 
 enum class Kernel { automatic, reference, fused };
 
+// The instruction set of the fused kernel. automatic takes the best the CPU has, unless the
+// environment variable QKV_SIMD (avx512, avx2 or scalar; read once per process) asks for a lower one.
+enum class Simd { automatic, avx512, avx2, scalar };
+
 struct AttentionOptions {
   // Multiplies q·k; defaults to 1/sqrt(D).
   std::optional<double> scale;
@@ -21,6 +25,8 @@ struct AttentionOptions {
   Kernel kernel = Kernel::automatic;
   // Threads for this call; 0 means default_num_threads().
   int num_threads = 0;
+  // Forces a SIMD path of the fused kernel (tests, benchmarks); a path the CPU lacks is an Error.
+  Simd simd = Simd::automatic;
 };
 
 // The sizes of one attention call, checked for consistency.
@@ -44,5 +50,16 @@ int default_num_threads();
 // count.
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
                        TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options = {});
+
+// The same with bf16 q, k, v: products accumulate in fp32 (AVX512_BF16 dot products where the CPU
+// has them, else the inputs are widened to fp32), so results equal attention on the inputs widened
+// to fp32 up to fp32 rounding plus bf16 rounding of the softmax weights on the AVX512_BF16 path.
+// Kernel::reference widens the inputs and runs the float64 reference.
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
+                       TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
+
+// The SIMD path ("avx512", "avx2" or "scalar") the fused kernel runs for `simd` on this CPU,
+// honouring QKV_SIMD. Throws qkv::Error if that path is not available here or QKV_SIMD is invalid.
+const char* simd_path_name(Simd simd = Simd::automatic);
 
 }  // namespace qkv

@@ -1,0 +1,84 @@
+#include "kernels/dispatch.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace qkv::kernels {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  __builtin_cpu_init();
+  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  // GCC 12's __builtin_cpu_supports knows avx512bf16.
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  return f;
+}
+
+bool available(Simd path) {
+  const CpuFeatures& f = cpu_features();
+  switch (path) {
+    case Simd::avx512: return f.avx512;
+    case Simd::avx2: return f.avx2_fma;
+    case Simd::scalar: return true;
+    case Simd::automatic: return true;
+  }
+  return false;
+}
+
+Simd best_path() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512 ? Simd::avx512 : f.avx2_fma ? Simd::avx2 : Simd::scalar;
+}
+
+// QKV_SIMD as read once per process; empty when unset.
+const std::string& env_simd() {
+  static const std::string value = [] {
+    const char* env = std::getenv("QKV_SIMD");
+    return std::string(env == nullptr ? "" : env);
+  }();
+  return value;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+const char* simd_name(Simd path) {
+  switch (path) {
+    case Simd::avx512: return "avx512";
+    case Simd::avx2: return "avx2";
+    case Simd::scalar: return "scalar";
+    case Simd::automatic: return "automatic";
+  }
+  return "unknown";
+}
+
+Simd parse_simd(const char* text) {
+  if (std::strcmp(text, "avx512") == 0) return Simd::avx512;
+  if (std::strcmp(text, "avx2") == 0) return Simd::avx2;
+  if (std::strcmp(text, "scalar") == 0) return Simd::scalar;
+  if (std::strcmp(text, "automatic") == 0 || *text == '\0') return Simd::automatic;
+  throw Error(fmt::format("QKV_SIMD={}: expected avx512, avx2, scalar or automatic", text));
+}
+
+Simd resolve_simd(Simd requested) {
+  if (requested == Simd::automatic) {
+    requested = parse_simd(env_simd().c_str());
+    if (requested == Simd::automatic) return best_path();
+  }
+  if (!available(requested))
+    throw Error(fmt::format("SIMD path {} was requested but this CPU does not support it (best here: {})",
+                            simd_name(requested), simd_name(best_path())));
+  return requested;
+}
+
+}  // namespace qkv::kernels

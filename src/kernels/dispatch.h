@@ -1,0 +1,26 @@
+// Which SIMD family the fused kernels run: the CPU's features, QKV_SIMD, and the caller's choice.
+#pragma once
+
+#include "qkv/attention.h"
+
+namespace qkv::kernels {
+
+// What this CPU (and OS) can run. Detected once; thread-safe.
+struct CpuFeatures {
+  bool avx2_fma = false;
+  bool avx512 = false;       // F, BW, DQ, VL
+  bool avx512_bf16 = false;  // vdpbf16ps
+};
+const CpuFeatures& cpu_features();
+
+// Resolves a request to a concrete path (never Simd::automatic): the caller's explicit choice,
+// else QKV_SIMD, else the best path the CPU has. Throws qkv::Error for a path the CPU lacks or
+// an invalid QKV_SIMD value.
+Simd resolve_simd(Simd requested);
+
+const char* simd_name(Simd path);
+
+// Parses a QKV_SIMD value ("" and "automatic" mean automatic); throws qkv::Error otherwise.
+Simd parse_simd(const char* text);
+
+}  // namespace qkv::kernels

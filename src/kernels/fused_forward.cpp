@@ -1,0 +1,77 @@
+// The fused forward driver: splits (b, h, query tile) work items over OpenMP threads.
+#include "kernels/fused_forward.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include <omp.h>
+
+namespace qkv::kernels {
+
+void Workspace::Free::operator()(float* p) const { std::free(p); }
+
+float* Workspace::floats(int slot, std::size_t count) {
+  if (sizes_[slot] < count) {
+    const std::size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (p == nullptr) throw std::bad_alloc();
+    buffers_[slot].reset(p);
+    sizes_[slot] = count;
+  }
+  return buffers_[slot].get();
+}
+
+namespace {
+
+TileFn tile_function(Simd path) {
+  switch (path) {
+    case Simd::avx512: return &forward_tile_avx512;
+    case Simd::avx2: return &forward_tile_avx2;
+    default: return &forward_tile_scalar;
+  }
+}
+
+// Query rows per tile, from the shape alone (see ForwardParams::tile_rows): 64 rows amortize the
+// packing of Q and the per-block softmax bookkeeping; short sequences get smaller tiles so two
+// threads still have work at B·H = 1.
+int64_t plan_tile_rows(const AttentionShape& s) {
+  int64_t rows = 64;
+  while (rows > 16 && s.B * s.H * ((s.N + rows - 1) / rows) < 4) rows /= 2;
+  return rows;
+}
+
+// Each thread keeps its buffers across calls (OpenMP reuses its threads).
+Workspace& thread_workspace() {
+  static thread_local Workspace ws;
+  return ws;
+}
+
+}  // namespace
+
+void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
+  ForwardParams p = params;
+  const AttentionShape& s = p.shape;
+  p.tile_rows = plan_tile_rows(s);
+  const int64_t tiles = (s.N + p.tile_rows - 1) / p.tile_rows;
+  const int64_t heads = s.B * s.H;
+  const int64_t items = heads * tiles;
+  if (items == 0) return;
+  const TileFn fn = tile_function(path);
+  // Later tiles are heavier under a causal mask, so they go first; the order cannot change the
+  // result because each tile is computed by one thread from start to end.
+  auto task_of = [&](int64_t idx) {
+    const int64_t tile = tiles - 1 - idx / heads, bh = idx % heads;
+    return TileTask{bh / s.H, bh % s.H, tile * p.tile_rows};
+  };
+  const int threads = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items));
+  if (threads == 1) {
+    Workspace& ws = thread_workspace();
+    for (int64_t idx = 0; idx < items; ++idx) fn(p, task_of(idx), ws);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t idx = 0; idx < items; ++idx) fn(p, task_of(idx), thread_workspace());
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,27 @@
+// The fused forward kernel compiled for AVX-512 (F, BW, DQ, VL; BF16 for the bf16 inputs). The
+// library itself is built for the baseline ISA; dispatch.cpp calls in here only on CPUs that
+// have these features.
+#include "kernels/kernel_deps.h"
+
+#pragma GCC push_options
+// GCC 12 flags the deliberately undefined pass-through operand of _mm512_max_ps and friends.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,bmi,bmi2")
+
+#include "kernels/simd_avx512.h"
+#include "kernels/microkernel.h"
+#include "kernels/tile_forward.h"
+
+namespace qkv::kernels {
+
+void forward_tile_avx512(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  forward_tile<Avx512>(p, task, ws);
+}
+
+void exp2_avx512(const float* x, float* y, int64_t n) { exp2_array<Avx512>(x, y, n); }
+
+}  // namespace qkv::kernels
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options

@@ -1,0 +1,16 @@
+// The fused forward kernel for the baseline ISA: the same tile algorithm with one-lane vectors.
+#include "kernels/kernel_deps.h"
+
+#include "kernels/simd_scalar.h"
+#include "kernels/microkernel.h"
+#include "kernels/tile_forward.h"
+
+namespace qkv::kernels {
+
+void forward_tile_scalar(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  forward_tile<Scalar>(p, task, ws);
+}
+
+void exp2_scalar(const float* x, float* y, int64_t n) { exp2_array<Scalar>(x, y, n); }
+
+}  // namespace qkv::kernels

@@ -1,0 +1,18 @@
+// Everything the SIMD-family headers (simd_*.h, microkernel.h, tile_forward.h) need, included by
+// each family's .cpp BEFORE its `#pragma GCC target`. Code defined after the pragma is compiled
+// for that family's ISA; library code (std, MaskEval) must be compiled before it, for the
+// baseline ISA, or the linker could pick an AVX-512 copy of an inline function for every caller.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "kernels/fused_forward.h"
+#include "mask_eval.h"

@@ -1,0 +1,103 @@
+// Register-blocked micro-kernel shared by every block product of the attention kernels:
+//   C[R x NV*L] = alpha ⊙ C + A[R x K] · B[K x NV*L]   (alpha per row; no alpha: C = A·B)
+// A is read one element at a time (broadcast), through a row stride and a k stride, so it can be
+// any strided matrix (rows of K, or a transposed P); B is read in vectors of L = Ops::kLanes
+// contiguous floats per k step, rows ldb apart. The R x NV accumulators stay in registers.
+// Include only after kernel_deps.h and a family's simd_*.h (see kernel_deps.h).
+#pragma once
+
+namespace qkv::kernels {
+
+struct GemmArgs {
+  int64_t kdim = 0;        // K
+  const float* a = nullptr;
+  int64_t a_row = 0;       // element stride between rows of A
+  int64_t a_k = 0;         // element stride along K in A
+  const float* b = nullptr;
+  int64_t ldb = 0;         // element stride between rows of B
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* alpha = nullptr;  // per-row scale of the old C; nullptr: C is overwritten
+};
+
+// KFixed > 0 fixes K at compile time (head dims 64 and 128), so the k loop can be unrolled.
+template <class Ops, int R, int NV, int KFixed>
+void gemm_micro(const GemmArgs& g) {
+  using V = typename Ops::V;
+  constexpr int L = Ops::kLanes;
+  V acc[R][NV];
+  if (g.alpha != nullptr) {
+    for (int r = 0; r < R; ++r) {
+      const V s = Ops::set1(g.alpha[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::mul(Ops::load(g.c + r * g.ldc + v * L), s);
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::zero();
+  }
+  int64_t offset[R];
+  for (int r = 0; r < R; ++r) offset[r] = r * g.a_row;
+  const int64_t kdim = KFixed > 0 ? KFixed : g.kdim;
+  const float* a = g.a;
+  const float* b = g.b;
+  for (int64_t k = 0; k < kdim; ++k) {
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = Ops::load(b + v * L);
+    for (int r = 0; r < R; ++r) {
+      const V ar = Ops::set1(a[offset[r]]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::fma(ar, bv[v], acc[r][v]);
+    }
+    a += g.a_k;
+    b += g.ldb;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) Ops::store(g.c + r * g.ldc + v * L, acc[r][v]);
+}
+
+// Runtime choice among the instantiations for 1..Ops::kRows rows and 1..Ops::kVecs vectors.
+template <class Ops, int KFixed = 0>
+class GemmTable {
+ public:
+  using Fn = void (*)(const GemmArgs&);
+  static Fn get(int rows, int vecs) { return table()[rows - 1][vecs - 1]; }
+
+ private:
+  static constexpr int kR = Ops::kRows, kNV = Ops::kVecs;
+  using Table = std::array<std::array<Fn, kNV>, kR>;
+  template <int R, int... NV>
+  static constexpr std::array<Fn, kNV> row(std::integer_sequence<int, NV...>) {
+    return {&gemm_micro<Ops, R, NV + 1, KFixed>...};
+  }
+  template <int... R>
+  static constexpr Table make(std::integer_sequence<int, R...>) {
+    return {row<R + 1>(std::make_integer_sequence<int, kNV>{})...};
+  }
+  static const Table& table() {
+    static constexpr Table t = make(std::make_integer_sequence<int, kR>{});
+    return t;
+  }
+};
+
+// C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel. The full-size
+// micro-tiles use the K-specialized instantiation when kdim matches KFixed.
+template <class Ops>
+void gemm_blocked(const GemmArgs& g, int64_t rows, int64_t vecs) {
+  constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
+  auto full = GemmTable<Ops>::get(kR, kNV);
+  if (g.kdim == 64) full = GemmTable<Ops, 64>::get(kR, kNV);
+  if (g.kdim == 128) full = GemmTable<Ops, 128>::get(kR, kNV);
+  for (int64_t r0 = 0; r0 < rows; r0 += kR) {
+    const int r = static_cast<int>(std::min<int64_t>(kR, rows - r0));
+    for (int64_t v0 = 0; v0 < vecs; v0 += kNV) {
+      const int nv = static_cast<int>(std::min<int64_t>(kNV, vecs - v0));
+      GemmArgs t = g;
+      t.a = g.a + r0 * g.a_row;
+      t.b = g.b + v0 * L;
+      t.c = g.c + r0 * g.ldc + v0 * L;
+      t.alpha = g.alpha != nullptr ? g.alpha + r0 : nullptr;
+      (r == kR && nv == kNV ? full : GemmTable<Ops>::get(r, nv))(t);
+    }
+  }
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,56 @@
+// The AVX2 + FMA vector operations of the attention kernels (8 fp32 lanes). Include only after
+// kernel_deps.h and `#pragma GCC target("avx2,fma")`.
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+struct Avx2 {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  // Micro-tile: 6 rows x 2 vectors = 12 accumulators + 2 B vectors + 1 broadcast of the 16 registers.
+  static constexpr int kRows = 6, kVecs = 2;
+  static constexpr int kKeyBlock = 64;
+
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  // a > b ? a : b (the x86 MAXPS rule: a NaN in `a` is dropped, a NaN in `b` kept).
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+
+  // 2^x for x <= 0: as Avx512::exp2, but 2^n is built in the exponent field, so results below
+  // 2^-126 (x < -126.5) flush to 0 (absolute error < 2^-126). Max error 2 ulp on [-126, 0].
+  static V exp2(V x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN is the second operand: kept
+    const V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = _mm256_sub_ps(x, n);
+    V p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    // n = -127 gives exponent field 0, i.e. the factor 0.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  }
+
+  static V band_mask(V s, V j, V lo, V hi) {
+    const V in = _mm256_and_ps(_mm256_cmp_ps(lo, j, _CMP_LE_OQ), _mm256_cmp_ps(j, hi, _CMP_LT_OQ));
+    return _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), s, in);
+  }
+  static V neg_inf_to_zero(V m) {
+    const V ninf = _mm256_cmp_ps(m, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm256_blendv_ps(m, _mm256_setzero_ps(), ninf);
+  }
+  static bool any_nan(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
+};
+
+}  // namespace
+}  // namespace qkv::kernels

@@ -1,0 +1,58 @@
+// The AVX-512 vector operations of the attention kernels (16 fp32 lanes). Include only after
+// kernel_deps.h and `#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,...")`.
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+  // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
+  // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.
+  static constexpr int kRows = 6, kVecs = 4;
+  static constexpr int kKeyBlock = 64;
+
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  // a > b ? a : b, so a NaN in `a` is dropped and a NaN in `b` kept (the x86 MAXPS rule).
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+
+  // 2^x for x <= 0 (the only range the kernels use): x = n + f with n = round(x), |f| <= 1/2;
+  // 2^f by Cephes' degree-6 exp2f polynomial; 2^n applied exactly by vscalefps, which also
+  // gives subnormals and 0 below -149. 2^-inf = 0; NaN stays NaN. Max error 2 ulp (measured by
+  // Exp2.IsAccurate on [-126, 0]).
+  static V exp2(V x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);  // NaN is the second operand: kept
+    const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = _mm512_sub_ps(x, n);
+    V p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+
+  // Lanes with lo <= j < hi keep s; the others become -inf.
+  static V band_mask(V s, V j, V lo, V hi) {
+    const __mmask16 in = _mm512_cmp_ps_mask(lo, j, _CMP_LE_OQ) & _mm512_cmp_ps_mask(j, hi, _CMP_LT_OQ);
+    return _mm512_mask_blend_ps(in, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), s);
+  }
+  static V neg_inf_to_zero(V m) {
+    const __mmask16 ninf = _mm512_cmp_ps_mask(m, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+    return _mm512_mask_blend_ps(ninf, m, _mm512_setzero_ps());
+  }
+  static bool any_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+};
+
+}  // namespace
+}  // namespace qkv::kernels

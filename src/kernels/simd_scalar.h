@@ -1,0 +1,36 @@
+// The portable one-lane "vector" operations of the attention kernels: the same algorithm as the
+// SIMD families, compiled for the baseline ISA, so the library runs on any x86-64 (and is the
+// path to compare the others against when a SIMD family is in doubt).
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+struct Scalar {
+  using V = float;
+  static constexpr int kLanes = 1;
+  static constexpr int kRows = 4, kVecs = 4;
+  static constexpr int kKeyBlock = 64;
+
+  static V zero() { return 0.0f; }
+  static V set1(float x) { return x; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V x) { *p = x; }
+  // Not std::fma: without FMA hardware that is a slow library call.
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  // a > b ? a : b, the same NaN rule as x86 MAXPS.
+  static V max(V a, V b) { return a > b ? a : b; }
+  // libm's exp2f: within 1 ulp; 2^-inf = 0; NaN stays NaN.
+  static V exp2(V x) { return std::exp2(x); }
+  static V band_mask(V s, V j, V lo, V hi) {
+    return lo <= j && j < hi ? s : -std::numeric_limits<float>::infinity();
+  }
+  static V neg_inf_to_zero(V m) { return m == -std::numeric_limits<float>::infinity() ? 0.0f : m; }
+  static bool any_nan(V x) { return std::isnan(x); }
+};
+
+}  // namespace
+}  // namespace qkv::kernels

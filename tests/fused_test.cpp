@@ -1,0 +1,185 @@
+// The fused forward kernel against the float64 reference: random problems on every SIMD path,
+// fully masked rows, NaN propagation, and the choice of path.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "attention_cases.h"
+#include "kernels/dispatch.h"
+#include "kernels/fused_forward.h"
+#include "qkv/attention.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// 420 problems x 3 paths = 1,260 comparisons with the reference.
+TEST(FusedForward, MatchesReferenceOnRandomProblemsOnEveryPath) {
+  test::Rng rng("FusedForward.MatchesReference");
+  const std::vector<Simd> paths = test::available_paths();
+  int compared = 0;
+  for (int trial = 0; trial < 420; ++trial) {
+    test::Problem p = test::random_problem(rng);
+    const test::Expected want = test::reference_of(p);
+    for (Simd simd : paths) {
+      test::run_fused(p, simd, static_cast<int>(rng.uniform_int(1, 3)));
+      const std::string failure = test::compare_to_reference(p, want);
+      ASSERT_EQ(failure, "") << "trial " << trial << " path " << simd_path_name(simd) << ": " << p.describe;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 420 * static_cast<int>(paths.size()));
+}
+
+// Large rows (M = 1000 keys, D = 128), where per-block rescaling is exercised many times.
+TEST(FusedForward, MatchesReferenceOnLongRows) {
+  test::Rng rng("FusedForward.LongRows");
+  for (Simd simd : test::available_paths()) {
+    test::Problem p;
+    p.shape = AttentionShape{1, 2, 1, 130, 1000, 128, 128};
+    p.q = test::make_strided(rng, 1, 2, 130, 128, test::Layout::bnhd, true);
+    p.k = test::make_strided(rng, 1, 1, 1000, 128, test::Layout::contiguous, true);
+    p.v = test::make_strided(rng, 1, 1, 1000, 128, test::Layout::padded, true);
+    p.out = test::make_strided(rng, 1, 2, 130, 128, test::Layout::contiguous, false);
+    p.lse = Tensor<float>({1, 2, 130});
+    p.options.scale = 0.3;  // sharper rows than 1/sqrt(D): the running max changes often
+    const test::Expected want = test::reference_of(p);
+    test::run_fused(p, simd, 2);
+    EXPECT_EQ(test::compare_to_reference(p, want), "") << simd_path_name(simd);
+  }
+}
+
+TEST(FusedForward, FullyMaskedRowsAreZeroOnEveryPath) {
+  test::Rng rng("FusedForward.FullyMasked");
+  Tensor<float> q = rng.normal32({2, 2, 70, 16}), k = rng.normal32({2, 2, 33, 16}), v = rng.normal32({2, 2, 33, 8});
+  Tensor<uint8_t> keep({70, 33});
+  for (int64_t i = 0; i < keep.numel(); ++i) keep[i] = (i / 33) % 3 != 1;  // every third row keeps nothing
+  for (Simd simd : test::available_paths()) {
+    AttentionOptions options;
+    options.simd = simd;
+    options.mask.key_lengths = {0, 33};
+    options.mask.query_lengths = {70, 50};
+    options.mask.keep = broadcast_mask(keep.cview(), 2, 2, 70, 33, "keep");
+    Tensor<float> out({2, 2, 70, 8}), lse({2, 2, 70});
+    attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 70; ++i) {
+          const bool masked = b == 0 || i >= 50 || i % 3 == 1;
+          const float l = lse.view()(b, h, i);
+          if (masked) {
+            EXPECT_EQ(l, -kInf) << simd_path_name(simd) << " row " << b << "," << h << "," << i;
+            for (int64_t e = 0; e < 8; ++e) EXPECT_EQ(out.view()(b, h, i, e), 0.0f);
+          } else {
+            EXPECT_TRUE(std::isfinite(l)) << simd_path_name(simd) << " row " << b << "," << h << "," << i;
+          }
+        }
+  }
+}
+
+// A NaN in q reaches only its own row; a NaN in v (or k) reaches only the rows whose band holds its
+// key (here: causal, so the rows at or after it), even when it shares a block with other rows.
+TEST(FusedForward, NanReachesOnlyTheRowsThatUseIt) {
+  test::Rng rng("FusedForward.Nan");
+  const int64_t N = 100, D = 24;
+  Tensor<float> q = rng.normal32({1, 1, N, D}), k = rng.normal32({1, 1, N, D}), v = rng.normal32({1, 1, N, D});
+  q[7 * D + 3] = kNaN;
+  v[70 * D + 5] = kNaN;
+  k[90 * D + 1] = kNaN;
+  for (Simd simd : test::available_paths()) {
+    AttentionOptions options;
+    options.simd = simd;
+    options.mask.causal = CausalAlign::top_left;
+    Tensor<float> out({1, 1, N, D}), lse({1, 1, N});
+    attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t e = 0; e < D; ++e) {
+        const bool poisoned = i == 7 || i >= 90 || (i >= 70 && e == 5);  // v poisons one column
+        EXPECT_EQ(std::isnan(out[i * D + e]), poisoned) << simd_path_name(simd) << " row " << i << " col " << e;
+      }
+    }
+    EXPECT_TRUE(std::isnan(lse[7]));
+    EXPECT_TRUE(std::isfinite(lse[69]));
+  }
+}
+
+TEST(FusedForward, ReferenceKernelIsSelectable) {
+  test::Rng rng("FusedForward.ReferenceSelectable");
+  test::Problem p = test::random_problem(rng, 2e5);
+  const test::Expected want = test::reference_of(p);
+  AttentionOptions options = p.options;
+  options.kernel = Kernel::reference;
+  attention_forward(p.out.view, p.lse.view(), TensorView<const float>(p.q.view), TensorView<const float>(p.k.view),
+                    TensorView<const float>(p.v.view), options);
+  // The reference path rounds the float64 result once: within 1e-6 relative.
+  EXPECT_EQ(test::compare_to_reference(p, want, 1e-6), "") << p.describe;
+}
+
+TEST(FusedForward, RejectsABadOutputShape) {
+  Tensor<float> q({1, 1, 3, 4}), k({1, 1, 3, 4}), v({1, 1, 3, 4}), out({1, 1, 3, 5});
+  try {
+    attention_forward(out.view(), {}, q.cview(), k.cview(), v.cview());
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "out: shape [1, 1, 3, 5] must be [1, 1, 3, 4]");
+  }
+}
+
+TEST(Dispatch, AutomaticPicksTheBestPathTheCpuHas) {
+  const kernels::CpuFeatures& f = kernels::cpu_features();
+  const std::string best = f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : "scalar";
+  if (std::getenv("QKV_SIMD") == nullptr) {
+    EXPECT_EQ(simd_path_name(), best);
+  }
+  EXPECT_STREQ(simd_path_name(Simd::scalar), "scalar");
+}
+
+TEST(Dispatch, RejectsUnknownQkvSimdValues) {
+  EXPECT_EQ(kernels::parse_simd("avx2"), Simd::avx2);
+  EXPECT_EQ(kernels::parse_simd("scalar"), Simd::scalar);
+  try {
+    kernels::parse_simd("sse9");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "QKV_SIMD=sse9: expected avx512, avx2, scalar or automatic");
+  }
+}
+
+// 2^x of every path against float64 over the range the kernels use, (-inf, 0].
+TEST(Exp2, IsAccurateToTwoUlp) {
+  test::Rng rng("Exp2.IsAccurate");
+  std::vector<float> x(200000), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = i < 100000 ? -static_cast<float>(i) / 100000.0f : static_cast<float>(rng.uniform(-126, 0));
+  using Fn = void (*)(const float*, float*, int64_t);
+  const std::pair<Simd, Fn> fns[] = {{Simd::avx512, &kernels::exp2_avx512},
+                                     {Simd::avx2, &kernels::exp2_avx2},
+                                     {Simd::scalar, &kernels::exp2_scalar}};
+  for (const auto& [simd, fn] : fns) {
+    const std::vector<Simd> paths = test::available_paths();
+    if (std::find(paths.begin(), paths.end(), simd) == paths.end()) continue;
+    fn(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    double worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp2(static_cast<double>(x[i]));
+      const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+      worst = std::max(worst, std::abs(y[i] - want) / ulp);
+    }
+    EXPECT_LE(worst, 2.0) << simd_path_name(simd);
+    std::printf("exp2 %s: max error %.2f ulp on [-126, 0]\n", simd_path_name(simd), worst);
+    const float special[3] = {-kInf, kNaN, 0.0f};
+    float got[3];
+    fn(special, got, 3);
+    EXPECT_EQ(got[0], 0.0f);
+    EXPECT_TRUE(std::isnan(got[1]));
+    EXPECT_EQ(got[2], 1.0f);
+  }
+}
+
+}  // namespace
+}  // namespace qkv

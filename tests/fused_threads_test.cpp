@@ -1,0 +1,114 @@
+// The fused forward kernel's promises about threads and memory: bitwise the same result for any
+// thread count, and per-thread tile buffers only (no N x M allocation).
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attention_cases.h"
+#include "qkv/attention.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
+}
+
+// Shapes with several tiles per head, tails, a causal band and GQA, so threads split rows
+// differently each time.
+TEST(FusedThreads, OutputsAreBitwiseEqualFor1_2_3Threads) {
+  test::Rng rng("FusedThreads.Bitwise");
+  Tensor<float> q = rng.normal32({2, 4, 333, 64}), k = rng.normal32({2, 2, 301, 64}), v = rng.normal32({2, 2, 301, 40});
+  Tensor<float> bias = rng.normal32({1, 1, 333, 301});
+  for (Simd simd : test::available_paths()) {
+    for (int masks = 0; masks < 2; ++masks) {
+      AttentionOptions options;
+      options.simd = simd;
+      if (masks == 1) {
+        options.mask.causal = CausalAlign::bottom_right;
+        options.mask.bias = broadcast_mask(bias.cview(), 2, 4, 333, 301, "bias");
+        options.mask.key_lengths = {301, 250};
+      }
+      Tensor<float> out1({2, 4, 333, 40}), lse1({2, 4, 333});
+      options.num_threads = 1;
+      attention_forward(out1.view(), lse1.view(), q.cview(), k.cview(), v.cview(), options);
+      for (int threads : {2, 3}) {
+        Tensor<float> out({2, 4, 333, 40}), lse({2, 4, 333});
+        options.num_threads = threads;
+        attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+        EXPECT_TRUE(bitwise_equal(out, out1)) << simd_path_name(simd) << " threads " << threads << " masks " << masks;
+        EXPECT_TRUE(bitwise_equal(lse, lse1)) << simd_path_name(simd) << " threads " << threads << " masks " << masks;
+      }
+    }
+  }
+}
+
+// One head, few rows: the work is split into small tiles so that both cores get some; the
+// result must still not depend on the thread count.
+TEST(FusedThreads, SingleHeadShortSequenceIsDeterministic) {
+  test::Rng rng("FusedThreads.SingleHead");
+  Tensor<float> q = rng.normal32({1, 1, 70, 128}), k = rng.normal32({1, 1, 900, 128}), v = rng.normal32({1, 1, 900, 128});
+  Tensor<float> out1({1, 1, 70, 128}), out3({1, 1, 70, 128});
+  AttentionOptions options;
+  options.num_threads = 1;
+  attention_forward(out1.view(), {}, q.cview(), k.cview(), v.cview(), options);
+  options.num_threads = 3;
+  attention_forward(out3.view(), {}, q.cview(), k.cview(), v.cview(), options);
+  EXPECT_TRUE(bitwise_equal(out1, out3));
+}
+
+// Peak resident memory in kB since the last reset_peak_rss(), from /proc/self/status.
+long peak_rss_kb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+// Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+// N = M = 65536, D = 64: an N x M score matrix would be 16 GiB. With a causal sliding window of
+// 256 keys the run takes well under a second, and the kernel's memory does not depend on the mask.
+// Budget: 16 MiB of growth over the 64 MiB of inputs and outputs (per-thread tiles are < 1 MiB).
+TEST(FusedMemory, NoNxMAllocationAt65536) {
+  const int64_t N = 65536, D = 64;
+  test::Rng rng("FusedMemory.65536");
+  Tensor<float> q = rng.normal32({1, 1, N, D}), k = rng.normal32({1, 1, N, D}), v = rng.normal32({1, 1, N, D});
+  Tensor<float> out({1, 1, N, D}), lse({1, 1, N});
+  for (int64_t i = 0; i < out.numel(); ++i) out[i] = 1.0f;  // resident before the measurement
+  for (int64_t i = 0; i < lse.numel(); ++i) lse[i] = 1.0f;
+  if (!reset_peak_rss()) GTEST_SKIP() << "cannot reset VmHWM here";
+  {  // the measurement itself must see a 32 MiB allocation
+    const long start = peak_rss_kb();
+    std::vector<char> probe(32 << 20, 1);
+    EXPECT_GE(peak_rss_kb() - start, 30 * 1024 + probe[12345] - 1);
+  }
+  ASSERT_TRUE(reset_peak_rss());
+  const long before = peak_rss_kb();
+  AttentionOptions options;
+  options.mask.causal = CausalAlign::top_left;
+  options.mask.window = Window{255, 0};
+  attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+  const long growth_kb = peak_rss_kb() - before;
+  std::printf("peak RSS growth during the N = M = 65536 call: %ld kB\n", growth_kb);
+  EXPECT_LT(growth_kb, 16 * 1024);
+  EXPECT_TRUE(std::isfinite(out[(N - 1) * D]));
+  EXPECT_TRUE(std::isfinite(lse[N - 1]));
+}
+
+}  // namespace
+}  // namespace qkv
