@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "qkv/error.h"
+#include "qkv/layer.h"
 #include "qkv/reference.h"
 #include "test_util.h"
 
@@ -142,6 +143,41 @@ TEST(Explain, ParameterFreeUsesXForQueriesKeysAndValues) {
   auto [weights, out] = reference(x, x, x);
   for (int64_t i = 0; i < 5; ++i)
     for (int64_t d = 0; d < 3; ++d) EXPECT_NEAR(e.output(i, d), out.cview()(0, 0, i, d), 1e-12);
+}
+
+TEST(Explain, LayerExplanationAgreesWithLayerForward) {
+  test::Rng rng("Explain.LayerExplanationAgreesWithLayerForward");
+  LayerConfig config;
+  config.embed_dim = 7;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 3;
+  config.value_dim = 5;
+  config.bias = true;
+  config.seed = rng.seed();
+  MultiHeadAttention layer(config);
+  for (Tensor<float>* b : {&layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o})
+    for (int64_t i = 0; i < b->numel(); ++i) (*b)[i] = static_cast<float>(rng.uniform(-0.5, 0.5));
+  const int64_t N = 5;
+  const Tensor<float> x = rng.normal32({N, 7});
+  const Tensor<float> y = layer.forward(x.cview());
+  const Explanation e = explain_layer({"a", "b", "c", "d", "e"}, x.cview(), layer);
+  ASSERT_EQ(e.output.rows, y.dim(0));
+  ASSERT_EQ(e.output.cols, y.dim(1));
+  EXPECT_EQ(e.num_kv_heads, 2);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < y.dim(1); ++j)
+      EXPECT_NEAR(e.output(i, j), y.cview()(i, j), 1e-5 * (1.0 + std::abs(e.output(i, j)))) << i << ", " << j;
+
+  LayerConfig free_config;
+  free_config.embed_dim = 7;
+  free_config.parameter_free = true;
+  const MultiHeadAttention free_layer(free_config);
+  const Tensor<float> yf = free_layer.forward(x.cview());
+  const Explanation ef = explain_layer({"a", "b", "c", "d", "e"}, x.cview(), free_layer);
+  EXPECT_TRUE(ef.parameter_free);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < 7; ++j) EXPECT_NEAR(ef.output(i, j), yf.cview()(i, j), 1e-5 * (1.0 + std::abs(yf.cview()(i, j))));
 }
 
 TEST(Explain, TextUsesTheSeedsStepsAndNumbers) {
