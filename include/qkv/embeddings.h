@@ -32,13 +32,18 @@ class Embeddings {
   int64_t dim() const { return matrix_.rank() == 2 ? matrix_.dim(1) : 0; }
   const std::string& word(int64_t index) const { return words_[static_cast<std::size_t>(index)]; }
   std::span<const float> vector(int64_t index) const;
-  // Index of `word`, trying it as given and then lowercased; -1 if absent.
+  // Index of `word`: an exact match, else its ASCII-lowercased form, else the first word equal
+  // to it ignoring ASCII case (so the tokenizer's "paris" finds a cased vocabulary's "Paris");
+  // -1 if absent.
   int64_t find(std::string_view word) const;
   const Tensor<float>& matrix() const { return matrix_; }
 
  private:
   std::vector<std::string> words_;
   std::unordered_map<std::string_view, int64_t> index_;
+  // Lowercased forms of the words that contain uppercase letters (views into folded_arena_).
+  std::vector<char> folded_arena_;
+  std::unordered_map<std::string_view, int64_t> folded_;
   Tensor<float> matrix_;
 };
 

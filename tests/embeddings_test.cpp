@@ -1,0 +1,239 @@
+// Loading GloVe text, word2vec text and word2vec binary: values exact, formats detected, and
+// every malformed or oversized file refused with the file and line.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "io_test_util.h"
+#include "qkv/embeddings.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+using test::expect_error;
+using test::TempDir;
+using test::write_raw;
+
+struct Vocab {
+  std::vector<std::string> words;
+  Tensor<float> matrix;
+};
+
+Vocab random_vocab(test::Rng& rng, int64_t v, int64_t e) {
+  Vocab out{{}, rng.normal32({v, e})};
+  for (int64_t i = 0; i < v; ++i) {
+    std::string w;
+    for (int64_t k = rng.uniform_int(1, 9); k > 0; --k) w += static_cast<char>('a' + rng.uniform_int(0, 25));
+    out.words.push_back(w + std::to_string(i));
+  }
+  out.words[0] = "caf\xc3\xa9";  // UTF-8 survives
+  return out;
+}
+
+std::string text_rows(const Vocab& v) {
+  std::string s;
+  const int64_t e = v.matrix.dim(1);
+  for (std::size_t i = 0; i < v.words.size(); ++i) {
+    s += v.words[i];
+    for (int64_t j = 0; j < e; ++j) s += fmt::format(" {:.9g}", v.matrix[static_cast<int64_t>(i) * e + j]);
+    s += '\n';
+  }
+  return s;
+}
+
+std::string binary_file(const Vocab& v, bool newline_after_vector) {
+  const int64_t e = v.matrix.dim(1);
+  std::string s = fmt::format("{} {}\n", v.words.size(), e);
+  for (std::size_t i = 0; i < v.words.size(); ++i) {
+    s += v.words[i] + " ";
+    s.append(reinterpret_cast<const char*>(v.matrix.data() + i * e), static_cast<std::size_t>(e) * 4);
+    if (newline_after_vector) s += '\n';
+  }
+  return s;
+}
+
+void expect_same(const Embeddings& got, const Vocab& want) {
+  ASSERT_EQ(got.size(), static_cast<int64_t>(want.words.size()));
+  ASSERT_EQ(got.dim(), want.matrix.dim(1));
+  for (std::size_t i = 0; i < want.words.size(); ++i) ASSERT_EQ(got.word(static_cast<int64_t>(i)), want.words[i]);
+  EXPECT_EQ(std::memcmp(got.matrix().data(), want.matrix.data(), sizeof(float) * want.matrix.numel()), 0);
+}
+
+TEST(Embeddings, EachFormatLoadsExactlyAndIsDetected) {
+  test::Rng rng("Embeddings.Formats");
+  TempDir dir;
+  for (int64_t e : {1, 3, 40}) {
+    SCOPED_TRACE(e);
+    Vocab v = random_vocab(rng, rng.uniform_int(1, 60), e);
+    write_raw(dir.file("g.txt"), text_rows(v));
+    write_raw(dir.file("w.txt"), fmt::format("{} {}\n", v.words.size(), e) + text_rows(v));
+    write_raw(dir.file("w.bin"), binary_file(v, true));
+    write_raw(dir.file("w2.bin"), binary_file(v, false));
+    expect_same(Embeddings::load(dir.file("g.txt")), v);
+    expect_same(Embeddings::load(dir.file("g.txt"), EmbeddingFormat::glove), v);
+    expect_same(Embeddings::load(dir.file("w.txt")), v);
+    expect_same(Embeddings::load(dir.file("w.txt"), EmbeddingFormat::word2vec_text), v);
+    expect_same(Embeddings::load(dir.file("w2.bin"), EmbeddingFormat::word2vec_binary), v);
+    expect_same(Embeddings::load(dir.file("w.bin"), EmbeddingFormat::word2vec_binary), v);
+    if (e > 1) {  // at width 1 four raw bytes could pass for text; the format can then be named
+      expect_same(Embeddings::load(dir.file("w.bin")), v);
+      expect_same(Embeddings::load(dir.file("w2.bin")), v);
+    }
+  }
+}
+
+TEST(Embeddings, LookupIsExactThenLowercaseAndDuplicatesKeepTheFirst) {
+  TempDir dir;
+  write_raw(dir.file("g.txt"), "the 1 2\nBank 3 4\nthe 5 6\nbank 7 8\r\n\n  \nParis 9 10\nPARIS 11 12\n");
+  Embeddings emb = Embeddings::load(dir.file("g.txt"));
+  EXPECT_EQ(emb.size(), 6);
+  EXPECT_EQ(emb.find("the"), 0);
+  EXPECT_EQ(emb.find("THE"), 0);
+  EXPECT_EQ(emb.find("Bank"), 1);
+  EXPECT_EQ(emb.find("bank"), 3);
+  EXPECT_EQ(emb.find("BANK"), 3);
+  EXPECT_EQ(emb.find("river"), -1);
+  EXPECT_EQ(emb.vector(3)[1], 8.0f);
+  EXPECT_EQ(emb.vector(2)[0], 5.0f);
+  EXPECT_EQ(emb.find("PARIS"), 5);
+  EXPECT_EQ(emb.find("paris"), 4);  // no exact match: the first word equal ignoring case
+  EXPECT_EQ(emb.find("pArIs"), 4);
+  expect_error([&] { emb.vector(6); }, {"word index 6 is outside the vocabulary of 6 words"});
+  expect_error([&] { emb.vector(-1); }, {"word index -1 is outside"});
+  Embeddings moved = std::move(emb);
+  EXPECT_EQ(moved.find("Bank"), 1);  // the indexes survive a move
+  EXPECT_EQ(moved.find("paris"), 4);
+}
+
+TEST(Embeddings, GloveWordsWithSpacesAndOtherTextVariants) {
+  TempDir dir;
+  write_raw(dir.file("g.txt"), ". . . 0.5 -1e-3\nat\tname@domain.com +2 1E2\r\nx 1e-50 3\n");
+  Embeddings emb = Embeddings::load(dir.file("g.txt"));
+  ASSERT_EQ(emb.dim(), 2);
+  EXPECT_EQ(emb.word(0), ". . .");
+  EXPECT_EQ(emb.vector(0)[1], -1e-3f);
+  EXPECT_EQ(emb.word(1), "at\tname@domain.com");
+  EXPECT_EQ(emb.vector(1)[0], 2.0f);
+  EXPECT_EQ(emb.vector(1)[1], 100.0f);
+  EXPECT_EQ(emb.vector(2)[0], 0.0f);  // underflow to zero is not an error
+}
+
+TEST(Embeddings, ConstructorChecksShapeAndValues) {
+  Tensor<float> m({2, 3});
+  expect_error([&] { Embeddings({"a"}, m.clone()); }, {"1 words but the matrix has shape [2, 3]"});
+  m[4] = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { Embeddings({"a", "b"}, m.clone()); }, {"value 2 of word \"b\" is nan"});
+}
+
+struct BadFile {
+  std::string name, bytes;
+  std::vector<std::string> message;
+  EmbeddingFormat format = EmbeddingFormat::automatic;
+};
+
+TEST(Embeddings, MalformedTextIsRefusedWithFileAndLine) {
+  TempDir dir;
+  std::string rows;
+  for (int i = 0; i < 16; ++i) rows += fmt::format("w{} 0.5 1.5 -2.5\n", i);
+  std::vector<BadFile> cases = {
+      {"ragged", rows + "w16 1 2\n", {"line 17: expected 3 values, found 2"}},
+      {"extra", "a 1 2 3\nb 1 2 3 4\n", {"line 2: expected 3 values, found 4"}},
+      {"no_values", "lonely\n", {"line 1: no vector values after the word"}},
+      {"letters", "a 1 2 3\nb 1 x 3\n", {"line 2: value 2 of \"b\" (\"x\") is not a number"}},
+      {"glued", "a 1 2 3\nb 1 2 3.5.5\n", {"line 2: value 3 of \"b\" (\"3.5.5\") is not a number"}},
+      {"nan", "a 1 2 3\n\nb 1 nan 3\n", {"line 3: value 2 of \"b\" is \"nan\"; embeddings must be finite"}},
+      {"inf", "a 1 2 -inf\n", {"line 1: value 3 of \"a\" is \"-inf\"; embeddings must be finite"}},
+      {"range", "a 1 2 1e50\n", {"line 1: value 3 of \"a\" (\"1e50\") is out of the float32 range"}},
+      {"empty", "", {"the file is empty"}},
+      {"blank", "\n \n\t\n", {"the vocabulary is empty"}},
+      {"w2v_more", "5 3\na 1 2 3\nb 1 2 3\n", {"the header declares 5 words but the file has 2 rows"}},
+      {"w2v_fewer", "1 3\na 1 2 3\nb 1 2 3\n", {"the header declares 1 words but the file has 2 rows"}},
+      {"w2v_zero", "0 3\n", {"line 1: the header declares an empty vocabulary"}},
+      {"w2v_dim0", "2 0\n", {"line 1: the header declares vectors of 0 dimensions"}},
+      {"w2v_ragged", "2 3\na 1 2 3\nb 1 2\n", {"line 3: expected 3 values, found 2"}},
+      {"w2v_huge_rows", "1000000000000 3\na 1 2 3\n", {"declares 1000000000000 words but the file has 1 rows"}},
+      {"w2v_huge_dim", "1 1000000000\na 1 2 3\n", {"1 rows of 1000000000 values need at least 2000000001 bytes"}},
+      {"w2v_overflow", "99999999999999999999999 3\na 1 2 3\n", {"declares 9223372036854775807 words"}},
+      {"not_w2v", "a 1 2 3\n", {"line 1: expected a word2vec header"}, EmbeddingFormat::word2vec_text},
+  };
+  for (const BadFile& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string path = dir.file(c.name + ".txt");
+    write_raw(path, c.bytes);
+    std::vector<std::string> parts = c.message;
+    parts.push_back(path);
+    expect_error([&] { Embeddings::load(path, c.format); }, parts);
+  }
+  expect_error([&] { Embeddings::load(dir.file("missing.txt")); }, {dir.file("missing.txt"), "No such file"});
+  expect_error([&] { Embeddings::load(dir.path()); }, {dir.path(), "is a directory"});
+}
+
+// A huge GloVe width on the first line cannot make the loader allocate more than the file could hold.
+TEST(Embeddings, GloveRowsTimesWidthBeyondTheFileIsRefused) {
+  TempDir dir;
+  std::string first = "w";
+  for (int i = 0; i < 3000; ++i) first += " 1";
+  std::string body = first + "\n";
+  for (int i = 0; i < 3000; ++i) body += "x\n";
+  write_raw(dir.file("g.txt"), body);
+  expect_error([&] { Embeddings::load(dir.file("g.txt")); }, {"3001 rows of 3000 values need at least"});
+}
+
+TEST(Embeddings, MalformedBinaryIsRefusedWithTheEntry) {
+  test::Rng rng("Embeddings.Binary");
+  TempDir dir;
+  Vocab v = random_vocab(rng, 5, 4);
+  v.words[2] = "third";
+  v.words[4] = std::string(60, 'z');
+  const std::string good = binary_file(v, true);
+  std::string nan_file = good;
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::size_t third = good.find("third ") + 6;
+  std::memcpy(nan_file.data() + third + 4, &nan, 4);
+  std::vector<BadFile> cases = {
+      {"truncated", good.substr(0, good.size() - 7),
+       {"word 5 of 5", "truncated word2vec binary file: the vector needs 16 bytes but 10 remain"}},
+      {"inside_word", good.substr(0, good.find(v.words[4]) + 30), {"word 5 of 5", "it ends inside the word"}},
+      {"huge_rows", "1000000000000 4\n" + good.substr(good.find('\n') + 1),
+       {"declares 1000000000000 words of 4 floats (at least 18000000000000 bytes)"}},
+      {"huge_dim", "5 1000000000\n" + good.substr(good.find('\n') + 1), {"declares 5 words of 1000000000 floats"}},
+      {"trailing", good + "extra 12345678901234567", {"bytes of data follow the 5 words the header declares"}},
+      {"nan", nan_file, {"word 3 of 5 (\"third\"", "value 2 is nan"}},
+  };
+  for (const BadFile& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string path = dir.file(c.name + ".bin");
+    write_raw(path, c.bytes);
+    std::vector<std::string> parts = c.message;
+    parts.push_back(path);
+    expect_error([&] { Embeddings::load(path, EmbeddingFormat::word2vec_binary); }, parts);
+  }
+}
+
+TEST(Embeddings, CorruptedFilesNeverCrash) {
+  test::Rng rng("Embeddings.Corrupted");
+  TempDir dir("/dev/shm");
+  Vocab v = random_vocab(rng, 6, 3);
+  std::string path = dir.file("c");
+  for (const std::string& good : {binary_file(v, true), fmt::format("6 3\n") + text_rows(v), text_rows(v)}) {
+    auto attempt = [&](const std::string& bytes) {
+      write_raw(path, bytes);
+      try {
+        Embeddings::load(path);
+      } catch (const Error&) {
+      }
+    };
+    for (std::size_t n = 0; n < good.size(); n += 3) attempt(good.substr(0, n));
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string bytes = good;
+      for (int k = 0, flips = static_cast<int>(rng.uniform_int(1, 3)); k < flips; ++k)
+        bytes[static_cast<std::size_t>(rng.uniform_int(0, static_cast<int64_t>(good.size()) - 1))] =
+            static_cast<char>(rng.uniform_int(0, 255));
+      attempt(bytes);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv
