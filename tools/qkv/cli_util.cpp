@@ -21,9 +21,16 @@ void usage_error(const std::string& message) { throw CLI::ValidationError(messag
 
 template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf) {
-  const Tensor<T> c = to_contiguous<T>(t);  // any strides; the index below is in t's own shape
-  for (int64_t i = 0; i < c.numel(); ++i) {
-    const T x = c[i];
+  // Loaded tensors are contiguous: scan them in place; copy only strided views.
+  Tensor<T> copy;
+  const T* data = t.data();
+  if (!t.is_contiguous()) {
+    copy = to_contiguous<T>(t);
+    data = copy.data();
+  }
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const T x = data[i];
     if (std::isfinite(x) || (allow_neg_inf && std::isinf(x) && x < 0)) continue;
     std::vector<int64_t> index(static_cast<std::size_t>(t.rank()));
     int64_t rest = i;

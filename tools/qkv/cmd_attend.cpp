@@ -144,7 +144,9 @@ Command add_attend(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "attend",
       "Attention on .npy tensors: q [N,D], [H,N,D] or [B,H,N,D]; k, v with Hkv heads (H % Hkv == 0) and M keys.\n"
-      "fp64 inputs with --kernel reference are computed and written in float64; otherwise float32.");
+      "fp64 inputs with --kernel reference are computed and written in float64; otherwise float32.\n"
+      "N = 0 gives an empty [.., 0, Dv] output; M = 0 or a row with no allowed key gives zeros and lse = -inf.\n"
+      "Inputs with NaN/Inf are refused; outputs are written only if the whole run succeeds.");
   sub->add_option("--q", args->q, "Queries .npy")->required();
   sub->add_option("--k", args->k, "Keys .npy")->required();
   sub->add_option("--v", args->v, "Values .npy")->required();
