@@ -24,7 +24,7 @@ struct ExplainArgs {
   std::string example;
   SentenceArgs sentence_args;
   bool json = false;
-  int precision = 8;
+  int precision = 0;  // 0: 8 decimals for the seeds' examples, 4 for sentences
   std::string html, svg;  // pictures instead of text
 };
 
@@ -88,7 +88,8 @@ int run_explain(const ExplainArgs& a) {
     write_pictures(a, e, long_page);
     return 0;
   }
-  const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, a.precision);
+  const int precision = a.precision > 0 ? a.precision : (a.sentence_args.embeddings.empty() ? 8 : 4);
+  const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, precision);
   std::fwrite(text.data(), 1, text.size(), stdout);
   if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
   return 0;
@@ -110,7 +111,8 @@ Command add_explain(CLI::App& app) {
       ->check(CLI::IsMember(example_names()));
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/false);
   sub->add_flag("--json", args->json, "Print the steps as JSON (full float64 precision)");
-  sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8)")->check(CLI::Range(1, 17));
+  sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8 for the examples, 4 for sentences)")
+      ->check(CLI::Range(1, 17));
   sub->add_option("--html", args->html,
                   "Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the text; "
                   "beyond 512 tokens it lists each row's top-10 weights");
