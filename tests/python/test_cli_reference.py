@@ -203,3 +203,18 @@ def test_zero_keys_mask_every_row(run, tmp_path, seed):
     assert proc.returncode == 0, proc.stderr
     assert np.array_equal(np.load(tmp_path / "out.npy"), np.zeros((3, 4)))
     assert np.all(np.isneginf(np.load(tmp_path / "lse.npy")))
+
+
+@pytest.mark.parametrize("kernel", ["auto", "fused"])
+def test_attend_float32_same_bytes_for_any_thread_count(run, tmp_path, seed, kernel):
+    rng = np.random.default_rng(seed)
+    for name, shape in (("q", (2, 4, 37, 64)), ("k", (2, 2, 45, 64)), ("v", (2, 2, 45, 24))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    outputs = []
+    for threads in ("1", "2", "3"):
+        out = tmp_path / f"out{threads}.npy"
+        proc = run("attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
+                   "--causal=bottom_right", "--kernel", kernel, "--threads", threads, "--out", out)
+        assert proc.returncode == 0, f"seed {seed}: {proc.stderr}"
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1] == outputs[2], f"seed {seed}: results depend on the thread count"
