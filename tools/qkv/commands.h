@@ -19,5 +19,6 @@ Command add_explain(CLI::App& app);
 Command add_context(CLI::App& app);
 Command add_compare(CLI::App& app);
 Command add_attend(CLI::App& app);
+Command add_train(CLI::App& app);
 
 }  // namespace qkv::cli
