@@ -47,7 +47,12 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
                        const std::string& what) {
   if (tokenize(sentence).empty())
     throw Error(fmt::format("{}: \"{}\" has no words (it is empty or only punctuation)", what, sentence));
-  EmbeddedSentence s = embed_sentence(embeddings, sentence, oov_policy(args));
+  EmbeddedSentence s;
+  try {
+    s = embed_sentence(embeddings, sentence, oov_policy(args));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {} (vocabulary: {})", what, e.what(), args.embeddings));
+  }
   if (!s.missing.empty() && s.missing.size() == s.tokens.size()) {
     // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful.
     std::string list;

@@ -100,7 +100,10 @@ CLI::Validator list_check(F parse, const std::string& option, std::size_t count 
           if (count != 0 && n != count) return fmt::format("expected {} comma-separated values, got '{}'", count, text);
           return {};
         } catch (const Error& e) {
-          return e.what();
+          // CLI11 names the option itself; drop ours.
+          std::string message = e.what();
+          if (message.rfind(option + ": ", 0) == 0) message.erase(0, option.size() + 2);
+          return message;
         }
       },
       "LIST", "");
