@@ -39,7 +39,8 @@ def seeds_dir():
 def run(qkv_bin):
     """Runs `qkv ARGS...`; returns the CompletedProcess (text mode)."""
     def _run(*args, cwd=None, timeout=60):
-        return subprocess.run([qkv_bin, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+        return subprocess.run([qkv_bin, *map(str, args)], capture_output=True, text=True, errors="replace", cwd=cwd,
+                              timeout=timeout)
     return _run
 
 

@@ -363,3 +363,44 @@ def test_compare_word_problems(run, embeddings, word, needle):
 def test_heads_must_divide_width(run, embeddings):
     proc = run("context", "--embeddings", embeddings.glove, "--heads", "4", "river bank")
     check_failure(proc, 1, "--heads 4", "--dk")
+
+
+@pytest.mark.parametrize("kind", ["npy", "word2vec_binary", "safetensors"])
+def test_mutated_files_never_crash(run, embeddings, tmp_path, seed, kind):
+    """Random byte flips and truncations: every run ends in success or one error line, never a
+    signal, and a failed run leaves no output."""
+    rng = np.random.default_rng(seed)
+    if kind == "npy":
+        np.save(tmp_path / "k.npy", rng.standard_normal((3, 4)))
+        np.save(tmp_path / "v.npy", rng.standard_normal((3, 2)))
+        np.save(tmp_path / "base", rng.standard_normal((2, 4)))
+        base = (tmp_path / "base.npy").read_bytes()
+        args = ["attend", "--q", tmp_path / "m.dat", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy"]
+    elif kind == "word2vec_binary":
+        base = embeddings.w2v_bin.read_bytes()
+        args = ["context", "--embeddings", tmp_path / "m.dat", "--format", "npy"]
+    else:
+        write_layer(tmp_path / "layer.safetensors", rng, E=embeddings.matrix.shape[1], H=2, D=3)
+        base = (tmp_path / "layer.safetensors").read_bytes()
+        args = ["context", "--embeddings", embeddings.glove, "--weights", tmp_path / "m.dat", "--format", "npy"]
+    if kind != "npy":
+        args.append("we sat by the river bank")
+    for trial in range(40):
+        data = bytearray(base)
+        for _ in range(int(rng.integers(1, 6))):
+            # Mostly the header, where the parsing is.
+            limit = min(len(data), 160) if rng.random() < 0.7 else len(data)
+            data[int(rng.integers(0, limit))] = int(rng.integers(0, 256))
+        if rng.random() < 0.3:
+            data = data[:int(rng.integers(0, len(data)))]
+        (tmp_path / "m.dat").write_bytes(bytes(data))
+        out = tmp_path / "out.npy"
+        proc = run(*args, "--out", out)
+        context = f"seed {seed}, trial {trial}: exit {proc.returncode}, stderr {proc.stderr!r}"
+        assert proc.returncode in (0, 1), context
+        if proc.returncode == 1:
+            assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("qkv: error: "), context
+            assert not out.exists(), context
+        else:
+            out.unlink()
+        assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name], context
