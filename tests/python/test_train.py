@@ -1,0 +1,111 @@
+"""`qkv train --task lookup`: a short run learns; SIGKILL + --resume gives bitwise the weights of
+an uninterrupted run; corrupted, truncated or mismatched checkpoints are refused with one clear
+line while the previous checkpoint survives."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+# A small task that trains in about a second: 4 pairs, 16 keys, 16 values (chance 6.25%).
+SMALL = ["--task", "lookup", "-P", "4", "--keys", "16", "--values", "16", "-E", "32", "--heads", "2",
+         "--batch", "32", "--lr", "0.01", "--eval-examples", "500"]
+
+
+def accuracies(stdout):
+    found = {name: float(value) / 100 for name, value in
+             re.findall(r"^\s+(trained|parameter-free|untrained)\s+([0-9.]+)%$", stdout, re.M)}
+    assert set(found) == {"trained", "parameter-free", "untrained"}, stdout
+    return found
+
+
+def test_short_run_learns(run, seed):
+    r = run("train", *SMALL, "--steps", 800, "--seed", seed)
+    note = f"seed {seed}: {r.stdout} {r.stderr}"
+    assert r.returncode == 0, note
+    acc = accuracies(r.stdout)
+    assert acc["trained"] >= 0.9, note
+    assert acc["trained"] >= acc["parameter-free"] + 0.4, note
+    assert acc["untrained"] <= 0.3, note
+    # stderr is not a terminal here: plain progress lines, no carriage returns.
+    assert "\r" not in r.stderr and re.search(r"^step 800/800 +loss [0-9.]+ +acc", r.stderr, re.M), note
+
+
+def test_sigkill_then_resume_is_bitwise_identical(run, qkv_bin, seed, tmp_path):
+    steps = 4000
+    args = [*SMALL, "--steps", str(steps), "--seed", str(seed)]
+    straight = run("train", *args, "--save", tmp_path / "straight.safetensors", timeout=300)
+    assert straight.returncode == 0, f"seed {seed}: {straight.stderr}"
+
+    ckpt = tmp_path / "ckpt.safetensors"
+    cmd = [qkv_bin, "train", *args, "--checkpoint", str(ckpt), "--checkpoint-every", "100"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(str(ckpt) + ".prev") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    still_running = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert still_running, f"seed {seed}: the run ended before it could be killed"
+    assert ckpt.exists(), f"seed {seed}: no checkpoint written before the kill"
+
+    resumed = run("train", *args, "--checkpoint", ckpt, "--checkpoint-every", 100, "--resume",
+                  "--save", tmp_path / "resumed.safetensors", timeout=300)
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stderr}"
+    m = re.search(r"resumed from step (\d+) of (\d+)", resumed.stdout)
+    assert m and 0 < int(m.group(1)) < steps, f"seed {seed}: {resumed.stdout}"
+    a = (tmp_path / "straight.safetensors").read_bytes()
+    b = (tmp_path / "resumed.safetensors").read_bytes()
+    assert a == b, f"seed {seed}: weights after resume (from step {m.group(1)}) differ from the uninterrupted run"
+    assert accuracies(straight.stdout)["trained"] == accuracies(resumed.stdout)["trained"], f"seed {seed}"
+
+
+def flip_byte(path, offset_from_end):
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_bad_checkpoints_are_refused_and_previous_survives(run, seed, tmp_path):
+    ckpt = tmp_path / "ckpt.safetensors"
+    prev = tmp_path / "ckpt.safetensors.prev"
+    args = [*SMALL, "--steps", "300", "--seed", str(seed), "--checkpoint", str(ckpt), "--checkpoint-every", "100"]
+    first = run("train", *args)
+    assert first.returncode == 0, f"seed {seed}: {first.stderr}"
+    assert ckpt.exists() and prev.exists(), f"seed {seed}"
+    good_prev = prev.read_bytes()
+
+    flip_byte(ckpt, 3)  # inside the last tensor's data
+    r = run("train", *args, "--resume")
+    assert r.returncode == 1, f"seed {seed}: {r.stdout} {r.stderr}"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is corrupted: checksum" in lines[0], r.stderr
+    assert f"the previous checkpoint {prev} is still there" in lines[0], r.stderr
+    assert prev.read_bytes() == good_prev
+
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    r = run("train", *args, "--resume")
+    assert r.returncode == 1 and f"checkpoint {ckpt} is unreadable" in r.stderr, r.stderr
+    assert prev.read_bytes() == good_prev
+
+    # The previous checkpoint is intact and resumes (it holds step 200 of 300).
+    r = run("train", *[a if a != str(ckpt) else str(prev) for a in args], "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from step 200 of 300" in r.stdout, r.stdout
+
+
+def test_resume_refuses_other_settings_and_missing_files(run, seed, tmp_path):
+    ckpt = tmp_path / "ckpt.safetensors"
+    base = [*SMALL, "--steps", "100", "--seed", str(seed), "--checkpoint", str(ckpt)]
+    assert run("train", *base).returncode == 0
+    r = run("train", *[("5" if a == "4" else a) for a in base], "--resume")  # -P 5
+    assert r.returncode == 1 and "was written with pairs=4 but this run has pairs=5" in r.stderr, r.stderr
+    r = run("train", *SMALL, "--steps", "100", "--checkpoint", tmp_path / "none.safetensors", "--resume")
+    assert r.returncode == 1 and "none.safetensors is unreadable" in r.stderr, r.stderr
+    r = run("train", *SMALL, "--resume")
+    assert r.returncode == 2 and "--resume needs --checkpoint" in r.stderr, r.stderr
+    r = run("train", *[("20" if a == "4" else a) for a in SMALL])  # -P 20 with 16 keys
+    assert r.returncode == 2 and "--keys (16) must be at least --pairs (20)" in r.stderr, r.stderr
