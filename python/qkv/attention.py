@@ -43,8 +43,8 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
       float32 - computed by qkv's fp32 kernel (zero-copy; results float32);
       float64 - computed by the float64 reference (results float64);
       uint16  - read as bfloat16 bit patterns, widened exactly to float32 (results float32).
-    Any strides are accepted without copying (transposed or sliced views, negative steps), as
-    long as each stride is a whole number of elements.
+    Any strides are read in place without copying (transposed [B, N, H, D] views, slices,
+    negative steps, np.broadcast_to); only arrays numpy marks as unaligned are copied first.
 
     Args:
       scale: multiplies q @ k^T; default 1 / sqrt(D).

@@ -1,5 +1,6 @@
 """Bad input to the qkv module raises the documented exception with a clear message, never crashes."""
 
+import re
 import threading
 import time
 
@@ -137,32 +138,46 @@ def test_bad_mask_and_option_arguments(kwargs, exc, message):
         sdpa(q, k, v, **kwargs)
 
 
-def test_the_gil_is_released_during_a_long_call():
-    # A call of a few hundred milliseconds; a Python thread counting meanwhile must advance.
-    rng = rng_for(3100)
-    q = rng.standard_normal((1, 2, 512, 64)).astype(np.float32)
-    counter = [0]
+def _longest_pause_of_another_thread(call):
+    """Runs call() while another Python thread counts and timestamps its progress; returns the
+    call's duration and the longest stretch within it in which that thread made no progress."""
+    stamps = []
     started = threading.Event()
     running = [True]
 
     def spin():
+        n = 0
         started.set()
         while running[0]:
-            counter[0] += 1
+            n += 1
+            if n % 64 == 0:
+                stamps.append(time.perf_counter())
 
     thread = threading.Thread(target=spin)
     thread.start()
     started.wait()
     try:
-        before = counter[0]
         t0 = time.perf_counter()
-        sdpa(q, q, q, kernel="reference", num_threads=1)
-        elapsed = time.perf_counter() - t0
-        during = counter[0] - before
+        call()
+        t1 = time.perf_counter()
     finally:
         running[0] = False
         thread.join()
-    # With the GIL held for the whole call, the counter could move at most during the brief
-    # Python-side argument handling (one switch interval, 5 ms); it must keep counting throughout.
+    points = [t0] + [t for t in stamps if t0 < t < t1] + [t1]
+    return t1 - t0, max(b - a for a, b in zip(points, points[1:]))
+
+
+def test_the_gil_is_released_during_a_long_call():
+    # A call that holds the GIL stops every other Python thread for (nearly) its whole duration;
+    # one that releases it lets them keep going (the control below shows the difference).
+    rng = rng_for(3100)
+    q = rng.standard_normal((1, 2, 512, 64)).astype(np.float32)
+    elapsed, pause = _longest_pause_of_another_thread(lambda: sdpa(q, q, q, kernel="reference", num_threads=1))
     assert elapsed > 0.05, f"call too short ({elapsed:.3f} s) to tell"
-    assert during > 1000, f"counter advanced only {during} times in {elapsed:.3f} s ({seed_note(3100)})"
+    assert pause < 0.5 * elapsed, f"another thread stalled {pause:.3f} s of a {elapsed:.3f} s call ({seed_note(3100)})"
+
+
+def test_gil_check_detects_a_held_gil():
+    # The control: a regular expression with catastrophic backtracking holds the GIL throughout.
+    elapsed, pause = _longest_pause_of_another_thread(lambda: re.match(r"(a+)+b", "a" * 21))
+    assert elapsed > 0.05 and pause > 0.5 * elapsed, f"paused {pause:.3f} s of {elapsed:.3f} s"
