@@ -64,11 +64,22 @@ void matrix_block(std::string& out, const std::string& name, const Matrix& m, co
 }
 
 // "0.31359894·"word 1" + 0.35006362·"word 2" + …": row i of the weights applied to the values.
+// Long sentences show only the largest terms, in sentence order.
 std::string weighted_sum(const HeadSteps& h, int64_t i, const std::vector<std::string>& names, int precision,
                          const char* times) {
+  std::vector<int64_t> shown(static_cast<std::size_t>(h.weights.cols));
+  for (int64_t j = 0; j < h.weights.cols; ++j) shown[static_cast<std::size_t>(j)] = j;
+  if (h.weights.cols > kMaxCols) {
+    std::partial_sort(shown.begin(), shown.begin() + kMaxCols / 2, shown.end(),
+                      [&](int64_t a, int64_t b) { return h.weights(i, a) > h.weights(i, b); });
+    shown.resize(kMaxCols / 2);
+    std::sort(shown.begin(), shown.end());
+  }
   std::string s;
-  for (int64_t j = 0; j < h.weights.cols; ++j)
-    s += fmt::format("{}{}{}{}", j ? " + " : "", number(h.weights(i, j), precision), times, names[j]);
+  for (std::size_t t = 0; t < shown.size(); ++t)
+    s += fmt::format("{}{}{}{}", t ? " + " : "", number(h.weights(i, shown[t]), precision), times, names[shown[t]]);
+  if (static_cast<int64_t>(shown.size()) < h.weights.cols)
+    s += fmt::format(" + … ({} smaller terms)", h.weights.cols - static_cast<int64_t>(shown.size()));
   return s;
 }
 
@@ -102,8 +113,14 @@ void seed003_head(std::string& out, const Explanation& e, const HeadSteps& h, in
   out += "\nStep 5. Compute the weighted sum of values: output = attention_weights @ V\n";
   std::vector<std::string> values;
   for (const auto& name : quoted(t)) values.push_back("V[" + name + "]");
-  for (int64_t i = 0; i < h.weights.rows; ++i)
+  for (int64_t i = 0; i < h.weights.rows; ++i) {
+    if (h.weights.rows > kMaxRows && i == kMaxRows - 2) {
+      out += fmt::format("  … ({} rows)\n", h.weights.rows);
+      i = h.weights.rows - 2;
+      continue;
+    }
     out += fmt::format("  output[\"{}\"] = {}\n", t[i], weighted_sum(h, i, values, precision, "·"));
+  }
   out += "Self-attention output:\n";
   matrix_block(out, "output (context vectors)", h.context, t, precision);
 }

@@ -196,6 +196,23 @@ TEST(Explain, TextUsesTheSeedsStepsAndNumbers) {
   EXPECT_NE(t0.find("q1 = [ 0.21200000 0.04000000 0.63000000 0.36000000]"), std::string::npos) << t0;
 }
 
+TEST(Explain, LongSentencesAreShownInPart) {
+  test::Rng rng("Explain.LongSentencesAreShownInPart");
+  const int64_t N = 15;
+  std::vector<std::string> tokens;
+  for (int64_t i = 0; i < N; ++i) tokens.push_back("w" + std::to_string(i));
+  const Explanation e = explain_parameter_free(tokens, random_matrix(rng, N, 40));
+  const std::string text = explanation_to_text(e, 4);
+  EXPECT_NE(text.find("(15 rows)"), std::string::npos);
+  EXPECT_NE(text.find("(40 columns)"), std::string::npos);
+  EXPECT_NE(text.find("+ … (10 smaller terms)"), std::string::npos);
+  EXPECT_LT(text.size(), 20000u);
+  // The JSON keeps everything.
+  const nlohmann::json j = nlohmann::json::parse(explanation_to_json(e));
+  EXPECT_EQ(j["heads"][0]["weights"].size(), static_cast<std::size_t>(N));
+  EXPECT_EQ(j["x"][0].size(), 40u);
+}
+
 TEST(Explain, JsonHasEveryStep) {
   const Explanation e = explain_example("seed-003");
   const nlohmann::json j = nlohmann::json::parse(explanation_to_json(e));
