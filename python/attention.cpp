@@ -11,23 +11,39 @@
 namespace qkvpy {
 namespace {
 
-template <class T>
+// uint16 arrays hold bfloat16 bits; qkv::bf16 is that same 16-bit pattern.
+qkv::TensorView<const qkv::bf16> as_bf16(const qkv::TensorView<const uint16_t>& v) {
+  return qkv::TensorView<const qkv::bf16>(reinterpret_cast<const qkv::bf16*>(v.data()), v.shape(), v.strides());
+}
+
+// T: the numpy element type of q, k, v (float, double or uint16_t holding bf16); R: of the results.
+template <class T, class R>
 py::object forward_as(const py::array& q, const py::array& k, const py::array& v, const AttentionCall& call,
                       bool return_lse, bool finite) {
   const qkv::TensorView<const T> qv = array_view<T>(q, "q"), kv = array_view<T>(k, "k"), vv = array_view<T>(v, "v");
-  if (finite) {
-    check_finite(qv, "q");
-    check_finite(kv, "k");
-    check_finite(vv, "v");
+  if constexpr (!std::is_same_v<T, uint16_t>) {
+    if (finite) {
+      check_finite(qv, "q");
+      check_finite(kv, "k");
+      check_finite(vv, "v");
+    }
+  } else if (finite) {
+    for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+      const qkv::Tensor<float> wide = widen_bf16(*t, name);
+      check_finite(wide.cview(), name);
+    }
   }
-  py::array out = new_array<T>(call.out_shape);
-  py::array lse = new_array<T>(call.lse_shape);
-  const qkv::TensorView<T> ov = mutable_view<T>(out, "out").as_rank4();
-  const qkv::TensorView<T> lv = lse_view(mutable_view<T>(lse, "lse"));
+  py::array out = new_array<R>(call.out_shape);
+  py::array lse = new_array<R>(call.lse_shape);
+  const qkv::TensorView<R> ov = mutable_view<R>(out, "out").as_rank4();
+  const qkv::TensorView<R> lv = lse_view(mutable_view<R>(lse, "lse"));
   {
     py::gil_scoped_release release;
     if constexpr (std::is_same_v<T, double>) {
       qkv::reference_attention_forward(ov, lv, {}, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
+    } else if constexpr (std::is_same_v<T, uint16_t>) {
+      qkv::attention_forward(ov, lv, as_bf16(qv.as_rank4()), as_bf16(kv.as_rank4()), as_bf16(vv.as_rank4()),
+                             call.options);
     } else {
       qkv::attention_forward(ov, lv, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
     }
@@ -37,24 +53,23 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
 }
 
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::dict& mask,
-                const py::object& scale, bool return_lse, const std::string& kernel, int num_threads, bool finite) {
+                const py::object& scale, bool return_lse, const std::string& kernel, int num_threads,
+                const std::string& simd, bool finite) {
   const auto [q, k, v] = qkv_arrays(q_obj, k_obj, v_obj);
   CallOptions options;
   options.mask = mask;
   options.scale = scale;
   options.kernel = kernel;
   options.num_threads = num_threads;
+  options.simd = simd;
   const AttentionCall call = prepare_call(q, k, v, options);
   switch (call.dtype) {
     case DType::f64:
-      return forward_as<double>(q, k, v, call, return_lse, finite);
+      return forward_as<double, double>(q, k, v, call, return_lse, finite);
     case DType::f32:
-      return forward_as<float>(q, k, v, call, return_lse, finite);
-    case DType::bf16: {
-      // bf16 widens exactly to float32; the result is float32.
-      return forward_as<float>(tensor_to_numpy(widen_bf16(q, "q")), tensor_to_numpy(widen_bf16(k, "k")),
-                               tensor_to_numpy(widen_bf16(v, "v")), call, return_lse, finite);
-    }
+      return forward_as<float, float>(q, k, v, call, return_lse, finite);
+    case DType::bf16:
+      return forward_as<uint16_t, float>(q, k, v, call, return_lse, finite);
   }
   throw py::type_error("unreachable dtype");
 }
@@ -63,11 +78,16 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
 
 void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
-        py::arg("scale"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_threads"), py::arg("check_finite"),
+        py::arg("scale"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_threads"), py::arg("simd"),
+        py::arg("check_finite"),
         "Core of qkv.scaled_dot_product_attention (see that function's docstring); mask is a dict of mask "
         "keyword arguments.");
   m.def("default_num_threads", &qkv::default_num_threads,
         "Threads a call uses when num_threads=0: QKV_NUM_THREADS if set to a positive integer, else OpenMP's default.");
+  m.def("simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(parse_simd(simd))); },
+        py::arg("simd") = "auto",
+        "The SIMD path ('avx512', 'avx2' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
+        "the QKV_SIMD environment variable. ValueError if that path is not available here.");
 }
 
 }  // namespace qkvpy

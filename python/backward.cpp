@@ -83,13 +83,14 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
 py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
                    const py::object& dout_obj, const py::object& out_obj, const py::object& lse_obj,
                    const py::dict& mask, const py::object& scale, bool return_dbias, const std::string& kernel,
-                   int num_threads, bool finite) {
+                   int num_threads, const std::string& simd, bool finite) {
   const std::array<py::array, 3> arrays = qkv_arrays(q_obj, k_obj, v_obj);
   CallOptions options;
   options.mask = mask;
   options.scale = scale;
   options.kernel = kernel;
   options.num_threads = num_threads;
+  options.simd = simd;
   const AttentionCall call = prepare_call(arrays[0], arrays[1], arrays[2], options);
   if (call.dtype == DType::bf16)
     throw py::type_error("attention_backward: uint16 (bfloat16) inputs are not supported; pass float32");
@@ -111,7 +112,7 @@ py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::o
 void bind_backward(py::module_& m) {
   m.def("attention_backward", &backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("out"),
         py::arg("lse"), py::arg("mask"), py::arg("scale"), py::arg("return_dbias"), py::arg("kernel"),
-        py::arg("num_threads"), py::arg("check_finite"),
+        py::arg("num_threads"), py::arg("simd"), py::arg("check_finite"),
         "Core of qkv.attention_backward (see that function's docstring).");
 }
 

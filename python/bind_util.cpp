@@ -313,6 +313,9 @@ CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
       if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
         throw py::type_error("num_threads must be an integer");
       call.num_threads = py::cast<int>(value);
+    } else if (key == "simd") {
+      if (!py::isinstance<py::str>(value)) throw py::type_error("simd must be a string");
+      call.simd = py::cast<std::string>(value);
     } else if (key == "check_finite") {
       call.check_finite = py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(value)));
     } else {
@@ -332,6 +335,7 @@ void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
   if (call.num_threads < 0)
     throw py::value_error(fmt::format("num_threads must be >= 0 (0 = default), got {}", call.num_threads));
   options.num_threads = call.num_threads;
+  options.simd = parse_simd(call.simd);
 }
 
 qkv::Kernel parse_kernel(const std::string& name) {
@@ -339,6 +343,14 @@ qkv::Kernel parse_kernel(const std::string& name) {
   if (name == "reference") return qkv::Kernel::reference;
   if (name == "fused") return qkv::Kernel::fused;
   throw py::value_error(fmt::format("kernel must be 'auto', 'reference' or 'fused', got '{}'", name));
+}
+
+qkv::Simd parse_simd(const std::string& name) {
+  if (name == "auto") return qkv::Simd::automatic;
+  if (name == "avx512") return qkv::Simd::avx512;
+  if (name == "avx2") return qkv::Simd::avx2;
+  if (name == "scalar") return qkv::Simd::scalar;
+  throw py::value_error(fmt::format("simd must be 'auto', 'avx512', 'avx2' or 'scalar', got '{}'", name));
 }
 
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {

@@ -51,17 +51,18 @@ py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t);
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner);
 
 // Splits **kwargs of a layer-style call into the mask dictionary and the options scale, kernel,
-// num_threads and check_finite. TypeError for an unknown keyword.
+// num_threads, simd and check_finite. TypeError for an unknown keyword.
 struct CallOptions {
   py::dict mask;
   py::object scale = py::none();
   std::string kernel = "auto";
   int num_threads = 0;
+  std::string simd = "auto";
   bool check_finite = false;
 };
 CallOptions split_kwargs(const py::kwargs& kwargs, const char* function);
 
-// Fills options.scale, kernel and num_threads from `call` (mask is set separately).
+// Fills options.scale, kernel, num_threads and simd from `call` (mask is set separately).
 void apply_options(const CallOptions& call, qkv::AttentionOptions& options);
 
 // The shape of a numpy array as a vector.
@@ -117,6 +118,8 @@ qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 
 // "auto" | "reference" | "fused" -> qkv::Kernel; ValueError otherwise.
 qkv::Kernel parse_kernel(const std::string& name);
+// "auto" | "avx512" | "avx2" | "scalar" -> qkv::Simd; ValueError otherwise.
+qkv::Simd parse_simd(const std::string& name);
 
 // A view of bf16 bits widened exactly to float32.
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name);

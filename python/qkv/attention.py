@@ -32,7 +32,7 @@ def _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_ma
 def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_left", key_lengths=None,
                                  query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
                                  softcap=None, scale=None, return_lse=False, kernel="auto", num_threads=0,
-                                 check_finite=False):
+                                 simd="auto", check_finite=False):
     """out = softmax(scale * q @ k^T + mask) @ v, like PyTorch's scaled_dot_product_attention.
 
     Shapes follow PyTorch: q [..., N, D], k [..., M, D], v [..., M, Dv] with the same rank 2, 3 or
@@ -42,7 +42,10 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
     dtypes: q, k, v must share one of
       float32 - computed by qkv's fp32 kernel (zero-copy; results float32);
       float64 - computed by the float64 reference (results float64);
-      uint16  - read as bfloat16 bit patterns, widened exactly to float32 (results float32).
+      uint16  - read as bfloat16 bit patterns (zero-copy) and run by the bf16 kernel: products
+                accumulate in fp32; on CPUs with AVX512_BF16 the softmax weights are rounded to
+                bf16 for the P·V product, so expect about 1e-2 relative agreement with the
+                float32 result of the widened inputs (exact widening elsewhere). Results float32.
     Any strides are read in place without copying (transposed [B, N, H, D] views, slices,
     negative steps, np.broadcast_to); only arrays numpy marks as unaligned are copied first.
 
@@ -51,6 +54,8 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
       return_lse: also return lse [..., N], the log-sum-exp of each row of masked, scaled scores.
       kernel: "auto" (fastest available), "reference" (float64 inside) or "fused".
       num_threads: threads for this call; 0 = qkv.default_num_threads().
+      simd: "auto", "avx512", "avx2" or "scalar": forces the fused kernel's instruction set
+          (ValueError if this CPU lacks it); qkv.simd_path() tells which one "auto" runs.
       check_finite: if True, a NaN or infinity in q, k or v raises ValueError naming the tensor
           and the index; if False, non-finite values propagate as IEEE arithmetic says.
     {mask}
@@ -62,7 +67,7 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
     return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, bool(return_lse), kernel, int(num_threads),
-                                             bool(check_finite))
+                                             simd, bool(check_finite))
 
 
 scaled_dot_product_attention.__doc__ = scaled_dot_product_attention.__doc__.replace("{mask}", _MASK_DOC)
@@ -82,7 +87,8 @@ def _reduce_to_shape(grad, shape):
 
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causal_align="top_left", key_lengths=None,
                        query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None, softcap=None,
-                       scale=None, return_dbias=False, kernel="auto", num_threads=0, check_finite=False):
+                       scale=None, return_dbias=False, kernel="auto", num_threads=0, simd="auto",
+                       check_finite=False):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     q, k, v and every mask argument are as for scaled_dot_product_attention; dout has out's shape
@@ -101,7 +107,7 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
         raise NotImplementedError("this qkv build has no attention backward (qkv.features lists what is built)")
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
     grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, bool(return_dbias), kernel,
-                                    int(num_threads), bool(check_finite))
+                                    int(num_threads), simd, bool(check_finite))
     if return_dbias and bias is not None:
         dq, dk, dv, dbias = grads
         return dq, dk, dv, _reduce_to_shape(dbias, np.shape(bias)).astype(dbias.dtype, copy=False)

@@ -181,3 +181,11 @@ def test_gil_check_detects_a_held_gil():
     # The control: a regular expression with catastrophic backtracking holds the GIL throughout.
     elapsed, pause = _longest_pause_of_another_thread(lambda: re.match(r"(a+)+b", "a" * 21))
     assert elapsed > 0.05 and pause > 0.5 * elapsed, f"paused {pause:.3f} s of {elapsed:.3f} s"
+
+
+def test_check_finite_reads_bfloat16_bits():
+    q = np.full((3, 4), 0x3F80, dtype=np.uint16)  # 1.0 in bfloat16
+    q[2, 1] = 0x7FC0  # NaN
+    with pytest.raises(ValueError, match=r"q contains NaN at index \(2, 1\)"):
+        sdpa(q, np.full((3, 4), 0x3F80, np.uint16), np.full((3, 4), 0x3F80, np.uint16), check_finite=True)
+    assert np.isnan(sdpa(q, q, q)[2]).all()
