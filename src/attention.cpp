@@ -172,9 +172,19 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
 
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
                        TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
-  check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
-  Tensor<float> q32 = widen(q), k32 = widen(k), v32 = widen(v);
-  attention_forward(out, lse, q32.cview(), k32.cview(), v32.cview(), options);
+  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  if (options.kernel == Kernel::reference) {
+    Tensor<float> q32 = widen(q), k32 = widen(k), v32 = widen(v);
+    reference_forward_f32(out, lse, q32.cview(), k32.cview(), v32.cview(), options);
+    return;
+  }
+  const Simd path = kernels::resolve_simd(options.simd);
+  const detail::MaskEval mask(options.mask, s);
+  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
+  p.qb = q.data();
+  p.kb = k.data();
+  p.vb = v.data();
+  kernels::fused_forward(p, path, threads_for(s, options));
 }
 
 const char* simd_path_name(Simd simd) { return kernels::simd_name(kernels::resolve_simd(simd)); }

@@ -1,6 +1,8 @@
 // The fused forward driver: splits (b, h, query tile) work items over OpenMP threads.
 #include "kernels/fused_forward.h"
 
+#include "kernels/dispatch.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -9,12 +11,13 @@
 
 namespace qkv::kernels {
 
-void Workspace::Free::operator()(float* p) const { std::free(p); }
+void Workspace::Free::operator()(void* p) const { std::free(p); }
 
-float* Workspace::floats(int slot, std::size_t count) {
+void* Workspace::bytes(int slot, std::size_t count) {
   if (sizes_[slot] < count) {
-    const std::size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    // 64 spare bytes: vector loads of a tail may read (never use) past the last element.
+    const std::size_t rounded = (count + 64 + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) throw std::bad_alloc();
     buffers_[slot].reset(p);
     sizes_[slot] = count;
@@ -53,6 +56,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   ForwardParams p = params;
   const AttentionShape& s = p.shape;
   p.tile_rows = plan_tile_rows(s);
+  p.bf16_dot = p.is_bf16() && path == Simd::avx512 && cpu_features().avx512_bf16;
   const int64_t tiles = (s.N + p.tile_rows - 1) / p.tile_rows;
   const int64_t heads = s.B * s.H;
   const int64_t items = heads * tiles;

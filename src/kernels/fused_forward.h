@@ -34,6 +34,8 @@ struct ForwardParams {
   // Query rows per tile: chosen from the shape alone, never from the thread count, so the
   // reduction order (and so every bit of the result) does not depend on the threads.
   int64_t tile_rows = 64;
+  // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
+  bool bf16_dot = false;
 
   bool is_bf16() const { return qb != nullptr; }
 };
@@ -47,15 +49,20 @@ struct TileTask {
 // stream of calls allocates nothing.
 class Workspace {
  public:
-  // Returns at least `count` floats, 64-byte aligned, for buffer slot `slot` (< kSlots).
-  float* floats(int slot, std::size_t count);
   static constexpr int kSlots = 8;
+  // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
+  // (< kSlots); the previous contents of the slot are not kept.
+  template <class T>
+  T* get(int slot, std::size_t count) {
+    return static_cast<T*>(bytes(slot, count * sizeof(T)));
+  }
 
  private:
+  void* bytes(int slot, std::size_t count);
   struct Free {
-    void operator()(float* p) const;
+    void operator()(void* p) const;
   };
-  std::array<std::unique_ptr<float[], Free>, kSlots> buffers_;
+  std::array<std::unique_ptr<void, Free>, kSlots> buffers_;
   std::array<std::size_t, kSlots> sizes_{};
 };
 

@@ -2,18 +2,31 @@
 //   C[R x NV*L] = alpha ⊙ C + A[R x K] · B[K x NV*L]   (alpha per row; no alpha: C = A·B)
 // A is read one element at a time (broadcast), through a row stride and a k stride, so it can be
 // any strided matrix (rows of K, or a transposed P); B is read in vectors of L = Ops::kLanes
-// contiguous floats per k step, rows ldb apart. The R x NV accumulators stay in registers.
+// contiguous elements per k step, rows ldb apart. The R x NV fp32 accumulators stay in registers.
+// Dot says what an element is: FloatDot multiplies floats with FMA; the bf16 policy (simd_avx512.h)
+// makes each element a pair of bf16 and each step a vdpbf16ps (two products per lane).
 // Include only after kernel_deps.h and a family's simd_*.h (see kernel_deps.h).
 #pragma once
 
 namespace qkv::kernels {
 
+template <class Ops>
+struct FloatDot {
+  using V = typename Ops::V;
+  using AT = float;
+  using BT = float;
+  static V bcast(const float* a) { return Ops::set1(*a); }
+  static V load(const float* b) { return Ops::load(b); }
+  static V madd(V a, V b, V acc) { return Ops::fma(a, b, acc); }
+};
+
+template <class AT, class BT>
 struct GemmArgs {
   int64_t kdim = 0;        // K
-  const float* a = nullptr;
+  const AT* a = nullptr;
   int64_t a_row = 0;       // element stride between rows of A
   int64_t a_k = 0;         // element stride along K in A
-  const float* b = nullptr;
+  const BT* b = nullptr;
   int64_t ldb = 0;         // element stride between rows of B
   float* c = nullptr;
   int64_t ldc = 0;
@@ -21,8 +34,8 @@ struct GemmArgs {
 };
 
 // KFixed > 0 fixes K at compile time (head dims 64 and 128), so the k loop can be unrolled.
-template <class Ops, int R, int NV, int KFixed>
-void gemm_micro(const GemmArgs& g) {
+template <class Ops, class Dot, int R, int NV, int KFixed>
+void gemm_micro(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   V acc[R][NV];
@@ -38,14 +51,14 @@ void gemm_micro(const GemmArgs& g) {
   int64_t offset[R];
   for (int r = 0; r < R; ++r) offset[r] = r * g.a_row;
   const int64_t kdim = KFixed > 0 ? KFixed : g.kdim;
-  const float* a = g.a;
-  const float* b = g.b;
+  const typename Dot::AT* a = g.a;
+  const typename Dot::BT* b = g.b;
   for (int64_t k = 0; k < kdim; ++k) {
     V bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = Ops::load(b + v * L);
+    for (int v = 0; v < NV; ++v) bv[v] = Dot::load(b + v * L);
     for (int r = 0; r < R; ++r) {
-      const V ar = Ops::set1(a[offset[r]]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::fma(ar, bv[v], acc[r][v]);
+      const V ar = Dot::bcast(a + offset[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Dot::madd(ar, bv[v], acc[r][v]);
     }
     a += g.a_k;
     b += g.ldb;
@@ -55,10 +68,10 @@ void gemm_micro(const GemmArgs& g) {
 }
 
 // Runtime choice among the instantiations for 1..Ops::kRows rows and 1..Ops::kVecs vectors.
-template <class Ops, int KFixed = 0>
+template <class Ops, class Dot, int KFixed = 0>
 class GemmTable {
  public:
-  using Fn = void (*)(const GemmArgs&);
+  using Fn = void (*)(const GemmArgs<typename Dot::AT, typename Dot::BT>&);
   static Fn get(int rows, int vecs) { return table()[rows - 1][vecs - 1]; }
 
  private:
@@ -66,7 +79,7 @@ class GemmTable {
   using Table = std::array<std::array<Fn, kNV>, kR>;
   template <int R, int... NV>
   static constexpr std::array<Fn, kNV> row(std::integer_sequence<int, NV...>) {
-    return {&gemm_micro<Ops, R, NV + 1, KFixed>...};
+    return {&gemm_micro<Ops, Dot, R, NV + 1, KFixed>...};
   }
   template <int... R>
   static constexpr Table make(std::integer_sequence<int, R...>) {
@@ -79,23 +92,25 @@ class GemmTable {
 };
 
 // C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel. The full-size
-// micro-tiles use the K-specialized instantiation when kdim matches KFixed.
-template <class Ops>
-void gemm_blocked(const GemmArgs& g, int64_t rows, int64_t vecs) {
+// micro-tiles use a K-specialized instantiation for K = 32, 64, 128 (head dims 64 and 128, in
+// pairs for bf16, and full key blocks).
+template <class Ops, class Dot = FloatDot<Ops>>
+void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
-  auto full = GemmTable<Ops>::get(kR, kNV);
-  if (g.kdim == 64) full = GemmTable<Ops, 64>::get(kR, kNV);
-  if (g.kdim == 128) full = GemmTable<Ops, 128>::get(kR, kNV);
+  auto full = GemmTable<Ops, Dot>::get(kR, kNV);
+  if (g.kdim == 32) full = GemmTable<Ops, Dot, 32>::get(kR, kNV);
+  if (g.kdim == 64) full = GemmTable<Ops, Dot, 64>::get(kR, kNV);
+  if (g.kdim == 128) full = GemmTable<Ops, Dot, 128>::get(kR, kNV);
   for (int64_t r0 = 0; r0 < rows; r0 += kR) {
     const int r = static_cast<int>(std::min<int64_t>(kR, rows - r0));
     for (int64_t v0 = 0; v0 < vecs; v0 += kNV) {
       const int nv = static_cast<int>(std::min<int64_t>(kNV, vecs - v0));
-      GemmArgs t = g;
+      auto t = g;
       t.a = g.a + r0 * g.a_row;
       t.b = g.b + v0 * L;
       t.c = g.c + r0 * g.ldc + v0 * L;
       t.alpha = g.alpha != nullptr ? g.alpha + r0 : nullptr;
-      (r == kR && nv == kNV ? full : GemmTable<Ops>::get(r, nv))(t);
+      (r == kR && nv == kNV ? full : GemmTable<Ops, Dot>::get(r, nv))(t);
     }
   }
 }

@@ -5,8 +5,24 @@
 namespace qkv::kernels {
 namespace {
 
+// bf16 pairs for the micro-kernel (microkernel.h): each 32-bit element holds two bf16, and one
+// vdpbf16ps adds both products of each lane to its fp32 accumulator.
+struct Bf16PairDot {
+  using V = __m512;
+  using AT = uint32_t;
+  using BT = uint32_t;
+  static V bcast(const uint32_t* a) {
+    uint32_t x;
+    std::memcpy(&x, a, sizeof x);  // rows of a bf16 tensor may be only 2-byte aligned
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(x)));
+  }
+  static V load(const uint32_t* b) { return _mm512_castsi512_ps(_mm512_loadu_si512(b)); }
+  static V madd(V a, V b, V acc) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+};
+
 struct Avx512 {
   using V = __m512;
+  using PairDot = Bf16PairDot;
   static constexpr int kLanes = 16;
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.

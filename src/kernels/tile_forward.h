@@ -8,6 +8,12 @@
 //   Sᵀ = K · (scale·Q)ᵀ   (A = rows of K read in place through their strides, B = packed Qᵀ)
 //   O  = alpha ⊙ O + P · V (A = Pᵀ read transposed,                          B = rows of V)
 // Softmax runs in base 2 with the running max m kept in natural units: p = 2^(s·log2e − m·log2e).
+//
+// Inputs are fp32 or bf16 (In). bf16 inputs are widened to fp32 block by block, except that with
+// Pairs (AVX512_BF16) S = Q·Kᵀ multiplies the bf16 pairs of Q and K as given by vdpbf16ps (fp32
+// sums). P·V stays in fp32 (V widened): rounding P to bf16 as well would be about 1.2x faster on
+// S3/S4, but its error alone is as large as that of rounding the inputs, and together they broke
+// the "within 2x of the input rounding error" promise in about 1 run in 8 (FusedBf16 test).
 #pragma once
 
 namespace qkv::kernels {
@@ -16,27 +22,52 @@ namespace {
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int64_t kMaxTileRows = 64;
 
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+// Two bf16 as one 32-bit pair, the first in the low half (the order vdpbf16ps multiplies).
+inline uint32_t pair_bits(bf16 lo, bf16 hi) { return lo.bits | static_cast<uint32_t>(hi.bits) << 16; }
+
+// The micro-kernel policy: FloatDot, or the family's bf16 pairs (only families with AVX512_BF16).
+template <class Ops, bool Pairs>
+struct DotOf {
+  using type = FloatDot<Ops>;
+};
+template <class Ops>
+struct DotOf<Ops, true> {
+  using type = typename Ops::PairDot;
+};
+
 // q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv] -> out: [B,H,N,Dv], lse: [B,H,N], for the rows
 // [i0, i0 + tile_rows) of one (b, h).
-template <class Ops>
+template <class Ops, class In, bool Pairs>
 class ForwardTile {
   using V = typename Ops::V;
   static constexpr int L = Ops::kLanes;
   static constexpr int64_t kBc = Ops::kKeyBlock;
+  // What S = Q·Kᵀ multiplies: floats, or bf16 pairs (one uint32_t holds two).
+  using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
   ForwardTile(const ForwardParams& p, const TileTask& t, Workspace& ws)
       : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), h_(t.h), hk_(t.h / (p.shape.H / p.shape.Hkv)), i0_(t.i0) {
+    q_ = input(p.q, p.qb) + b_ * p.sq[0] + h_ * p.sq[1];
+    k_ = input(p.k, p.kb) + b_ * p.sk[0] + hk_ * p.sk[1];
+    v_ = input(p.v, p.vb) + b_ * p.sv[0] + hk_ * p.sv[1];
     bq_ = p.tile_rows;
     rows_ = std::min(bq_, s_.N - i0_);
     qvecs_ = (rows_ + L - 1) / L;
     dvp_ = (s_.Dv + L - 1) / L * L;
-    v_direct_ = p.sv[3] == 1 && dvp_ == s_.Dv;
-    qt_ = ws.floats(0, static_cast<std::size_t>(s_.D * bq_));
-    st_ = ws.floats(1, static_cast<std::size_t>(kBc * bq_));
-    o_ = ws.floats(2, static_cast<std::size_t>(bq_ * dvp_));
-    vpack_ = v_direct_ ? nullptr : ws.floats(3, static_cast<std::size_t>(kBc * dvp_));
-    float* stats = ws.floats(4, static_cast<std::size_t>(5 * bq_));
+    dk_ = Pairs ? (s_.D + 1) / 2 : s_.D;
+    // Rows of K and V are used in place when their layout already is what the products read.
+    if constexpr (Pairs) k_direct_ = p.sk[3] == 1 && s_.D % 2 == 0 && p.sk[2] % 2 == 0;
+    else k_direct_ = std::is_same_v<In, float>;
+    v_direct_ = std::is_same_v<In, float> && p.sv[3] == 1 && dvp_ == s_.Dv;
+    qt_ = ws.get<Elem>(0, static_cast<std::size_t>(dk_ * bq_));
+    st_ = ws.get<float>(1, static_cast<std::size_t>(kBc * bq_));
+    o_ = ws.get<float>(2, static_cast<std::size_t>(bq_ * dvp_));
+    vpack_ = v_direct_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    kpack_ = k_direct_ ? nullptr : ws.get<Elem>(5, static_cast<std::size_t>(kBc * dk_));
+    float* stats = ws.get<float>(4, static_cast<std::size_t>(5 * bq_));
     m_ = stats;
     l_ = stats + bq_;
     alpha_ = stats + 2 * bq_;
@@ -79,15 +110,24 @@ class ForwardTile {
     return any;
   }
 
-  // qt [D x bq] = scale · Q tileᵀ; lanes past the last row are zero.
+  static const In* input(const float* f, const bf16* b) {
+    if constexpr (std::is_same_v<In, float>) return f;
+    else return b;
+  }
+
+  // qt [D x bq] = scale · Q tileᵀ (Pairs: [D/2 x bq] pairs of Q unscaled, since scaling would
+  // round again); lanes past the last row are zero.
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
     for (int64_t r = 0; r < lanes; ++r) {
-      if (r < rows_) {
-        const float* q = p_.q + b_ * p_.sq[0] + h_ * p_.sq[1] + (i0_ + r) * p_.sq[2];
-        for (int64_t d = 0; d < s_.D; ++d) qt_[d * bq_ + r] = q[d * p_.sq[3]] * p_.scale;
-      } else {
-        for (int64_t d = 0; d < s_.D; ++d) qt_[d * bq_ + r] = 0.0f;
+      const In* q = q_ + (i0_ + r) * p_.sq[2];
+      for (int64_t d = 0; d < dk_; ++d) {
+        if constexpr (Pairs) {
+          const bool has_hi = 2 * d + 1 < s_.D;
+          qt_[d * bq_ + r] = r < rows_ ? pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{}) : 0;
+        } else {
+          qt_[d * bq_ + r] = r < rows_ ? widen(q[d * p_.sq[3]]) * p_.scale : 0.0f;
+        }
       }
     }
   }
@@ -100,18 +140,47 @@ class ForwardTile {
     accumulate(j0, nb, interior);
   }
 
-  // st [nb x bq] = K[j0 : j0+nb] · qt.
+  // st [nb x bq] = K[j0 : j0+nb] · qt (then · scale for Pairs).
   void scores(int64_t j0, int64_t nb) {
-    GemmArgs g;
-    g.kdim = s_.D;
-    g.a = p_.k + b_ * p_.sk[0] + hk_ * p_.sk[1] + j0 * p_.sk[2];
-    g.a_row = p_.sk[2];
-    g.a_k = p_.sk[3];
+    GemmArgs<Elem, Elem> g;
+    g.kdim = dk_;
+    if (k_direct_) {
+      if constexpr (Pairs) {
+        g.a = reinterpret_cast<const uint32_t*>(k_ + j0 * p_.sk[2]);
+        g.a_row = p_.sk[2] / 2;
+        g.a_k = 1;
+      } else {
+        g.a = reinterpret_cast<const float*>(k_ + j0 * p_.sk[2]);
+        g.a_row = p_.sk[2];
+        g.a_k = p_.sk[3];
+      }
+    } else {
+      for (int64_t jj = 0; jj < nb; ++jj) {
+        const In* k = k_ + (j0 + jj) * p_.sk[2];
+        for (int64_t d = 0; d < dk_; ++d) {
+          if constexpr (Pairs) {
+            const bf16 hi = 2 * d + 1 < s_.D ? k[(2 * d + 1) * p_.sk[3]] : bf16{};
+            kpack_[jj * dk_ + d] = pair_bits(k[2 * d * p_.sk[3]], hi);
+          } else {
+            kpack_[jj * dk_ + d] = widen(k[d * p_.sk[3]]);
+          }
+        }
+      }
+      g.a = kpack_;
+      g.a_row = dk_;
+      g.a_k = 1;
+    }
     g.b = qt_;
     g.ldb = bq_;
     g.c = st_;
     g.ldc = bq_;
-    gemm_blocked<Ops>(g, nb, qvecs_);
+    gemm_blocked<Ops, Dot>(g, nb, qvecs_);
+    if constexpr (Pairs) {
+      const V scale = Ops::set1(p_.scale);
+      for (int64_t jj = 0; jj < nb; ++jj)
+        for (int64_t g0 = 0; g0 < qvecs_ * L; g0 += L)
+          Ops::store(st_ + jj * bq_ + g0, Ops::mul(Ops::load(st_ + jj * bq_ + g0), scale));
+    }
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
@@ -168,50 +237,71 @@ class ForwardTile {
 
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
   void accumulate(int64_t j0, int64_t nb, bool interior) {
-    const float* v = p_.v + b_ * p_.sv[0] + hk_ * p_.sv[1] + j0 * p_.sv[2];
-    int64_t ldv = p_.sv[2];
-    if (!v_direct_) {
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        for (int64_t e = 0; e < s_.Dv; ++e) vpack_[jj * dvp_ + e] = v[jj * p_.sv[2] + e * p_.sv[3]];
-        for (int64_t e = s_.Dv; e < dvp_; ++e) vpack_[jj * dvp_ + e] = 0.0f;
-      }
-      v = vpack_;
-      ldv = dvp_;
+    const In* v = v_ + j0 * p_.sv[2];
+    if (!interior && has_nonfinite(v, nb)) {
+      accumulate_rows_in_band(v, j0, nb);
+      return;
     }
-    GemmArgs g;
+    GemmArgs<float, float> g;
     g.kdim = nb;
     g.a = st_;
     g.a_row = 1;
     g.a_k = bq_;
-    g.b = v;
-    g.ldb = ldv;
+    if (v_direct_) {
+      g.b = reinterpret_cast<const float*>(v);
+      g.ldb = p_.sv[2];
+    } else {
+      pack_v(v, nb);
+      g.b = vpack_;
+      g.ldb = dvp_;
+    }
     g.c = o_;
     g.ldc = dvp_;
     g.alpha = alpha_;
-    if (interior || !has_nonfinite(v, ldv, nb)) {
-      gemm_blocked<Ops>(g, rows_, dvp_ / L);
-      return;
-    }
-    // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN), so on a
-    // band edge with such values each row takes only its own keys.
-    for (int64_t r = 0; r < rows_; ++r) {
-      const int64_t lo = live_[r] ? std::clamp<int64_t>(lo_[r] - j0, 0, nb) : 0;
-      const int64_t hi = live_[r] ? std::clamp<int64_t>(hi_[r] - j0, lo, nb) : lo;
-      GemmArgs row = g;
-      row.kdim = hi - lo;
-      row.a = st_ + lo * bq_ + r;
-      row.b = v + lo * ldv;
-      row.c = o_ + r * dvp_;
-      row.alpha = alpha_ + r;
-      gemm_blocked<Ops>(row, 1, dvp_ / L);
+    gemm_blocked<Ops>(g, rows_, dvp_ / L);
+  }
+
+  // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
+  void pack_v(const In* v, int64_t nb) {
+    const int64_t sm = p_.sv[2], se = p_.sv[3];
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      for (int64_t e = 0; e < s_.Dv; ++e) vpack_[jj * dvp_ + e] = widen(v[jj * sm + e * se]);
+      for (int64_t e = s_.Dv; e < dvp_; ++e) vpack_[jj * dvp_ + e] = 0.0f;
     }
   }
 
-  bool has_nonfinite(const float* v, int64_t ldv, int64_t nb) const {
-    V acc = Ops::zero();  // x · 0 is NaN exactly when x is Inf or NaN
+  // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN), so on a
+  // band edge with such values each row sums over its own keys only (plain loops: this is rare).
+  void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb) {
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t lo = live_[r] ? std::clamp<int64_t>(lo_[r] - j0, 0, nb) : 0;
+      const int64_t hi = live_[r] ? std::clamp<int64_t>(hi_[r] - j0, lo, nb) : lo;
+      float* o = o_ + r * dvp_;
+      for (int64_t e = 0; e < s_.Dv; ++e) {
+        float acc = alpha_[r] * o[e];
+        for (int64_t jj = lo; jj < hi; ++jj) acc += st_[jj * bq_ + r] * widen(v[jj * p_.sv[2] + e * p_.sv[3]]);
+        o[e] = acc;
+      }
+    }
+  }
+
+  bool has_nonfinite(const In* v, int64_t nb) const {
+    if constexpr (std::is_same_v<In, float>) {
+      if (p_.sv[3] == 1) {
+        V acc = Ops::zero();  // x · 0 is NaN exactly when x is Inf or NaN
+        const int64_t full = s_.Dv / L * L;
+        bool tail = false;
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          for (int64_t e = 0; e < full; e += L) acc = Ops::fma(Ops::load(v + jj * p_.sv[2] + e), Ops::zero(), acc);
+          for (int64_t e = full; e < s_.Dv; ++e) tail |= !std::isfinite(v[jj * p_.sv[2] + e]);
+        }
+        return tail || Ops::any_nan(acc);
+      }
+    }
+    bool bad = false;
     for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t e = 0; e < dvp_; e += L) acc = Ops::fma(Ops::load(v + jj * ldv + e), Ops::zero(), acc);
-    return Ops::any_nan(acc);
+      for (int64_t e = 0; e < s_.Dv; ++e) bad |= !std::isfinite(widen(v[jj * p_.sv[2] + e * p_.sv[3]]));
+    return bad;
   }
 
   void write_rows() {
@@ -227,21 +317,27 @@ class ForwardTile {
     }
   }
 
+  using Dot = typename DotOf<Ops, Pairs>::type;
+
   const ForwardParams& p_;
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
-  int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0;
-  bool v_direct_ = false;
+  const In *q_, *k_, *v_;
+  int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
+  bool k_direct_ = false, v_direct_ = false;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_{}, hi_{};
   std::array<bool, kMaxTileRows> live_{};
-  float *qt_, *st_, *o_, *vpack_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
+  Elem *qt_, *kpack_;
+  float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
 
-template <class Ops>
+// Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
+template <class Ops, bool Pairs = false>
 void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  ForwardTile<Ops>(p, task, ws).run();
+  if (!p.is_bf16()) ForwardTile<Ops, float, false>(p, task, ws).run();
+  else ForwardTile<Ops, bf16, Pairs>(p, task, ws).run();
 }
 
 // Applies Ops::exp2 to n values (for the accuracy test).

@@ -1,0 +1,159 @@
+// Google Benchmark of the fused attention forward on the shapes S1-S6 (fp32, and bf16 for
+// S3/S4), with 1 and 2 threads, each thread group preceded by the FMA peak measured the same way.
+// `qkv_bench --peak-memory` instead runs S6 once and prints its peak resident memory growth.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fma_peak.h"
+#include "qkv/attention.h"
+
+namespace qkv::bench {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t B, H, N, D;
+  bool causal;
+};
+
+const Shape kShapes[] = {
+    {"S1", 1, 1, 3, 4, false},      {"S2", 8, 12, 128, 64, false},  {"S3", 1, 12, 1024, 64, false},
+    {"S4", 1, 8, 4096, 64, false},  {"S5", 1, 8, 4096, 64, true},   {"S6", 1, 1, 16384, 128, false},
+};
+
+// 4·B·H·N²·D, half of it under a causal mask (the convention).
+double flops_of(const Shape& s) {
+  const double f = 4.0 * s.B * s.H * static_cast<double>(s.N) * s.N * s.D;
+  return s.causal ? f / 2 : f;
+}
+
+// Inputs of one shape, created on first use and kept (the benchmarks reuse them).
+struct Inputs {
+  std::array<int64_t, 4> shape;
+  std::vector<float> q, k, v, out, lse;
+  std::vector<bf16> qb, kb, vb;
+};
+
+Inputs& inputs_of(const Shape& s) {
+  static std::map<std::string, Inputs> cache;
+  auto it = cache.find(s.name);
+  if (it != cache.end()) return it->second;
+  Inputs& in = cache[s.name];
+  in.shape = {s.B, s.H, s.N, s.D};
+  const std::size_t n = static_cast<std::size_t>(s.B * s.H * s.N * s.D);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> dist;
+  for (auto* t : {&in.q, &in.k, &in.v}) {
+    t->resize(n);
+    for (float& x : *t) x = dist(rng);
+  }
+  in.out.assign(n, 0.0f);
+  in.lse.assign(static_cast<std::size_t>(s.B * s.H * s.N), 0.0f);
+  auto to_bf16 = [](const std::vector<float>& f) {
+    std::vector<bf16> b(f.size());
+    for (std::size_t i = 0; i < f.size(); ++i) b[i] = float_to_bf16(f[i]);
+    return b;
+  };
+  in.qb = to_bf16(in.q);
+  in.kb = to_bf16(in.k);
+  in.vb = to_bf16(in.v);
+  return in;
+}
+
+void run_once(const Shape& s, Inputs& in, bool use_bf16, int threads) {
+  AttentionOptions options;
+  options.num_threads = threads;
+  if (s.causal) options.mask.causal = CausalAlign::top_left;
+  const std::array<int64_t, 3> lse_shape{s.B, s.H, s.N};
+  TensorView<float> out(in.out.data(), in.shape), lse(in.lse.data(), lse_shape);
+  if (use_bf16) {
+    attention_forward(out, lse, TensorView<const bf16>(in.qb.data(), in.shape),
+                      TensorView<const bf16>(in.kb.data(), in.shape), TensorView<const bf16>(in.vb.data(), in.shape),
+                      options);
+  } else {
+    attention_forward(out, lse, TensorView<const float>(in.q.data(), in.shape),
+                      TensorView<const float>(in.k.data(), in.shape), TensorView<const float>(in.v.data(), in.shape),
+                      options);
+  }
+}
+
+void register_group(int threads) {
+  benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(),
+                               [threads](benchmark::State& state) {
+                                 constexpr int64_t kIterations = 20'000'000;
+                                 double flops = 0;
+                                 for (auto _ : state) flops = fma_peak_work(threads, kIterations);
+                                 state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+                               })
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
+  auto add = [threads](const Shape& shape, bool use_bf16) {
+    const std::string name = std::string("attention/") + shape.name + (use_bf16 ? "/bf16" : "/fp32") +
+                             "/threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [shape, use_bf16, threads](benchmark::State& state) {
+                                   Inputs& in = inputs_of(shape);
+                                   run_once(shape, in, use_bf16, threads);  // warm the thread pool and buffers
+                                   for (auto _ : state) run_once(shape, in, use_bf16, threads);
+                                   state.counters["FLOPS"] =
+                                       benchmark::Counter(flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true);
+  };
+  for (const Shape& shape : kShapes) add(shape, false);
+  for (const Shape& shape : kShapes)
+    if (std::strcmp(shape.name, "S3") == 0 || std::strcmp(shape.name, "S4") == 0) add(shape, true);
+}
+
+long status_kb(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
+  return -1;
+}
+
+// S6 once on 2 threads after its inputs and outputs are resident; VmHWM is reset just before.
+int peak_memory() {
+  const Shape& s6 = kShapes[5];
+  Inputs& in = inputs_of(s6);
+  in.qb.clear(), in.kb.clear(), in.vb.clear();
+  in.qb.shrink_to_fit(), in.kb.shrink_to_fit(), in.vb.shrink_to_fit();
+  run_once(kShapes[0], inputs_of(kShapes[0]), false, 2);  // start the OpenMP threads first
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  const bool reset = f != nullptr && std::fputs("5", f) >= 0;
+  if (f != nullptr) std::fclose(f);
+  const long before = status_kb("VmHWM:");
+  run_once(s6, in, false, 2);
+  const long after = status_kb("VmHWM:");
+  const double io_mb = (in.q.size() * 4.0 * 4 + in.lse.size() * 4.0) / (1 << 20);
+  std::printf("{\"shape\": \"S6\", \"threads\": 2, \"reset_ok\": %s, \"rss_before_mb\": %.1f, "
+              "\"peak_growth_mb\": %.2f, \"inputs_outputs_mb\": %.1f}\n",
+              reset ? "true" : "false", before / 1024.0, (after - before) / 1024.0, io_mb);
+  return reset ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace qkv::bench
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--peak-memory") == 0) return qkv::bench::peak_memory();
+  qkv::bench::register_group(1);
+  qkv::bench::register_group(2);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,13 @@
+// The machine's fp32 FMA peak, measured the way the attention kernels would reach it: many
+// independent FMA chains (so latency never stalls), no memory traffic.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::bench {
+
+// Runs `iterations` steps of 12 independent 512-bit (or, without AVX-512, 2 x 256-bit) FMA
+// chains on each of `threads` OpenMP threads; returns the flops done (2 per lane per FMA).
+double fma_peak_work(int threads, int64_t iterations);
+
+}  // namespace qkv::bench

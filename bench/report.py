@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""Turns one `make bench` run (Google Benchmark JSON, torch_compare.py JSON, S6 peak memory JSON)
+into the single table of BENCHMARKS.md. Every ratio in it comes from this one run."""
+import argparse
+import json
+
+FLOP_SHAPES = {  # [B, H, N, D], causal
+    "S1": (1, 1, 3, 4, False), "S2": (8, 12, 128, 64, False), "S3": (1, 12, 1024, 64, False),
+    "S4": (1, 8, 4096, 64, False), "S5": (1, 8, 4096, 64, True), "S6": (1, 1, 16384, 128, False),
+}
+
+
+def medians(path):
+    """{run_name: (median real time in ms, FLOPS)} from Google Benchmark's JSON."""
+    out = {}
+    for b in json.load(open(path))["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            name = b["run_name"].replace("/repeats:5", "").replace("/real_time", "")
+            scale = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
+            out[name] = (b["real_time"] * scale, b.get("FLOPS", 0.0))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qkv", required=True)
+    ap.add_argument("--torch", required=True)
+    ap.add_argument("--memory", required=True)
+    ap.add_argument("--load-before", default="?")
+    ap.add_argument("--load-after", default="?")
+    a = ap.parse_args()
+    qkv = medians(a.qkv)
+    torch = json.load(open(a.torch))["results"]
+    mem = json.load(open(a.memory))
+
+    print(f"load average (1, 5, 15 min) before: {a.load_before}; after: {a.load_after}")
+    print()
+    print("| shape [B·H·N·D] | dtype | thr | qkv ms (median) | GFLOP/s | % FMA peak | × torch sdpa | × torch composite |")
+    print("|---|---|---|---|---|---|---|---|")
+    for threads in (1, 2):
+        peak_ms, peak = qkv.get(f"fma_peak/threads:{threads}", (0, 0))
+        print(f"| FMA peak (12 chains/thread) | fp32 | {threads} | {peak_ms:.1f} | {peak / 1e9:.1f} | 100 | | |")
+        for dtype in ("fp32", "bf16"):
+            for shape, (b, h, n, d, causal) in FLOP_SHAPES.items():
+                key = f"attention/{shape}/{dtype}/threads:{threads}"
+                if key not in qkv:
+                    continue
+                ms, flops = qkv[key]
+                label = f"{shape} {b}·{h}·{n}·{d}" + (" causal" if causal else "")
+                ratios = []
+                for variant in ("sdpa", "composite"):
+                    t = torch.get(f"{shape}/{variant}/threads:{threads}")
+                    ratios.append(f"{t / ms:.2f}" if t else "n/a")
+                time_text = f"{ms * 1e3:.3f} µs" if ms < 0.01 else f"{ms:.3f}"
+                pct = 100.0 * flops / peak if peak else 0.0
+                print(f"| {label} | {dtype} | {threads} | {time_text} | {flops / 1e9:.1f} | {pct:.0f} | "
+                      f"{ratios[0]} | {ratios[1]} |")
+    print()
+    print(f"S6 fp32, 2 threads: peak resident memory growth during the call {mem['peak_growth_mb']:.2f} MB "
+          f"(inputs + outputs {mem['inputs_outputs_mb']:.1f} MB, VmHWM reset {'ok' if mem['reset_ok'] else 'FAILED'}).")
+    print("bf16 rows are compared with PyTorch fp32 on the same shape (1.13 has no fast bf16 CPU attention).")
+
+
+if __name__ == "__main__":
+    main()

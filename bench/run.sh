@@ -1,0 +1,18 @@
+#!/bin/sh
+# `make bench`: bench/run.sh <build dir>. Runs the qkv benchmarks, S6's peak memory and the
+# PyTorch comparison, then prints one table (see BENCHMARKS.md). Raw results stay in
+# <build dir>/bench-results/.
+set -eu
+BUILD=${1:-build}
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT="$BUILD/bench-results"
+mkdir -p "$OUT"
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "qkv benchmarks (about 2 minutes)..." >&2
+"$BUILD/bench/qkv_bench" --benchmark_out="$OUT/qkv.json" --benchmark_out_format=json > "$OUT/qkv.log"
+"$BUILD/bench/qkv_bench" --peak-memory > "$OUT/memory.json"
+echo "PyTorch (about 2 minutes)..." >&2
+/usr/bin/python3 "$HERE/torch_compare.py" > "$OUT/torch.json"
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+/usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
+  --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"

@@ -1,0 +1,77 @@
+#!/usr/bin/python3
+"""Times PyTorch 1.13 CPU attention on the shapes of attention_bench.cpp, for `make bench`.
+
+Two variants, same inputs (normal fp32, [B, H, N, D]), same thread count (torch.set_num_threads):
+  sdpa       torch.nn.functional._scaled_dot_product_attention (1.13's fused entry point)
+  composite  softmax(q @ k^T * scale [+ causal mask]) @ v
+Prints a JSON object {"<shape>/<variant>/threads:<t>": median_ms, ...}; a variant that fails
+(e.g. out of memory for S6's N x N matrix) is reported as null.
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+
+SHAPES = {
+    "S1": (1, 1, 3, 4, False),
+    "S2": (8, 12, 128, 64, False),
+    "S3": (1, 12, 1024, 64, False),
+    "S4": (1, 8, 4096, 64, False),
+    "S5": (1, 8, 4096, 64, True),
+    "S6": (1, 1, 16384, 128, False),
+}
+
+
+def sdpa(q, k, v, causal):
+    return torch.nn.functional._scaled_dot_product_attention(q, k, v, None, 0.0, False, causal)[0]
+
+
+def composite(q, k, v, causal):
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def median_ms(fn, budget_s=3.0, max_reps=25):
+    fn()  # warm up
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (len(times) < max_reps and time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
+def main():
+    torch.manual_seed(0)
+    results = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for name, (b, h, n, d, causal) in SHAPES.items():
+            q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
+            with torch.no_grad():
+                for variant, fn in (("sdpa", sdpa), ("composite", composite)):
+                    key = f"{name}/{variant}/threads:{threads}"
+                    try:
+                        if name == "S1":  # per-call overhead: time a loop of calls
+                            reps = 2000
+                            ms = median_ms(lambda: [fn(q, k, v, causal) for _ in range(reps)]) / reps
+                        else:
+                            ms = median_ms(lambda: fn(q, k, v, causal))
+                        results[key] = ms
+                    except RuntimeError as e:
+                        print(f"torch {key}: {e}", file=sys.stderr)
+                        results[key] = None
+    json.dump({"torch": torch.__version__, "results": results}, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
