@@ -11,14 +11,14 @@ body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafa
 header{background:#0c2c84;color:#fff;padding:12px 20px}header h1{margin:0;font-size:20px}
 .source,.note{margin:4px 0;opacity:.9}main{padding:8px 20px 40px}
 h2{font-size:17px;margin:20px 0 6px}h3{font-size:15px;margin:14px 0 4px}
-.tokens{display:flex;flex-wrap:wrap;gap:4px;padding:0;list-style:none;margin:0}
+.tokens{display:flex;flex-wrap:wrap;gap:4px;padding:0;list-style:none;margin:0;max-height:8.5em;overflow:auto}
 .tokens li{background:#e8eefc;border:1px solid #c5d2f0;border-radius:4px;padding:1px 6px;cursor:pointer;white-space:pre}
 .tokens li.q{background:#d7301f;color:#fff}
 .controls{position:sticky;top:0;background:#fafafa;padding:8px 0;z-index:2;border-bottom:1px solid #ddd}
 .controls label{margin-right:16px}select,input{font:inherit}
 .heatmap-scroll{overflow:auto;max-height:80vh;max-width:100%;border:1px solid #ddd;background:#fff;position:relative}
 .hm-wrap{position:relative;display:inline-block}
-#row-highlight{position:absolute;pointer-events:none;outline:2px solid #d7301f}
+div#row-highlight{position:absolute;pointer-events:none;outline:2px solid #d7301f}
 .readout{font-family:ui-monospace,monospace;min-height:1.5em}
 #legend{display:flex;align-items:center;gap:8px;margin:6px 0}.bar{width:240px;height:12px;border:1px solid #888}
 .formula{font-family:ui-monospace,monospace;white-space:pre-wrap}.term{padding:0 2px;border-radius:3px}

@@ -64,6 +64,16 @@ std::string scale_colour(double t) {
   return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
 }
 
+std::string shorten(std::string_view text, std::size_t max_chars) {
+  std::size_t chars = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    // Count lead bytes only, so a cut never splits a UTF-8 sequence.
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80 && chars++ == max_chars)
+      return std::string(text.substr(0, i)) + "\xE2\x80\xA6";
+  }
+  return std::string(text);
+}
+
 std::string fixed(double x, int precision) {
   std::string s = fmt::format("{:.{}f}", x, std::clamp(precision, 0, 17));
   if (s.find_first_not_of("-0.") == std::string::npos && s[0] == '-') s.erase(0, 1);

@@ -108,7 +108,7 @@ void check_explanation(const Explanation& e) {
 std::string render_explanation_html(const Explanation& e, const HtmlOptions& options) {
   check_explanation(e);
   const int precision = std::clamp(options.precision, 1, 17);
-  const std::string title = e.title.empty() ? std::string("Self-attention, step by step") : e.title;
+  const std::string title = detail::shorten(e.title.empty() ? std::string("Self-attention, step by step") : e.title);
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!e.source.empty()) body += fmt::format("<p class=\"source\">Inputs: {}</p>", html_escape(e.source));
   body += fmt::format("<p class=\"source\">{} tokens, {} head{}, d_k = {}</p></header>\n", e.tokens.size(),

@@ -70,7 +70,7 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
   check_top_k(p);
   const TopKWeights& t = p.top;
   const int precision = std::clamp(options.precision, 1, 17);
-  const std::string title = p.title.empty() ? std::string("Self-attention: the largest weights") : p.title;
+  const std::string title = detail::shorten(p.title.empty() ? std::string("Self-attention: the largest weights") : p.title);
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!p.source.empty()) body += fmt::format("<p class=\"source\">Inputs: {}</p>", html_escape(p.source));
   body += fmt::format(
@@ -83,7 +83,7 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
   body += "<section id=\"topk-section\"><h2>Top weights per query row</h2>\n"
           "<div class=\"pager\"><button id=\"prev-page\" type=\"button\">◀ previous rows</button> "
           "<span id=\"page-label\"></span> <button id=\"next-page\" type=\"button\">next rows ▶</button></div>\n"
-          "<div class=\"scroll tall\"><table id=\"topk-table\"></table></div></section>\n";
+          "<div id=\"legend\"></div>\n<div class=\"scroll tall\"><table id=\"topk-table\"></table></div></section>\n";
   if (!p.output.empty())
     body += "<section id=\"contextual\"><h2>Contextual vectors</h2>\n" +
             detail::matrix_table("output", "one contextual vector per token", p.output, p.tokens, precision) +
@@ -100,7 +100,7 @@ std::string render_comparison_html(const Comparison& c, const HtmlOptions& optio
   check_word(c.first, heads, "first");
   check_word(c.second, heads, "second");
   const int precision = std::clamp(options.precision, 1, 17);
-  const std::string title = fmt::format("\"{}\" in two sentences", c.word);
+  const std::string title = detail::shorten(fmt::format("\"{}\" in two sentences", c.word));
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!c.layer.empty()) body += fmt::format("<p class=\"source\">Layer: {}</p>", html_escape(c.layer));
   body += fmt::format("<p class=\"cosines\">Static cosine similarity: <b id=\"static-cosine\">{}</b> "

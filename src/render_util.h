@@ -20,6 +20,9 @@ extern const char* const kPageJs;
 // script reads (<script type="application/json" id="qkv-data">) and the script itself.
 std::string page_shell(std::string_view title, std::string_view body, const nlohmann::json& data);
 
+// `text` cut to at most `max_chars` code points, with "…" when cut (long sentences as headings).
+std::string shorten(std::string_view text, std::size_t max_chars = 120);
+
 // `x` with `precision` decimals ("-0" printed as "0").
 std::string fixed(double x, int precision);
 
