@@ -149,7 +149,11 @@ int64_t to_index(const py::handle& obj, const std::string& name) {
     throw py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
   PyObject* i = PyNumber_Index(obj.ptr());
   if (i == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(i).cast<int64_t>();
+  const py::object index = py::reinterpret_steal<py::object>(i);
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) throw py::value_error(fmt::format("{} = {} is out of range", name, std::string(py::str(index))));
+  return static_cast<int64_t>(value);
 }
 
 std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char* name) {
@@ -208,6 +212,11 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   if (!causal.is_none() && causal.cast<bool>()) mask.causal = align;
   mask.diagonal = align;
   mask.window = parse_window(get("window"));
+  // |j - diag(i)| never exceeds N + M, so a larger bound is the same as none (and cannot overflow).
+  if (mask.window) {
+    if (mask.window->left > N + M) mask.window->left = -1;
+    if (mask.window->right > N + M) mask.window->right = -1;
+  }
   mask.key_lengths = parse_lengths(get("key_lengths"), B, "key_lengths");
   mask.query_lengths = parse_lengths(get("query_lengths"), B, "query_lengths");
 

@@ -76,7 +76,16 @@ py::dict to_dict(const qkv::Explanation& e) {
 }
 
 std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
-  if (!tokens.is_none()) return tokens.cast<std::vector<std::string>>();
+  if (!tokens.is_none()) {
+    if (py::isinstance<py::str>(tokens) || !py::isinstance<py::sequence>(tokens))
+      throw py::type_error("tokens must be a list of strings, one per row");
+    std::vector<std::string> out;
+    for (const py::handle t : tokens) {
+      if (!py::isinstance<py::str>(t)) throw py::type_error("tokens must be a list of strings, one per row");
+      out.push_back(t.cast<std::string>());
+    }
+    return out;
+  }
   std::vector<std::string> out;
   for (int64_t i = 0; i < rows; ++i) out.push_back(fmt::format("t{}", i));
   return out;

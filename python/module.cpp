@@ -15,6 +15,9 @@ PYBIND11_MODULE(_qkv, m) {
       if (p) std::rethrow_exception(p);
     } catch (const qkv::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const py::cast_error& e) {
+      // An argument of a type pybind11 cannot convert (e.g. tokens=5): a TypeError, not a RuntimeError.
+      PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
   py::list features;

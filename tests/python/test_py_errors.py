@@ -114,6 +114,7 @@ def test_check_finite_index_for_rank4_float64():
     (dict(causal="yes"), TypeError, "causal must be True or False"),
     (dict(key_lengths=[1, 2]), ValueError, r"key_lengths: expected 1 entries \(one per batch row\), got 2"),
     (dict(key_lengths=8), ValueError, r"key_lengths\[0\] = 8 is outside \[0, 7\]"),
+    (dict(key_lengths=[1 << 70]), ValueError, r"key_lengths\[0\] = 1180591620717411303424 is out of range"),
     (dict(key_lengths=[1.5]), TypeError, r"key_lengths\[0\] must be an integer, got 1.5"),
     (dict(query_lengths=-1), ValueError, r"query_lengths\[0\] = -1 is outside \[0, 5\]"),
     (dict(window=3), TypeError, r"window must be a pair \(left, right\)"),
@@ -189,3 +190,10 @@ def test_check_finite_reads_bfloat16_bits():
     with pytest.raises(ValueError, match=r"q contains NaN at index \(2, 1\)"):
         sdpa(q, np.full((3, 4), 0x3F80, np.uint16), np.full((3, 4), 0x3F80, np.uint16), check_finite=True)
     assert np.isnan(sdpa(q, q, q)[2]).all()
+
+
+def test_huge_window_bounds_mean_unbounded():
+    q, k, v = _qkv(3011)
+    want = sdpa(q, k, v, causal=True)
+    assert np.array_equal(sdpa(q, k, v, causal=True, window=((1 << 63) - 1, (1 << 63) - 1)), want), seed_note(3011)
+    assert np.array_equal(sdpa(q, k, v, window=(None, (1 << 63) - 1)), sdpa(q, k, v)), seed_note(3011)

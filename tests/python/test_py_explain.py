@@ -94,5 +94,7 @@ def test_explain_bad_arguments():
         qkv.explain(format="html")
     with pytest.raises(ValueError, match="2 rows but 3 tokens"):
         qkv.explain(x=np.ones((2, 2)), tokens=["a", "b", "c"])
+    with pytest.raises(TypeError, match="tokens must be a list of strings, one per row"):
+        qkv.explain(x=np.ones((2, 2)), tokens=5)
     with pytest.raises(TypeError, match="x: dtype int64 is not supported"):
         qkv.explain(x=np.ones((2, 2), np.int64))
