@@ -1,0 +1,86 @@
+"""Headless Chromium for the page tests (Debian's chromium + chromium-driver through Selenium), and
+checks on what it shows: console errors, and screenshots that must not be blank."""
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-extensions", "--window-size=1400,1400"]
+
+
+def missing_browser():
+    """What is missing to run the browser tests (install with scripts/install-deps.sh), or None."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            return f"{path} is not installed (scripts/install-deps.sh installs chromium and chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "python3-selenium is not installed (scripts/install-deps.sh installs it)"
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return "python3-pil is not installed (scripts/install-deps.sh installs it)"
+    return None
+
+
+class Browser:
+    """One Chromium with a fresh profile directory, removed on close."""
+    def __init__(self):
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        self.profile = tempfile.mkdtemp(prefix="qkv-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in FLAGS + [f"--user-data-dir={self.profile}"]:
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        # An alert() left open must fail the next command, not be accepted silently.
+        options.set_capability("unhandledPromptBehavior", "ignore")
+        self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        self.driver.set_page_load_timeout(30)
+
+    def open(self, path):
+        """Loads a page; returns the console messages of its loading (and clears them)."""
+        self.driver.get(Path(path).resolve().as_uri())
+        return self.driver.get_log("browser")
+
+    def close(self):
+        try:
+            self.driver.quit()
+        finally:
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def errors(log):
+    """The console entries that are errors (uncaught exceptions, console.error, failed loads)."""
+    return [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
+
+
+def image(png):
+    from PIL import Image
+    return Image.open(io.BytesIO(png)).convert("RGB")
+
+
+def assert_not_blank(png, what, min_colours=24, min_ink=0.05):
+    """A screenshot shows something: many distinct colours and a share of pixels that differ from
+    its most common (background) colour."""
+    img = image(png)
+    colours = img.getcolors(maxcolors=1 << 20)
+    assert colours is not None, f"{what}: too many colours to count"
+    background = max(colours)[0]
+    ink = 1.0 - background / (img.width * img.height)
+    assert len(colours) >= min_colours, f"{what}: only {len(colours)} distinct colours: blank?"
+    assert ink >= min_ink, f"{what}: only {ink:.1%} of pixels differ from the background"
+    return img
+
+
+def parse_rgb(text):
+    """'rgb(12, 44, 132)' or '#0c2c84' as a tuple."""
+    text = text.strip()
+    if text.startswith("#"):
+        return tuple(int(text[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(v) for v in text[text.index("(") + 1:text.index(")")].split(","))
