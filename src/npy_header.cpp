@@ -19,6 +19,8 @@ namespace {
 
 constexpr std::string_view kMagic = "\x93NUMPY";
 
+struct DictEntry;
+
 struct PyValue {
   enum Kind { string, integer, boolean, none, tuple, dict } kind = none;
   std::string text;        // string
@@ -26,7 +28,13 @@ struct PyValue {
   bool too_large = false;  // integer outside int64
   bool truth = false;      // boolean
   std::vector<PyValue> items;                             // tuple or list
-  std::vector<std::pair<std::string, PyValue>> entries;  // dict
+  std::vector<DictEntry> entries;                        // dict
+};
+
+// Not std::pair: clang rejects a pair of an incomplete PyValue inside PyValue's own definition.
+struct DictEntry {
+  std::string key;
+  PyValue value;
 };
 
 class LiteralParser {
@@ -94,7 +102,7 @@ class LiteralParser {
         PyValue key = value(depth + 1);
         if (key.kind != PyValue::string) fail("a dict key is not a string");
         if (!eat(':')) fail(fmt::format("expected ':' after the key {}", quoted(key.text)));
-        v.entries.emplace_back(key.text, value(depth + 1));
+        v.entries.push_back(DictEntry{key.text, value(depth + 1)});
         if (!eat(',')) {
           if (eat('}')) break;
           fail("expected ',' or '}' in the dict");
