@@ -119,16 +119,18 @@ class ForwardTile {
   // round again); lanes past the last row are zero.
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
-    for (int64_t r = 0; r < lanes; ++r) {
-      const In* q = q_ + (i0_ + r) * p_.sq[2];
-      for (int64_t d = 0; d < dk_; ++d) {
+    for (int64_t d = 0; d < dk_; ++d) {  // d outer: the writes are contiguous
+      Elem* qt = qt_ + d * bq_;
+      for (int64_t r = 0; r < rows_; ++r) {
+        const In* q = q_ + (i0_ + r) * p_.sq[2];
         if constexpr (Pairs) {
           const bool has_hi = 2 * d + 1 < s_.D;
-          qt_[d * bq_ + r] = r < rows_ ? pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{}) : 0;
+          qt[r] = pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{});
         } else {
-          qt_[d * bq_ + r] = r < rows_ ? widen(q[d * p_.sq[3]]) * p_.scale : 0.0f;
+          qt[r] = widen(q[d * p_.sq[3]]) * p_.scale;
         }
       }
+      std::fill(qt + rows_, qt + lanes, Elem{});
     }
   }
 
