@@ -150,10 +150,12 @@ def test_attend_float32_close_to_numpy(run, tmp_path, seed, index, kernel):
     proc = run_case(run, tmp_path, case, extra=["--kernel", kernel, "--threads", "2"], dtype=np.float32)
     assert proc.returncode == 0, f"{context}: {proc.stderr}"
     q, k, v = (case[n].astype(np.float32).astype(np.float64) for n in ("q", "k", "v"))
-    want_out, want_lse, _ = attention(q, k, v, keep=case.get("keep"), bias=case.get("bias"), **case["ref"])
-    out, lse = np.load(tmp_path / "out.npy"), np.load(tmp_path / "lse.npy")
-    assert out.dtype == np.float32 and lse.dtype == np.float32, context
+    want_out, want_lse, want_w = attention(q, k, v, keep=case.get("keep"), bias=case.get("bias"), **case["ref"])
+    out, lse, weights = (np.load(tmp_path / f) for f in ("out.npy", "lse.npy", "weights.npy"))
+    assert out.dtype == np.float32 and lse.dtype == np.float32 and weights.dtype == np.float32, context
     assert max_relative_error(out, squeeze(want_out, case["rank"])) <= 1e-4, context
+    # Weights are recomputed exactly (float64 from the fp32 inputs), then rounded to fp32.
+    assert max_relative_error(weights, squeeze(want_w, case["rank"])) <= 1e-6, context
     assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse.reshape(lse.shape))), context
 
 

@@ -13,6 +13,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/reference.h"
+#include "qkv/weights.h"
 
 namespace qkv::cli {
 namespace {
@@ -97,13 +98,12 @@ std::vector<std::pair<std::string, std::string>> attend(AttendArgs& a) {
     reference_attention_forward(out.view(), lse.view(), weights.view(), q.view4, k.view4, v.view4, options);
   } else {
     attention_forward(out.view(), lse.view(), q.view4, k.view4, v.view4, options);
-    if (!a.weights.empty()) {
-      // Exact weights from the float64 reference (attention_forward never materializes them).
-      Tensor<double> q64 = to_contiguous<double>(q.view4), k64 = to_contiguous<double>(k.view4),
-                     v64 = to_contiguous<double>(v.view4);
-      Tensor<double> out64(out_shape4, "out"), w64(weights_shape4, "weights");
-      reference_attention_forward(out64.view(), {}, w64.view(), q64.cview(), k64.cview(), v64.cview(), options);
-      for (int64_t i = 0; i < w64.numel(); ++i) weights[i] = static_cast<float>(w64[i]);
+    if (!a.weights.empty() && weights.numel() > 0) {
+      // attention_forward never materializes the weights; recompute every row, with each row's
+      // lse recomputed in float64 so the weights are exact rather than tied to the fp32 lse.
+      std::vector<int64_t> rows(static_cast<std::size_t>(s.N));
+      for (int64_t i = 0; i < s.N; ++i) rows[static_cast<std::size_t>(i)] = i;
+      attention_weights_rows(weights.view(), q.view4, k.view4, {}, rows, options);
     }
   }
   // Finite inputs can still overflow (huge scores); never hand back a silent NaN.
