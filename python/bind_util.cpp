@@ -106,8 +106,10 @@ template qkv::TensorView<const uint16_t> array_view(const py::array&, const char
 template qkv::TensorView<const uint8_t> array_view(const py::array&, const char*);
 template qkv::TensorView<float> mutable_view(py::array&, const char*);
 template qkv::TensorView<double> mutable_view(py::array&, const char*);
+template qkv::TensorView<int64_t> mutable_view(py::array&, const char*);
 template py::array_t<float> new_array(const std::vector<int64_t>&);
 template py::array_t<double> new_array(const std::vector<int64_t>&);
+template py::array_t<int64_t> new_array(const std::vector<int64_t>&);
 template void check_finite(qkv::TensorView<const float>, const char*);
 template void check_finite(qkv::TensorView<const double>, const char*);
 
@@ -346,6 +348,8 @@ void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
   options.num_threads = call.num_threads;
   options.simd = parse_simd(call.simd);
 }
+
+int64_t index_arg(const py::handle& obj, const std::string& name) { return to_index(obj, name); }
 
 qkv::Kernel parse_kernel(const std::string& name) {
   if (name == "auto") return qkv::Kernel::automatic;

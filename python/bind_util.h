@@ -116,6 +116,10 @@ std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, co
 template <class T>
 qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 
+// An integer argument (Python int or numpy integer, not bool): TypeError naming `name` otherwise,
+// ValueError if it does not fit in int64.
+int64_t index_arg(const py::handle& obj, const std::string& name);
+
 // "auto" | "reference" | "fused" -> qkv::Kernel; ValueError otherwise.
 qkv::Kernel parse_kernel(const std::string& name);
 // "auto" | "avx512" | "avx2" | "scalar" -> qkv::Simd; ValueError otherwise.

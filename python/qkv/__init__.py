@@ -11,7 +11,7 @@ crashes. `qkv.features` lists the parts compiled into this build.
 
 from . import _qkv
 from ._qkv import simd_path  # noqa: F401
-from .attention import attention_backward, default_num_threads, scaled_dot_product_attention
+from .attention import attention_backward, attention_weights, default_num_threads, scaled_dot_product_attention
 
 features = _qkv.features
 
@@ -30,4 +30,5 @@ if "optim" in features:
     from .optim import SGD, AdamW  # noqa: F401
     __all__ += ["Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at"]
 
-__all__ += ["scaled_dot_product_attention", "attention_backward", "default_num_threads", "simd_path", "features"]
+__all__ += ["scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads",
+            "simd_path", "features"]

@@ -117,6 +117,37 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
 attention_backward.__doc__ = attention_backward.__doc__.replace("{mask}", _MASK_DOC)
 
 
+def attention_weights(q, k, *, rows=None, top_k=None, lse=None, causal=False, causal_align="top_left",
+                      key_lengths=None, query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
+                      softcap=None, scale=None, num_threads=0):
+    """Exact softmax weights of chosen query rows, without the full N x M matrix.
+
+    q [..., N, D] and k [..., M, D] as for scaled_dot_product_attention (float32; float64 is
+    rounded to float32 first); scores are computed in float64. Memory is O(M) per thread besides
+    the result.
+
+    Args:
+      rows: an int or a sequence of query indices (negative counts from the end); default all N.
+      top_k: None for the full rows, or k for the k largest weights of each row.
+      lse: the forward's log-sum-exp [..., N] (scaled_dot_product_attention(..., return_lse=True)),
+          so the weights are exactly those the kernel normalized; default: recomputed in float64.
+      scale, num_threads: as for scaled_dot_product_attention.
+    {mask}
+    Returns weights [..., R, M] float32 (masked keys and fully masked rows are 0), or with top_k
+    (values [..., R, top_k] float32, indices [..., R, top_k] int64), largest first (ties: lower
+    key index); slots beyond a row's allowed keys hold value 0 and index -1.
+
+    Raises TypeError / ValueError for bad types, shapes, row indices or top_k < 1.
+    """
+    if not hasattr(_qkv, "attention_weights"):
+        raise NotImplementedError("this qkv build has no attention_weights (qkv.features lists what is built)")
+    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
+    return _qkv.attention_weights(q, k, rows, top_k, lse, mask, scale, int(num_threads))
+
+
+attention_weights.__doc__ = attention_weights.__doc__.replace("{mask}", _MASK_DOC)
+
+
 def default_num_threads():
     """Threads a call uses when num_threads=0: QKV_NUM_THREADS if positive, else OpenMP's default."""
     return _qkv.default_num_threads()

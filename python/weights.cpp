@@ -1,0 +1,103 @@
+// qkv.attention_weights: exact softmax weights for chosen query rows (or their top k), without
+// ever forming the N x M matrix of the whole call.
+#include <fmt/format.h>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/weights.h"
+
+namespace qkvpy {
+namespace {
+
+std::vector<int64_t> parse_rows(const py::object& rows, int64_t N) {
+  std::vector<int64_t> out;
+  if (rows.is_none()) {
+    for (int64_t i = 0; i < N; ++i) out.push_back(i);
+    return out;
+  }
+  auto add = [&](const py::handle& item) {
+    const int64_t r = index_arg(item, "rows entry");
+    if (r < -N || r >= N) throw py::value_error(fmt::format("rows: index {} is outside [-{}, {})", r, N, N));
+    out.push_back(r < 0 ? r + N : r);  // negative indices count from the end, as in numpy
+  };
+  if (PyIndex_Check(rows.ptr()) && !py::isinstance<py::array>(rows)) {
+    add(rows);
+  } else if (py::isinstance<py::str>(rows) || !(py::isinstance<py::sequence>(rows) || py::isinstance<py::array>(rows))) {
+    throw py::type_error("rows must be an int or a sequence of ints");
+  } else {
+    for (const py::handle item : rows) add(item);
+  }
+  return out;
+}
+
+py::object weights(const py::object& q_obj, const py::object& k_obj, const py::object& rows_obj,
+                   const py::object& top_k, const py::object& lse_obj, const py::dict& mask, const py::object& scale,
+                   int num_threads) {
+  py::array q_owner, k_owner, lse_owner;
+  const qkv::TensorView<const float> q = float32_view(q_obj, "q", q_owner);
+  const qkv::TensorView<const float> k = float32_view(k_obj, "k", k_owner);
+  check_qkv_shapes(q_owner, k_owner, k_owner);
+  CallOptions options;
+  options.mask = mask;
+  options.scale = scale;
+  options.num_threads = num_threads;
+  const AttentionCall call = prepare_call(q_owner, k_owner, k_owner, options);
+  const int64_t N = q.dim(q.rank() - 2), M = k.dim(k.rank() - 2);
+  const std::vector<int64_t> rows = parse_rows(rows_obj, N);
+  qkv::TensorView<const float> lse3;
+  if (!lse_obj.is_none()) {
+    lse_owner = py::array_t<float>::ensure(lse_obj);
+    if (!lse_owner) throw py::type_error("lse must be a float array (the forward's return_lse result)");
+    const qkv::TensorView<const float> lse = array_view<float>(lse_owner, "lse");
+    if (!std::equal(lse.shape().begin(), lse.shape().end(), call.lse_shape.begin(), call.lse_shape.end()))
+      throw py::value_error(fmt::format("lse: shape {} must be {}", qkv::shape_string(lse.shape()),
+                                        qkv::shape_string(call.lse_shape)));
+    lse3 = lse_view(lse);
+  }
+  std::vector<int64_t> shape = call.lse_shape;  // q.shape[:-1], whose last entry N becomes R
+  shape.back() = static_cast<int64_t>(rows.size());
+  if (top_k.is_none()) {
+    shape.push_back(M);
+    py::array out = new_array<float>(shape);
+    const qkv::TensorView<float> w = mutable_view<float>(out, "weights").as_rank4();
+    py::gil_scoped_release release;
+    qkv::attention_weights_rows(w, q.as_rank4(), k.as_rank4(), lse3, rows, call.options);
+    return out;
+  }
+  const int64_t kk = index_arg(top_k, "top_k");
+  if (kk < 1) throw py::value_error(fmt::format("top_k must be at least 1, got {}", kk));
+  shape.push_back(kk);
+  py::array values = new_array<float>(shape);
+  py::array indices = new_array<int64_t>(shape);
+  const qkv::TensorView<float> vv = mutable_view<float>(values, "values").as_rank4();
+  const qkv::TensorView<int64_t> iv = mutable_view<int64_t>(indices, "indices").as_rank4();
+  {
+    py::gil_scoped_release release;
+    qkv::attention_weights_topk(vv, iv, q.as_rank4(), k.as_rank4(), lse3, rows, kk, call.options);
+  }
+  return py::make_tuple(values, indices);
+}
+
+constexpr const char* kWeightsDoc = R"(attention_weights(q, k, *, rows=None, top_k=None, lse=None, <mask keywords>, scale=None, num_threads=0)
+
+Exact softmax weights of chosen query rows, recomputed from q and k (scores in float64 from the
+float32 inputs; float64 q, k are rounded to float32 first), without forming the full N x M
+matrix: memory is O(M) per thread besides the result.
+
+q [..., N, D], k [..., M, D] as for scaled_dot_product_attention (ranks 2-4, grouped-query heads,
+the same mask keywords and scale). rows: an int or a sequence of query indices (negative counts
+from the end; default: all N rows). lse: the forward's log-sum-exp [..., N] (return_lse=True),
+so the weights are the ones the fused kernel normalized; default: recomputed in float64.
+Returns weights [..., R, M] (float32; masked keys and fully masked rows are 0), or with top_k a
+tuple (values [..., R, top_k] float32, indices [..., R, top_k] int64), largest first, ties to the
+lower key index; slots beyond a row's allowed keys hold 0 and index -1.
+Raises TypeError / ValueError for bad types, shapes, row indices or top_k < 1.)";
+
+}  // namespace
+
+void bind_weights(py::module_& m) {
+  m.def("attention_weights", &weights, py::arg("q"), py::arg("k"), py::arg("rows"), py::arg("top_k"), py::arg("lse"),
+        py::arg("mask"), py::arg("scale"), py::arg("num_threads"), kWeightsDoc);
+}
+
+}  // namespace qkvpy

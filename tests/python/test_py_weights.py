@@ -1,0 +1,105 @@
+"""qkv.attention_weights against torch.softmax of the masked scores (py_oracle.torch_scores)."""
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from py_oracle import assert_close, random_case, rng_for, seed_note, torch_scores
+
+pytestmark = pytest.mark.skipif("weights" not in qkv.features, reason="weights bindings not built")
+
+TOL = 2e-6  # weights are in [0, 1], computed in float64 and rounded to float32
+
+
+def _torch_weights(q, k, mask):
+    s = torch_scores(q, k, **mask)
+    empty = (s == float("-inf")).all(dim=-1, keepdim=True)
+    p = torch.softmax(torch.where(empty, torch.zeros_like(s), s), dim=-1)
+    return torch.where(empty, torch.zeros_like(p), p).numpy()
+
+
+def _lead(q):
+    return q.shape[:-2]
+
+
+@pytest.mark.parametrize("case", range(10000, 10060))
+def test_rows_match_torch(case):
+    rng = rng_for(case)
+    q, k, v, mask, desc = random_case(rng, np.float32)
+    N = q.shape[-2]
+    rows = [int(r) for r in rng.integers(0, N, size=int(rng.integers(1, 5)))]
+    want = _torch_weights(q, k, mask)[..., rows, :].reshape(_lead(q) + (len(rows), k.shape[-2]))
+    got = qkv.attention_weights(q, k, rows=rows, **mask)
+    note = f"{seed_note(case)} rows={rows} {desc}"
+    assert got.shape == want.shape and got.dtype == np.float32, note
+    assert_close(got, want, TOL, note)
+
+
+@pytest.mark.parametrize("case", range(10100, 10130))
+def test_top_k_matches_torch(case):
+    rng = rng_for(case)
+    q, k, v, mask, desc = random_case(rng, np.float32)
+    M = k.shape[-2]
+    top = int(rng.integers(1, M + 2))
+    full = _torch_weights(q, k, mask).reshape(_lead(q) + (q.shape[-2], M))
+    values, indices = qkv.attention_weights(q, k, top_k=top, **mask)
+    note = f"{seed_note(case)} top_k={top} {desc}"
+    assert values.shape == indices.shape == _lead(q) + (q.shape[-2], top) and indices.dtype == np.int64, note
+    allowed = np.isfinite(torch_scores(q, k, **mask).numpy()).reshape(full.shape)
+    count = np.minimum(allowed.sum(axis=-1), top)
+    for idx in np.ndindex(*full.shape[:-1]):
+        n = count[idx]
+        assert np.all(indices[idx][n:] == -1) and np.all(values[idx][n:] == 0), f"{idx} {note}"
+        order = sorted(np.flatnonzero(allowed[idx]), key=lambda j: (-full[idx][j], j))[:n]
+        # Equal weights may be ordered either way by rounding; the values must agree regardless.
+        assert_close(values[idx][:n], full[idx][order], TOL, f"{idx} {note}")
+        assert_close(full[idx][indices[idx][:n]], full[idx][order], TOL, f"{idx} {note}")
+
+
+def test_given_lse_and_defaults():
+    rng = rng_for(10200)
+    q = rng.standard_normal((2, 4, 17, 40)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 65, 40)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 65, 3)).astype(np.float32)
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, causal=True, return_lse=True)
+    with_lse = qkv.attention_weights(q, k, lse=lse, causal=True)
+    without = qkv.attention_weights(q, k, causal=True)
+    assert with_lse.shape == (2, 4, 17, 65)
+    assert_close(with_lse, without, 1e-5, seed_note(10200))
+    np.testing.assert_allclose(without.sum(axis=-1), 1.0, atol=1e-6)
+    # The weights reproduce the output: out = weights @ v (per key/value head group).
+    vv = np.repeat(v, 2, axis=1).astype(np.float64)
+    assert_close(with_lse.astype(np.float64) @ vv, out, 1e-5, seed_note(10200))
+    last = qkv.attention_weights(q[0, 0], k[0, 0], rows=-1)
+    assert last.shape == (1, 65)
+    assert np.array_equal(last, qkv.attention_weights(q[0, 0], k[0, 0], rows=[16]))
+
+
+def test_fully_masked_rows_are_zero():
+    rng = rng_for(10300)
+    q = rng.standard_normal((3, 5)).astype(np.float32)
+    w = qkv.attention_weights(q, q, query_lengths=2)
+    assert np.all(w[2:] == 0) and np.allclose(w[:2].sum(axis=1), 1.0)
+    values, indices = qkv.attention_weights(q, q, key_lengths=0, top_k=2)
+    assert np.all(values == 0) and np.all(indices == -1)
+
+
+def test_weights_bad_inputs():
+    q = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"rows: index 3 is outside \[-3, 3\)"):
+        qkv.attention_weights(q, q, rows=[0, 3])
+    with pytest.raises(TypeError, match="rows must be an int or a sequence of ints"):
+        qkv.attention_weights(q, q, rows="0")
+    with pytest.raises(TypeError, match=r"rows entry must be an integer, got 1.5"):
+        qkv.attention_weights(q, q, rows=[1.5])
+    with pytest.raises(ValueError, match="top_k must be at least 1, got 0"):
+        qkv.attention_weights(q, q, top_k=0)
+    with pytest.raises(TypeError, match="top_k must be an integer"):
+        qkv.attention_weights(q, q, top_k=2.0)
+    with pytest.raises(ValueError, match=r"lse: shape \[2\] must be \[3\]"):
+        qkv.attention_weights(q, q, lse=np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="must have the same last dim"):
+        qkv.attention_weights(q, np.ones((3, 5), np.float32))
+    with pytest.raises(TypeError, match="q: dtype int64 is not supported"):
+        qkv.attention_weights(q.astype(np.int64), q)
