@@ -195,6 +195,32 @@ const char* const kPageJs = R"js(
       formula(f, tokens[i], hd.weights[i], tokens, 12);
       sum.appendChild(f);
       sum.appendChild(el('p', {'class': 'formula'}, '= ' + vec(hd.context[i]) + '   (each term: weight \u00b7 the value vector V[j] of that token)'));
+      sum.appendChild(terms(hd, i));
+    }
+    // The terms of the sum as a table: weight, V[j], weight·V[j], and their total, the context vector.
+    function terms(hd, i) {
+      var row = hd.weights[i], order = row.map(function (w, j) { return j; }), t = el('table', {id: 'terms'});
+      order.sort(function (a, b) { return row[b] - row[a] || a - b; });
+      order = order.slice(0, 12).sort(function (a, b) { return a - b; });
+      var dims = Math.min(8, hd.v[0].length), head = el('tr', {});
+      ['key token', 'weight', 'V[j]', 'weight \u00b7 V[j]'].forEach(function (h) { head.appendChild(el('th', {}, h)); });
+      t.appendChild(head);
+      function cells(v) { return '[' + v.slice(0, dims).map(fix).join(', ') + (v.length > dims ? ', \u2026' : '') + ']'; }
+      order.forEach(function (j) {
+        var tr = el('tr', {'data-j': j});
+        tr.appendChild(el('th', {}, j + ': ' + cut(tokens[j])));
+        tr.appendChild(el('td', {}, fix(row[j])));
+        tr.appendChild(el('td', {}, cells(hd.v[j])));
+        tr.appendChild(el('td', {}, cells(hd.v[j].map(function (x) { return row[j] * x; }))));
+        t.appendChild(tr);
+      });
+      var total = el('tr', {});
+      total.appendChild(el('th', {}, order.length < row.length ? 'sum of all ' + row.length + ' terms' : 'sum'));
+      total.appendChild(el('td', {}, fix(row.reduce(function (a, b) { return a + b; }, 0))));
+      total.appendChild(el('td', {}, ''));
+      total.appendChild(el('td', {}, cells(hd.context[i])));
+      t.appendChild(total);
+      return t;
     }
     $('head-select').addEventListener('change', function (e) { select(+e.target.value, st.row); });
     $('query-select').addEventListener('change', function (e) { select(st.head, +e.target.value); });

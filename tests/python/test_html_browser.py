@@ -96,7 +96,8 @@ def test_heads_and_query_selectors_move_the_highlighted_row(run, tmp_path, embed
     args = ["--embeddings", embeddings.glove, sentence, "--heads", "3", "--dk", "2", "--seed", str(seed % 1000)]
     page = tmp_path / "heads.html"
     qkv_ok(run, "explain", *args, "--html", page)
-    weights = [h["weights"] for h in explain_json(run, *args)["heads"]]
+    heads = explain_json(run, *args)["heads"]
+    weights = [h["weights"] for h in heads]
     assert errors(browser.open(page)) == []
     msg = f"seed {seed}, sentence {sentence!r}"
     assert_cells_are(js(browser, CELLS), weights[0], msg)
@@ -119,6 +120,9 @@ def test_heads_and_query_selectors_move_the_highlighted_row(run, tmp_path, embed
         assert shown == [head], msg
         terms = js(browser, "return Array.from(document.querySelectorAll('#formula .term')).map(t => t.dataset.w);")
         assert [float(w) for w in terms] == weights[head][row], msg
+        # The terms table ends with their sum: the query's context vector.
+        total = js(browser, "const r = document.querySelector('#terms tr:last-child'); return r.cells[r.cells.length - 1].textContent;")
+        np.testing.assert_allclose(json.loads(total), heads[head]["context"][row], atol=5.1e-5, err_msg=msg)
     # Hovering a cell shows its exact value.
     from selenium.webdriver import ActionChains
     cell = browser.driver.find_element("css selector", '#heatmap rect.cell[data-i="4"][data-j="6"]')
