@@ -85,8 +85,9 @@ std::size_t word_token_count(const std::vector<std::string_view>& tokens) {
   return k;
 }
 
-// Parses one text row into `word` and out[0, dim). Returns an empty string or the fault.
-std::string parse_text_row(std::string_view line, int64_t dim, float* out, std::string* word) {
+// The careful path for a row the fast path did not accept: finds the fault and names it, or
+// handles a word with spaces or a leading '+'. Returns an empty string or the fault.
+std::string parse_text_row_slowly(std::string_view line, int64_t dim, float* out, std::string* word) {
   std::vector<std::string_view> tokens = split(line);
   std::size_t n = tokens.size();
   std::size_t word_tokens = 1;
@@ -111,6 +112,28 @@ std::string parse_text_row(std::string_view line, int64_t dim, float* out, std::
     if (!std::isfinite(out[j]))
       return fmt::format("value {} of {} is {}; embeddings must be finite", j + 1, quoted(*word), quoted(token));
   }
+  return {};
+}
+
+// Parses one text row into `word` and out[0, dim) in a single pass, letting from_chars find
+// each token's end. Anything unusual goes to the careful path. Returns an empty string or the fault.
+std::string parse_text_row(std::string_view line, int64_t dim, float* out, std::string* word) {
+  const char* p = line.data();
+  const char* end = p + line.size();
+  while (p < end && is_space(*p)) ++p;
+  const char* word_start = p;
+  while (p < end && !is_space(*p)) ++p;
+  const char* word_end = p;
+  for (int64_t j = 0; j < dim; ++j) {
+    while (p < end && is_space(*p)) ++p;
+    auto [next, ec] = std::from_chars(p, end, out[j]);
+    if (ec != std::errc() || next == p || (next < end && !is_space(*next)) || !std::isfinite(out[j]))
+      return parse_text_row_slowly(line, dim, out, word);
+    p = next;
+  }
+  while (p < end && is_space(*p)) ++p;
+  if (p != end) return parse_text_row_slowly(line, dim, out, word);
+  word->assign(word_start, static_cast<std::size_t>(word_end - word_start));
   return {};
 }
 

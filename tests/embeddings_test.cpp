@@ -1,5 +1,8 @@
 // Loading GloVe text, word2vec text and word2vec binary: values exact, formats detected, and
 // every malformed or oversized file refused with the file and line.
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -233,6 +236,26 @@ TEST(Embeddings, CorruptedFilesNeverCrash) {
       attempt(bytes);
     }
   }
+}
+
+// Not run by the suite (disabled): the load-time and memory measurement on a large file, e.g.
+//   scripts/make_glove.py /tmp/g.txt
+//   QKV_EMBEDDINGS_BENCH=/tmp/g.txt /usr/bin/time -v qkv_tests --gtest_also_run_disabled_tests
+//       --gtest_filter='*DISABLED_LoadTime*'
+TEST(Embeddings, DISABLED_LoadTimeAndPeakMemory) {
+  const char* path = std::getenv("QKV_EMBEDDINGS_BENCH");
+  if (path == nullptr) GTEST_SKIP() << "set QKV_EMBEDDINGS_BENCH to an embeddings file";
+  struct rusage before {}, after {};
+  ::getrusage(RUSAGE_SELF, &before);
+  auto start = std::chrono::steady_clock::now();
+  Embeddings emb = Embeddings::load(path);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::getrusage(RUSAGE_SELF, &after);
+  double matrix_mb = static_cast<double>(emb.matrix().numel()) * 4 / (1 << 20);
+  std::printf("loaded %lld words x %lld dims in %.2f s; matrix %.0f MiB; peak RSS %.0f MiB (%.0f MiB before loading)\n",
+              static_cast<long long>(emb.size()), static_cast<long long>(emb.dim()), seconds, matrix_mb,
+              after.ru_maxrss / 1024.0, before.ru_maxrss / 1024.0);
+  EXPECT_GT(emb.size(), 0);
 }
 
 }  // namespace

@@ -19,13 +19,18 @@ enum class EmbeddingFormat { automatic, glove, word2vec_text, word2vec_binary };
 class Embeddings {
  public:
   // Loads a file. automatic tells the formats apart by content: a "count dim" first line is
-  // word2vec (binary if the vectors are not text), anything else GloVe. Throws qkv::Error naming
-  // the file and line for a missing file, a ragged or non-numeric row, a truncated binary file,
-  // a header that declares more data than the file holds, or an empty vocabulary. The matrix is
-  // sized once from a first pass, so loading does not double memory.
+  // word2vec (binary if the first row's values are not printable text), anything else GloVe.
+  // Throws qkv::Error naming the file and line (for binary files, the entry and byte offset) for
+  // a missing file, a ragged or non-numeric row, a NaN, Inf or out-of-range value, a truncated
+  // binary file or trailing data, a header whose word count differs from the rows or that
+  // declares more data than the file holds, or an empty vocabulary. The file is memory-mapped and
+  // the matrix sized once from a first pass, so peak memory is about the matrix, not file plus
+  // matrix. Text rows are parsed on all OpenMP threads. In GloVe files, extra leading non-numeric
+  // tokens belong to the word (GloVe 840B has words such as ". . ."). Duplicates keep the first.
   static Embeddings load(const std::string& path, EmbeddingFormat format = EmbeddingFormat::automatic);
 
-  // Builds from words and a matrix [V, E] (words.size() == V). Duplicate words keep the first.
+  // Builds from words and a matrix [V, E] (words.size() == V, every value finite; qkv::Error
+  // otherwise). Duplicate words keep the first.
   Embeddings(std::vector<std::string> words, Tensor<float> matrix);
 
   int64_t size() const { return static_cast<int64_t>(words_.size()); }
@@ -60,8 +65,9 @@ struct EmbeddedSentence {
   std::vector<std::string> missing; // out-of-vocabulary tokens (zeroed or skipped)
 };
 
-// Tokenizes and looks up a sentence. error: throws qkv::Error listing every missing word;
-// zero: a zero row; skip: drops the token. Throws if the sentence has no tokens or none remain.
+// Tokenizes and looks up a sentence (with Embeddings::find). error: throws qkv::Error listing
+// every distinct missing word; zero: a zero row, the token listed in `missing`; skip: drops the
+// token, listed in `missing`. Throws if the sentence has no tokens or none remain.
 EmbeddedSentence embed_sentence(const Embeddings& embeddings, std::string_view sentence, OovPolicy policy);
 
 }  // namespace qkv

@@ -13,8 +13,9 @@
 
 namespace qkv {
 
-// Writes `bytes` to a temporary file beside `path`, fsyncs it, and renames it over `path`. On
-// failure throws qkv::Error and leaves `path` as it was (no partial file is ever visible).
+// Writes `bytes` to a temporary file beside `path`, fsyncs it, and renames it over `path` (a
+// replaced file keeps its permissions). On failure throws qkv::Error naming `path` and the
+// reason, removes the temporary file and leaves `path` as it was. Thread-safe.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 // What a .npy header declares. descr is numpy's dtype string, e.g. "<f4".
@@ -24,12 +25,16 @@ struct NpyInfo {
   std::vector<int64_t> shape;
 };
 
-// Reads only the header of a .npy file.
+// Reads only the header of a .npy file, with the same checks as load_npy (including that the
+// file holds exactly the data the header declares).
 NpyInfo read_npy_info(const std::string& path);
 
-// Reads a .npy file (format versions 1-3; dtypes <f4, <f8, <f2, |b1, |u1, |i1, <i4, <i8) into a
-// contiguous tensor of T, converting values. Rank 0-4.
-// Fortran-order arrays are transposed into row-major. T is float, double or uint8_t.
+// Reads a .npy file (format versions 1-3; dtypes <f4, <f8, <f2, |b1, |u1, |i1, <i4, <i8, with
+// '=' for native order) into a contiguous tensor of T, converting values. Rank 0-4.
+// Fortran-order arrays are transposed into row-major. T is float, double or uint8_t. A value T
+// cannot hold is refused, not wrapped: a finite double beyond float32's range, or for uint8_t
+// anything but an integer 0-255. Big-endian data, a header that does not parse, and a file
+// shorter or longer than the header declares are refused before any allocation.
 template <class T>
 Tensor<T> load_npy(const std::string& path);
 
@@ -45,11 +50,15 @@ std::string npy_bytes(TensorView<const T> t);
 // Named tensors for safetensors files. Order is by name.
 using TensorMap = std::map<std::string, Tensor<float>>;
 
-// Reads every tensor of a .safetensors file as float32 (F32, F64, F16 and BF16 are converted).
-// `metadata`, if given, receives the "__metadata__" string map.
+// Reads every tensor of a .safetensors file as float32 (F32, F64, F16, BF16 and the integer and
+// BOOL dtypes are converted; F8 is refused). `metadata`, if given, receives the "__metadata__"
+// string map. The header must be at most 100 MB, and the tensors must tile the data buffer
+// exactly (no overlap, no gap, no trailing bytes), as the reference implementation requires.
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
-// Writes named float32 tensors (any strides) and string metadata as .safetensors, atomically.
+// Writes named float32 tensors (any strides) and string metadata as .safetensors, atomically:
+// F32, names sorted, header padded with spaces to a multiple of 8 bytes. Names must be distinct
+// UTF-8 and not "__metadata__".
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
