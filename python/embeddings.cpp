@@ -87,7 +87,8 @@ void bind_embeddings(py::module_& m) {
   cls.def("__len__", &Embeddings::size, "V, the number of words.");
   cls.def("find", [](const Embeddings& e, const std::string& w) { return e.find(w); }, py::arg("word"),
           "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");
-  cls.def("__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"));
+  cls.def("__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"),
+          "True if find(word) finds it.");
   cls.def("vector", [](const py::object& self, const std::string& w) -> py::object {
         const int64_t i = self.cast<const Embeddings&>().find(w);
         if (i < 0) throw py::key_error(fmt::format("'{}' is not in the vocabulary", w));
