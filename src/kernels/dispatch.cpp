@@ -36,11 +36,22 @@ Simd best_path() {
   return f.avx512 ? Simd::avx512 : f.avx2_fma ? Simd::avx2 : Simd::scalar;
 }
 
-// QKV_SIMD as read once per process; empty when unset.
-const std::string& env_simd() {
-  static const std::string value = [] {
+// QKV_SIMD as read once per process: the parsed path, or the message for an invalid value.
+struct EnvSimd {
+  Simd path = Simd::automatic;
+  std::string error;
+};
+
+const EnvSimd& env_simd() {
+  static const EnvSimd value = [] {
+    EnvSimd e;
     const char* env = std::getenv("QKV_SIMD");
-    return std::string(env == nullptr ? "" : env);
+    try {
+      e.path = parse_simd(env == nullptr ? "" : env);
+    } catch (const Error& error) {
+      e.error = error.what();
+    }
+    return e;
   }();
   return value;
 }
@@ -72,7 +83,9 @@ Simd parse_simd(const char* text) {
 
 Simd resolve_simd(Simd requested) {
   if (requested == Simd::automatic) {
-    requested = parse_simd(env_simd().c_str());
+    const EnvSimd& env = env_simd();
+    if (!env.error.empty()) throw Error(env.error);
+    requested = env.path;
     if (requested == Simd::automatic) return best_path();
   }
   if (!available(requested))

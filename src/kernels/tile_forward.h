@@ -80,7 +80,6 @@ class ForwardTile {
       pack_q();
       std::fill(m_, m_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
       std::fill(l_, l_ + qvecs_ * L, 0.0f);
-      std::fill(o_, o_ + rows_ * dvp_, 0.0f);
       for (int64_t j0 = jlo_; j0 < jhi_; j0 += kBc) block(j0, std::min(kBc, jhi_ - j0));
     }
     write_rows();
@@ -240,8 +239,10 @@ class ForwardTile {
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
   void accumulate(int64_t j0, int64_t nb, bool interior) {
     const In* v = v_ + j0 * p_.sv[2];
+    const bool first = first_block_;
+    first_block_ = false;
     if (!interior && has_nonfinite(v, nb)) {
-      accumulate_rows_in_band(v, j0, nb);
+      accumulate_rows_in_band(v, j0, nb, first);
       return;
     }
     GemmArgs<float, float> g;
@@ -259,7 +260,7 @@ class ForwardTile {
     }
     g.c = o_;
     g.ldc = dvp_;
-    g.alpha = alpha_;
+    g.alpha = first ? nullptr : alpha_;  // the first block writes O, so O needs no zeroing
     gemm_blocked<Ops>(g, rows_, dvp_ / L);
   }
 
@@ -274,13 +275,13 @@ class ForwardTile {
 
   // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN), so on a
   // band edge with such values each row sums over its own keys only (plain loops: this is rare).
-  void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb) {
+  void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb, bool first) {
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t lo = live_[r] ? std::clamp<int64_t>(lo_[r] - j0, 0, nb) : 0;
       const int64_t hi = live_[r] ? std::clamp<int64_t>(hi_[r] - j0, lo, nb) : lo;
       float* o = o_ + r * dvp_;
       for (int64_t e = 0; e < s_.Dv; ++e) {
-        float acc = alpha_[r] * o[e];
+        float acc = first ? 0.0f : alpha_[r] * o[e];
         for (int64_t jj = lo; jj < hi; ++jj) acc += st_[jj * bq_ + r] * widen(v[jj * p_.sv[2] + e * p_.sv[3]]);
         o[e] = acc;
       }
@@ -312,7 +313,14 @@ class ForwardTile {
       float* out = p_.out + b_ * p_.so[0] + h_ * p_.so[1] + i * p_.so[2];
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
       const float inv = masked ? 0.0f : 1.0f / l_[r];
-      for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.so[3]] = masked ? 0.0f : o_[r * dvp_ + e] * inv;
+      const float* o = o_ + r * dvp_;
+      if (masked) {
+        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.so[3]] = 0.0f;
+      } else if (p_.so[3] == 1) {  // the common layout, in a loop the compiler vectorizes
+        for (int64_t e = 0; e < s_.Dv; ++e) out[e] = o[e] * inv;
+      } else {
+        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.so[3]] = o[e] * inv;
+      }
       if (p_.lse != nullptr)
         p_.lse[b_ * p_.sl[0] + h_ * p_.sl[1] + i * p_.sl[2]] =
             masked ? -std::numeric_limits<float>::infinity() : m_[r] + std::log(l_[r]);
@@ -327,7 +335,7 @@ class ForwardTile {
   int64_t b_, h_, hk_, i0_;
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
-  bool k_direct_ = false, v_direct_ = false;
+  bool k_direct_ = false, v_direct_ = false, first_block_ = true;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_{}, hi_{};
   std::array<bool, kMaxTileRows> live_{};
