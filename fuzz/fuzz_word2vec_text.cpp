@@ -1,0 +1,6 @@
+// libFuzzer target: Embeddings::load with EmbeddingFormat::word2vec_text (and automatic detection).
+#include "fuzz_embeddings.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return qkv::fuzz::fuzz_embeddings(data, size, qkv::EmbeddingFormat::word2vec_text, "word2vec_text");
+}
