@@ -36,15 +36,33 @@ RowShape check_rows(TensorView<const float> q, TensorView<const float> k, std::o
   return s;
 }
 
-// q: [H, N, D], k: [Hkv, M, D] -> scores [M] of query `row` of head `head`, scaled.
-void row_scores(std::vector<double>& scores, TensorView<const float> q, TensorView<const float> k, const RowShape& s,
-                int64_t head, int64_t row) {
-  const int64_t kh = head / (s.H / s.Hkv);
+// The keys as contiguous float64 rows [Hkv, M, D]: O(M·D) memory, so every row's scores stream
+// through memory in order instead of through the view's strides.
+std::vector<double> contiguous_keys(TensorView<const float> k, const RowShape& s) {
+  std::vector<double> out(static_cast<std::size_t>(s.Hkv * s.M * s.D));
+  std::size_t o = 0;
+  for (int64_t h = 0; h < s.Hkv; ++h)
+    for (int64_t j = 0; j < s.M; ++j)
+      for (int64_t d = 0; d < s.D; ++d) out[o++] = k(h, j, d);
+  return out;
+}
+
+// q: [H, N, D], keys: [Hkv, M, D] contiguous -> scores [M] of query `row` of head `head`, scaled.
+void row_scores(std::vector<double>& scores, std::vector<double>& qrow, TensorView<const float> q,
+                const std::vector<double>& keys, const RowShape& s, int64_t head, int64_t row) {
+  const double* kh = keys.data() + (head / (s.H / s.Hkv)) * s.M * s.D;
+  qrow.resize(static_cast<std::size_t>(s.D));
+  for (int64_t d = 0; d < s.D; ++d) qrow[static_cast<std::size_t>(d)] = q(head, row, d);
   scores.resize(static_cast<std::size_t>(s.M));
   for (int64_t j = 0; j < s.M; ++j) {
-    double acc = 0.0;
-    for (int64_t d = 0; d < s.D; ++d) acc += static_cast<double>(q(head, row, d)) * static_cast<double>(k(kh, j, d));
-    scores[static_cast<std::size_t>(j)] = acc * s.scale;
+    const double* kj = kh + j * s.D;
+    // Four partial sums keep the multiply-adds independent (the order is fixed, so results are too).
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t d = 0;
+    for (; d + 4 <= s.D; d += 4)
+      for (int u = 0; u < 4; ++u) acc[u] += qrow[static_cast<std::size_t>(d + u)] * kj[d + u];
+    for (; d < s.D; ++d) acc[0] += qrow[static_cast<std::size_t>(d)] * kj[d];
+    scores[static_cast<std::size_t>(j)] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * s.scale;
   }
 }
 
@@ -66,8 +84,8 @@ std::vector<double> attention_row(TensorView<const float> q, TensorView<const fl
   const RowShape s = check_rows(q, k, scale);
   if (head < 0 || head >= s.H || row < 0 || row >= s.N)
     throw Error(fmt::format("attention rows: head {} row {} is outside H = {}, N = {}", head, row, s.H, s.N));
-  std::vector<double> w;
-  row_scores(w, q, k, s, head, row);
+  std::vector<double> w, qrow;
+  row_scores(w, qrow, q, contiguous_keys(k, s), s, head, row);
   normalize(w, NAN);
   return w;
 }
@@ -88,14 +106,15 @@ TopKWeights attention_top_k(TensorView<const float> q, TensorView<const float> k
   t.weight.resize(t.index.size());
   t.rest.resize(static_cast<std::size_t>(s.H * s.N));
   const int64_t total = s.H * s.N;
+  const std::vector<double> keys = contiguous_keys(k, s);
 #pragma omp parallel
   {
-    std::vector<double> w;
+    std::vector<double> w, qrow;
     std::vector<int32_t> order(static_cast<std::size_t>(s.M));
 #pragma omp for schedule(dynamic, 16)
     for (int64_t hr = 0; hr < total; ++hr) {
       const int64_t h = hr / s.N, i = hr % s.N;
-      row_scores(w, q, k, s, h, i);
+      row_scores(w, qrow, q, keys, s, h, i);
       normalize(w, lse.empty() ? NAN : static_cast<double>(lse(h, i)));
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + t.k, order.end(), [&w](int32_t a, int32_t b) {
