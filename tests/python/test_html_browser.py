@@ -298,3 +298,33 @@ def test_context_and_compare_pages(run, tmp_path, embeddings, seed, browser):
             word = js(browser, f"return +document.querySelector('#strip-{n} .chip.word').dataset.j;")
             assert word == position
     assert_not_blank(browser.driver.get_screenshot_as_png(), "compare page")
+
+
+def test_canvas_heatmap_follows_the_head_and_query(run, tmp_path, embeddings, seed, browser):
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    rng = np.random.default_rng(seed)
+    args = ["--embeddings", embeddings.glove, words(rng, 61), "--heads", "2", "--dk", "3"]
+    page = tmp_path / "canvas.html"
+    qkv_ok(run, "explain", *args, "--html", page)
+    weights = [h["weights"] for h in explain_json(run, *args)["heads"]]
+    assert errors(browser.open(page)) == []
+    choose(browser, "head-select", 1)
+    choose(browser, "query-select", 40)
+    canvas = browser.driver.find_element("id", "heatmap-canvas")  # drawn again for head 2
+    cell = js(browser, "return Math.max(2, Math.min(12, Math.floor(900 / 61)));")
+    offset = js(browser, "return [arguments[0].width - 61 * arguments[1], arguments[0].height - 61 * arguments[1]];", canvas, cell)
+    hl = js(browser, "const s = document.getElementById('row-highlight').style; return [s.left, s.top, s.height];")
+    assert hl == [f"{offset[0]}px", f"{offset[1] + 40 * cell}px", f"{cell}px"], f"seed {seed}: {hl}"
+    js(browser, "arguments[0].scrollIntoView({block: 'center'});", canvas)
+    left, top = js(browser, "const b = arguments[0].getBoundingClientRect(); return [b.left, b.top];", canvas)
+    for i, j in ((40, 0), (40, 60), (3, 17)):
+        actions = ActionBuilder(browser.driver)
+        actions.pointer_action.move_to_location(int(left + offset[0] + j * cell + cell / 2), int(top + offset[1] + i * cell + cell / 2))
+        actions.perform()
+        r = browser.driver.find_element("id", "readout")
+        assert float(r.get_attribute("data-w")) == weights[1][i][j], f"seed {seed}: head 2 ({i}, {j})"
+    terms = js(browser, "return Array.from(document.querySelectorAll('#formula .term')).map(t => +t.dataset.j);")
+    assert len(terms) == 12 and terms == sorted(terms)
+    top12 = sorted(np.argsort(-np.array(weights[1][40]), kind="stable")[:12].tolist())
+    assert terms == top12, f"seed {seed}: the formula shows the 12 largest weights of row 40"
+    assert errors(browser.driver.get_log("browser")) == []
