@@ -328,3 +328,23 @@ def test_canvas_heatmap_follows_the_head_and_query(run, tmp_path, embeddings, se
     top12 = sorted(np.argsort(-np.array(weights[1][40]), kind="stable")[:12].tolist())
     assert terms == top12, f"seed {seed}: the formula shows the 12 largest weights of row 40"
     assert errors(browser.driver.get_log("browser")) == []
+
+
+def test_picture_options_refuse_bad_requests_and_leave_no_files(run, tmp_path, embeddings, seed):
+    from qkv_testlib import leftovers
+    rng = np.random.default_rng(seed)
+    long_sentence = words(rng, 600)
+    cases = [
+        (["explain", "--embeddings", embeddings.glove, long_sentence, "--html", tmp_path / "a.html", "--svg", tmp_path / "a.svg"],
+         "qkv: error: --svg: 600 tokens is more than the 512 a heatmap shows (--html lists the top-10 weights per row instead)\n"),
+        (["explain", "--json", "--html", tmp_path / "b.html"],
+         "qkv: explain: --json prints the steps; --html and --svg write pictures instead: choose one\n"),
+        (["explain", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),
+        (["explain", "--svg", tmp_path / "missing" / "c.svg"],
+         f"qkv: error: --svg {tmp_path / 'missing' / 'c.svg'}: directory {tmp_path / 'missing'} does not exist\n"),
+        (["context", "--embeddings", embeddings.glove, "i am", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),
+    ]
+    for args, message in cases:
+        r = run(*args)
+        assert r.returncode != 0 and r.stderr == message, (args[:3], r.returncode, r.stderr)
+        assert leftovers(tmp_path, keep=("glove.txt", "w2v.txt", "w2v.bin")) == []
