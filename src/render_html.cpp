@@ -111,8 +111,8 @@ std::string render_explanation_html(const Explanation& e, const HtmlOptions& opt
   const std::string title = detail::shorten(e.title.empty() ? std::string("Self-attention, step by step") : e.title);
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!e.source.empty()) body += fmt::format("<p class=\"source\">Inputs: {}</p>", html_escape(e.source));
-  body += fmt::format("<p class=\"source\">{} tokens, {} head{}, d_k = {}</p></header>\n", e.tokens.size(),
-                      e.heads.size(), e.heads.size() == 1 ? "" : "s", e.d_k);
+  body += fmt::format("<p class=\"source\">{} token{}, {} head{}, d_k = {}</p></header>\n", e.tokens.size(),
+                      e.tokens.size() == 1 ? "" : "s", e.heads.size(), e.heads.size() == 1 ? "" : "s", e.d_k);
   body += "<main>\n<section id=\"tokens-section\"><h2>Tokens</h2>" + token_list(e.tokens) + "</section>\n";
   if (options.context_first) body += output_section(e, precision);
   body += selectors(e.tokens, static_cast<int64_t>(e.heads.size()), e.num_kv_heads);
