@@ -1,6 +1,6 @@
-// Attention backward: the float64 reference against finite differences, the fp32 kernel against
-// the reference (masks, GQA, cross-attention, odd sizes, strides), determinism across thread
-// counts, fully masked rows and bad shapes.
+// Attention backward: the float64 reference against finite differences, the fp32 kernel on every
+// SIMD path against the reference (masks, GQA, cross-attention, odd sizes, strides, several query
+// chunks), bitwise determinism across thread counts on every path, fully masked rows, bad shapes.
 #include "qkv/backward.h"
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "attention_cases.h"
 #include "qkv/reference.h"
 #include "test_util.h"
 
@@ -162,7 +163,7 @@ TEST(Backward, ReferenceMatchesFiniteDifferences) {
 }
 
 // The fp32 kernel on float copies of the inputs against the float64 reference on the same values.
-void compare_fp32_with_reference(test::Rng& rng, const Case& c, int trial) {
+void compare_fp32_with_reference(test::Rng& rng, const Case& c, int trial, Simd simd = Simd::automatic) {
   const AttentionShape& s = c.s;
   auto coin = [&] { return rng.uniform_int(0, 1) == 1; };
   Operand q = make_operand(rng, s.B, s.H, s.N, s.D, coin()), k = make_operand(rng, s.B, s.Hkv, s.M, s.D, coin());
@@ -173,13 +174,16 @@ void compare_fp32_with_reference(test::Rng& rng, const Case& c, int trial) {
   Tensor<double> v64 = to_contiguous<double>(v32.cview()), dout64 = to_contiguous<double>(dout32.cview());
 
   Tensor<float> out({s.B, s.H, s.N, s.Dv}), lse({s.B, s.H, s.N});
-  attention_forward(out.view(), lse.view(), q32.cview(), k32.cview(), v32.cview(), c.options);
+  AttentionOptions options = c.options;
+  options.simd = simd;
+  options.num_threads = static_cast<int>(rng.uniform_int(1, 3));
+  attention_forward(out.view(), lse.view(), q32.cview(), k32.cview(), v32.cview(), options);
   // Outputs in [B, T, H, X] storage seen as [B, H, T, X]: the kernel must honour output strides.
   Tensor<float> dq_store({s.B, s.N, s.H, s.D}), dk({s.B, s.Hkv, s.M, s.D}), dv({s.B, s.Hkv, s.M, s.Dv});
   Tensor<float> dbias({s.B, s.H, s.N, s.M});
   const bool want_bias = coin();
   attention_backward(dq_store.view().transposed(1, 2), dk.view(), dv.view(), want_bias ? dbias.view() : TensorView<float>{},
-                     dout32.cview(), q32.cview(), k32.cview(), v32.cview(), out.cview(), lse.cview(), c.options);
+                     dout32.cview(), q32.cview(), k32.cview(), v32.cview(), out.cview(), lse.cview(), options);
   Tensor<double> rq({s.B, s.H, s.N, s.D}), rk({s.B, s.Hkv, s.M, s.D}), rv({s.B, s.Hkv, s.M, s.Dv});
   Tensor<double> rbias({s.B, s.H, s.N, s.M});
   reference_attention_backward(rq.view(), rk.view(), rv.view(), rbias.view(), dout64.cview(), q64.cview(), k64.cview(),
@@ -197,12 +201,14 @@ void compare_fp32_with_reference(test::Rng& rng, const Case& c, int trial) {
         for (int64_t i = 0; i < w4.dim(2); ++i)
           for (int64_t j = 0; j < w4.dim(3); ++j) {
             const double g = g4(a, b, i, j);
-            ASSERT_FALSE(std::isnan(g)) << name << " trial " << trial << " " << c.describe();
+            ASSERT_FALSE(std::isnan(g)) << name << " trial " << trial << " " << simd_path_name(simd) << " "
+                                        << c.describe();
             const double err = std::abs(g - w4(a, b, i, j)) / scale;
             if (err > worst) where = fmt::format("at [{}, {}, {}, {}]: {} vs {}", a, b, i, j, g, w4(a, b, i, j));
             worst = std::max(worst, err);
           }
-    EXPECT_LE(worst, 2e-4) << name << " trial " << trial << " " << c.describe() << " worst " << where;
+    EXPECT_LE(worst, 2e-4) << name << " trial " << trial << " " << simd_path_name(simd) << " " << c.describe()
+                           << " worst " << where;
   };
   check("dq", TensorView<const float>(dq_store.view().transposed(1, 2)), rq.cview());
   check("dk", dk.cview(), rk.cview());
@@ -220,15 +226,44 @@ TEST(Backward, Fp32MatchesReferenceOnRandomCases) {
   }
 }
 
+// 80 random cases on each SIMD path, forced in turn (the test above runs the automatic one).
+TEST(Backward, Fp32MatchesReferenceOnEverySimdPath) {
+  test::Rng rng("Backward.EverySimdPath");
+  for (Simd simd : test::available_paths()) {
+    for (int trial = 0; trial < 80; ++trial) {
+      const Case c = random_case(rng, trial % 4 == 0 ? 150 : 12, trial % 7 == 0);
+      compare_fp32_with_reference(rng, c, trial, simd);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Long rows with one kv head: the kernel splits the queries into 4 chunks whose partial dk, dv
+// are summed afterwards; head dims 64 and 128 take the micro-kernel's fixed-K instantiations.
+TEST(Backward, Fp32MatchesReferenceAcrossQueryChunksOnEverySimdPath) {
+  test::Rng rng("Backward.QueryChunks");
+  int trial = 0;
+  for (Simd simd : test::available_paths()) {
+    for (int64_t d : {64, 128}) {
+      Case c;
+      c.s = AttentionShape{1, 2, 1, 300 + rng.uniform_int(0, 40), 200 + rng.uniform_int(0, 100), d, d};
+      if (trial % 2 == 0) c.options.mask.causal = CausalAlign::bottom_right;
+      compare_fp32_with_reference(rng, c, trial++, simd);
+      if (HasFailure()) return;
+    }
+  }
+}
+
 struct Grads {
   Tensor<float> dq, dk, dv, dbias;
 };
 
 Grads run_fp32(const Case& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-               const Tensor<float>& dout, int threads) {
+               const Tensor<float>& dout, int threads, Simd simd = Simd::automatic) {
   const AttentionShape& s = c.s;
   AttentionOptions options = c.options;
   options.num_threads = threads;
+  options.simd = simd;
   Tensor<float> out({s.B, s.H, s.N, s.Dv}), lse({s.B, s.H, s.N});
   attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
   Grads g{Tensor<float>({s.B, s.H, s.N, s.D}), Tensor<float>({s.B, s.Hkv, s.M, s.D}),
@@ -238,12 +273,14 @@ Grads run_fp32(const Case& c, const Tensor<float>& q, const Tensor<float>& k, co
   return g;
 }
 
-TEST(Backward, BitwiseEqualForOneTwoThreeThreads) {
+// Several query chunks (N > 128 with B·Hkv < 4), key tiles and tile edges, on every path.
+TEST(Backward, BitwiseEqualForOneTwoThreeThreadsOnEverySimdPath) {
   test::Rng rng("Backward.ThreadDeterminism");
-  for (int trial = 0; trial < 4; ++trial) {
-    Case c = random_case(rng, 40, trial == 0);
-    c.s.N = 130 + trial;  // several query and key tiles
-    c.s.M = 200 - trial;
+  for (int trial = 0; trial < 4 * static_cast<int>(test::available_paths().size()); ++trial) {
+    const Simd simd = test::available_paths()[trial / 4];
+    Case c = random_case(rng, 40, trial % 4 == 0);
+    c.s.N = 130 + trial % 4 * 70;  // 3 to 6 query tiles
+    c.s.M = 200 - trial % 4;
     c.options.mask.key_lengths.clear();
     c.options.mask.query_lengths.clear();
     c.options.mask.keep = {};
@@ -252,13 +289,13 @@ TEST(Backward, BitwiseEqualForOneTwoThreeThreads) {
     if (!c.options.mask.alibi_slopes.empty()) c.options.mask.alibi_slopes.assign(s.H, 0.1f);
     Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
     Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
-    const Grads one = run_fp32(c, q, k, v, dout, 1);
+    const Grads one = run_fp32(c, q, k, v, dout, 1, simd);
     for (int threads : {2, 3}) {
-      const Grads many = run_fp32(c, q, k, v, dout, threads);
+      const Grads many = run_fp32(c, q, k, v, dout, threads, simd);
       for (auto [a, b] : {std::pair{&one.dq, &many.dq}, std::pair{&one.dk, &many.dk}, std::pair{&one.dv, &many.dv},
                           std::pair{&one.dbias, &many.dbias}})
-        ASSERT_EQ(0, std::memcmp(a->data(), b->data(), a->numel() * sizeof(float))) << threads << " threads, "
-                                                                                     << c.describe();
+        ASSERT_EQ(0, std::memcmp(a->data(), b->data(), a->numel() * sizeof(float)))
+            << threads << " threads, " << simd_path_name(simd) << ", " << c.describe();
     }
   }
 }
@@ -275,30 +312,33 @@ TEST(Backward, FullyMaskedRowsGiveZeroGradients) {
   c.options.mask.keep = broadcast_mask(c.keep.cview(), s.B, s.H, s.N, s.M, "keep");
   Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
   Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
-  const Grads g = run_fp32(c, q, k, v, dout, 2);
-  for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_FALSE(std::isnan(g.dq[i]));
-  for (int64_t h = 0; h < s.H; ++h) {
-    for (int64_t i = 0; i < s.N; ++i) {
-      const bool dead1 = i == 0 || i >= 3;
-      for (int64_t d = 0; d < s.D; ++d) {
-        EXPECT_EQ(g.dq.view()(0, h, i, d), 0.0f);
-        if (dead1) {
-          EXPECT_EQ(g.dq.view()(1, h, i, d), 0.0f);
-        } else {
-          EXPECT_NE(g.dq.view()(1, h, i, d), 0.0f);
+  for (Simd simd : test::available_paths()) {
+    SCOPED_TRACE(simd_path_name(simd));
+    const Grads g = run_fp32(c, q, k, v, dout, 2, simd);
+    for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_FALSE(std::isnan(g.dq[i]));
+    for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t i = 0; i < s.N; ++i) {
+        const bool dead1 = i == 0 || i >= 3;
+        for (int64_t d = 0; d < s.D; ++d) {
+          EXPECT_EQ(g.dq.view()(0, h, i, d), 0.0f);
+          if (dead1) {
+            EXPECT_EQ(g.dq.view()(1, h, i, d), 0.0f);
+          } else {
+            EXPECT_NE(g.dq.view()(1, h, i, d), 0.0f);
+          }
         }
-      }
-      for (int64_t j = 0; j < s.M; ++j) {
-        EXPECT_EQ(g.dbias.view()(0, h, i, j), 0.0f);
-        if (dead1) {
-          EXPECT_EQ(g.dbias.view()(1, h, i, j), 0.0f);
+        for (int64_t j = 0; j < s.M; ++j) {
+          EXPECT_EQ(g.dbias.view()(0, h, i, j), 0.0f);
+          if (dead1) {
+            EXPECT_EQ(g.dbias.view()(1, h, i, j), 0.0f);
+          }
         }
       }
     }
-  }
-  for (int64_t j = 0; j < s.M; ++j) {
-    for (int64_t d = 0; d < s.D; ++d) EXPECT_EQ(g.dk.view()(0, 0, j, d), 0.0f);
-    for (int64_t e = 0; e < s.Dv; ++e) EXPECT_EQ(g.dv.view()(0, 0, j, e), 0.0f);
+    for (int64_t j = 0; j < s.M; ++j) {
+      for (int64_t d = 0; d < s.D; ++d) EXPECT_EQ(g.dk.view()(0, 0, j, d), 0.0f);
+      for (int64_t e = 0; e < s.Dv; ++e) EXPECT_EQ(g.dv.view()(0, 0, j, e), 0.0f);
+    }
   }
 }
 

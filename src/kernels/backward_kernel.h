@@ -1,0 +1,82 @@
+// The fused attention backward's internal interface: a params struct of pointers and element
+// strides, the unit of work (one chunk of query rows of one kv-head group), and one task function
+// per SIMD family (backward_avx512.cpp, backward_avx2.cpp, backward_scalar.cpp, all instantiating
+// backward_tile.h). The driver (src/backward.cpp) plans the chunks and runs the tasks on threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "mask_eval.h"
+#include "qkv/attention.h"
+
+namespace qkv::kernels {
+
+// Query rows and keys per tile of the backward. Every family uses the same tiles, so a task's
+// summation order depends on the shape alone.
+constexpr int64_t kBackwardTile = 64;
+// Padding of the packed rows (the widest family's lanes); scratch is sized with it.
+constexpr int64_t kBackwardPad = 16;
+
+// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], dout/out: [B,H,N,Dv], lse: [B,H,N]
+// -> dq: [B,H,N,D], dk: [B,Hkv,M,D], dv: [B,Hkv,M,Dv], dbias: [B,H,N,M] (may be null).
+// Query rows are split into `chunks` chunks of `chunk_rows` (a multiple of kBackwardTile). Chunk
+// 0 writes dk and dv; chunk c > 0 writes its partial sums to dk_part/dv_part [c-1, B, Hkv, M, D|Dv]
+// (contiguous), which the driver adds to dk/dv in chunk order.
+struct BackwardParams {
+  AttentionShape shape;
+  const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr, *out = nullptr, *lse = nullptr;
+  std::array<int64_t, 4> sq{}, sk{}, sv{}, sdo{}, so{}, sdq{}, sdk{}, sdv{}, sdb{};
+  std::array<int64_t, 3> sl{};
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
+  float *dk_part = nullptr, *dv_part = nullptr;
+  float scale = 1.0f;
+  const detail::MaskEval* mask = nullptr;
+  const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
+  int64_t chunk_rows = kBackwardTile, chunks = 1;
+};
+
+// Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.
+struct BackwardTask {
+  int64_t b = 0, hk = 0, chunk = 0;
+};
+
+// Where a task's buffers sit in its per-thread scratch (offsets in floats, each 64-byte aligned
+// when the scratch is). Row widths are padded to kBackwardPad, enough for every family.
+struct BackwardLayout {
+  explicit BackwardLayout(const BackwardParams& p) {
+    const AttentionShape& s = p.shape;
+    const int64_t t = kBackwardTile, rows = p.chunk_rows;
+    const int64_t dp = pad(s.D), dvp = pad(s.Dv);
+    int64_t at = 0;
+    auto take = [&at](int64_t n) {
+      const int64_t o = at;
+      at += pad(n);
+      return o;
+    };
+    q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows);
+    dk = take(s.M * dp), dv = take(s.M * dvp);
+    kt = take(dp * t), vt = take(dvp * t), k = take(t * dp);
+    s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
+    total = at + 64;  // vector loads of a tail may read (never use) past the last element
+  }
+  static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
+  // Buffers of one head's chunk: packed q, dout, the dq sums and D = rowsum(dout ∘ out).
+  int64_t q = 0, dout = 0, dq = 0, row_dot = 0;
+  // The dk, dv sums of every key over the task (all heads of the group).
+  int64_t dk = 0, dv = 0;
+  // Key tile buffers: kᵀ, vᵀ and k rows.
+  int64_t kt = 0, vt = 0, k = 0;
+  // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
+  int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;
+  int64_t total = 0;
+};
+
+using BackwardFn = void (*)(const BackwardParams&, const BackwardTask&, float* scratch);
+
+// Computes one task; every family computes the same function (only rounding differs).
+void backward_task_avx512(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_task_avx2(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_task_scalar(const BackwardParams& p, const BackwardTask& task, float* scratch);
+
+}  // namespace qkv::kernels

@@ -1,0 +1,251 @@
+// One task of the fused attention backward (FlashAttention-2 style), written once for every SIMD
+// family: Ops is a family's vector operations (simd_*.h). Include only after kernel_deps.h,
+// backward_kernel.h, the family's target pragma, its simd_*.h and microkernel.h.
+//
+// A task owns one chunk of query rows of every query head of one kv head. Head by head, it packs
+// the chunk's q and dout once, then walks the key tiles in order, and for each key tile visits
+// the chunk's query tiles in order:
+//   S  = q·kᵀ,  P = exp(S·scale − lse)   (recomputed; masks through MaskEval)
+//   dP = dout·vᵀ,  dS = P ∘ (dP − D)     (D = rowsum(dout ∘ out))
+//   dv += Pᵀ·dout,  dk += dSᵀ·q,  dq += dS·k  (sums in scratch; dq written after each head, dk
+//                                             and dv after the last head of the group)
+// All five block products are the forward's micro-kernel (microkernel.h): its A operand is read
+// through a row stride and a k stride, so Pᵀ and dSᵀ are just P and dS read with swapped strides,
+// and "+=" is its per-row alpha set to 1. Lanes run along keys; every sum runs in a fixed order.
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+template <class Ops>
+class BackwardChunk {
+  using V = typename Ops::V;
+  static constexpr int L = Ops::kLanes;
+  static constexpr int64_t T = kBackwardTile;
+  static constexpr float kLog2eBwd = 1.44269504088896340736f;
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  static_assert(T % L == 0);
+
+ public:
+  BackwardChunk(const BackwardParams& p, const BackwardTask& t, float* scratch)
+      : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), hk_(t.hk), chunk_(t.chunk), group_(p.shape.H / p.shape.Hkv) {
+    r0_ = chunk_ * p.chunk_rows;
+    r1_ = std::min(s_.N, r0_ + p.chunk_rows);
+    dp_ = (s_.D + L - 1) / L * L;
+    dvp_ = (s_.Dv + L - 1) / L * L;
+    elementwise_ = mask_.has_elementwise();
+    cap_ = mask_.mask().softcap;
+    const BackwardLayout lay(p);
+    q_ = scratch + lay.q, dout_ = scratch + lay.dout, dq_ = scratch + lay.dq, row_dot_ = scratch + lay.row_dot;
+    kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk, dv_ = scratch + lay.dv;
+    st_ = scratch + lay.s_, ds_ = scratch + lay.ds, dcap_ = scratch + lay.dcap;
+    ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
+    for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
+  }
+
+  void run() {
+    std::fill(dk_, dk_ + s_.M * dp_, 0.0f);
+    std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
+    for (int64_t g = 0; g < group_; ++g) {
+      const int64_t h = hk_ * group_ + g;
+      pack_chunk(h);
+      for (int64_t j0 = 0; j0 < s_.M; j0 += T) key_tile(h, j0, std::min(T, s_.M - j0));
+      write_dq(h);
+    }
+    write_key_sums();
+  }
+
+ private:
+  // q, dout of the chunk's rows of head h packed with zero padding to dp/dvp; D per row; dq
+  // sums zeroed.
+  void pack_chunk(int64_t h) {
+    for (int64_t i = r0_; i < r1_; ++i) {
+      const int64_t row = i - r0_;
+      const float* q = p_.q + b_ * p_.sq[0] + h * p_.sq[1] + i * p_.sq[2];
+      const float* dout = p_.dout + b_ * p_.sdo[0] + h * p_.sdo[1] + i * p_.sdo[2];
+      const float* out = p_.out + b_ * p_.so[0] + h * p_.so[1] + i * p_.so[2];
+      float* qp = q_ + row * dp_;
+      float* dop = dout_ + row * dvp_;
+      for (int64_t d = 0; d < dp_; ++d) qp[d] = d < s_.D ? q[d * p_.sq[3]] : 0.0f;
+      float dot = 0.0f;
+      for (int64_t e = 0; e < dvp_; ++e) {
+        const float x = e < s_.Dv ? dout[e * p_.sdo[3]] : 0.0f;
+        dop[e] = x;
+        if (e < s_.Dv) dot += x * out[e * p_.so[3]];
+      }
+      row_dot_[row] = dot;
+      std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
+    }
+  }
+
+  // Keys [j0, j0 + cols): packs kᵀ, vᵀ and k, visits the chunk's query tiles of head h.
+  void key_tile(int64_t h, int64_t j0, int64_t cols) {
+    const float* k = p_.k + b_ * p_.sk[0] + hk_ * p_.sk[1] + j0 * p_.sk[2];
+    const float* v = p_.v + b_ * p_.sv[0] + hk_ * p_.sv[1] + j0 * p_.sv[2];
+    for (int64_t d = 0; d < s_.D; ++d)
+      for (int64_t c = 0; c < T; ++c) kt_[d * T + c] = c < cols ? k[c * p_.sk[2] + d * p_.sk[3]] : 0.0f;
+    for (int64_t e = 0; e < s_.Dv; ++e)
+      for (int64_t c = 0; c < T; ++c) vt_[e * T + c] = c < cols ? v[c * p_.sv[2] + e * p_.sv[3]] : 0.0f;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t d = 0; d < dp_; ++d) k_[c * dp_ + d] = d < s_.D ? k[c * p_.sk[2] + d * p_.sk[3]] : 0.0f;
+    for (int64_t i0 = r0_; i0 < r1_; i0 += T) pair(h, i0, std::min(T, r1_ - i0), j0, cols);
+  }
+
+  // Per-row bands of one query tile against keys [j0, j0 + cols); returns false if no row sees
+  // any of them. A row with lse = -inf had no allowed key in the forward: it is treated as dead.
+  bool tile_bands(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    bool any = false;
+    interior_ = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
+      const float lse = p_.lse[b_ * p_.sl[0] + h * p_.sl[1] + i * p_.sl[2]];
+      const bool live = !band.empty() && lse != kNegInf;
+      lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
+      hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
+      neg_lse_[r] = live ? -lse * kLog2eBwd : 0.0f;  // dead rows: every logit is -inf, so P = 0
+      any |= lo_[r] < hi_[r];
+      interior_ &= lo_[r] <= 0 && hi_[r] >= T;
+    }
+    return any;
+  }
+
+  void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    if (!tile_bands(h, i0, rows, j0, cols)) return;
+    const int64_t row = i0 - r0_;
+    float* dk = dk_ + j0 * dp_;
+    float* dv = dv_ + j0 * dvp_;
+    const float* qp = q_ + row * dp_;
+    const float* dop = dout_ + row * dvp_;
+    // st = q · kᵀ: [rows, D] · [D, T]
+    product(st_, T, qp, dp_, 1, kt_, T, nullptr, s_.D, rows, T);
+    probabilities(h, i0, rows, j0);
+    // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
+    product(ds_, T, dop, dvp_, 1, vt_, T, nullptr, s_.Dv, rows, T);
+    logit_grads(row, h, i0, rows, j0, cols);
+    // dv += Pᵀ · dout: [cols, rows] · [rows, Dv]
+    product(dv, dvp_, st_, 1, T, dop, dvp_, ones_, rows, cols, dvp_);
+    // dk += dSᵀ · q: [cols, rows] · [rows, D]
+    product(dk, dp_, ds_, 1, T, qp, dp_, ones_, rows, cols, dp_);
+    // dq += dS · k: [rows, cols] · [cols, D]
+    product(dq_ + row * dp_, dp_, ds_, T, 1, k_, dp_, ones_, cols, rows, dp_);
+  }
+
+  // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
+  static void product(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
+                      const float* alpha, int64_t kdim, int64_t m, int64_t n) {
+    GemmArgs<float, float> g;
+    g.kdim = kdim;
+    g.a = a;
+    g.a_row = a_row;
+    g.a_k = a_k;
+    g.b = b;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = ldc;
+    g.alpha = alpha;
+    gemm_blocked<Ops>(g, m, n / L);
+  }
+
+  // st: q·kᵀ on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
+  // Keep-mask, bias, ALiBi and softcap go through MaskEval::adjust itself, in band only.
+  void probabilities(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
+    float mult = p_.scale * kLog2eBwd;
+    if (elementwise_) {
+      mult = kLog2eBwd;
+      for (int64_t r = 0; r < rows; ++r) {
+        float* st = st_ + r * T;
+        float* dcap = dcap_ + r * T;
+        for (int64_t c = 0; c < T; ++c) {
+          if (c < lo_[r] || c >= hi_[r]) {
+            st[c] = kNegInf;
+            dcap[c] = 1.0f;
+            continue;
+          }
+          const float x = st[c] * p_.scale;
+          st[c] = mask_.adjust(x, b_, h, i0 + r, j0 + c);
+          if (cap_ > 0) {
+            const float th = std::tanh(x / cap_);
+            dcap[c] = 1.0f - th * th;
+          }
+        }
+      }
+    }
+    const V m = Ops::set1(mult);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* st = st_ + r * T;
+      const V neg_lse = Ops::set1(neg_lse_[r]);
+      const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
+      const bool banded = !elementwise_ && !interior_;
+      for (int64_t c = 0; c < T; c += L) {
+        V x = Ops::load(st + c);
+        if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
+        Ops::store(st + c, Ops::exp2(Ops::fma(x, m, neg_lse)));
+      }
+    }
+  }
+
+  // ds: dout·vᵀ on entry, dL/d(scaled score) on exit: dS = P ∘ (dP − D), written to dbias
+  // (= dL/dlogit) when asked, then times softcap's derivative.
+  void logit_grads(int64_t row, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* ds = ds_ + r * T;
+      const float* pr = st_ + r * T;
+      const V dot = Ops::set1(row_dot_[row + r]);
+      for (int64_t c = 0; c < T; c += L) Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
+    }
+    if (p_.dbias != nullptr)
+      for (int64_t r = 0; r < rows; ++r) {
+        float* out = p_.dbias + b_ * p_.sdb[0] + h * p_.sdb[1] + (i0 + r) * p_.sdb[2] + j0 * p_.sdb[3];
+        for (int64_t c = 0; c < cols; ++c) out[c * p_.sdb[3]] = ds_[r * T + c];
+      }
+    if (elementwise_ && cap_ > 0)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < T; c += L)
+          Ops::store(ds_ + r * T + c, Ops::mul(Ops::load(ds_ + r * T + c), Ops::load(dcap_ + r * T + c)));
+  }
+
+  // scale · dk and dv sums: into dk, dv for chunk 0, else into this chunk's partials.
+  void write_key_sums() {
+    for (int64_t j = 0; j < s_.M; ++j) {
+      if (chunk_ == 0) {
+        float* dk = p_.dk + b_ * p_.sdk[0] + hk_ * p_.sdk[1] + j * p_.sdk[2];
+        float* dv = p_.dv + b_ * p_.sdv[0] + hk_ * p_.sdv[1] + j * p_.sdv[2];
+        for (int64_t d = 0; d < s_.D; ++d) dk[d * p_.sdk[3]] = p_.scale * dk_[j * dp_ + d];
+        for (int64_t e = 0; e < s_.Dv; ++e) dv[e * p_.sdv[3]] = dv_[j * dvp_ + e];
+      } else {
+        const int64_t key = ((chunk_ - 1) * s_.B + b_) * s_.Hkv * s_.M + hk_ * s_.M + j;
+        for (int64_t d = 0; d < s_.D; ++d) p_.dk_part[key * s_.D + d] = p_.scale * dk_[j * dp_ + d];
+        for (int64_t e = 0; e < s_.Dv; ++e) p_.dv_part[key * s_.Dv + e] = dv_[j * dvp_ + e];
+      }
+    }
+  }
+
+  void write_dq(int64_t h) {
+    for (int64_t i = r0_; i < r1_; ++i) {
+      float* dq = p_.dq + b_ * p_.sdq[0] + h * p_.sdq[1] + i * p_.sdq[2];
+      const float* acc = dq_ + (i - r0_) * dp_;
+      for (int64_t d = 0; d < s_.D; ++d) dq[d * p_.sdq[3]] = p_.scale * acc[d];
+    }
+  }
+
+  const BackwardParams& p_;
+  const AttentionShape& s_;
+  const detail::MaskEval& mask_;
+  int64_t b_, hk_, chunk_, group_;
+  int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
+  bool elementwise_ = false, interior_ = false;
+  float cap_ = 0.0f;
+  float *q_, *dout_, *dq_, *row_dot_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_, *iota_;
+  // Band of each row of the current query tile relative to j0 (clamped), and −lse·log2(e).
+  std::array<int64_t, T> lo_{}, hi_{};
+  std::array<float, T> neg_lse_{};
+};
+
+template <class Ops>
+void backward_task(const BackwardParams& p, const BackwardTask& task, float* scratch) {
+  BackwardChunk<Ops>(p, task, scratch).run();
+}
+
+}  // namespace
+}  // namespace qkv::kernels
