@@ -236,23 +236,27 @@ TEST(Render, TopKMatchesDenseWeights) {
         const Explanation e = explain_qkv(names, qi, kh, kh);
         for (int64_t j = 0; j < M; ++j) w(i, j) = e.heads[0].weights(0, j);
         const std::vector<double> row = attention_row(q.cview(), k.cview(), h, i);
-        for (int64_t j = 0; j < M; ++j) EXPECT_NEAR(row[static_cast<std::size_t>(j)], w(i, j), 1e-14);
+        // Weights come back rounded to float.
+        for (int64_t j = 0; j < M; ++j) EXPECT_NEAR(row[static_cast<std::size_t>(j)], w(i, j), 1e-7 * w(i, j));
       }
       for (int64_t i = 0; i < N; ++i) {
         double kept = 0.0, previous = INFINITY;
         for (int64_t r = 0; r < t.k; ++r) {
           const std::size_t o = static_cast<std::size_t>((h * N + i) * t.k + r);
           const int64_t j = t.index[o];
-          EXPECT_NEAR(t.weight[o], w(i, j), 1e-14) << "h=" << h << " i=" << i << " rank " << r;
+          EXPECT_NEAR(t.weight[o], w(i, j), 1e-7 * w(i, j)) << "h=" << h << " i=" << i << " rank " << r;
           EXPECT_LE(t.weight[o], previous);
           previous = t.weight[o];
           kept += t.weight[o];
         }
         // Nothing outside the top k is larger than the k-th.
         int larger = 0;
-        for (int64_t j = 0; j < M; ++j) larger += w(i, j) > previous * (1 + 1e-12);
+        for (int64_t j = 0; j < M; ++j) larger += w(i, j) > previous * (1 + 1e-6);
         EXPECT_LE(larger, t.k - 1) << "h=" << h << " i=" << i;
-        EXPECT_NEAR(t.rest[static_cast<std::size_t>(h * N + i)], 1.0 - kept, 1e-12);
+        EXPECT_NEAR(t.rest[static_cast<std::size_t>(h * N + i)], std::max(0.0, 1.0 - kept), 1e-12);
+        if (t.k == M) {
+          EXPECT_NEAR(kept, 1.0, 1e-6);
+        }
       }
     }
   }

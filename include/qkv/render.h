@@ -47,16 +47,16 @@ struct TopKWeights {
   std::vector<double> rest;    // [H, N] total weight of the keys outside the top k
 };
 
-// q [H, N, D], k [Hkv, M, D] (any strides, H % Hkv == 0, head h uses key head h / (H / Hkv)).
-// Scores are q·kᵀ·scale (default 1/√D), accumulated in float64. If `lse` [H, N] is given (the
-// fused kernel's log-sum-exp, e.g. LayerCache::lse) the weights are exp(score − lse), so they are
-// the ones the fused path normalized; else each row is normalized here. Throws qkv::Error on
-// shapes or top_k < 1. Runs rows in parallel with OpenMP.
+// q [H, N, D], k [Hkv, M, D] (any strides, H % Hkv == 0, head h uses key head h / (H / Hkv)),
+// through attention_weights_topk (weights.h): scores q·kᵀ·scale (default 1/√D) in float64, weights
+// rounded to float. If `lse` [H, N] is given (the fused kernel's log-sum-exp, e.g. LayerCache::lse)
+// the weights are exp(score − lse), the ones the fused path normalized; else each row is
+// normalized in float64. Throws qkv::Error on shapes or top_k < 1.
 TopKWeights attention_top_k(TensorView<const float> q, TensorView<const float> k, int64_t top_k,
                             std::optional<double> scale = {}, TensorView<const float> lse = {});
 
-// One full row of weights: head `head`, query `row` of q [H, N, D] against k [Hkv, M, D], as
-// above (O(M) memory). Throws qkv::Error on shapes or an index out of range.
+// One full row of weights (float-rounded, normalized in float64): head `head`, query `row` of
+// q [H, N, D] against k [Hkv, M, D] (O(M) memory). Throws qkv::Error on shapes or an index out of range.
 std::vector<double> attention_row(TensorView<const float> q, TensorView<const float> k, int64_t head, int64_t row,
                                   std::optional<double> scale = {});
 
