@@ -25,7 +25,9 @@ __attribute__((target("avx512f"), noinline)) float chains_avx512(int64_t iterati
   }
   const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                                  _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-  return _mm512_reduce_add_ps(_mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  float lanes[16];  // not _mm512_reduce_add_ps: GCC 12 warns about its undefined pass-through operand
+  _mm512_storeu_ps(lanes, _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  return lanes[0] + lanes[15];
 }
 
 __attribute__((target("avx2,fma"), noinline)) float chains_avx2(int64_t iterations, float seed) {

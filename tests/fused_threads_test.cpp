@@ -64,6 +64,31 @@ TEST(FusedThreads, SingleHeadShortSequenceIsDeterministic) {
   EXPECT_TRUE(bitwise_equal(out1, out3));
 }
 
+TEST(FusedThreads, Bf16OutputsAreBitwiseEqualFor1_2_3Threads) {
+  test::Rng rng("FusedThreads.Bf16");
+  Tensor<float> q32 = rng.normal32({1, 3, 200, 64}), k32 = rng.normal32({1, 3, 190, 64}), v32 = rng.normal32({1, 3, 190, 59});
+  auto round = [](const Tensor<float>& t) {
+    Tensor<bf16> b(t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) b[i] = float_to_bf16(t[i]);
+    return b;
+  };
+  const Tensor<bf16> q = round(q32), k = round(k32), v = round(v32);
+  for (Simd simd : test::available_paths()) {
+    AttentionOptions options;
+    options.simd = simd;
+    options.mask.window = Window{50, 10};
+    Tensor<float> out1({1, 3, 200, 59});
+    options.num_threads = 1;
+    attention_forward(out1.view(), {}, q.cview(), k.cview(), v.cview(), options);
+    for (int threads : {2, 3}) {
+      Tensor<float> out({1, 3, 200, 59});
+      options.num_threads = threads;
+      attention_forward(out.view(), {}, q.cview(), k.cview(), v.cview(), options);
+      EXPECT_TRUE(bitwise_equal(out, out1)) << simd_path_name(simd) << " threads " << threads;
+    }
+  }
+}
+
 // Peak resident memory in kB since the last reset_peak_rss(), from /proc/self/status.
 long peak_rss_kb() {
   std::ifstream status("/proc/self/status");
