@@ -30,7 +30,7 @@ fi
 fuzzers=${FUZZERS:-$(cd "$dir/fuzz" && ls fuzz_* | sed 's/^fuzz_//')}
 mkdir -p "$dir/artifacts" "$dir/logs" "$dir/corpus"
 summary="$dir/fuzz-$mode.txt"
-: >"$summary"
+echo "# $(date -u +%FT%TZ) fuzz $mode, $seconds s each" >>"$summary"
 # Small inputs keep exec/s high; every format's interesting structure fits in 4 KB.
 common=(-timeout=10 -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1)
 
