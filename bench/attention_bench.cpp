@@ -2,6 +2,7 @@
 // S3/S4), with 1 and 2 threads, each thread group preceded by the FMA peak measured the same way.
 // `qkv_bench --peak-memory` instead runs S6 once and prints its peak resident memory growth.
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
@@ -84,12 +85,29 @@ void run_once(const Shape& s, Inputs& in, bool use_bf16, int threads) {
   }
 }
 
+// CPU seconds used so far by all threads of this process. On a machine shared with other jobs,
+// flops / (CPU seconds / threads) estimates the speed the threads have while they run, which
+// wall time cannot show when the cores are oversubscribed.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+void set_cpu_counter(benchmark::State& state, double cpu_start, int threads) {
+  state.counters["cpu_rate_threads"] = threads;
+  state.counters["cpu_s_per_iter"] = (process_cpu_seconds() - cpu_start) / static_cast<double>(state.iterations());
+}
+
 void register_group(int threads) {
   benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(),
                                [threads](benchmark::State& state) {
                                  constexpr int64_t kIterations = 20'000'000;
                                  double flops = 0;
+                                 const double cpu = process_cpu_seconds();
                                  for (auto _ : state) flops = fma_peak_work(threads, kIterations);
+                                 set_cpu_counter(state, cpu, threads);
+                                 state.counters["flops_per_iter"] = flops;
                                  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
                                })
       ->UseRealTime()
@@ -103,7 +121,10 @@ void register_group(int threads) {
                                  [shape, use_bf16, threads](benchmark::State& state) {
                                    Inputs& in = inputs_of(shape);
                                    run_once(shape, in, use_bf16, threads);  // warm the thread pool and buffers
+                                   const double cpu = process_cpu_seconds();
                                    for (auto _ : state) run_once(shape, in, use_bf16, threads);
+                                   set_cpu_counter(state, cpu, threads);
+                                   state.counters["flops_per_iter"] = flops_of(shape);
                                    state.counters["FLOPS"] =
                                        benchmark::Counter(flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
                                  })

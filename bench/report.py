@@ -11,13 +11,14 @@ FLOP_SHAPES = {  # [B, H, N, D], causal
 
 
 def medians(path):
-    """{run_name: (median real time in ms, FLOPS)} from Google Benchmark's JSON."""
+    """{run_name: (median wall ms, wall FLOP/s, median process CPU ms per call, threads)}."""
     out = {}
     for b in json.load(open(path))["benchmarks"]:
         if b.get("aggregate_name") == "median":
             name = b["run_name"].replace("/repeats:5", "").replace("/real_time", "")
             scale = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
-            out[name] = (b["real_time"] * scale, b.get("FLOPS", 0.0))
+            out[name] = (b["real_time"] * scale, b.get("FLOPS", 0.0), b["cpu_s_per_iter"] * 1e3,
+                         b["cpu_rate_threads"], b["flops_per_iter"])
     return out
 
 
@@ -35,30 +36,38 @@ def main():
 
     print(f"load average (1, 5, 15 min) before: {a.load_before}; after: {a.load_after}")
     print()
-    print("| shape [B·H·N·D] | dtype | thr | qkv ms (median) | GFLOP/s | % FMA peak | × torch sdpa | × torch composite |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape [B·H·N·D] | dtype | thr | qkv ms (median) | GFLOP/s | % FMA peak | CPU GFLOP/s | % CPU peak "
+          "| × sdpa | × sdpa CPU | × composite | × composite CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for threads in (1, 2):
-        peak_ms, peak = qkv.get(f"fma_peak/threads:{threads}", (0, 0))
-        print(f"| FMA peak (12 chains/thread) | fp32 | {threads} | {peak_ms:.1f} | {peak / 1e9:.1f} | 100 | | |")
+        peak_ms, peak, peak_cpu_ms, _, peak_flops = qkv.get(f"fma_peak/threads:{threads}", (0, 0, 0, 1, 0))
+        peak_cpu = peak_flops / (peak_cpu_ms / 1e3 / threads) if peak_cpu_ms else 0.0
+        print(f"| FMA peak (12 chains/thread) | fp32 | {threads} | {peak_ms:.1f} | {peak / 1e9:.1f} | 100 | "
+              f"{peak_cpu / 1e9:.1f} | 100 | | | | |")
         for dtype in ("fp32", "bf16"):
             for shape, (b, h, n, d, causal) in FLOP_SHAPES.items():
                 key = f"attention/{shape}/{dtype}/threads:{threads}"
                 if key not in qkv:
                     continue
-                ms, flops = qkv[key]
+                ms, flops, cpu_ms, _, work = qkv[key]
+                cpu_rate = work / (cpu_ms / 1e3 / threads) if cpu_ms else 0.0
                 label = f"{shape} {b}·{h}·{n}·{d}" + (" causal" if causal else "")
                 ratios = []
                 for variant in ("sdpa", "composite"):
                     t = torch.get(f"{shape}/{variant}/threads:{threads}")
-                    ratios.append(f"{t / ms:.2f}" if t else "n/a")
+                    ratios.append(f"{t[0] / ms:.2f}" if t else "n/a")
+                    ratios.append(f"{t[1] / cpu_ms:.2f}" if t and cpu_ms else "n/a")
                 time_text = f"{ms * 1e3:.3f} µs" if ms < 0.01 else f"{ms:.3f}"
                 pct = 100.0 * flops / peak if peak else 0.0
+                cpu_pct = 100.0 * cpu_rate / peak_cpu if peak_cpu else 0.0
                 print(f"| {label} | {dtype} | {threads} | {time_text} | {flops / 1e9:.1f} | {pct:.0f} | "
-                      f"{ratios[0]} | {ratios[1]} |")
+                      f"{cpu_rate / 1e9:.1f} | {cpu_pct:.0f} | {' | '.join(ratios)} |")
     print()
     print(f"S6 fp32, 2 threads: peak resident memory growth during the call {mem['peak_growth_mb']:.2f} MB "
           f"(inputs + outputs {mem['inputs_outputs_mb']:.1f} MB, VmHWM reset {'ok' if mem['reset_ok'] else 'FAILED'}).")
     print("bf16 rows are compared with PyTorch fp32 on the same shape (1.13 has no fast bf16 CPU attention).")
+    print("CPU columns: flops / (process CPU seconds / threads), for qkv, the FMA peak and PyTorch alike; "
+          "they estimate the speed while the threads run, which wall time hides when the machine is loaded.")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 Two variants, same inputs (normal fp32, [B, H, N, D]), same thread count (torch.set_num_threads):
   sdpa       torch.nn.functional._scaled_dot_product_attention (1.13's fused entry point)
   composite  softmax(q @ k^T * scale [+ causal mask]) @ v
-Prints a JSON object {"<shape>/<variant>/threads:<t>": median_ms, ...}; a variant that fails
-(e.g. out of memory for S6's N x N matrix) is reported as null.
+Prints a JSON object {"<shape>/<variant>/threads:<t>": [median wall ms, median process CPU ms],
+...}; a variant that fails (e.g. out of memory for S6's N x N matrix) is reported as null.
 """
 import json
 import math
@@ -38,15 +38,18 @@ def composite(q, k, v, causal):
 
 
 def median_ms(fn, budget_s=3.0, max_reps=25):
+    """Median wall and process-CPU milliseconds of fn()."""
     fn()  # warm up
-    times = []
+    walls, cpus = [], []
     start = time.perf_counter()
-    while len(times) < 3 or (len(times) < max_reps and time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
+    while len(walls) < 3 or (len(walls) < max_reps and time.perf_counter() - start < budget_s):
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    walls.sort()
+    cpus.sort()
+    return [walls[len(walls) // 2] * 1e3, cpus[len(cpus) // 2] * 1e3]
 
 
 def main():
@@ -62,7 +65,7 @@ def main():
                     try:
                         if name == "S1":  # per-call overhead: time a loop of calls
                             reps = 2000
-                            ms = median_ms(lambda: [fn(q, k, v, causal) for _ in range(reps)]) / reps
+                            ms = [t / reps for t in median_ms(lambda: [fn(q, k, v, causal) for _ in range(reps)])]
                         else:
                             ms = median_ms(lambda: fn(q, k, v, causal))
                         results[key] = ms

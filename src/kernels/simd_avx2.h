@@ -49,6 +49,7 @@ struct Avx2 {
     const V ninf = _mm256_cmp_ps(m, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
     return _mm256_blendv_ps(m, _mm256_setzero_ps(), ninf);
   }
+  static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
   static bool any_nan(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
 };
 

@@ -68,6 +68,36 @@ struct Avx512 {
     return _mm512_mask_blend_ps(ninf, m, _mm512_setzero_ps());
   }
   static bool any_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+
+  // dst[c * ld_dst + r] = scale · src[r * ld_src + c] for a 16 x 16 block whose first `rows`
+  // rows exist (the others read as 0): packing Q tiles costs ~0.4 instructions per element this
+  // way instead of ~2 for scalar gathers (6% of the time of many short heads, S2).
+  static constexpr bool kHasTranspose16 = true;
+  static void transpose16(const float* src, int64_t ld_src, int64_t rows, float* dst, int64_t ld_dst, float scale) {
+    V r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld_src) : _mm512_setzero_ps();
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // r[4i + c] now holds columns c, c+4, c+8, c+12 of rows 4i..4i+3
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+      r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+      r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+      r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    const V s = _mm512_set1_ps(scale);
+    for (int c = 0; c < 4; ++c) {
+      const V x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+      const V x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD), y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+      _mm512_storeu_ps(dst + c * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x0, y0, 0x88), s));
+      _mm512_storeu_ps(dst + (c + 8) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x0, y0, 0xDD), s));
+      _mm512_storeu_ps(dst + (c + 4) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x1, y1, 0x88), s));
+      _mm512_storeu_ps(dst + (c + 12) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x1, y1, 0xDD), s));
+    }
+  }
 };
 
 }  // namespace

@@ -29,6 +29,7 @@ struct Scalar {
     return lo <= j && j < hi ? s : -std::numeric_limits<float>::infinity();
   }
   static V neg_inf_to_zero(V m) { return m == -std::numeric_limits<float>::infinity() ? 0.0f : m; }
+  static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
   static bool any_nan(V x) { return std::isnan(x); }
 };
 

@@ -118,7 +118,16 @@ class ForwardTile {
   // round again); lanes past the last row are zero.
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
-    for (int64_t d = 0; d < dk_; ++d) {  // d outer: the writes are contiguous
+    int64_t d0 = 0;
+    if constexpr (Ops::kHasTranspose16 && std::is_same_v<In, float>) {
+      if (p_.sq[3] == 1) {
+        for (; d0 + 16 <= s_.D; d0 += 16)
+          for (int64_t r0 = 0; r0 < lanes; r0 += 16)
+            Ops::transpose16(q_ + (i0_ + r0) * p_.sq[2] + d0, p_.sq[2], std::min<int64_t>(16, rows_ - r0),
+                             qt_ + d0 * bq_ + r0, bq_, p_.scale);
+      }
+    }
+    for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
       Elem* qt = qt_ + d * bq_;
       for (int64_t r = 0; r < rows_; ++r) {
         const In* q = q_ + (i0_ + r) * p_.sq[2];
