@@ -20,32 +20,11 @@ PYBIND11_MODULE(_qkv, m) {
       PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
-  py::list features;
   qkvpy::bind_attention(m);
-  features.append("attention");
-#ifdef QKV_PY_BACKWARD
   qkvpy::bind_backward(m);
-  features.append("backward");
-#endif
-#ifdef QKV_PY_LAYER
   qkvpy::bind_layer(m);
-  features.append("layer");
-#endif
-#ifdef QKV_PY_EMBEDDINGS
   qkvpy::bind_embeddings(m);
-  features.append("embeddings");
-#endif
-#ifdef QKV_PY_EXPLAIN
   qkvpy::bind_explain(m);
-  features.append("explain");
-#endif
-#ifdef QKV_PY_WEIGHTS
   qkvpy::bind_weights(m);
-  features.append("weights");
-#endif
-#ifdef QKV_PY_OPTIM
   qkvpy::bind_optim(m);
-  features.append("optim");
-#endif
-  m.attr("features") = py::tuple(features);
 }

@@ -1,11 +1,16 @@
-// MultiHeadAttention::save / load: safetensors with the config as metadata.
+// MultiHeadAttention::save / load: safetensors with the config as metadata, or a directory of
+// .npy files (one per tensor) with the same config as qkv_layer.json.
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "qkv/io.h"
 #include "qkv/layer.h"
@@ -33,11 +38,11 @@ bool read_bool(const std::map<std::string, std::string>& meta, const std::string
   return v == 1;
 }
 
-}  // namespace
+constexpr const char* kNpyConfigName = "qkv_layer.json";
+constexpr const char* kParameterNames[] = {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"};
 
-void MultiHeadAttention::save(const std::string& path) const {
-  const LayerConfig& c = config_;
-  std::map<std::string, std::string> meta{
+std::map<std::string, std::string> config_metadata(const LayerConfig& c) {
+  return {
       {kFormatKey, kFormat},
       {"qkv.embed_dim", std::to_string(c.embed_dim)},
       {"qkv.num_heads", std::to_string(c.num_heads)},
@@ -49,6 +54,46 @@ void MultiHeadAttention::save(const std::string& path) const {
       {"qkv.parameter_free", c.parameter_free ? "1" : "0"},
       {"qkv.seed", std::to_string(c.seed)},
   };
+}
+
+// Reads the string map that save_npy_dir wrote as JSON; any other shape of JSON is refused.
+std::map<std::string, std::string> read_npy_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / kNpyConfigName).string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open the layer config (a .npy weights directory needs {})", path, kNpyConfigName));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) throw Error(fmt::format("{}: not a JSON object of strings", path));
+  std::map<std::string, std::string> meta;
+  for (const auto& [key, value] : json.items()) {
+    if (!value.is_string()) throw Error(fmt::format("{}: value of '{}' is not a string", path, key));
+    meta[key] = value.get<std::string>();
+  }
+  return meta;
+}
+
+TensorMap read_npy_tensors(const std::string& dir) {
+  TensorMap tensors;
+  for (const char* name : kParameterNames) {
+    const std::filesystem::path file = std::filesystem::path(dir) / (std::string(name) + ".npy");
+    if (std::filesystem::exists(file)) tensors.emplace(name, load_npy<float>(file.string()));
+  }
+  return tensors;
+}
+
+}  // namespace
+
+void MultiHeadAttention::save(const std::string& path) const {
+  const std::map<std::string, std::string> meta = config_metadata(config_);
+  if (std::filesystem::is_directory(path)) {
+    // One .npy per tensor, each written atomically; the config goes last so a directory with a
+    // config always has its tensors.
+    for (const auto& [name, t] : parameters())
+      save_npy<float>((std::filesystem::path(path) / (name + ".npy")).string(), t->view());
+    write_file_atomically((std::filesystem::path(path) / kNpyConfigName).string(), nlohmann::json(meta).dump(2) + "\n");
+    return;
+  }
   std::vector<std::pair<std::string, TensorView<const float>>> tensors;
   for (const auto& [name, t] : parameters()) tensors.emplace_back(name, t->view());
   save_safetensors(path, tensors, meta);
@@ -56,7 +101,13 @@ void MultiHeadAttention::save(const std::string& path) const {
 
 MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   std::map<std::string, std::string> meta;
-  TensorMap tensors = load_safetensors(path, &meta);
+  TensorMap tensors;
+  if (std::filesystem::is_directory(path)) {
+    meta = read_npy_config(path);
+    tensors = read_npy_tensors(path);
+  } else {
+    tensors = load_safetensors(path, &meta);
+  }
   const auto format = meta.find(kFormatKey);
   if (format == meta.end())
     throw Error(fmt::format("{}: not a qkv layer file (no {} in the safetensors metadata)", path, kFormatKey));
@@ -81,7 +132,7 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   }();
 
   auto params = layer.parameters();
-  for (const char* name : {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"}) {
+  for (const char* name : kParameterNames) {
     const bool wanted = std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
     if (!wanted && tensors.count(name))
       throw Error(fmt::format("{}: tensor {} is present but the layer config has no such parameter", path, name));

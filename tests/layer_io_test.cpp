@@ -56,6 +56,37 @@ TEST(LayerIo, SaveLoadRoundTrip) {
   for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya[i], yb[i]);
 }
 
+TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
+  test::Rng rng("Layer.NpyDir");
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 6, .num_heads = 3, .num_kv_heads = 1, .bias = true, .seed = 4});
+  randomize_biases(layer, rng);
+  const std::filesystem::path dir = temp_path("npy_dir");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  layer.save(dir.string());
+  for (const char* name : {"w_q.npy", "w_k.npy", "w_v.npy", "w_o.npy", "b_q.npy", "b_o.npy", "qkv_layer.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir / name)) << name;
+  // The weights are plain .npy: what numpy or another tool would read back.
+  Tensor<float> w_k = load_npy<float>((dir / "w_k.npy").string());
+  ASSERT_EQ(w_k.rank(), 2);
+  EXPECT_EQ(w_k.dim(0), 6);
+  EXPECT_EQ(w_k.dim(1), 2);
+  for (int64_t i = 0; i < w_k.numel(); ++i) EXPECT_EQ(w_k[i], layer.w_k[i]);
+  MultiHeadAttention loaded = MultiHeadAttention::load(dir.string());
+  Tensor<float> x = rng.normal32(std::array<int64_t, 2>{5, 6});
+  Tensor<float> ya = layer.forward(x.cview()), yb = loaded.forward(x.cview());
+  for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya[i], yb[i]);
+
+  Tensor<float> wrong({6, 5});
+  save_npy<float>((dir / "w_v.npy").string(), wrong.cview());
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "tensor w_v has shape [6, 5] but the config needs [6, 2]");
+  std::filesystem::remove(dir / "w_v.npy");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "missing tensor w_v");
+  std::filesystem::remove(dir / "qkv_layer.json");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "cannot open the layer config");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(LayerIo, LoadRefusesMissingAndMisshapenTensors) {
   MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2, .seed = 1});
   const std::string good = temp_path("good.safetensors"), bad = temp_path("bad.safetensors");

@@ -71,7 +71,8 @@ class MultiHeadAttention {
   std::vector<std::pair<std::string, const Tensor<float>*>> parameters() const;
 
   // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
-  // config in the metadata. load() throws qkv::Error on a missing tensor, a wrong shape, a
+  // config in the metadata; if `path` is an existing directory, as one <name>.npy per tensor
+  // plus the same config in qkv_layer.json (each file written atomically). load() throws qkv::Error on a missing tensor, a wrong shape, a
   // non-finite weight or a parameter the config does not have; other tensor names are ignored
   // (so a training checkpoint loads as a layer).
   void save(const std::string& path) const;

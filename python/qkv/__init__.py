@@ -6,29 +6,17 @@
 
 Functions take numpy arrays shaped like PyTorch's ([..., N, D]) and return new numpy arrays.
 Bad input raises TypeError (wrong type or dtype) or ValueError (wrong shape or value), never
-crashes. `qkv.features` lists the parts compiled into this build.
+crashes.
 """
 
 from . import _qkv
 from ._qkv import simd_path  # noqa: F401
 from .attention import attention_backward, attention_weights, default_num_threads, scaled_dot_product_attention
 
-features = _qkv.features
+from ._qkv import Embeddings, MultiHeadAttention, Optimizer, clip_grad_norm, explain, explain_examples, load_embeddings, lr_at, tokenize  # noqa: F401,E501
+from .optim import SGD, AdamW  # noqa: F401
 
-__all__ = []
-if "layer" in features:
-    from ._qkv import MultiHeadAttention  # noqa: F401
-    __all__ += ["MultiHeadAttention"]
-if "embeddings" in features:
-    from ._qkv import Embeddings, load_embeddings, tokenize  # noqa: F401
-    __all__ += ["Embeddings", "load_embeddings", "tokenize"]
-if "explain" in features:
-    from ._qkv import explain, explain_examples  # noqa: F401
-    __all__ += ["explain", "explain_examples"]
-if "optim" in features:
-    from ._qkv import Optimizer, clip_grad_norm, lr_at  # noqa: F401
-    from .optim import SGD, AdamW  # noqa: F401
-    __all__ += ["Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at"]
-
-__all__ += ["scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads",
-            "simd_path", "features"]
+__all__ = ["MultiHeadAttention", "Embeddings", "load_embeddings", "tokenize", "explain", "explain_examples",
+           "Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at",
+           "scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads",
+           "simd_path"]

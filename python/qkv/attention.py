@@ -103,8 +103,6 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     {mask}
     Raises TypeError / ValueError as scaled_dot_product_attention does (dout too). Releases the GIL.
     """
-    if not hasattr(_qkv, "attention_backward"):
-        raise NotImplementedError("this qkv build has no attention backward (qkv.features lists what is built)")
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
     grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, bool(return_dbias), kernel,
                                     int(num_threads), simd, bool(check_finite))
@@ -139,8 +137,6 @@ def attention_weights(q, k, *, rows=None, top_k=None, lse=None, causal=False, ca
 
     Raises TypeError / ValueError for bad types, shapes, row indices or top_k < 1.
     """
-    if not hasattr(_qkv, "attention_weights"):
-        raise NotImplementedError("this qkv build has no attention_weights (qkv.features lists what is built)")
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
     return _qkv.attention_weights(q, k, rows, top_k, lse, mask, scale, int(num_threads))
 

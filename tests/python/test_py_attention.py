@@ -224,9 +224,8 @@ def test_empty_query_and_key_lengths_dims():
     assert out.shape == (3, 2) and np.all(out == 0) and np.all(np.isneginf(lse))
 
 
-def test_docstrings_and_features():
+def test_docstrings():
     assert "PyTorch" in qkv.scaled_dot_product_attention.__doc__
     assert "keep_mask" in qkv.scaled_dot_product_attention.__doc__
-    assert "attention" in qkv.features
     assert qkv.default_num_threads() >= 1
     assert BASE_SEED > 0

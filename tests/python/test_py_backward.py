@@ -7,7 +7,6 @@ import torch
 import qkv
 from py_oracle import assert_close, random_case, rng_for, seed_note, torch_attention
 
-pytestmark = pytest.mark.skipif("backward" not in qkv.features, reason="backward bindings not built")
 
 FP32_TOL = 2e-5
 FP64_TOL = 1e-11

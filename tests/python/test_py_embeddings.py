@@ -8,7 +8,6 @@ import pytest
 import qkv
 from py_oracle import rng_for, seed_note
 
-pytestmark = pytest.mark.skipif("embeddings" not in qkv.features, reason="embeddings bindings not built")
 
 WORDS = ["the", "bank", "river", "money", "Paris", "deposit"]
 

@@ -11,8 +11,6 @@ import pytest
 import qkv
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "contextual_embeddings.py"
-pytestmark = pytest.mark.skipif(not {"layer", "embeddings", "explain"} <= set(qkv.features),
-                                reason="the example needs the layer, embeddings and explain bindings")
 
 
 def _run(*args):

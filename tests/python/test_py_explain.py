@@ -8,7 +8,6 @@ import pytest
 import qkv
 from py_oracle import rng_for, seed_note
 
-pytestmark = pytest.mark.skipif("explain" not in qkv.features, reason="explain bindings not built")
 
 
 def _softmax(s):

@@ -7,7 +7,6 @@ import torch
 import qkv
 from py_oracle import assert_close, rng_for, seed_note, torch_attention
 
-pytestmark = pytest.mark.skipif("layer" not in qkv.features, reason="layer bindings not built")
 
 TOL = 2e-5
 

@@ -7,7 +7,6 @@ import torch
 import qkv
 from py_oracle import rng_for, seed_note
 
-pytestmark = pytest.mark.skipif("optim" not in qkv.features, reason="optimizer bindings not built")
 
 
 def _grads(layer, rng):

@@ -7,7 +7,6 @@ import torch
 import qkv
 from py_oracle import assert_close, random_case, rng_for, seed_note, torch_scores
 
-pytestmark = pytest.mark.skipif("weights" not in qkv.features, reason="weights bindings not built")
 
 TOL = 2e-6  # weights are in [0, 1], computed in float64 and rounded to float32
 
