@@ -64,30 +64,45 @@ class BackwardChunk {
       const float* q = p_.q + b_ * p_.sq[0] + h * p_.sq[1] + i * p_.sq[2];
       const float* dout = p_.dout + b_ * p_.sdo[0] + h * p_.sdo[1] + i * p_.sdo[2];
       const float* out = p_.out + b_ * p_.so[0] + h * p_.so[1] + i * p_.so[2];
-      float* qp = q_ + row * dp_;
       float* dop = dout_ + row * dvp_;
-      for (int64_t d = 0; d < dp_; ++d) qp[d] = d < s_.D ? q[d * p_.sq[3]] : 0.0f;
+      copy_row(q_ + row * dp_, q, p_.sq[3], s_.D, dp_);
+      copy_row(dop, dout, p_.sdo[3], s_.Dv, dvp_);
       float dot = 0.0f;
-      for (int64_t e = 0; e < dvp_; ++e) {
-        const float x = e < s_.Dv ? dout[e * p_.sdo[3]] : 0.0f;
-        dop[e] = x;
-        if (e < s_.Dv) dot += x * out[e * p_.so[3]];
-      }
+      for (int64_t e = 0; e < s_.Dv; ++e) dot += dop[e] * out[e * p_.so[3]];
       row_dot_[row] = dot;
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
     }
+  }
+
+  // dst[0, n) = src[0, width) read with element stride `stride`, then zeros up to n.
+  static void copy_row(float* dst, const float* src, int64_t stride, int64_t width, int64_t n) {
+    if (stride == 1) std::copy(src, src + width, dst);
+    else
+      for (int64_t d = 0; d < width; ++d) dst[d] = src[d * stride];
+    std::fill(dst + width, dst + n, 0.0f);
+  }
+
+  // dst[d * stride] = scale · src[d] for d < width.
+  static void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
+    if (stride == 1)
+      for (int64_t d = 0; d < width; ++d) dst[d] = scale * src[d];
+    else
+      for (int64_t d = 0; d < width; ++d) dst[d * stride] = scale * src[d];
   }
 
   // Keys [j0, j0 + cols): packs kᵀ, vᵀ and k, visits the chunk's query tiles of head h.
   void key_tile(int64_t h, int64_t j0, int64_t cols) {
     const float* k = p_.k + b_ * p_.sk[0] + hk_ * p_.sk[1] + j0 * p_.sk[2];
     const float* v = p_.v + b_ * p_.sv[0] + hk_ * p_.sv[1] + j0 * p_.sv[2];
-    for (int64_t d = 0; d < s_.D; ++d)
-      for (int64_t c = 0; c < T; ++c) kt_[d * T + c] = c < cols ? k[c * p_.sk[2] + d * p_.sk[3]] : 0.0f;
-    for (int64_t e = 0; e < s_.Dv; ++e)
-      for (int64_t c = 0; c < T; ++c) vt_[e * T + c] = c < cols ? v[c * p_.sv[2] + e * p_.sv[3]] : 0.0f;
-    for (int64_t c = 0; c < cols; ++c)
-      for (int64_t d = 0; d < dp_; ++d) k_[c * dp_ + d] = d < s_.D ? k[c * p_.sk[2] + d * p_.sk[3]] : 0.0f;
+    for (int64_t c = 0; c < cols; ++c) copy_row(k_ + c * dp_, k + c * p_.sk[2], p_.sk[3], s_.D, dp_);
+    for (int64_t d = 0; d < s_.D; ++d) {  // kᵀ from the packed rows, which sit in L1
+      for (int64_t c = 0; c < cols; ++c) kt_[d * T + c] = k_[c * dp_ + d];
+      std::fill(kt_ + d * T + cols, kt_ + (d + 1) * T, 0.0f);
+    }
+    for (int64_t e = 0; e < s_.Dv; ++e) {
+      for (int64_t c = 0; c < cols; ++c) vt_[e * T + c] = v[c * p_.sv[2] + e * p_.sv[3]];
+      std::fill(vt_ + e * T + cols, vt_ + (e + 1) * T, 0.0f);
+    }
     for (int64_t i0 = r0_; i0 < r1_; i0 += T) pair(h, i0, std::min(T, r1_ - i0), j0, cols);
   }
 
@@ -211,12 +226,12 @@ class BackwardChunk {
       if (chunk_ == 0) {
         float* dk = p_.dk + b_ * p_.sdk[0] + hk_ * p_.sdk[1] + j * p_.sdk[2];
         float* dv = p_.dv + b_ * p_.sdv[0] + hk_ * p_.sdv[1] + j * p_.sdv[2];
-        for (int64_t d = 0; d < s_.D; ++d) dk[d * p_.sdk[3]] = p_.scale * dk_[j * dp_ + d];
-        for (int64_t e = 0; e < s_.Dv; ++e) dv[e * p_.sdv[3]] = dv_[j * dvp_ + e];
+        scale_row(dk, p_.sdk[3], dk_ + j * dp_, p_.scale, s_.D);
+        scale_row(dv, p_.sdv[3], dv_ + j * dvp_, 1.0f, s_.Dv);
       } else {
         const int64_t key = ((chunk_ - 1) * s_.B + b_) * s_.Hkv * s_.M + hk_ * s_.M + j;
-        for (int64_t d = 0; d < s_.D; ++d) p_.dk_part[key * s_.D + d] = p_.scale * dk_[j * dp_ + d];
-        for (int64_t e = 0; e < s_.Dv; ++e) p_.dv_part[key * s_.Dv + e] = dv_[j * dvp_ + e];
+        scale_row(p_.dk_part + key * s_.D, 1, dk_ + j * dp_, p_.scale, s_.D);
+        scale_row(p_.dv_part + key * s_.Dv, 1, dv_ + j * dvp_, 1.0f, s_.Dv);
       }
     }
   }
@@ -224,8 +239,7 @@ class BackwardChunk {
   void write_dq(int64_t h) {
     for (int64_t i = r0_; i < r1_; ++i) {
       float* dq = p_.dq + b_ * p_.sdq[0] + h * p_.sdq[1] + i * p_.sdq[2];
-      const float* acc = dq_ + (i - r0_) * dp_;
-      for (int64_t d = 0; d < s_.D; ++d) dq[d * p_.sdq[3]] = p_.scale * acc[d];
+      scale_row(dq, p_.sdq[3], dq_ + (i - r0_) * dp_, p_.scale, s_.D);
     }
   }
 
