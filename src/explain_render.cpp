@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "matrix_json.h"
 #include "qkv/explain.h"
 
 namespace qkv {
@@ -156,16 +157,6 @@ void seed000_head(std::string& out, const Explanation& e, const HeadSteps& h, in
   }
 }
 
-nlohmann::json matrix_json(const Matrix& m) {
-  if (m.empty()) return nullptr;
-  nlohmann::json rows = nlohmann::json::array();
-  for (int64_t i = 0; i < m.rows; ++i) {
-    nlohmann::json row = nlohmann::json::array();
-    for (int64_t j = 0; j < m.cols; ++j) row.push_back(m(i, j));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
 
 }  // namespace
 
@@ -218,35 +209,49 @@ std::string explanation_to_json(const Explanation& e, int indent) {
   j["source"] = e.source;
   j["style"] = e.style;
   j["tokens"] = e.tokens;
-  j["x"] = matrix_json(e.x);
-  j["w_q"] = matrix_json(e.w_q);
-  j["w_k"] = matrix_json(e.w_k);
-  j["w_v"] = matrix_json(e.w_v);
-  j["b_q"] = matrix_json(e.b_q);
-  j["b_k"] = matrix_json(e.b_k);
-  j["b_v"] = matrix_json(e.b_v);
-  j["w_o"] = matrix_json(e.w_o);
-  j["b_o"] = matrix_json(e.b_o);
+  j["x"] = detail::matrix_json(e.x);
+  j["w_q"] = detail::matrix_json(e.w_q);
+  j["w_k"] = detail::matrix_json(e.w_k);
+  j["w_v"] = detail::matrix_json(e.w_v);
+  j["b_q"] = detail::matrix_json(e.b_q);
+  j["b_k"] = detail::matrix_json(e.b_k);
+  j["b_v"] = detail::matrix_json(e.b_v);
+  j["w_o"] = detail::matrix_json(e.w_o);
+  j["b_o"] = detail::matrix_json(e.b_o);
   j["parameter_free"] = e.parameter_free;
   j["num_heads"] = e.num_heads;
   j["num_kv_heads"] = e.num_kv_heads;
   j["d_k"] = e.d_k;
   nlohmann::json heads = nlohmann::json::array();
   for (const HeadSteps& h : e.heads) {
-    heads.push_back({{"q", matrix_json(h.q)},
-                     {"k", matrix_json(h.k)},
-                     {"v", matrix_json(h.v)},
-                     {"scores", matrix_json(h.scores)},
+    heads.push_back({{"q", detail::matrix_json(h.q)},
+                     {"k", detail::matrix_json(h.k)},
+                     {"v", detail::matrix_json(h.v)},
+                     {"scores", detail::matrix_json(h.scores)},
                      {"scale", h.scale},
-                     {"scaled_scores", matrix_json(h.scaled_scores)},
-                     {"weights", matrix_json(h.weights)},
-                     {"context", matrix_json(h.context)}});
+                     {"scaled_scores", detail::matrix_json(h.scaled_scores)},
+                     {"weights", detail::matrix_json(h.weights)},
+                     {"context", detail::matrix_json(h.context)}});
   }
   j["heads"] = std::move(heads);
-  j["concat"] = matrix_json(e.concat);
-  j["output"] = matrix_json(e.output);
+  j["concat"] = detail::matrix_json(e.concat);
+  j["output"] = detail::matrix_json(e.output);
   // Tokens are raw bytes from the user; invalid UTF-8 is replaced rather than refused.
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+namespace detail {
+
+nlohmann::json matrix_json(const Matrix& m) {
+  if (m.empty()) return nullptr;
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < m.rows; ++i) {
+    nlohmann::json row = nlohmann::json::array();
+    for (int64_t j = 0; j < m.cols; ++j) row.push_back(m(i, j));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace detail
 }  // namespace qkv

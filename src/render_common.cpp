@@ -82,17 +82,6 @@ std::string fixed(double x, int precision) {
 
 std::string exact(double x) { return fmt::format("{}", x); }
 
-nlohmann::json matrix_json(const Matrix& m) {
-  if (m.empty()) return nullptr;
-  nlohmann::json rows = nlohmann::json::array();
-  for (int64_t i = 0; i < m.rows; ++i) {
-    nlohmann::json row = nlohmann::json::array();
-    for (int64_t j = 0; j < m.cols; ++j) row.push_back(m(i, j));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
 std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "matrix_json.h"
+
 #include "qkv/explain.h"
 
 namespace qkv::detail {
@@ -37,8 +39,6 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
 // The colour of weight `t` in [0, 1] on the pages' scale (light yellow to dark blue), "#rrggbb".
 std::string scale_colour(double t);
 
-// A matrix as nested JSON arrays; an empty matrix is null.
-nlohmann::json matrix_json(const Matrix& m);
 
 // JSON dumped with invalid UTF-8 replaced (tokens are raw user bytes).
 std::string dump_json(const nlohmann::json& j);
