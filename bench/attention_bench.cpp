@@ -16,6 +16,9 @@
 #include "qkv/attention.h"
 
 namespace qkv::bench {
+
+void register_microkernels();  // microkernel_bench.cpp
+
 namespace {
 
 struct Shape {
@@ -172,6 +175,7 @@ int peak_memory() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--peak-memory") == 0) return qkv::bench::peak_memory();
   qkv::bench::register_group(1);
+  qkv::bench::register_microkernels();
   qkv::bench::register_group(2);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -10,11 +10,17 @@ FLOP_SHAPES = {  # [B, H, N, D], causal
 }
 
 
+def microkernels(path):
+    """{name: FLOP/s per CPU second} of the isolated micro-kernel benchmarks."""
+    return {b["run_name"].replace("/repeats:5", ""): b["FLOPS"] for b in json.load(open(path))["benchmarks"]
+            if b.get("aggregate_name") == "median" and b["run_name"].startswith("microkernel/")}
+
+
 def medians(path):
-    """{run_name: (median wall ms, wall FLOP/s, median process CPU ms per call, threads)}."""
+    """{run_name: (median wall ms, wall FLOP/s, median process CPU ms per call, threads, flops)}."""
     out = {}
     for b in json.load(open(path))["benchmarks"]:
-        if b.get("aggregate_name") == "median":
+        if b.get("aggregate_name") == "median" and not b["run_name"].startswith("microkernel/"):
             name = b["run_name"].replace("/repeats:5", "").replace("/real_time", "")
             scale = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
             out[name] = (b["real_time"] * scale, b.get("FLOPS", 0.0), b["cpu_s_per_iter"] * 1e3,
@@ -62,6 +68,12 @@ def main():
                 cpu_pct = 100.0 * cpu_rate / peak_cpu if peak_cpu else 0.0
                 print(f"| {label} | {dtype} | {threads} | {time_text} | {flops / 1e9:.1f} | {pct:.0f} | "
                       f"{cpu_rate / 1e9:.1f} | {cpu_pct:.0f} | {' | '.join(ratios)} |")
+    print()
+    _, _, peak1_cpu_ms, _, peak1_flops = qkv.get("fma_peak/threads:1", (0, 0, 0, 1, 0))
+    peak1 = peak1_flops / (peak1_cpu_ms / 1e3) if peak1_cpu_ms else 0.0
+    for name, rate in microkernels(a.qkv).items():
+        print(f"{name} (AVX-512, 1 thread, cache-resident 64 x 64 block): {rate / 1e9:.1f} GFLOP/s per CPU second "
+              f"= {100 * rate / peak1:.0f}% of the FMA peak" if peak1 else f"{name}: {rate / 1e9:.1f} GFLOP/s")
     print()
     print(f"S6 fp32, 2 threads: peak resident memory growth during the call {mem['peak_growth_mb']:.2f} MB "
           f"(inputs + outputs {mem['inputs_outputs_mb']:.1f} MB, VmHWM reset {'ok' if mem['reset_ok'] else 'FAILED'}).")

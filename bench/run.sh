@@ -7,6 +7,10 @@ BUILD=${1:-build}
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT="$BUILD/bench-results"
 mkdir -p "$OUT"
+# Idle OpenMP threads sleep instead of spinning: on a machine shared with other jobs a spinning
+# thread steals the core its partner needs (S2 on 2 threads took twice the 1-thread wall time
+# with the default policy under a load of 10). Applies to qkv and PyTorch alike.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes)..." >&2
 "$BUILD/bench/qkv_bench" --benchmark_out="$OUT/qkv.json" --benchmark_out_format=json > "$OUT/qkv.log"
