@@ -3,6 +3,7 @@
 into the single table of BENCHMARKS.md. Every ratio in it comes from this one run."""
 import argparse
 import json
+import os
 
 FLOP_SHAPES = {  # [B, H, N, D], causal
     "S1": (1, 1, 3, 4, False), "S2": (8, 12, 128, 64, False), "S3": (1, 12, 1024, 64, False),
@@ -40,7 +41,8 @@ def main():
     torch = json.load(open(a.torch))["results"]
     mem = json.load(open(a.memory))
 
-    print(f"load average (1, 5, 15 min) before: {a.load_before}; after: {a.load_after}")
+    print(f"load average (1, 5, 15 min) before: {a.load_before}; after: {a.load_after}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
     print()
     print("| shape [B·H·N·D] | dtype | thr | qkv ms (median) | GFLOP/s | % FMA peak | CPU GFLOP/s | % CPU peak "
           "| × sdpa | × sdpa CPU | × composite | × composite CPU |")
