@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke check-long
 
 all: build
 
@@ -20,8 +20,29 @@ demo: build
 	$(BUILD)/qkv explain
 	$(BUILD)/qkv explain --html $(BUILD)/explain.html && echo "seed 003's example as a page: $(BUILD)/explain.html"
 
+# ctest (with a 1,000-case property slice), then sanitizers and a fuzz smoke run (TESTING.md).
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	$(MAKE) sanitize fuzz-smoke
+
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 20
+CHECK_LONG_CASES ?= 10000
+
+# ASan+UBSan build of every C++ test, TSan (clang, libomp + Archer) of the threaded ones.
+sanitize:
+	JOBS=$(JOBS) scripts/sanitize.sh all
+
+# Each libFuzzer target for FUZZ_SECONDS (build-fuzz, clang-14); fuzz-smoke: ~20 s each on the committed corpus.
+fuzz:
+	JOBS=$(JOBS) scripts/fuzz.sh run $(FUZZ_SECONDS)
+
+fuzz-smoke:
+	JOBS=$(JOBS) scripts/fuzz.sh smoke $(FUZZ_SMOKE_SECONDS)
+
+# CHECK_LONG_CASES random problems of the fused forward and backward kernels vs the float64 reference.
+check-long: build
+	QKV_PROPERTY_CASES=$(CHECK_LONG_CASES) QKV_TEST_DATA=$(CURDIR)/tests/data $(BUILD)/tests/qkv_tests --gtest_filter='Property.*'
 
 clean:
 	rm -rf $(BUILD)
