@@ -105,27 +105,42 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   std::vector<Tensor<float>> scratch;
   for (int t = 0; t < threads; ++t) scratch.emplace_back(std::array<int64_t, 1>{scratch_floats}, "attention_backward scratch");
 
+  // Later chunks are heavier under a causal mask, so they go first; the order cannot change the
+  // result because each task is computed by one thread from start to end.
+  auto run_task = [&](int64_t idx, float* mine) {
+    const int64_t chunk = p.chunks - 1 - idx / heads, bh = idx % heads;
+    fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
+  };
+  // dk, dv += the later chunks' partial sums, in chunk order.
+  auto add_partials = [&](int64_t key) {
+    const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
+    for (int64_t c = 1; c < p.chunks; ++c) {
+      const float* pk = p.dk_part + ((c - 1) * heads * s.M + key) * s.D;
+      const float* pv = p.dv_part + ((c - 1) * heads * s.M + key) * s.Dv;
+      for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += pk[d];
+      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += pv[e];
+    }
+  };
+  const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
+  if (threads == 1) {
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[0].data());
+    for (int64_t key = 0; key < keys; ++key) add_partials(key);
+    return;
+  }
+  // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
+  // need), so there is one per call when the chunks need no sum.
+  if (keys == 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    return;
+  }
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
-    // Later chunks are heavier under a causal mask, so they go first; the order cannot change the
-    // result because each task is computed by one thread from start to end.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t idx = 0; idx < tasks; ++idx) {
-      const int64_t chunk = p.chunks - 1 - idx / heads, bh = idx % heads;
-      fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
-    }
-    // dk, dv += the later chunks' partial sums, in chunk order.
-#pragma omp for schedule(static)
-    for (int64_t key = 0; key < (p.chunks > 1 ? heads * s.M : 0); ++key) {
-      const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
-      for (int64_t c = 1; c < p.chunks; ++c) {
-        const float* pk = p.dk_part + ((c - 1) * heads * s.M + key) * s.D;
-        const float* pv = p.dv_part + ((c - 1) * heads * s.M + key) * s.Dv;
-        for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += pk[d];
-        for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += pv[e];
-      }
-    }
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, mine);
+#pragma omp for schedule(static) nowait
+    for (int64_t key = 0; key < keys; ++key) add_partials(key);
   }
 }
 
