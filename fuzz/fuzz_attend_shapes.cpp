@@ -63,8 +63,10 @@ std::string mask_file(FuzzedDataProvider& in, const std::array<int64_t, 4>& targ
     const int64_t want = target[static_cast<std::size_t>(4 - rank + i)];
     const int pick = in.ConsumeIntegralInRange(0, 7);
     shape[static_cast<std::size_t>(i)] = pick == 0 ? in.ConsumeIntegralInRange<int64_t>(0, 5) : pick < 3 ? 1 : want;
-    numel *= std::max<int64_t>(shape[static_cast<std::size_t>(i)], 1);
-    if (numel > 4096) return {};
+    // Checked before multiplying: a target dim may be 2^62 (found by this fuzzer's UBSan build).
+    const int64_t d = std::max<int64_t>(shape[static_cast<std::size_t>(i)], 1);
+    if (d > 4096 / numel) return {};
+    numel *= d;
   }
   Tensor<T> t(shape);
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -131,6 +133,10 @@ void run_kernels(FuzzedDataProvider& in, const qkv::AttentionShape& s, qkv::Atte
     if (std::isnan(a) || std::isnan(b)) qkv::fuzz::invariant_failed("NaN output for finite inputs");
     if (std::abs(a - b) > 1e-4f * (1 + std::abs(b))) qkv::fuzz::invariant_failed("fused output differs from the reference");
   }
+  // Known bug, reported: attention_backward returns NaN gradients for a negative scale with a
+  // causal, window or key-length mask (inputs in fuzz/known_bugs/). Skipped so the campaign can
+  // look for others; remove this line once it is fixed.
+  if (options.scale && *options.scale < 0) return;
   Tensor<float> dq(qs), dk(ks), dv(vs);
   qkv::attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
                           out.cview(), lse.cview(), options);
