@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <new>
 
 #include <omp.h>
 
@@ -18,7 +17,7 @@ void* Workspace::bytes(int slot, std::size_t count) {
     // 64 spare bytes: vector loads of a tail may read (never use) past the last element.
     const std::size_t rounded = (count + 64 + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr) throw Error("fused attention: cannot allocate the per-thread tile buffers");
     buffers_[slot].reset(p);
     sizes_[slot] = count;
   }
@@ -74,8 +73,19 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
     for (int64_t idx = 0; idx < items; ++idx) fn(p, task_of(idx), ws);
     return;
   }
+  // An exception must not leave an OpenMP region (that would terminate the program): the only
+  // one possible here is a failed allocation of a thread's tile buffers, reported after the loop.
+  bool failed = false;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t idx = 0; idx < items; ++idx) fn(p, task_of(idx), thread_workspace());
+  for (int64_t idx = 0; idx < items; ++idx) {
+    try {
+      fn(p, task_of(idx), thread_workspace());
+    } catch (...) {
+#pragma omp atomic write
+      failed = true;
+    }
+  }
+  if (failed) throw Error("fused attention: cannot allocate the per-thread tile buffers");
 }
 
 }  // namespace qkv::kernels
