@@ -105,32 +105,40 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--table-only", action="store_true", help="print the table of the results already in --out")
     a = ap.parse_args()
     shapes = [s for s in a.shapes.split(",") if s]
     out_dir = a.out or os.path.join(a.build, "bench-results")
     os.makedirs(out_dir, exist_ok=True)
     qkv_json = os.path.join(out_dir, "backward.json")
-    load_before = load()
-    print("qkv backward benchmarks...", file=sys.stderr)
-    flt = "fma_peak|" + "|".join(f"backward/{s}/" for s in shapes)
-    subprocess.run([os.path.join(a.build, "bench", "qkv_backward_bench"), f"--benchmark_out={qkv_json}",
-                    "--benchmark_out_format=json", f"--benchmark_filter={flt}"],
-                   check=True, stdout=subprocess.DEVNULL)
-    print("qkv and PyTorch autograd backward, interleaved...", file=sys.stderr)
-    version, pairs = interleaved_ms(shapes, (1, 2), a.build)
-    json.dump({"torch": version, "results": pairs}, open(os.path.join(out_dir, "backward_torch.json"), "w"))
-    load_after = load()
+    torch_json = os.path.join(out_dir, "backward_torch.json")
+    if not a.table_only:
+        load_before = load()
+        print("qkv backward benchmarks...", file=sys.stderr)
+        flt = "fma_peak|" + "|".join(f"backward/{s}/" for s in shapes)
+        subprocess.run([os.path.join(a.build, "bench", "qkv_backward_bench"), f"--benchmark_out={qkv_json}",
+                        "--benchmark_out_format=json", f"--benchmark_filter={flt}"],
+                       check=True, stdout=subprocess.DEVNULL)
+        print("qkv and PyTorch autograd backward, interleaved...", file=sys.stderr)
+        version, pairs = interleaved_ms(shapes, (1, 2), a.build)
+        json.dump({"torch": version, "results": pairs, "load_before": load_before, "load_after": load(),
+                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}, open(torch_json, "w"))
+    saved = json.load(open(torch_json))
+    version, pairs = saved["torch"], saved["results"]
+    load_before, load_after = saved.get("load_before", "?"), saved.get("load_after", "?")
+    policy = saved.get("omp_wait_policy", "?")
 
     qkv = qkv_medians(qkv_json)
-    print(f"Backward. load average (1, 5, 15 min) before: {load_before}; after: {load_after}; torch {version}")
+    print(f"Backward. load average (1, 5, 15 min) before: {load_before}; after: {load_after}; torch {version}; "
+          f"OMP_WAIT_POLICY={policy}")
     print()
-    print("| shape [B·H·N·D] | thr | qkv ms (median) | GFLOP/s | % FMA peak | GFLOP per CPU-s | % peak per CPU-s | "
+    print("| shape [B·H·N·D] | thr | qkv ms (median) | GFLOP/s | % FMA peak | CPU GFLOP/s | % CPU peak | "
           "interleaved: qkv ms | torch autograd ms | × torch | × torch (CPU time) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for threads in (1, 2):
         peak_ms, peak, peak_cpu = qkv.get(f"fma_peak/threads:{threads}", (0, 0, 0))
         print(f"| FMA peak (12 chains/thread) | {threads} | {peak_ms:.1f} | {peak / 1e9:.1f} | 100 | "
-              f"{peak_cpu / 1e9:.1f} | 100 | | | | |")
+              f"{threads * peak_cpu / 1e9:.1f} | 100 | | | | |")
         for name in shapes:
             key = f"backward/{name}/fp32/threads:{threads}"
             if key not in qkv:
@@ -147,12 +155,12 @@ def main():
             ratio = r["torch"] / r["qkv"] if r.get("torch") and r.get("qkv") else None
             cpu_ratio = r["torch_cpu"] / r["qkv_cpu"] if r.get("torch_cpu") and r.get("qkv_cpu") else None
             pct_cpu = 100.0 * fl_cpu / peak_cpu if peak_cpu else 0.0
-            print(f"| {label} | {threads} | {ms:.2f} | {fl / 1e9:.1f} | {pct:.0f} | {fl_cpu / 1e9:.1f} | {pct_cpu:.0f} | "
+            print(f"| {label} | {threads} | {ms:.2f} | {fl / 1e9:.1f} | {pct:.0f} | {threads * fl_cpu / 1e9:.1f} | {pct_cpu:.0f} | "
                   f"{fmt(r.get('qkv'))} | "
                   f"{fmt(r.get('torch'))} | {fmt(ratio)} | {fmt(cpu_ratio)} |")
     print()
     print("FLOPs: 10·B·H·N·M·D (half under the causal mask). GFLOP/s and % FMA peak: Google Benchmark medians "
-          "(qkv_backward_bench); per CPU-s: flops per CPU-second of the whole process, which a shared machine's load does not change. × torch: medians of qkv (Python module, given out and lse) and torch.autograd.grad "
+          "(qkv_backward_bench); CPU GFLOP/s: flops / (process CPU seconds / threads), as in the forward's table, which a shared machine's load does not change. × torch: medians of qkv (Python module, given out and lse) and torch.autograd.grad "
           "of the composite's retained graph run alternately in one process, same inputs and thread count.")
 
 
