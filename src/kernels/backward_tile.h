@@ -67,8 +67,14 @@ class BackwardChunk {
       float* dop = dout_ + row * dvp_;
       copy_row(q_ + row * dp_, q, p_.sq[3], s_.D, dp_);
       copy_row(dop, dout, p_.sdo[3], s_.Dv, dvp_);
+      // D in the very operations and order of the micro-kernel's dP = dout·vᵀ (one FMA per term
+      // on the SIMD families, multiply-add on the scalar one): where a row sees a single key, out
+      // is that key's v and dP − D must cancel to exactly 0, as the exact gradient does.
       float dot = 0.0f;
-      for (int64_t e = 0; e < s_.Dv; ++e) dot += dop[e] * out[e * p_.so[3]];
+      for (int64_t e = 0; e < s_.Dv; ++e) {
+        if constexpr (L == 1) dot = Ops::fma(dop[e], out[e * p_.so[3]], dot);
+        else dot = std::fma(dop[e], out[e * p_.so[3]], dot);
+      }
       row_dot_[row] = dot;
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
     }
@@ -119,6 +125,9 @@ class BackwardChunk {
       lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
       hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
       neg_lse_[r] = live ? -lse * kLog2eBwd : 0.0f;  // dead rows: every logit is -inf, so P = 0
+      // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
+      // rounding of out and lse would otherwise leave as noise in dq and dk.
+      single_[r] = live && band.hi - band.lo == 1;
       any |= lo_[r] < hi_[r];
       interior_ &= lo_[r] <= 0 && hi_[r] >= T;
     }
@@ -209,6 +218,8 @@ class BackwardChunk {
       const V dot = Ops::set1(row_dot_[row + r]);
       for (int64_t c = 0; c < T; c += L) Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
     }
+    for (int64_t r = 0; r < rows; ++r)
+      if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);
     if (p_.dbias != nullptr)
       for (int64_t r = 0; r < rows; ++r) {
         float* out = p_.dbias + b_ * p_.sdb[0] + h * p_.sdb[1] + (i0 + r) * p_.sdb[2] + j0 * p_.sdb[3];
@@ -254,6 +265,7 @@ class BackwardChunk {
   // Band of each row of the current query tile relative to j0 (clamped), and −lse·log2(e).
   std::array<int64_t, T> lo_{}, hi_{};
   std::array<float, T> neg_lse_{};
+  std::array<bool, T> single_{};
 };
 
 template <class Ops>
