@@ -342,6 +342,30 @@ TEST(Backward, FullyMaskedRowsGiveZeroGradients) {
   }
 }
 
+// Softmax over a single allowed key is the constant 1, so dq and dk are exactly 0 (not rounding
+// noise), on every path: one key in all (M = 1), and a zero-width window (the diagonal key only).
+TEST(Backward, SingleKeyRowsGiveExactlyZeroQueryAndKeyGradients) {
+  test::Rng rng("Backward.SingleKeyRows");
+  for (Simd simd : test::available_paths()) {
+    for (int variant = 0; variant < 2; ++variant) {
+      Case c;
+      c.s = variant == 0 ? AttentionShape{1, 3, 1, 70, 1, 59, 111} : AttentionShape{2, 2, 2, 70, 70, 40, 17};
+      if (variant == 1) c.options.mask.window = Window{0, 0};
+      c.options.mask.alibi_slopes.assign(static_cast<std::size_t>(c.s.H), 0.4f);
+      c.options.scale = 0.8;
+      const AttentionShape& s = c.s;
+      Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
+      Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
+      const Grads g = run_fp32(c, q, k, v, dout, 2, simd);
+      for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_EQ(g.dq[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
+      for (int64_t i = 0; i < g.dk.numel(); ++i) ASSERT_EQ(g.dk[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
+      double dv_norm = 0.0;
+      for (int64_t i = 0; i < g.dv.numel(); ++i) dv_norm += std::abs(g.dv[i]);
+      EXPECT_GT(dv_norm, 0.0) << simd_path_name(simd) << " " << c.describe();
+    }
+  }
+}
+
 TEST(Backward, RefusesBadShapes) {
   test::Rng rng("Backward.BadShapes");
   Tensor<float> q = rng.normal32(dims4(1, 2, 3, 4)), k = rng.normal32(dims4(1, 2, 5, 4)), v = rng.normal32(dims4(1, 2, 5, 4));
