@@ -202,9 +202,10 @@ class BackwardChunk {
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
       const bool banded = !elementwise_ && !interior_;
       for (int64_t c = 0; c < T; c += L) {
-        V x = Ops::load(st + c);
+        // Mask after scaling: -inf times a negative or zero scale would be +inf or NaN.
+        V x = Ops::fma(Ops::load(st + c), m, neg_lse);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
-        Ops::store(st + c, Ops::exp2(Ops::fma(x, m, neg_lse)));
+        Ops::store(st + c, Ops::exp2(x));
       }
     }
   }
