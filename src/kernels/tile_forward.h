@@ -7,7 +7,7 @@
 // vector operations, and both block products fit the one micro-kernel (microkernel.h):
 //   Sᵀ = K · (scale·Q)ᵀ   (A = rows of K read in place through their strides, B = packed Qᵀ)
 //   O  = alpha ⊙ O + P · V (A = Pᵀ read transposed,                          B = rows of V)
-// Softmax runs in base 2 with the running max m kept in natural units: p = 2^(s·log2e − m·log2e).
+// Softmax runs in base 2 with the running max m kept in natural units: p = 2^((s − m)·log2e).
 //
 // Inputs are fp32 or bf16 (In). bf16 inputs are widened to fp32 block by block, except that with
 // Pairs (AVX512_BF16) S = Q·Kᵀ multiplies the bf16 pairs of Q and K as given by vdpbf16ps (fp32
@@ -229,12 +229,13 @@ class ForwardTile {
       }
       // max() drops NaN scores, so m stays a number; a NaN score still reaches l and O through
       // 2^NaN = NaN. A row with no allowed key yet uses 0 as its max, making every p = 0.
+      // Subtract the max before scaling by log2(e): folding both into one FMA rounds m·log2e,
+      // an error of 2^8 at scores near 3e9, and the softmax then overflows or vanishes.
       const V m_use = Ops::neg_inf_to_zero(mx);
-      const V neg_m = Ops::mul(m_use, Ops::set1(-kLog2e));
       const V log2e = Ops::set1(kLog2e);
       V sum = Ops::zero();
       for (int64_t jj = 0; jj < nb; ++jj) {
-        const V pv = Ops::exp2(Ops::fma(Ops::load(st + jj * bq_), log2e, neg_m));
+        const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * bq_), m_use), log2e));
         Ops::store(st + jj * bq_, pv);
         sum = Ops::add(sum, pv);
       }
