@@ -133,10 +133,6 @@ void run_kernels(FuzzedDataProvider& in, const qkv::AttentionShape& s, qkv::Atte
     if (std::isnan(a) || std::isnan(b)) qkv::fuzz::invariant_failed("NaN output for finite inputs");
     if (std::abs(a - b) > 1e-4f * (1 + std::abs(b))) qkv::fuzz::invariant_failed("fused output differs from the reference");
   }
-  // Known bug, reported: attention_backward returns NaN gradients for a scale <= 0 with a
-  // causal, window or key-length mask (inputs in fuzz/known_bugs/). Skipped so the campaign can
-  // look for others; remove this line once it is fixed.
-  if (options.scale && *options.scale <= 0) return;
   Tensor<float> dq(qs), dk(ks), dv(vs);
   qkv::attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
                           out.cview(), lse.cview(), options);

@@ -48,7 +48,8 @@ fuzz_one() {
   local dict
   dict=$(dict_for "$name")
   # Replay first: every committed seed and regression input must pass on its own.
-  if ! OMP_NUM_THREADS=1 "$bin" -runs=0 "${common[@]}" -artifact_prefix="$dir/artifacts/$name-" "$seeds" >"$log.replay" 2>&1; then
+  # Files, not the directory: libFuzzer would write new units into a directory it is given.
+  if ! OMP_NUM_THREADS=1 "$bin" "${common[@]}" -artifact_prefix="$dir/artifacts/$name-" "$seeds"/* >"$log.replay" 2>&1; then
     echo "fuzz_$name: a committed corpus input fails; see $log.replay" >&2
     tail -30 "$log.replay" >&2
     return 1
