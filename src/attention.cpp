@@ -154,39 +154,52 @@ AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64
   return s;
 }
 
+// The fused kernel reads fp32 and bf16 inputs through different pointers of its params.
+void set_inputs(kernels::ForwardParams& p, const float* q, const float* k, const float* v) {
+  p.q = q;
+  p.k = k;
+  p.v = v;
+}
+void set_inputs(kernels::ForwardParams& p, const bf16* q, const bf16* k, const bf16* v) {
+  p.qb = q;
+  p.kb = k;
+  p.vb = v;
+}
+
+// The reference takes fp32 views; bf16 inputs are widened into `storage` first.
+TensorView<const float> as_float(TensorView<const float> x, Tensor<float>&) { return x; }
+TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storage) {
+  storage = widen(x);
+  return storage.cview();
+}
+
+// q, k, v of element type T (float or bf16): checks, then the reference or the fused kernel.
+template <class T>
+void forward_any(TensorView<float> out, TensorView<float> lse, TensorView<const T> q, TensorView<const T> k,
+                 TensorView<const T> v, const AttentionOptions& options) {
+  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  if (options.kernel == Kernel::reference) {
+    Tensor<float> q32, k32, v32;
+    reference_forward_f32(out, lse, as_float(q, q32), as_float(k, k32), as_float(v, v32), options);
+    return;
+  }
+  const Simd path = kernels::resolve_simd(options.simd);
+  const detail::MaskEval mask(options.mask, s);
+  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
+  set_inputs(p, q.data(), k.data(), v.data());
+  kernels::fused_forward(p, path, threads_for(s, options));
+}
+
 }  // namespace
 
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
                        TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
-  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
-  if (options.kernel == Kernel::reference) {
-    reference_forward_f32(out, lse, q, k, v, options);
-    return;
-  }
-  const Simd path = kernels::resolve_simd(options.simd);
-  const detail::MaskEval mask(options.mask, s);
-  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  kernels::fused_forward(p, path, threads_for(s, options));
+  forward_any(out, lse, q, k, v, options);
 }
 
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
                        TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
-  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
-  if (options.kernel == Kernel::reference) {
-    Tensor<float> q32 = widen(q), k32 = widen(k), v32 = widen(v);
-    reference_forward_f32(out, lse, q32.cview(), k32.cview(), v32.cview(), options);
-    return;
-  }
-  const Simd path = kernels::resolve_simd(options.simd);
-  const detail::MaskEval mask(options.mask, s);
-  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
-  p.qb = q.data();
-  p.kb = k.data();
-  p.vb = v.data();
-  kernels::fused_forward(p, path, threads_for(s, options));
+  forward_any(out, lse, q, k, v, options);
 }
 
 const char* simd_path_name(Simd simd) { return kernels::simd_name(kernels::resolve_simd(simd)); }
