@@ -27,14 +27,30 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 struct Line {
   std::string_view text;  // without the '\n' and a trailing '\r'
   std::size_t end = 0;    // offset just past the '\n' (or the end of the file)
+  bool too_long = false;  // no '\n' within kMaxEmbeddingLineBytes: text holds only that many bytes
 };
 
+// Looks at most kMaxEmbeddingLineBytes + 1 bytes ahead, so a file without newlines (binary data,
+// or a sparse file of zeros) costs one bounded scan, not a pass over the whole file.
 Line line_at(std::string_view file, std::size_t pos) {
-  const void* nl = std::memchr(file.data() + pos, '\n', file.size() - pos);
+  const std::size_t window = std::min(file.size() - pos, kMaxEmbeddingLineBytes + 1);
+  const void* nl = std::memchr(file.data() + pos, '\n', window);
+  if (nl == nullptr && window > kMaxEmbeddingLineBytes)
+    return {file.substr(pos, kMaxEmbeddingLineBytes), pos + kMaxEmbeddingLineBytes, true};
   std::size_t stop = nl ? static_cast<std::size_t>(static_cast<const char*>(nl) - file.data()) : file.size();
   std::string_view text = file.substr(pos, stop - pos);
   if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
   return {text, nl ? stop + 1 : stop};
+}
+
+// line_at for the parsers: a line longer than the limit is an error naming the file and line.
+Line text_line(const MappedFile& file, std::size_t pos, int64_t line_no) {
+  Line line = line_at(file.bytes(), pos);
+  if (line.too_long)
+    throw Error(fmt::format("{}: line {} has no newline within {} bytes (1 MiB, the longest text line qkv reads); "
+                            "is this a text embeddings file?",
+                            file.path(), line_no, kMaxEmbeddingLineBytes));
+  return line;
 }
 
 bool is_blank(std::string_view line) {
@@ -142,6 +158,11 @@ struct Loaded {
   Tensor<float> matrix;
 };
 
+// What Loaded takes for `rows` words of `dim` floats (the words' own characters aside).
+unsigned __int128 matrix_and_words_bytes(int64_t rows, int64_t dim) {
+  return static_cast<unsigned __int128>(rows) * (static_cast<unsigned __int128>(dim) * sizeof(float) + sizeof(std::string));
+}
+
 // Refuses a row count and width the file cannot hold before the matrix is allocated: a text row
 // of `dim` values takes at least 2 * dim + 1 bytes.
 void check_text_capacity(const MappedFile& file, int64_t rows, int64_t dim) {
@@ -161,7 +182,7 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
   int64_t rows = 0, first_row_line = 0;
   std::string_view first_row;
   for (std::size_t pos = start, released = start, line_no = first_line; pos < bytes.size(); ++line_no) {
-    Line line = line_at(bytes, pos);
+    Line line = text_line(file, pos, static_cast<int64_t>(line_no));
     if (!is_blank(line.text)) {
       if (rows++ == 0) {
         first_row = line.text;
@@ -184,6 +205,7 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
     if (dim == 0) throw Error(fmt::format("{}: line {}: no vector values after the word", path, first_row_line));
   }
   check_text_capacity(file, rows, dim);
+  detail::check_fits_in_memory(matrix_and_words_bytes(rows, dim), path);
 
   Loaded out{std::vector<std::string>(static_cast<std::size_t>(rows)), Tensor<float>({rows, dim}, path)};
   struct Pending {
@@ -199,7 +221,7 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
     std::size_t block_start = pos;
     block.clear();
     while (pos < bytes.size() && pos - block_start < kBlockBytes) {
-      Line line = line_at(bytes, pos);
+      Line line = text_line(file, pos, line_no);
       if (!is_blank(line.text)) block.push_back({line.text, line_no});
       pos = line.end;
       ++line_no;
@@ -238,15 +260,20 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
                             "bytes after it",
                             path, rows, dim, static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)),
                             bytes.size() - start));
+  detail::check_fits_in_memory(matrix_and_words_bytes(rows, dim), path);
   file.advise_sequential();
   Loaded out{std::vector<std::string>(static_cast<std::size_t>(rows)), Tensor<float>({rows, dim}, path)};
   std::size_t pos = start, released = start;
   for (int64_t r = 0; r < rows; ++r) {
     while (pos < bytes.size() && (bytes[pos] == '\n' || bytes[pos] == '\r')) ++pos;
     const std::size_t word_start = pos;
-    while (pos < bytes.size() && bytes[pos] != ' ' && bytes[pos] != '\n') ++pos;
+    const std::size_t word_limit = std::min(bytes.size(), word_start + kMaxEmbeddingLineBytes + 1);
+    while (pos < word_limit && bytes[pos] != ' ' && bytes[pos] != '\n') ++pos;
     std::string_view word = bytes.substr(word_start, pos - word_start);
     auto where = [&] { return fmt::format("{}: word {} of {} ({}, byte {})", path, r + 1, rows, quoted(word), word_start); };
+    if (pos == word_limit && pos < bytes.size())
+      throw Error(fmt::format("{}: no space within {} bytes (1 MiB) to end the word (is this really word2vec binary?)",
+                              where(), kMaxEmbeddingLineBytes));
     if (pos >= bytes.size())
       throw Error(fmt::format("{}: truncated word2vec binary file: it ends inside the word", where()));
     if (bytes[pos] == '\n' || word.empty())
@@ -284,15 +311,19 @@ bool parse_count(std::string_view token, int64_t* out) {
 }
 
 // After a word2vec header: text if the first row's values are printable ASCII, binary otherwise.
-// Raw float32 bytes are printable by chance with vanishing probability at any useful width.
+// Raw float32 bytes are printable by chance with vanishing probability at any useful width. Only
+// the first kMaxEmbeddingLineBytes of the row are looked at (a binary row may hold no '\n').
 bool looks_like_text_vectors(std::string_view bytes, std::size_t pos) {
   Line line = line_at(bytes, pos);
+  auto printable = [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\t' || c == '\r'; };
   std::size_t space = line.text.find_first_of(" \t");
-  if (space == std::string_view::npos) return true;  // a row without values: report it as text
+  if (space == std::string_view::npos) {
+    // A row without values is reported as text; control bytes (a sparse file's zeros) mean binary.
+    return std::none_of(line.text.begin(), line.text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\r'; });
+  }
   std::string_view values = line.text.substr(space + 1);
   if (is_blank(values)) return false;
-  return std::all_of(values.begin(), values.end(),
-                     [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\t' || c == '\r'; });
+  return std::all_of(values.begin(), values.end(), printable);
 }
 
 }  // namespace
@@ -301,7 +332,7 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
   MappedFile file(path);
   const std::string_view bytes = file.bytes();
   if (bytes.empty()) throw Error(fmt::format("{}: the file is empty", path));
-  Line first = line_at(bytes, 0);
+  Line first = text_line(file, 0, 1);
   std::vector<std::string_view> head = split(first.text);
   int64_t rows = -1, dim = -1;
   bool has_header = head.size() == 2 && parse_count(head[0], &rows) && parse_count(head[1], &dim);

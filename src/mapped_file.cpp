@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -18,6 +20,18 @@ std::string errno_text(int errnum) {
   char buf[256];
   // GNU strerror_r returns the message, which may or may not live in buf.
   return std::string(strerror_r(errnum, buf, sizeof buf));
+}
+
+void check_fits_in_memory(unsigned __int128 bytes, const std::string& what) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: leave it to the allocation
+  const uint64_t physical = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  if (bytes <= physical) return;
+  const uint64_t shown = static_cast<uint64_t>(std::min<unsigned __int128>(bytes, UINT64_MAX));
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw Error(fmt::format("{}: needs {} bytes ({:.1f} GiB) of memory, more than the {} bytes ({:.1f} GiB) of "
+                          "physical memory on this machine",
+                          what, shown, static_cast<double>(shown) / kGiB, physical, static_cast<double>(physical) / kGiB));
 }
 
 std::string quoted(std::string_view bytes, std::size_t max_bytes) {

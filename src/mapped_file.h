@@ -36,6 +36,12 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
+// Throws qkv::Error "<what>: needs N bytes of memory, more than the machine's M bytes of physical
+// memory" if `bytes` exceeds physical RAM (sysconf _SC_PHYS_PAGES). Readers call it after a
+// declared size passed the file-size checks and before allocating from it, so a (sparse) file
+// consistent with its header fails with that line, not std::bad_alloc or the OOM killer.
+void check_fits_in_memory(unsigned __int128 bytes, const std::string& what);
+
 // strerror for `errnum` (thread-safe).
 std::string errno_text(int errnum);
 

@@ -109,6 +109,8 @@ Tensor<T> load_npy(const std::string& path) {
   detail::MappedFile file(path);
   detail::NpyHeader h = detail::parse_npy_header(file.bytes(), path);
   const std::vector<int64_t>& shape = h.info.shape;
+  // data_bytes matches the file; the tensor of T may be up to 8x that (|u1 read as double).
+  detail::check_fits_in_memory(static_cast<unsigned __int128>(h.data_bytes / h.item_size) * sizeof(T), path);
   Tensor<T> out(std::span<const int64_t>(shape), path);
   if (out.numel() == 0) return out;
   int rank = static_cast<int>(shape.size());

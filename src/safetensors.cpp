@@ -202,6 +202,10 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
     throw Error(fmt::format("{}: the data buffer holds {} bytes but the tensors cover {} (trailing bytes)", path,
                             buffer_size, cursor));
 
+  // The offsets are bounded by the file; the float32 tensors may be up to 4x that (U8, BOOL).
+  unsigned __int128 need = 0;
+  for (const Entry& e : entries) need += static_cast<unsigned __int128>((e.end - e.begin) / e.dtype.size) * sizeof(float);
+  detail::check_fits_in_memory(need, path);
   TensorMap out;
   for (const Entry& e : entries) {
     const std::string where = fmt::format("{}: tensor {}", path, detail::quoted(e.name));

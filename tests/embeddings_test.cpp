@@ -1,6 +1,7 @@
 // Loading GloVe text, word2vec text and word2vec binary: values exact, formats detected, and
 // every malformed or oversized file refused with the file and line.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -236,6 +237,59 @@ TEST(Embeddings, CorruptedFilesNeverCrash) {
       attempt(bytes);
     }
   }
+}
+
+// Detection and the parsers read at most kMaxEmbeddingLineBytes per line or binary word, so a
+// 2 TB file without newlines (sparse: zeros) is refused at once instead of scanned whole (before
+// the bound, a word2vec header followed by zeros took 14 s per 4 GiB: about 2 hours for 2 TB).
+TEST(Embeddings, SparseTwoTerabyteFilesAreRefusedWithinSeconds) {
+  TempDir dir;
+  struct Case {
+    std::string name, head;
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {"w2v_zeros", "1000 300\n", {"word 1 of 1000", "no space within 1048576 bytes (1 MiB) to end the word"}},
+      {"w2v_one_row", "1000 300\nw ", {"word 2 of 1000", "no space within 1048576 bytes (1 MiB) to end the word"}},
+      {"glove", "the 0.1 0.2\n", {"line 2 has no newline within 1048576 bytes (1 MiB"}},
+      {"zeros", "", {"line 1 has no newline within 1048576 bytes (1 MiB"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = dir.file(c.name);
+    write_raw(path, c.head);
+    ASSERT_EQ(::truncate(path.c_str(), off_t{1} << 41), 0) << path;
+    std::vector<std::string> parts = c.message;
+    parts.push_back(path);
+    const auto start = std::chrono::steady_clock::now();
+    expect_error([&] { Embeddings::load(path); }, parts);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 2.0) << "detection and parsing must not scan the whole 2 TB";
+  }
+}
+
+// A text line of exactly kMaxEmbeddingLineBytes (before its newline) loads exactly; one more byte
+// is refused naming the line, in GloVe and word2vec text.
+TEST(Embeddings, TextLinesUpToOneMebibyteLoadAndLongerOnesAreRefused) {
+  test::Rng rng("Embeddings.LongLines");
+  TempDir dir;
+  Vocab v = random_vocab(rng, 2, 60000);  // at most 16 characters per value: under 1 MiB a row
+  const std::string rows = text_rows(v);
+  std::string first = rows.substr(0, rows.find('\n'));
+  ASSERT_LT(first.size(), kMaxEmbeddingLineBytes);
+  first.append(kMaxEmbeddingLineBytes - first.size(), ' ');  // trailing blanks are allowed
+  const std::string second = rows.substr(rows.find('\n') + 1);
+  write_raw(dir.file("max.txt"), first + "\n" + second);
+  expect_same(Embeddings::load(dir.file("max.txt")), v);
+  write_raw(dir.file("max_w2v.txt"), "2 60000\n" + first + "\n" + second);
+  expect_same(Embeddings::load(dir.file("max_w2v.txt")), v);
+
+  write_raw(dir.file("long.txt"), first + " \n" + second);
+  expect_error([&] { Embeddings::load(dir.file("long.txt")); },
+               {dir.file("long.txt"), "line 1 has no newline within 1048576 bytes"});
+  write_raw(dir.file("long_w2v.txt"), "2 60000\n" + first + " \n" + second);
+  expect_error([&] { Embeddings::load(dir.file("long_w2v.txt")); },
+               {dir.file("long_w2v.txt"), "line 2 has no newline within 1048576 bytes"});
 }
 
 // Not run by the suite (disabled): the load-time and memory measurement on a large file, e.g.

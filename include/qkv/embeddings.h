@@ -2,6 +2,7 @@
 // out-of-vocabulary policy that turns a sentence into an embedding matrix X [N, E].
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -15,6 +16,11 @@ namespace qkv {
 
 enum class EmbeddingFormat { automatic, glove, word2vec_text, word2vec_binary };
 
+// The longest text line (and word2vec binary word) Embeddings::load reads: 1 MiB. A 300-d GloVe
+// or word2vec row is about 3 KB; 1 MiB holds 65536 values of 15 characters. The bound is what
+// keeps a file without newlines (binary data, a sparse file of zeros) from being scanned whole.
+inline constexpr std::size_t kMaxEmbeddingLineBytes = std::size_t{1} << 20;
+
 // A vocabulary and its matrix [V, E]. Immutable after load; safe to share between threads.
 class Embeddings {
  public:
@@ -23,7 +29,9 @@ class Embeddings {
   // Throws qkv::Error naming the file and line (for binary files, the entry and byte offset) for
   // a missing file, a ragged or non-numeric row, a NaN, Inf or out-of-range value, a truncated
   // binary file or trailing data, a header whose word count differs from the rows or that
-  // declares more data than the file holds, or an empty vocabulary. The file is memory-mapped and
+  // declares more data than the file holds, a text line or binary word longer than
+  // kMaxEmbeddingLineBytes (detection reads at most that far), a matrix larger than the machine's
+  // physical memory, or an empty vocabulary. The file is memory-mapped and
   // the matrix sized once from a first pass, so peak memory is about the matrix, not file plus
   // matrix. Text rows are parsed on all OpenMP threads. In GloVe files, extra leading non-numeric
   // tokens belong to the word (GloVe 840B has words such as ". . ."). Duplicates keep the first.
