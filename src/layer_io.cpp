@@ -82,6 +82,35 @@ TensorMap read_npy_tensors(const std::string& dir) {
   return tensors;
 }
 
+// The metadata is untrusted and the layer is allocated from it before its tensors are compared
+// with their shapes, so first refuse a config that needs far more values than the file's tensors
+// hold: more than twice as many plus 64 Ki (the slack lets a file missing a tensor or holding a
+// misshapen one reach the messages that name it), so the allocation stays within about twice
+// the file, as in the other readers. The defaults mirror LayerConfig's (0 means E / H, H and D);
+// a parameter-free layer allocates nothing.
+void check_config_fits_tensors(const LayerConfig& c, const TensorMap& tensors, const std::string& path) {
+  if (c.parameter_free || c.embed_dim < 1 || c.num_heads < 1 || c.num_kv_heads < 0 || c.head_dim < 0 ||
+      c.value_dim < 0)
+    return;  // the constructor refuses these with its own message
+  using U = unsigned __int128;
+  U held = 0;
+  for (const auto& [name, t] : tensors) held += static_cast<U>(t.numel());
+  const U limit = 2 * held + 65536;
+  // Every value saturates at 2^62 (above any limit: held < 2^62), so no product of two overflows.
+  auto cap = [](U v) { return std::min(v, U{1} << 62); };
+  auto mul = [&](U a, U b, U d) { return cap(cap(a * b) * d); };
+  const U E = cap(static_cast<U>(c.embed_dim)), H = cap(static_cast<U>(c.num_heads));
+  const U Hkv = c.num_kv_heads > 0 ? cap(static_cast<U>(c.num_kv_heads)) : H;
+  const U D = cap(static_cast<U>(c.head_dim > 0 ? c.head_dim : c.embed_dim / c.num_heads));
+  const U Dv = c.value_dim > 0 ? cap(static_cast<U>(c.value_dim)) : D;
+  const U weights = mul(E, H, D) + mul(E, Hkv, D) + mul(E, Hkv, Dv) + (c.output_projection ? mul(H, Dv, E) : 0);
+  if (weights > limit)
+    throw Error(fmt::format("{}: the layer config (embed_dim {}, num_heads {}, num_kv_heads {}, head_dim {}, value_dim "
+                            "{}) needs at least {} weights, far more than the {} values the file's tensors hold",
+                            path, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim,
+                            static_cast<uint64_t>(std::min<U>(weights, UINT64_MAX)), static_cast<uint64_t>(held)));
+}
+
 }  // namespace
 
 void MultiHeadAttention::save(const std::string& path) const {
@@ -123,6 +152,7 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   c.output_projection = read_bool(meta, "output_projection", path);
   c.parameter_free = read_bool(meta, "parameter_free", path);
   if (const auto seed = meta.find("qkv.seed"); seed != meta.end()) c.seed = std::strtoull(seed->second.c_str(), nullptr, 10);
+  check_config_fits_tensors(c, tensors, path);
   MultiHeadAttention layer = [&] {
     try {
       return MultiHeadAttention(c);
