@@ -3,7 +3,11 @@ stderr is one line naming the file or argument and the fault, and that no output
 temporary) is left behind. N = 0 is not an error: it gives an empty [.., 0, Dv] output
 (test_cli_reference.py); D = 0 is refused."""
 import os
+import re
+import resource
 import struct
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -227,6 +231,42 @@ def test_bad_options(attend, extra, needle):
     attend.fails(2, needle, extra=extra)
 
 
+@pytest.mark.parametrize("value, needle", [
+    ("inf", "--softcap: 'inf' is not a finite number"),
+    ("-inf", "--softcap: '-inf' is not a finite number"),
+    ("nan", "--softcap: 'nan' is not a finite number"),
+    ("1e400", "--softcap: '1e400' is not a finite number"),
+    ("-1", "--softcap: '-1' must be >= 0"),
+    ("abc", "--softcap: 'abc' is not a number"),
+])
+def test_softcap_errors_echo_the_value_readably(attend, value, needle):
+    """CLI11's own range check printed DBL_MAX as a 309-digit number; the value is echoed as typed."""
+    proc = attend.fails(2, needle, extra=["--softcap", value])
+    assert not re.search(r"\d{25}", proc.stderr) and len(proc.stderr) < 120, proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["attend", "--threads", "0"], "--threads: '0' is outside 1 to 4096"),
+    (["attend", "--threads", "2.5"], "--threads: '2.5' is not an integer (expected 1 to 4096)"),
+    (["attend", "--threads", "99999999999999999999999"], "--threads: '99999999999999999999999' is outside 1 to 4096"),
+    (["train", "--lr", "0"], "--lr: '0' must be > 0"),
+    (["train", "--lr", "inf"], "--lr: 'inf' is not a finite number"),
+    (["train", "--clip", "1e999"], "--clip: '1e999' is not a finite number"),
+    (["train", "--weight-decay", "-0.5"], "--weight-decay: '-0.5' must be >= 0"),
+    (["train", "--warmup", "-1"], "--warmup: '-1' must be >= 0"),
+    (["train", "--warmup", "1e400"], "--warmup: '1e400' is not an integer (expected >= 0)"),
+    (["train", "--checkpoint-every", "99999999999999999999"], "is beyond the 64-bit integer range"),
+    (["train", "--steps", "99999999999999"], "--steps: '99999999999999' is outside 0 to 1099511627776"),
+    (["train", "--pairs", "x" * 100], "--pairs: '" + "x" * 40 + "...' is not an integer"),
+    (["context", "--precision", "10", "bank"], "--precision: '10' is outside 1 to 9"),
+    (["explain", "--heads", "0"], "--heads: '0' is outside 1 to 4096"),
+])
+def test_numeric_option_errors_echo_the_value_readably(run, tmp_path, args, needle):
+    proc = run(*args, cwd=tmp_path)
+    check_failure(proc, 2, needle, directory=tmp_path)
+    assert not re.search(r"\d{30}", proc.stderr) and len(proc.stderr) < 160, proc.stderr
+
+
 def test_missing_required_option(attend):
     attend.fails(2, "--out", out=None)
 
@@ -275,6 +315,78 @@ def test_garbled_word2vec_binary_header(run, embeddings, tmp_path):
     bad.write_bytes(b"99999999 300\n" + data[data.index(b"\n") + 1:])
     proc = run("explain", "--embeddings", bad, "river bank")
     check_failure(proc, 1, "big.bin")
+
+
+TWO_TB = 2 << 40
+
+
+@pytest.mark.parametrize("head, needle", [
+    (b"1000 300\n", "word 1 of 1000"),                    # word2vec header, then zeros: detected as binary
+    (b"the 0.1 0.2\n", "line 2 has no newline within 1048576 bytes"),  # GloVe, then zeros
+    (b"", "line 1 has no newline within 1048576 bytes"),   # zeros only
+])
+def test_sparse_2tb_embeddings_file_is_refused_within_seconds(run, tmp_path, head, needle):
+    """Detection and parsing read at most 1 MiB per line; before, such a file was scanned whole
+    (about 14 s per 4 GiB, hours for 2 TB)."""
+    path = tmp_path / "huge.vec"
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(TWO_TB)  # sparse: no disk used
+    start = time.monotonic()
+    proc = run("context", "--embeddings", path, "--format", "npy", "--out", tmp_path / "o.npy", "river bank")
+    seconds = time.monotonic() - start
+    check_failure(proc, 1, "huge.vec", needle, directory=tmp_path, inputs=["huge.vec"])
+    assert seconds < 5, f"took {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("header", ["", "2 3\n"])
+def test_embeddings_line_longer_than_1mib_is_refused(run, tmp_path, header):
+    rows = "bank 0.1 0.2 0.3" + " " * (1 << 20) + "\nriver 0.4 0.5 0.6\n"
+    (tmp_path / "long.txt").write_text(header + rows)
+    proc = run("context", "--embeddings", tmp_path / "long.txt", "river bank")
+    line = 2 if header else 1
+    check_failure(proc, 1, "long.txt", f"line {line} has no newline within 1048576 bytes (1 MiB")
+
+
+def _asan_binary(path):
+    with open(path, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
+@pytest.mark.parametrize("kind", ["npy", "word2vec_binary"])
+def test_declared_size_beyond_physical_memory_is_refused(qkv_bin, tmp_path, seed, kind):
+    """A sparse file consistent with its header that declares more than the machine's RAM: one line
+    stating both sizes, not an allocation failure or the OOM killer. The word2vec case is a file
+    smaller than RAM whose 36 bytes per one-float word (string + value) exceed it."""
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    rng = np.random.default_rng(seed)
+    for name, shape in (("q", (3, 4)), ("k", (5, 4)), ("v", (5, 2))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    if kind == "npy":
+        n = ram // 4 + (1 << 28)  # float32 values: RAM + 1 GiB
+        text = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}"
+        text += " " * ((64 - (10 + len(text) + 1) % 64) % 64) + "\n"
+        head, size, need = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode(), 4 * n, 4 * n
+        name = "huge.npy"
+        args = ["attend", "--q", tmp_path / "q.npy", "--k", tmp_path / name, "--v", tmp_path / "v.npy",
+                "--out", tmp_path / "out.npy"]
+    else:
+        words = ram // 32 + 1
+        head, size, need = f"{words} 1\n".encode(), 6 * words, 36 * words
+        name = "huge.bin"
+        args = ["context", "--embeddings", tmp_path / name, "--format", "npy", "--out", tmp_path / "out.npy", "bank"]
+    with open(tmp_path / name, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + size)
+    cap = len(head) + size + (4 << 30)  # the mapping plus 4 GiB: a loader that did allocate would fail
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    proc = subprocess.run([qkv_bin, *map(str, args)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=None if _asan_binary(qkv_bin) else cap_memory)
+    check_failure(proc, 1, name, f"needs {need} bytes", f"more than the {ram} bytes", "of physical memory",
+                  directory=tmp_path, inputs=["q.npy", "k.npy", "v.npy", name])
 
 
 def test_missing_embeddings_file(run, tmp_path):

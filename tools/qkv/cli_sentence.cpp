@@ -19,9 +19,9 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
   CLI::Option* weights =
       app->add_option("--weights", args.weights, "Layer weights (.safetensors written by MultiHeadAttention::save)");
   CLI::Option* heads = app->add_option("--heads", args.heads, "Attention heads of a random layer")
-                           ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+                           ->check(integer_in(int64_t{1}, int64_t{4096}));
   CLI::Option* dk = app->add_option("--dk", args.dk, "Head dimension d_k of a random layer (default E / heads)")
-                        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+                        ->check(integer_in(int64_t{1}, int64_t{1} << 20));
   CLI::Option* seed = app->add_option("--seed", args.seed, "Seed of the random W_q, W_k, W_v (default 0)");
   CLI::Option* free = app->add_flag("--parameter-free", args.parameter_free,
                                     "No weights: Q = K = V = X, as in seed 002's first-principles attention");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include <fmt/format.h>
@@ -109,7 +110,52 @@ CLI::Validator list_check(F parse, const std::string& option, std::size_t count 
       "LIST", "");
 }
 
+// The argument as typed, quoted and cut short: it can be arbitrarily long.
+std::string typed(const std::string& text) {
+  return text.size() <= 40 ? "'" + text + "'" : "'" + text.substr(0, 40) + "...'";
+}
+
 }  // namespace
+
+namespace {
+
+CLI::Validator finite_number(bool positive) {
+  return CLI::Validator(
+      [positive](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return typed(text) + " is not a number";
+        // ERANGE with a large result is overflow (1e400); an underflow to 0 or a subnormal is a number.
+        if (!std::isfinite(v) || (errno == ERANGE && std::fabs(v) > 1)) return typed(text) + " is not a finite number";
+        if (positive ? !(v > 0) : !(v >= 0)) return typed(text) + (positive ? " must be > 0" : " must be >= 0");
+        return {};
+      },
+      positive ? "POSITIVE" : "NONNEGATIVE", "");
+}
+
+}  // namespace
+
+CLI::Validator nonnegative_number() { return finite_number(false); }
+CLI::Validator positive_number() { return finite_number(true); }
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const bool unbounded = hi == std::numeric_limits<int64_t>::max();
+  const std::string range = unbounded ? fmt::format(">= {}", lo) : fmt::format("{} to {}", lo, hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(text.c_str(), &end, 0);
+        if (text.empty() || end != text.c_str() + text.size())
+          return fmt::format("{} is not an integer (expected {})", typed(text), range);
+        if (errno == ERANGE && unbounded) return typed(text) + " is beyond the 64-bit integer range";
+        if (errno == ERANGE || v < lo || v > hi)
+          return fmt::format("{} {} {}", typed(text), unbounded ? "must be" : "is outside", range);
+        return {};
+      },
+      unbounded ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi), "");
+}
 
 void add_mask_options(CLI::App* app, MaskArgs& args) {
   // A flag that also takes "=value": --causal alone is top_left (PyTorch's is_causal).
@@ -130,7 +176,7 @@ void add_mask_options(CLI::App* app, MaskArgs& args) {
   app->add_option("--alibi-slopes", args.alibi_slopes, "ALiBi slopes, one per query head: s1,s2,...")
       ->check(list_check(parse_float_list, "--alibi-slopes"));
   app->add_option("--softcap", args.softcap, "Logit softcap C: s -> C*tanh(s/C) before bias and ALiBi (0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative_number());
 }
 
 Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M) {

@@ -26,6 +26,15 @@ namespace qkv::cli {
 template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false);
 
+// Validators for numeric options. CLI11 prefixes the option name; the messages echo the value as
+// typed ("'inf' is not a finite number", "'0' is outside 1 to 4096"), never a rendering of the
+// bound such as CLI11's own 300-digit DBL_MAX. nonnegative_number / positive_number: a finite
+// number >= 0 / > 0; NaN, Inf and values beyond double's range are refused. integer_in: an
+// integer in [lo, hi], parsed as CLI11 converts it (strtoll, base 0).
+CLI::Validator nonnegative_number();
+CLI::Validator positive_number();
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+
 // Parses "3,5" (option `option`) into integers / floats; throws qkv::Error naming the option.
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
 std::vector<float> parse_float_list(const std::string& text, const std::string& option);

@@ -157,7 +157,7 @@ Command add_attend(CLI::App& app) {
   sub->add_option("--kernel", args->kernel, "auto, reference (float64 oracle) or fused")
       ->check(CLI::IsMember({"auto", "reference", "fused"}));
   sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in(1, 4096));
   add_mask_options(sub, args->mask);
   return {sub, [args, scale] {
             args->has_scale = scale->count() > 0;

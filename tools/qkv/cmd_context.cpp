@@ -98,7 +98,7 @@ Command add_context(CLI::App& app) {
   sub->add_option("--format", args->format, "table (default), json, or npy (float32 [N, width]; needs --out)")
       ->check(CLI::IsMember({"table", "json", "npy"}));
   sub->add_option("--out", args->out, "Write to this file (atomically) instead of standard output");
-  sub->add_option("--precision", args->precision, "Decimals in the table (default 6)")->check(CLI::Range(1, 9));
+  sub->add_option("--precision", args->precision, "Decimals in the table (default 6)")->check(integer_in(1, 9));
   sub->add_option("--html", args->html, "Also write a self-contained HTML page: the contextual vectors and every step");
   sub->callback([args] {
     if (args->format == "npy" && args->out.empty()) usage_error("context: --format npy needs --out F");

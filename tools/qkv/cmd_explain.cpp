@@ -112,7 +112,7 @@ Command add_explain(CLI::App& app) {
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/false);
   sub->add_flag("--json", args->json, "Print the steps as JSON (full float64 precision)");
   sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8 for the examples, 4 for sentences)")
-      ->check(CLI::Range(1, 17));
+      ->check(integer_in(1, 17));
   sub->add_option("--html", args->html,
                   "Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the text; "
                   "beyond 512 tokens it lists each row's top-10 weights");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -90,26 +91,26 @@ Command add_train(CLI::App& app) {
       "Train one multi-head attention layer by backpropagation.\n"
       "--task lookup: P key->value pair tokens then a query token carrying a key; predict that key's value.");
   sub->add_option("--task", args->task, "Task (lookup)")->check(CLI::IsMember({"lookup"}))->capture_default_str();
-  sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")->check(CLI::Range(1, 100000))->capture_default_str();
-  sub->add_option("--keys", c.num_keys, "Key vocabulary size")->check(CLI::Range(1, 1000000))->capture_default_str();
-  sub->add_option("--values", c.num_values, "Value vocabulary size")->check(CLI::Range(2, 1000000))->capture_default_str();
-  sub->add_option("--embed-dim,-E", c.embed_dim, "Embedding width E")->check(CLI::Range(1, 65536))->capture_default_str();
-  sub->add_option("--heads", c.heads, "Attention heads H")->check(CLI::Range(1, 1024))->capture_default_str();
-  sub->add_option("--head-dim,-D", c.head_dim, "Head dim D (0: E / heads)")->check(CLI::Range(0, 65536))->capture_default_str();
-  sub->add_option("--batch", c.batch, "Examples per step")->check(CLI::Range(1, 1000000))->capture_default_str();
-  sub->add_option("--steps", c.steps, "Training steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40))->capture_default_str();
-  sub->add_option("--lr", c.lr, "Peak learning rate (AdamW, warm-up + cosine)")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--warmup", c.warmup, "Warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--clip", c.clip, "Gradient norm limit (0: off)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")->check(integer_in(1, 100000))->capture_default_str();
+  sub->add_option("--keys", c.num_keys, "Key vocabulary size")->check(integer_in(1, 1000000))->capture_default_str();
+  sub->add_option("--values", c.num_values, "Value vocabulary size")->check(integer_in(2, 1000000))->capture_default_str();
+  sub->add_option("--embed-dim,-E", c.embed_dim, "Embedding width E")->check(integer_in(1, 65536))->capture_default_str();
+  sub->add_option("--heads", c.heads, "Attention heads H")->check(integer_in(1, 1024))->capture_default_str();
+  sub->add_option("--head-dim,-D", c.head_dim, "Head dim D (0: E / heads)")->check(integer_in(0, 65536))->capture_default_str();
+  sub->add_option("--batch", c.batch, "Examples per step")->check(integer_in(1, 1000000))->capture_default_str();
+  sub->add_option("--steps", c.steps, "Training steps")->check(integer_in(int64_t{0}, int64_t{1} << 40))->capture_default_str();
+  sub->add_option("--lr", c.lr, "Peak learning rate (AdamW, warm-up + cosine)")->check(positive_number())->capture_default_str();
+  sub->add_option("--warmup", c.warmup, "Warm-up steps")->check(integer_in(0, std::numeric_limits<int64_t>::max()))->capture_default_str();
+  sub->add_option("--clip", c.clip, "Gradient norm limit (0: off)")->check(nonnegative_number())->capture_default_str();
+  sub->add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(nonnegative_number())->capture_default_str();
   sub->add_option("--seed", c.seed, "Seed of embeddings, weights and data")->capture_default_str();
   sub->add_option("--threads", c.threads, "Threads (0: QKV_NUM_THREADS or all cores); the default task is fastest on 1")
-      ->check(CLI::Range(0, 4096))
+      ->check(integer_in(0, 4096))
       ->capture_default_str();
-  sub->add_option("--eval-examples", c.eval_examples, "Held-out examples")->check(CLI::Range(1, 10000000))->capture_default_str();
+  sub->add_option("--eval-examples", c.eval_examples, "Held-out examples")->check(integer_in(1, 10000000))->capture_default_str();
   sub->add_option("--checkpoint", c.checkpoint, "Checkpoint file (.safetensors); the previous one is kept as <file>.prev");
   sub->add_option("--checkpoint-every", c.checkpoint_every, "Steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   sub->add_flag("--resume", c.resume, "Continue from --checkpoint (bitwise as if never interrupted)");
   sub->add_option("--save", c.save, "Write the trained layer (.safetensors; usable with --weights)");
   sub->callback([args, sub] {
