@@ -8,9 +8,12 @@ Usage: compare_backward.py --build <build dir> [--out <dir for raw results>] [--
 PyTorch is timed on the backward alone (torch.autograd.grad of the retained graph for a random
 dout), which is what attention_backward computes given the forward's out and lse. Because the
 machine may be shared, the ratio to PyTorch comes from qkv and PyTorch calls interleaved in one
-process (qkv through its Python module, <build>/python), not from two separate runs.
+process (qkv through its Python module, <build>/python), not from two separate runs. Before each
+timed call the process waits until it is idle (see quiesce()), so no idle thread of one library
+spins inside the other's timed call.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -43,19 +46,51 @@ def qkv_medians(path):
     return out
 
 
+def quiesce(window=0.01, quiet_cpu=0.0005, limit=1.0):
+    """Sleeps until the process uses less than `quiet_cpu` seconds of CPU in a `window`.
+
+    PyTorch 1.13 (Debian) runs its sgemm on OpenBLAS's pthread pool, whose idle worker spins on
+    sched_yield for 2^28 TSC cycles (~0.1 s here) after each call: on S2 it burnt 36-100% of a
+    core for ~0.1 s after every torch.autograd.grad. A qkv call timed right after was charged
+    0.4-14 ms of that worker's CPU (more the busier the machine; qkv's own threads used 13 ms)
+    and shared the 2 cores with it. Waiting for the spin to end before every timed call (qkv's
+    and PyTorch's alike) keeps each library's idle threads out of the other's measurement
+    without changing either's settings; both still run under the same load, in one process."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        c0 = time.process_time()
+        time.sleep(window)
+        if time.process_time() - c0 < quiet_cpu:
+            return
+
+
+def set_blas_threads(threads):
+    """OpenBLAS's thread count, which torch.set_num_threads leaves alone (it sets OpenMP's and
+    MKL's); without this, torch's sgemm used 2 threads in the 1-thread rows. Returns whether an
+    OpenBLAS was found in the process."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libopenblas" in line}
+    for path in sorted(paths):
+        ctypes.CDLL(path).openblas_set_num_threads(threads)
+    return bool(paths)
+
+
 def interleaved_ms(shapes, threads_list, build):
     """{"<shape>/threads:<t>": {"qkv": ms, "torch": ms, "qkv_cpu": ms, "torch_cpu": ms}} medians.
 
     qkv (through its Python module, zero-copy) and PyTorch run alternately on the same inputs, so
-    both see the same machine load; *_cpu is the process CPU time per call (all threads)."""
+    both see the same machine load; *_cpu is the process CPU time per call (all threads), each
+    call timed after quiesce()."""
     sys.path.insert(0, os.path.join(os.path.abspath(build), "python"))
     import qkv
     import torch
 
     torch.manual_seed(0)
     results = {}
+    blas = False
     for threads in threads_list:
         torch.set_num_threads(threads)
+        blas = set_blas_threads(threads)
         for name in shapes:
             b, h, n, d, causal = SHAPES[name]
             key = f"{name}/threads:{threads}"
@@ -86,10 +121,11 @@ def interleaved_ms(shapes, threads_list, build):
             run_qkv()
             times = {"qkv": [], "torch": [], "qkv_cpu": [], "torch_cpu": []}
             start = time.perf_counter()
-            while len(times["qkv"]) < 3 or (len(times["qkv"]) < 11 and time.perf_counter() - start < 20.0):
+            while len(times["qkv"]) < 3 or (len(times["qkv"]) < 21 and time.perf_counter() - start < 20.0):
                 for label, fn in (("qkv", run_qkv), ("torch", run_torch)):
                     if fn is None:
                         continue
+                    quiesce()
                     t0, c0 = time.perf_counter(), time.process_time()
                     fn()
                     times[label].append(time.perf_counter() - t0)
@@ -97,7 +133,7 @@ def interleaved_ms(shapes, threads_list, build):
             results[key] = {k2: (sorted(t)[len(t) // 2] * 1e3 if t else None) for k2, t in times.items()}
             del run_torch
             out = None
-    return torch.__version__, results
+    return torch.__version__, results, blas
 
 
 def main():
@@ -107,6 +143,9 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--table-only", action="store_true", help="print the table of the results already in --out")
     a = ap.parse_args()
+    # As bench/run.sh does (`make bench`), so that running this script alone measures the same:
+    # idle OpenMP threads (qkv's and PyTorch's share libgomp's pool) sleep instead of spinning.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     shapes = [s for s in a.shapes.split(",") if s]
     out_dir = a.out or os.path.join(a.build, "bench-results")
     os.makedirs(out_dir, exist_ok=True)
@@ -120,17 +159,20 @@ def main():
                         "--benchmark_out_format=json", f"--benchmark_filter={flt}"],
                        check=True, stdout=subprocess.DEVNULL)
         print("qkv and PyTorch autograd backward, interleaved...", file=sys.stderr)
-        version, pairs = interleaved_ms(shapes, (1, 2), a.build)
+        version, pairs, blas = interleaved_ms(shapes, (1, 2), a.build)
         json.dump({"torch": version, "results": pairs, "load_before": load_before, "load_after": load(),
-                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}, open(torch_json, "w"))
+                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"), "openblas_threads_set": blas,
+                   "quiesced": True}, open(torch_json, "w"))
     saved = json.load(open(torch_json))
     version, pairs = saved["torch"], saved["results"]
     load_before, load_after = saved.get("load_before", "?"), saved.get("load_after", "?")
     policy = saved.get("omp_wait_policy", "?")
+    blas = {True: "= thr", False: "no OpenBLAS", None: "default"}[saved.get("openblas_threads_set")]
+    quiesced = "idle before each call" if saved.get("quiesced") else "back to back"
 
     qkv = qkv_medians(qkv_json)
     print(f"Backward. load average (1, 5, 15 min) before: {load_before}; after: {load_after}; torch {version}; "
-          f"OMP_WAIT_POLICY={policy}")
+          f"OMP_WAIT_POLICY={policy}; OpenBLAS threads {blas}; interleaved calls {quiesced}")
     print()
     print("| shape [B·H·N·D] | thr | qkv ms (median) | GFLOP/s | % FMA peak | CPU GFLOP/s | % CPU peak | "
           "interleaved: qkv ms | torch autograd ms | × torch | × torch (CPU time) |")
