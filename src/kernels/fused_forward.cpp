@@ -44,6 +44,20 @@ int64_t plan_tile_rows(const AttentionShape& s) {
   return rows;
 }
 
+// Tiles per task. The task's tiles run block-major (tile_forward.h), so each key block of K and V
+// is fetched from L3 once per task instead of once per tile: on S4 and S6, whose K and V outgrow
+// L2, 16 tiles ran 10-25% faster than 1 and 3% faster than 8 (BENCHMARKS.md). The tiles' own
+// Qᵀ and O buffers, (D + Dv) floats per row, must stay in L2 next to the blocks: at most 512 KB.
+// Fewer tiles when that would leave under 8 tasks for the threads.
+int64_t plan_tile_group(const AttentionShape& s, int64_t tile_rows) {
+  constexpr int64_t kGroupBytes = 512 * 1024;
+  const int64_t tile_bytes = tile_rows * (s.D + s.Dv) * static_cast<int64_t>(sizeof(float));
+  int64_t group = std::clamp<int64_t>(kGroupBytes / tile_bytes, 1, kMaxTileGroup);
+  const int64_t tiles = (s.N + tile_rows - 1) / tile_rows;
+  while (group > 1 && s.B * s.H * ((tiles + group - 1) / group) < 8) group /= 2;
+  return group;
+}
+
 // Each thread keeps its buffers across calls (OpenMP reuses its threads).
 Workspace& thread_workspace() {
   static thread_local Workspace ws;
@@ -57,7 +71,9 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   const AttentionShape& s = p.shape;
   p.tile_rows = plan_tile_rows(s);
   p.bf16_dot = p.is_bf16() && path == Simd::avx512 && cpu_features().avx512_bf16;
-  const int64_t tiles = (s.N + p.tile_rows - 1) / p.tile_rows;
+  p.tile_group = plan_tile_group(s, p.tile_rows);
+  const int64_t task_rows = p.tile_rows * p.tile_group;
+  const int64_t tiles = (s.N + task_rows - 1) / task_rows;
   const int64_t heads = s.B * s.H;
   const int64_t items = heads * tiles;
   if (items == 0) return;
@@ -66,7 +82,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   // result because each tile is computed by one thread from start to end.
   auto task_of = [&](int64_t idx) {
     const int64_t tile = tiles - 1 - idx / heads, bh = idx % heads;
-    return TileTask{bh / s.H, bh % s.H, tile * p.tile_rows};
+    return TileTask{bh / s.H, bh % s.H, tile * task_rows};
   };
   const int threads = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items));
   if (threads == 1) {

@@ -17,6 +17,9 @@ namespace qkv::kernels {
 
 // q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], out: [B,H,N,Dv], lse: [B,H,N] (may be null).
 // Exactly one of the fp32 or the bf16 input triples is set.
+// Most query tiles one task runs together (ForwardParams::tile_group).
+constexpr int64_t kMaxTileGroup = 16;
+
 struct ForwardParams {
   AttentionShape shape;
   const float* q = nullptr;
@@ -34,13 +37,16 @@ struct ForwardParams {
   // Query rows per tile: chosen from the shape alone, never from the thread count, so the
   // reduction order (and so every bit of the result) does not depend on the threads.
   int64_t tile_rows = 64;
+  // Tiles per task, run block by block together so they share each K/V block in cache; also
+  // from the shape alone.
+  int64_t tile_group = 1;
   // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
   bool bf16_dot = false;
 
   bool is_bf16() const { return qb != nullptr; }
 };
 
-// One unit of work: query rows [i0, i0 + tile_rows) of head h of batch row b.
+// One unit of work: query rows [i0, i0 + tile_group · tile_rows) of head h of batch row b.
 struct TileTask {
   int64_t b = 0, h = 0, i0 = 0;
 };

@@ -38,7 +38,9 @@ struct DotOf<Ops, true> {
 };
 
 // q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv] -> out: [B,H,N,Dv], lse: [B,H,N], for the rows
-// [i0, i0 + tile_rows) of one (b, h).
+// [i0, i0 + tile_rows) of one (b, h). A tile is sub-tile `sub` of a group of `group` tiles that
+// run block by block together (forward_tile below); its per-tile buffers are slices of the
+// workspace, so all the group's tiles ask for the same slot sizes and none reallocates another's.
 template <class Ops, class In, bool Pairs>
 class ForwardTile {
   using V = typename Ops::V;
@@ -48,8 +50,9 @@ class ForwardTile {
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
-  ForwardTile(const ForwardParams& p, const TileTask& t, Workspace& ws)
-      : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), h_(t.h), hk_(t.h / (p.shape.H / p.shape.Hkv)), i0_(t.i0) {
+  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws)
+      : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), h_(t.h), hk_(t.h / (p.shape.H / p.shape.Hkv)),
+        i0_(t.i0 + sub * p.tile_rows) {
     q_ = input(p.q, p.qb) + b_ * p.sq[0] + h_ * p.sq[1];
     k_ = input(p.k, p.kb) + b_ * p.sk[0] + hk_ * p.sk[1];
     v_ = input(p.v, p.vb) + b_ * p.sv[0] + hk_ * p.sv[1];
@@ -62,12 +65,13 @@ class ForwardTile {
     if constexpr (Pairs) k_direct_ = p.sk[3] == 1 && s_.D % 2 == 0 && p.sk[2] % 2 == 0;
     else k_direct_ = std::is_same_v<In, float>;
     v_direct_ = std::is_same_v<In, float> && p.sv[3] == 1 && dvp_ == s_.Dv;
-    qt_ = ws.get<Elem>(0, static_cast<std::size_t>(dk_ * bq_));
+    const int64_t group = p.tile_group;
+    qt_ = ws.get<Elem>(0, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(1, static_cast<std::size_t>(kBc * bq_));
-    o_ = ws.get<float>(2, static_cast<std::size_t>(bq_ * dvp_));
+    o_ = ws.get<float>(2, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
     vpack_ = v_direct_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
     kpack_ = k_direct_ ? nullptr : ws.get<Elem>(5, static_cast<std::size_t>(kBc * dk_));
-    float* stats = ws.get<float>(4, static_cast<std::size_t>(5 * bq_));
+    float* stats = ws.get<float>(4, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
     m_ = stats;
     l_ = stats + bq_;
     alpha_ = stats + 2 * bq_;
@@ -75,15 +79,20 @@ class ForwardTile {
     hi_rel_ = stats + 4 * bq_;
   }
 
-  void run() {
-    if (find_bands()) {
-      pack_q();
-      std::fill(m_, m_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
-      std::fill(l_, l_ + qvecs_ * L, 0.0f);
-      for (int64_t j0 = jlo_; j0 < jhi_; j0 += kBc) block(j0, std::min(kBc, jhi_ - j0));
-    }
-    write_rows();
+  // Returns the number of key blocks the tile's rows need (0 if every row is fully masked).
+  int64_t start() {
+    if (!find_bands()) return 0;
+    pack_q();
+    std::fill(m_, m_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
+    std::fill(l_, l_ + qvecs_ * L, 0.0f);
+    return (jhi_ - jlo_ + kBc - 1) / kBc;
   }
+  // Folds key block `n` (< start()) into the running softmax and O; blocks go in order.
+  void step(int64_t n) {
+    const int64_t j0 = jlo_ + n * kBc;
+    block(j0, std::min(kBc, jhi_ - j0));
+  }
+  void finish() { write_rows(); }
 
  private:
   // Bands of the tile's rows; returns false if every row is fully masked. Rows with an empty band
@@ -353,11 +362,32 @@ class ForwardTile {
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
 
+// Runs the task's tiles block-major: key block n of every tile, then block n + 1, so a block of K
+// and V comes from L3 once per group and from L2 for the other tiles (a head's K and V outgrow
+// L2 from M of about 2048). Each tile still sees its own blocks in its own order, so grouping
+// does not change a bit of the result.
+template <class Ops, class In, bool Pairs>
+void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
+  std::array<std::optional<ForwardTile<Ops, In, Pairs>>, kMaxTileGroup> group;  // tile_group <= kMaxTileGroup
+  std::array<int64_t, kMaxTileGroup> blocks{};
+  int64_t most = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    group[t].emplace(p, task, t, ws);
+    blocks[t] = group[t]->start();
+    most = std::max(most, blocks[t]);
+  }
+  for (int64_t n = 0; n < most; ++n)
+    for (int64_t t = 0; t < tiles; ++t)
+      if (n < blocks[t]) group[t]->step(n);
+  for (int64_t t = 0; t < tiles; ++t) group[t]->finish();
+}
+
 // Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
 template <class Ops, bool Pairs = false>
 void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  if (!p.is_bf16()) ForwardTile<Ops, float, false>(p, task, ws).run();
-  else ForwardTile<Ops, bf16, Pairs>(p, task, ws).run();
+  if (!p.is_bf16()) forward_group<Ops, float, false>(p, task, ws);
+  else forward_group<Ops, bf16, Pairs>(p, task, ws);
 }
 
 // Applies Ops::exp2 to n values (for the accuracy test).
