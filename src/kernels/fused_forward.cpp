@@ -34,12 +34,11 @@ TileFn tile_function(Simd path) {
   }
 }
 
-// Query rows per tile, from the shape alone (see ForwardParams::tile_rows). 32 rows keep the
-// Qᵀ tile, a key block's scores and the O tile in L1 next to a V block: measured 2-6% faster
-// than 64 rows on S3 and S6 (1 thread, per CPU second). Short sequences get 16-row tiles so
-// two threads still have work at B·H = 1.
+// Query rows per tile, from the shape alone (see ForwardParams::tile_rows). With tiles grouped
+// (plan_tile_group), 64 rows beat 32 by 5-7% on S3-S6 and 128 rows (1 thread, per CPU second,
+// BENCHMARKS.md). Short sequences get smaller tiles so two threads still have work at B·H = 1.
 int64_t plan_tile_rows(const AttentionShape& s) {
-  int64_t rows = 32;
+  int64_t rows = 64;
   while (rows > 16 && s.B * s.H * ((s.N + rows - 1) / rows) < 4) rows /= 2;
   return rows;
 }

@@ -27,7 +27,8 @@ struct Avx512 {
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.
   static constexpr int kRows = 6, kVecs = 4;
-  static constexpr int kKeyBlock = 64;
+  // Keys per block: 128 measured 1-2% faster than 64 on S2-S6 (fewer O rescales per key).
+  static constexpr int kKeyBlock = 128;
 
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
