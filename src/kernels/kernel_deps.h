@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <optional>
+#include <new>
 #include <type_traits>
 #include <utility>
 

@@ -356,8 +356,8 @@ class ForwardTile {
   int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
   bool k_direct_ = false, v_direct_ = false, first_block_ = true;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
-  std::array<int64_t, kMaxTileRows> lo_{}, hi_{};
-  std::array<bool, kMaxTileRows> live_{};
+  std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
+  std::array<bool, kMaxTileRows> live_;
   Elem *qt_, *kpack_;
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
@@ -368,19 +368,23 @@ class ForwardTile {
 // does not change a bit of the result.
 template <class Ops, class In, bool Pairs>
 void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  using Tile = ForwardTile<Ops, In, Pairs>;
+  // The tiles live in the workspace, not in a stack array: a std::array of optional tiles was
+  // zero-filled on every call, which doubled the time of a 3-token call (S1).
+  static_assert(std::is_trivially_destructible_v<Tile>);
   const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
-  std::array<std::optional<ForwardTile<Ops, In, Pairs>>, kMaxTileGroup> group;  // tile_group <= kMaxTileGroup
-  std::array<int64_t, kMaxTileGroup> blocks{};
+  Tile* group = ws.get<Tile>(6, static_cast<std::size_t>(tiles));
+  std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
   int64_t most = 0;
   for (int64_t t = 0; t < tiles; ++t) {
-    group[t].emplace(p, task, t, ws);
-    blocks[t] = group[t]->start();
+    new (group + t) Tile(p, task, t, ws);
+    blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
   }
   for (int64_t n = 0; n < most; ++n)
     for (int64_t t = 0; t < tiles; ++t)
-      if (n < blocks[t]) group[t]->step(n);
-  for (int64_t t = 0; t < tiles; ++t) group[t]->finish();
+      if (n < blocks[t]) group[t].step(n);
+  for (int64_t t = 0; t < tiles; ++t) group[t].finish();
 }
 
 // Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
