@@ -13,13 +13,14 @@ timed call the process waits until it is idle (see quiesce()), so no idle thread
 spins inside the other's timed call.
 """
 import argparse
-import ctypes
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+
+from torch_threads import set_blas_threads
 
 SHAPES = {  # B, H, N, D, causal
     "S2": (8, 12, 128, 64, False),
@@ -62,17 +63,6 @@ def quiesce(window=0.01, quiet_cpu=0.0005, limit=1.0):
         time.sleep(window)
         if time.process_time() - c0 < quiet_cpu:
             return
-
-
-def set_blas_threads(threads):
-    """OpenBLAS's thread count, which torch.set_num_threads leaves alone (it sets OpenMP's and
-    MKL's); without this, torch's sgemm used 2 threads in the 1-thread rows. Returns whether an
-    OpenBLAS was found in the process."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "libopenblas" in line}
-    for path in sorted(paths):
-        ctypes.CDLL(path).openblas_set_num_threads(threads)
-    return bool(paths)
 
 
 def interleaved_ms(shapes, threads_list, build):

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Times PyTorch 1.13 CPU attention on the shapes of attention_bench.cpp, for `make bench`.
 
-Two variants, same inputs (normal fp32, [B, H, N, D]), same thread count (torch.set_num_threads):
+Two variants, same inputs (normal fp32, [B, H, N, D]), same thread count (torch.set_num_threads,
+and OpenBLAS's own thread count, which Debian's torch uses for its sgemm and which
+torch.set_num_threads leaves alone):
   sdpa       torch.nn.functional._scaled_dot_product_attention (1.13's fused entry point)
   composite  softmax(q @ k^T * scale [+ causal mask]) @ v
 Prints a JSON object {"<shape>/<variant>/threads:<t>": [median wall ms, median process CPU ms],
@@ -13,6 +15,8 @@ import sys
 import time
 
 import torch
+
+from torch_threads import set_blas_threads
 
 SHAPES = {
     "S1": (1, 1, 3, 4, False),
@@ -57,6 +61,7 @@ def main():
     results = {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
+        set_blas_threads(threads)
         for name, (b, h, n, d, causal) in SHAPES.items():
             q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
             with torch.no_grad():
