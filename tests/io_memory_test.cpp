@@ -15,18 +15,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "capped_memory.h"
 #include "io_test_util.h"
 #include "qkv/embeddings.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define QKV_IO_MEMORY_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define QKV_IO_MEMORY_ASAN 1
-#endif
-#endif
 
 namespace qkv {
 namespace {
@@ -35,44 +29,12 @@ uint64_t physical_memory() {
   return static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
-std::string npy_header(const std::string& descr, uint64_t n) {
-  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({},), }}", descr, n);
-  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
-  dict += '\n';
-  std::string h("\x93NUMPY\x01\x00", 8);
-  h += static_cast<char>(dict.size() & 0xff);
-  h += static_cast<char>(dict.size() >> 8);
-  return h + dict;
-}
-
 std::string safetensors_header(const std::string& dtype, uint64_t n, uint64_t bytes) {
   std::string json = fmt::format(R"({{"t":{{"dtype":"{}","shape":[{}],"data_offsets":[0,{}]}}}})", dtype, n, bytes);
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string head(8, '\0');
   for (int i = 0; i < 8; ++i) head[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
   return head + json;
-}
-
-// The child of EXPECT_EXIT: caps its address space (so a loader that did allocate the declared
-// size fails instead of exhausting the machine; ASan's shadow memory cannot run capped), loads,
-// prints the Error and exits 0, or exits 3 if the load succeeded. The child re-ran the test body
-// and so made its own copy of the file at `path`; it removes it.
-[[noreturn]] void load_capped(const std::function<void()>& load, uint64_t cap, const std::string& path) {
-#ifndef QKV_IO_MEMORY_ASAN
-  const rlimit limit{cap, cap};
-  ::setrlimit(RLIMIT_AS, &limit);
-#else
-  (void)cap;
-#endif
-  int code = 3;
-  try {
-    load();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    code = 0;
-  }
-  std::remove(path.c_str());
-  std::exit(code);
 }
 
 struct Case {
@@ -88,8 +50,8 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
   const uint64_t bytes_n = ram / 2;                  // uint8 values read as float32: 2x RAM
   const uint64_t words = ram / 32 + 1;               // one-float word2vec words: 36 bytes each
   const std::vector<Case> cases = {
-      {"f4.npy", npy_header("<f4", n), 4 * n, [](const std::string& p) { load_npy<float>(p); }, 4 * n},
-      {"u1_as_double.npy", npy_header("|u1", n / 2), n / 2, [](const std::string& p) { load_npy<double>(p); }, 4 * n},
+      {"f4.npy", test::npy_header("<f4", fmt::format("({},)", n)), 4 * n, [](const std::string& p) { load_npy<float>(p); }, 4 * n},
+      {"u1_as_double.npy", test::npy_header("|u1", fmt::format("({},)", n / 2)), n / 2, [](const std::string& p) { load_npy<double>(p); }, 4 * n},
       {"f32.safetensors", safetensors_header("F32", n, 4 * n), 4 * n,
        [](const std::string& p) { load_safetensors(p); }, 4 * n},
       {"u8.safetensors", safetensors_header("U8", bytes_n, bytes_n), bytes_n,
@@ -107,7 +69,7 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
     const std::string pattern = fmt::format("qkv_io_memory_.*{}: needs {} bytes \\(.* GiB\\) of memory, more than the {} "
                                             "bytes \\(.* GiB\\) of physical memory on this machine",
                                             c.name, c.need, ram);
-    EXPECT_EXIT(load_capped([&] { c.load(path); }, cap, path), ::testing::ExitedWithCode(0), pattern);
+    EXPECT_EXIT(test::load_with_capped_memory([&] { c.load(path); }, cap, path), ::testing::ExitedWithCode(0), pattern);
     std::remove(path.c_str());
   }
 }

@@ -50,6 +50,18 @@ class TempDir {
   std::string path_;
 };
 
+// A version 1.0 .npy header for dtype `descr` and the shape written as a Python tuple, e.g.
+// "(524288, 1048576)", padded to 64 bytes as numpy does; for hand-made files with any shape.
+inline std::string npy_header(const std::string& descr, const std::string& shape) {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
+  dict += '\n';
+  std::string h("\x93NUMPY\x01\x00", 8);
+  h += static_cast<char>(dict.size() & 0xff);
+  h += static_cast<char>(dict.size() >> 8);
+  return h + dict;
+}
+
 inline void write_raw(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

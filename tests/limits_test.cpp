@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
+#include "capped_memory.h"
+#include "io_test_util.h"
 #include "qkv/attention.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
@@ -21,15 +23,8 @@
 #include "qkv/io.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define QKV_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define QKV_UNDER_ASAN 1
-#endif
-#endif
 
-#ifdef QKV_UNDER_ASAN
+#ifdef QKV_TEST_UNDER_ASAN
 // ASan aborts on an allocation above 1 TB unless told to return null like malloc does; the code
 // under test handles a null allocation, which is what these tests exercise.
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
@@ -53,49 +48,15 @@ void write_sparse(const std::string& path, const std::string& head, uint64_t tot
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(total)), 0) << path;
 }
 
-std::string npy_header(const std::string& descr, const std::string& shape) {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
-  dict += '\n';
-  std::string h("\x93NUMPY\x01\x00", 8);
-  h += static_cast<char>(dict.size() & 0xff);
-  h += static_cast<char>(dict.size() >> 8);
-  return h + dict;
-}
-
-// Runs `load` in a child process whose address space is capped at `cap` bytes (unless under ASan,
-// whose shadow memory needs more), so an implementation that did allocate could not take the
-// machine down; the child prints the Error and exits 0, or exits 3 if the load succeeded.
-// The child re-runs the test body (threadsafe death tests re-execute the binary), so it made its
-// own copy of the file at `path`; it removes it before exiting.
-template <class F>
-[[noreturn]] void load_with_capped_memory(F load, uint64_t cap, const std::string& path) {
-#ifndef QKV_UNDER_ASAN
-  const rlimit limit{cap, cap};
-  ::setrlimit(RLIMIT_AS, &limit);
-#else
-  (void)cap;
-#endif
-  int code = 3;
-  try {
-    load();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    code = 0;
-  }
-  std::remove(path.c_str());
-  std::exit(code);
-}
-
 template <class F>
 void expect_refused_in_child(F load, uint64_t cap, const std::string& path, const std::string& pattern) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(load_with_capped_memory(load, cap, path), ::testing::ExitedWithCode(0), pattern);
+  EXPECT_EXIT(test::load_with_capped_memory(load, cap, path), ::testing::ExitedWithCode(0), pattern);
 }
 
 TEST(Limits, TinyNpyDeclaring2TBIsRefusedBeforeAllocating) {
   const std::string path = temp_path("tiny2tb.npy");
-  const std::string bytes = npy_header("<f4", "(524288, 1048576)") + std::string(16, '\0');  // 2^39 floats
+  const std::string bytes = test::npy_header("<f4", "(524288, 1048576)") + std::string(16, '\0');  // 2^39 floats
   std::ofstream(path, std::ios::binary) << bytes;
   try {
     load_npy<float>(path);
@@ -112,7 +73,7 @@ TEST(Limits, TinyNpyDeclaring2TBIsRefusedBeforeAllocating) {
 // (or a refused allocation) stands between it and the machine.
 TEST(Limits, SparseNpyOf2TBIsRefusedWithAClearError) {
   const std::string path = temp_path("sparse2tb.npy");
-  const std::string head = npy_header("<f4", "(524288, 1048576)");
+  const std::string head = test::npy_header("<f4", "(524288, 1048576)");
   write_sparse(path, head, head.size() + kTwoTB);
   expect_refused_in_child([&] { load_npy<float>(path); }, 3 * kTwoTB, path,
                           "qkv_limits_.*sparse2tb.npy.*(allocate|memory)");
