@@ -205,4 +205,31 @@ inline std::vector<Simd> available_paths() {
   return paths;
 }
 
+// An upper bound of |score| over the problem: |scale|·max‖q_i‖·max‖k_j‖ (softcapped if set),
+// plus max|bias| (finite entries) and max slope · max(N, M) for ALiBi.
+inline double score_bound(const test::Problem& p) {
+  const AttentionShape& s = p.shape;
+  auto max_row_norm = [](TensorView<const float> t) {
+    const Tensor<double> c = to_contiguous<double>(t);
+    const int64_t d = t.dim(3);
+    double m = 0;
+    for (int64_t r = 0; r < c.numel() / std::max<int64_t>(d, 1); ++r) {
+      double n = 0;
+      for (int64_t e = 0; e < d; ++e) n += c[r * d + e] * c[r * d + e];
+      m = std::max(m, std::sqrt(n));
+    }
+    return m;
+  };
+  const double scale = p.options.scale ? std::abs(*p.options.scale) : 1.0 / std::sqrt(static_cast<double>(s.D));
+  double bound = scale * max_row_norm(TensorView<const float>(p.q.view)) * max_row_norm(TensorView<const float>(p.k.view));
+  const Mask& m = p.options.mask;
+  if (m.softcap > 0) bound = std::min<double>(bound, m.softcap);
+  double bias = 0;
+  for (int64_t i = 0; i < p.bias.numel(); ++i)
+    if (std::isfinite(p.bias[i])) bias = std::max(bias, std::abs(static_cast<double>(p.bias[i])));
+  double slope = 0;
+  for (float x : m.alibi_slopes) slope = std::max(slope, std::abs(static_cast<double>(x)));
+  return bound + bias + slope * static_cast<double>(std::max(s.N, s.M));
+}
+
 }  // namespace qkv::test

@@ -117,39 +117,12 @@ double max_abs(TensorView<const float> t) {
   return m;
 }
 
-// An upper bound of |score| over the problem: |scale|·max‖q_i‖·max‖k_j‖ (softcapped if set),
-// plus max|bias| (finite entries) and max slope · max(N, M) for ALiBi.
-double score_bound(const test::Problem& p) {
-  const AttentionShape& s = p.shape;
-  auto max_row_norm = [](TensorView<const float> t) {
-    const Tensor<double> c = to_contiguous<double>(t);
-    const int64_t d = t.dim(3);
-    double m = 0;
-    for (int64_t r = 0; r < c.numel() / std::max<int64_t>(d, 1); ++r) {
-      double n = 0;
-      for (int64_t e = 0; e < d; ++e) n += c[r * d + e] * c[r * d + e];
-      m = std::max(m, std::sqrt(n));
-    }
-    return m;
-  };
-  const double scale = p.options.scale ? std::abs(*p.options.scale) : 1.0 / std::sqrt(static_cast<double>(s.D));
-  double bound = scale * max_row_norm(TensorView<const float>(p.q.view)) * max_row_norm(TensorView<const float>(p.k.view));
-  const Mask& m = p.options.mask;
-  if (m.softcap > 0) bound = std::min<double>(bound, m.softcap);
-  double bias = 0;
-  for (int64_t i = 0; i < p.bias.numel(); ++i)
-    if (std::isfinite(p.bias[i])) bias = std::max(bias, std::abs(static_cast<double>(p.bias[i])));
-  double slope = 0;
-  for (float x : m.alibi_slopes) slope = std::max(slope, std::abs(static_cast<double>(x)));
-  return bound + bias + slope * static_cast<double>(std::max(s.N, s.M));
-}
-
 // The tolerance for out (relative to 1 + max|ref|, as forward_errors measures it) and for lse.
 double forward_tolerance(const test::Problem& p, const test::Expected& e) {
   double max_ref = 0;
   for (int64_t i = 0; i < e.out.numel(); ++i) max_ref = std::max(max_ref, std::abs(e.out[i]));
   const double v = max_abs(TensorView<const float>(p.v.view));
-  return kForwardTolerance + 4 * kEps32 * score_bound(p) * v / (1 + max_ref);
+  return kForwardTolerance + 4 * kEps32 * test::score_bound(p) * v / (1 + max_ref);
 }
 constexpr double kBackwardTolerance = 2e-4;
 
@@ -164,7 +137,7 @@ TEST(Property, FusedForwardMatchesReferenceOnEveryPath) {
     const test::Expected want = test::reference_of(p);
     const double tol = forward_tolerance(p, want);
     // lse rounds like one score: eps32·|s| on top of the relative tolerance.
-    const double lse_tol = kForwardTolerance + 4 * kEps32 * score_bound(p);
+    const double lse_tol = kForwardTolerance + 4 * kEps32 * test::score_bound(p);
     for (Simd simd : paths) {
       const int threads = static_cast<int>(rng.uniform_int(1, 4));
       test::run_fused(p, simd, threads);
@@ -245,7 +218,7 @@ TEST(Property, BackwardMatchesReference) {
     cats.push_back(want_bias ? "with dbias" : "without dbias");
     cats.push_back("all");
     // As for the forward: the rounding of scores of magnitude S shifts each weight by ~eps32·S.
-    const double tol = kBackwardTolerance + 4 * kEps32 * score_bound(p);
+    const double tol = kBackwardTolerance + 4 * kEps32 * test::score_bound(p);
     for (const std::string& c : cats) record(table, c, err, 0, err / tol, where);
     if (!(err <= tol) && ++failures <= 5) ADD_FAILURE() << "gradient err " << err << " (tol " << tol << ") at " << where;
   }
