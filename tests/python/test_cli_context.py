@@ -91,7 +91,12 @@ def test_compare_bank(run, embeddings, seed, layer):
         a = parameter_free(embeddings.x(j["sentences"][0]["tokens"]))[4]
         b = parameter_free(embeddings.x(j["sentences"][1]["tokens"]))[5]
         assert j["contextual_cosine"] == pytest.approx(cosine(a, b), abs=1e-5), f"seed {seed}"
-    assert j["contextual_cosine"] < 1.0 - 1e-6, f"seed {seed}: context should move 'bank'"
+        # Q = K = X: a word's score with itself is about E/sqrt(E) against about 1 for the others,
+        # so with random embeddings 'bank' can keep all but ~1e-7 of its direction (seed
+        # 1720379109: cosine 0.99999992). That the contexts move it is checked in float64.
+        assert cosine(a, b) < 1.0 - 1e-12, f"seed {seed}: context should move 'bank'"
+    else:
+        assert j["contextual_cosine"] < 1.0 - 1e-6, f"seed {seed}: context should move 'bank'"
     text = run("compare", "--embeddings", embeddings.glove, "--word", "Bank", *layer, MONEY, RIVER)
     assert text.returncode == 0, text.stderr
     assert "static cosine similarity:     1.000000" in text.stdout
