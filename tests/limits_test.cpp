@@ -159,7 +159,8 @@ Result run(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& 
   return r;
 }
 
-// Every fused path against the float64 reference on the same inputs, within `tol` relative.
+// Every fused path against the float64 reference on the same inputs, within `tol` relative (to
+// 1 + max|out| for the outputs, to 1 + |lse| for each lse).
 void expect_paths_match_reference(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                   const std::string& what, AttentionOptions options = {}, double tol = 2e-5) {
   options.kernel = Kernel::reference;
@@ -168,9 +169,13 @@ void expect_paths_match_reference(const Tensor<float>& q, const Tensor<float>& k
   for (Simd simd : test::available_paths()) {
     options.simd = simd;
     const Result got = run(q, k, v, options);
+    // Relative to the largest output, as the fused kernel's contract reads: an output that is a
+    // near-cancelling sum of values ~1e30 (8.8e26 on QKV_TEST_SEED=3852703157) carries error of
+    // the values' size, not its own.
+    double max_out = 0;
+    for (int64_t i = 0; i < want.out.numel(); ++i) max_out = std::max(max_out, std::abs(double{want.out[i]}));
     for (int64_t i = 0; i < want.out.numel(); ++i)
-      ASSERT_NEAR(got.out[i], want.out[i], tol * (1 + std::abs(want.out[i])))
-          << what << " " << simd_path_name(simd) << " out[" << i << "]";
+      ASSERT_NEAR(got.out[i], want.out[i], tol * (1 + max_out)) << what << " " << simd_path_name(simd) << " out[" << i << "]";
     for (int64_t i = 0; i < want.lse.numel(); ++i) {
       if (std::isinf(want.lse[i])) {
         ASSERT_EQ(got.lse[i], want.lse[i]) << what << " " << simd_path_name(simd) << " lse[" << i << "]";
