@@ -162,7 +162,10 @@ def test_values_of_1e30_match_numpy(run, tmp_path, seed, kernel):
     np.save(tmp_path / "v.npy", (rng.standard_normal((6, 3)) * 1e30).astype(np.float32))
     proc = run(*attend_args(tmp_path), "--kernel", kernel)
     assert proc.returncode == 0, proc.stderr
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), numpy_attention32(tmp_path), rtol=2e-5, atol=0,
+    # Relative to the largest output (the kernel's contract): an output that nearly cancels
+    # (-1.1e27 from values ~1e30, seed 2683456459) carries error of the values' size.
+    want = numpy_attention32(tmp_path)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=0, atol=2e-5 * np.abs(want).max(),
                                err_msg=f"seed {seed}")
 
 
