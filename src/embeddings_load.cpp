@@ -310,10 +310,26 @@ bool parse_count(std::string_view token, int64_t* out) {
   return ptr == token.data() + token.size();
 }
 
+// Whether a word2vec binary row could start at `values` (just past "word "): 4·dim bytes of
+// vector, an optional '\n', then the next word and its space, or the end of the file when the
+// vocabulary is one word.
+bool binary_row_fits(std::string_view bytes, std::size_t values, int64_t rows, int64_t dim) {
+  if (values > bytes.size() || static_cast<uint64_t>(dim) > (bytes.size() - values) / 4) return false;
+  std::size_t pos = values + 4 * static_cast<std::size_t>(dim);
+  if (pos < bytes.size() && bytes[pos] == '\n') ++pos;
+  if (pos == bytes.size()) return rows == 1;
+  const std::string_view next = bytes.substr(pos, std::min<std::size_t>(bytes.size() - pos, kMaxEmbeddingLineBytes));
+  const std::size_t space = next.find(' ');
+  return space != std::string_view::npos && space > 0 && next.substr(0, space).find('\n') == std::string_view::npos;
+}
+
 // After a word2vec header: text if the first row's values are printable ASCII, binary otherwise.
-// Raw float32 bytes are printable by chance with vanishing probability at any useful width. Only
-// the first kMaxEmbeddingLineBytes of the row are looked at (a binary row may hold no '\n').
-bool looks_like_text_vectors(std::string_view bytes, std::size_t pos) {
+// Raw float32 bytes are rarely printable for long, but a '\n' byte early in the first vector ends
+// the "row" after a few bytes that may all be printable (about 1 file in 400 with 5 dimensions);
+// so a printable row that does not end in `dim` numbers is taken as text only if a binary row
+// would not fit there. Only the first kMaxEmbeddingLineBytes of the row are looked at (a binary
+// row may hold no '\n').
+bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t rows, int64_t dim) {
   Line line = line_at(bytes, pos);
   auto printable = [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\t' || c == '\r'; };
   std::size_t space = line.text.find_first_of(" \t");
@@ -322,8 +338,12 @@ bool looks_like_text_vectors(std::string_view bytes, std::size_t pos) {
     return std::none_of(line.text.begin(), line.text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\r'; });
   }
   std::string_view values = line.text.substr(space + 1);
-  if (is_blank(values)) return false;
-  return std::all_of(values.begin(), values.end(), printable);
+  if (is_blank(values) || !std::all_of(values.begin(), values.end(), printable)) return false;
+  const std::vector<std::string_view> tokens = split(values);
+  int64_t numbers = 0;
+  while (numbers < static_cast<int64_t>(tokens.size()) && is_number(tokens[tokens.size() - 1 - numbers])) ++numbers;
+  if (numbers == dim) return true;
+  return !binary_row_fits(bytes, pos + space + 1, rows, dim);
 }
 
 }  // namespace
@@ -338,7 +358,7 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
   bool has_header = head.size() == 2 && parse_count(head[0], &rows) && parse_count(head[1], &dim);
   if (format == EmbeddingFormat::automatic) {
     if (!has_header) format = EmbeddingFormat::glove;
-    else format = looks_like_text_vectors(bytes, first.end) ? EmbeddingFormat::word2vec_text
+    else format = looks_like_text_vectors(bytes, first.end, rows, dim) ? EmbeddingFormat::word2vec_text
                                                            : EmbeddingFormat::word2vec_binary;
   }
   if (format != EmbeddingFormat::glove) {
