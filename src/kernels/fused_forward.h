@@ -15,11 +15,11 @@
 
 namespace qkv::kernels {
 
-// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], out: [B,H,N,Dv], lse: [B,H,N] (may be null).
-// Exactly one of the fp32 or the bf16 input triples is set.
 // Most query tiles one task runs together (ForwardParams::tile_group).
 constexpr int64_t kMaxTileGroup = 16;
 
+// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], out: [B,H,N,Dv], lse: [B,H,N] (may be null).
+// Exactly one of the fp32 or the bf16 input triples is set.
 struct ForwardParams {
   AttentionShape shape;
   const float* q = nullptr;
