@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fma_peak.h"
+#include "shapes.h"
 #include "qkv/attention.h"
 
 namespace qkv::bench {
@@ -21,22 +22,8 @@ void register_microkernels();  // microkernel_bench.cpp
 
 namespace {
 
-struct Shape {
-  const char* name;
-  int64_t B, H, N, D;
-  bool causal;
-};
-
-const Shape kShapes[] = {
-    {"S1", 1, 1, 3, 4, false},      {"S2", 8, 12, 128, 64, false},  {"S3", 1, 12, 1024, 64, false},
-    {"S4", 1, 8, 4096, 64, false},  {"S5", 1, 8, 4096, 64, true},   {"S6", 1, 1, 16384, 128, false},
-};
-
-// 4·B·H·N²·D, half of it under a causal mask (the convention).
-double flops_of(const Shape& s) {
-  const double f = 4.0 * s.B * s.H * static_cast<double>(s.N) * s.N * s.D;
-  return s.causal ? f / 2 : f;
-}
+// The forward's FLOPs: 4·B·H·N²·D (half under a causal mask).
+double flops_of(const Shape& s) { return flops_of(s, 4.0); }
 
 // Inputs of one shape, created on first use and kept (the benchmarks reuse them).
 struct Inputs {

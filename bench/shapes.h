@@ -1,0 +1,27 @@
+// The benchmark shapes S1-S6 [B, H, N, D], shared by the forward (attention_bench.cpp) and
+// backward (backward_bench.cpp) benchmarks so both measure the same problems.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::bench {
+
+struct Shape {
+  const char* name;
+  int64_t B, H, N, D;
+  bool causal;
+};
+
+inline constexpr Shape kShapes[] = {
+    {"S1", 1, 1, 3, 4, false},      {"S2", 8, 12, 128, 64, false},  {"S3", 1, 12, 1024, 64, false},
+    {"S4", 1, 8, 4096, 64, false},  {"S5", 1, 8, 4096, 64, true},   {"S6", 1, 1, 16384, 128, false},
+};
+
+// flops_per_product · B·H·N²·D (4 for the forward, 10 for the backward), half of it under a causal
+// mask (the issues' convention).
+inline double flops_of(const Shape& s, double flops_per_product) {
+  const double f = flops_per_product * s.B * s.H * static_cast<double>(s.N) * s.N * s.D;
+  return s.causal ? f / 2 : f;
+}
+
+}  // namespace qkv::bench
