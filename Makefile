@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke check-long
+.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke check-long package
 
 all: build
 
@@ -46,6 +46,11 @@ check-long: build
 
 clean:
 	rm -rf $(BUILD)
+
+# A .deb of the library, headers, CMake package, pkg-config file, the qkv command and the Python
+# module (README: Use from CMake): apt-get install ./$(BUILD)/qkv_*.deb
+package: build
+	cd $(BUILD) && cpack -G DEB
 
 # Builds Release and prints the comparison table (qkv vs the FMA peak and PyTorch); see BENCHMARKS.md.
 bench: build

@@ -3,17 +3,16 @@
 # clang (the fuzz and TSan builds) each such file is compiled through a generated wrapper that
 # includes the same headers first, then applies the same target to every function that follows
 # with `#pragma clang attribute`, so the semantics match gcc's: library code stays baseline.
-# Included from the top-level CMakeLists.txt after the qkv target exists. No effect under gcc.
+# Included from src/kernels/CMakeLists.txt after the qkv_kernels target exists. No effect under gcc.
 if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   return()
 endif()
 
-get_target_property(_qkv_sources qkv SOURCES)
+get_target_property(_qkv_sources qkv_kernels SOURCES)
 set(_qkv_wrapped "")
+set(_qkv_removed "")
 foreach(_src IN LISTS _qkv_sources)
-  if(NOT _src MATCHES "/src/kernels/[^/]*\\.cpp$")
-    continue()
-  endif()
+  cmake_path(ABSOLUTE_PATH _src BASE_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR})
   file(READ "${_src}" _text)
   string(FIND "${_text}" "#pragma GCC target(" _at)
   if(_at EQUAL -1)
@@ -34,10 +33,14 @@ ${_includes}
 #include \"${_src}\"
 #pragma clang attribute pop
 " @ONLY)
-  set_source_files_properties("${_wrapper}" TARGET_DIRECTORY qkv PROPERTIES
+  set_source_files_properties("${_wrapper}" TARGET_DIRECTORY qkv_kernels PROPERTIES
     COMPILE_OPTIONS "-Wno-unknown-pragmas;-Wno-unknown-warning-option")
   list(APPEND _qkv_wrapped "${_wrapper}")
+  list(APPEND _qkv_removed "${_src}")
+endforeach()
+foreach(_src IN LISTS _qkv_removed)
+  cmake_path(RELATIVE_PATH _src BASE_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR})
   list(REMOVE_ITEM _qkv_sources "${_src}")
 endforeach()
 list(APPEND _qkv_sources ${_qkv_wrapped})
-set_property(TARGET qkv PROPERTY SOURCES ${_qkv_sources})
+set_property(TARGET qkv_kernels PROPERTY SOURCES ${_qkv_sources})

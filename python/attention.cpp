@@ -56,12 +56,7 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
                 const py::object& scale, bool return_lse, const std::string& kernel, int num_threads,
                 const std::string& simd, bool finite) {
   const auto [q, k, v] = qkv_arrays(q_obj, k_obj, v_obj);
-  CallOptions options;
-  options.mask = mask;
-  options.scale = scale;
-  options.kernel = kernel;
-  options.num_threads = num_threads;
-  options.simd = simd;
+  const CallOptions options{.mask = mask, .scale = scale, .kernel = kernel, .num_threads = num_threads, .simd = simd};
   const AttentionCall call = prepare_call(q, k, v, options);
   switch (call.dtype) {
     case DType::f64:
@@ -84,7 +79,7 @@ void bind_attention(py::module_& m) {
         "keyword arguments.");
   m.def("default_num_threads", &qkv::default_num_threads,
         "Threads a call uses when num_threads=0: QKV_NUM_THREADS if set to a positive integer, else OpenMP's default.");
-  m.def("simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(parse_simd(simd))); },
+  m.def("simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(qkv::parse_simd(simd))); },
         py::arg("simd") = "auto",
         "The SIMD path ('avx512', 'avx2' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
         "the QKV_SIMD environment variable. ValueError if that path is not available here.");

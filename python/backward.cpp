@@ -5,6 +5,7 @@
 #include "bind_util.h"
 #include "bindings.h"
 #include "qkv/backward.h"
+#include "qkv/reference.h"
 
 namespace qkvpy {
 namespace {
@@ -16,9 +17,7 @@ qkv::TensorView<const float> given(const py::object& obj, const char* name, cons
     throw py::type_error(fmt::format("{} must be float32 like the forward's result", name));
   owner = aligned(obj);
   const qkv::TensorView<const float> v = array_view<float>(owner, name);
-  if (!std::equal(v.shape().begin(), v.shape().end(), shape.begin(), shape.end()))
-    throw py::value_error(fmt::format("{}: shape {} must be {}", name, qkv::shape_string(v.shape()),
-                                      qkv::shape_string(shape)));
+  qkv::require_shape(v.shape(), shape, name);
   return v;
 }
 
@@ -81,12 +80,7 @@ py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::o
                    const py::dict& mask, const py::object& scale, bool return_dbias, const std::string& kernel,
                    int num_threads, const std::string& simd, bool finite) {
   const std::array<py::array, 3> arrays = qkv_arrays(q_obj, k_obj, v_obj);
-  CallOptions options;
-  options.mask = mask;
-  options.scale = scale;
-  options.kernel = kernel;
-  options.num_threads = num_threads;
-  options.simd = simd;
+  const CallOptions options{.mask = mask, .scale = scale, .kernel = kernel, .num_threads = num_threads, .simd = simd};
   const AttentionCall call = prepare_call(arrays[0], arrays[1], arrays[2], options);
   if (call.dtype == DType::bf16)
     throw py::type_error("attention_backward: uint16 (bfloat16) inputs are not supported; pass float32");

@@ -85,19 +85,14 @@ py::array_t<T> new_array(const std::vector<int64_t>& shape) {
 template <class T>
 void check_finite(qkv::TensorView<const T> v, const char* name) {
   const int rank = v.rank();
-  const qkv::TensorView<const T> v4 = v.as_rank4();
-  for (int64_t a = 0; a < v4.dim(0); ++a)
-    for (int64_t b = 0; b < v4.dim(1); ++b)
-      for (int64_t c = 0; c < v4.dim(2); ++c)
-        for (int64_t d = 0; d < v4.dim(3); ++d) {
-          const double x = static_cast<double>(v4(a, b, c, d));
-          if (std::isfinite(x)) continue;
-          const std::array<int64_t, 4> idx{a, b, c, d};
-          std::string where;
-          for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
-          throw py::value_error(fmt::format("{} contains {} at index ({})", name,
-                                            std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), where));
-        }
+  qkv::for_each_element(v, [&](const T& element, const std::array<int64_t, 4>& idx) {
+    const double x = static_cast<double>(element);
+    if (std::isfinite(x)) return;
+    std::string where;
+    for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
+    throw py::value_error(fmt::format("{} contains {} at index ({})", name, std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"),
+                                      where));
+  });
 }
 
 template qkv::TensorView<const float> array_view(const py::array&, const char*);
@@ -214,11 +209,6 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   if (!causal.is_none() && causal.cast<bool>()) mask.causal = align;
   mask.diagonal = align;
   mask.window = parse_window(get("window"));
-  // |j - diag(i)| never exceeds N + M, so a larger bound is the same as none (and cannot overflow).
-  if (mask.window) {
-    if (mask.window->left > N + M) mask.window->left = -1;
-    if (mask.window->right > N + M) mask.window->right = -1;
-  }
   mask.key_lengths = parse_lengths(get("key_lengths"), B, "key_lengths");
   mask.query_lengths = parse_lengths(get("query_lengths"), B, "query_lengths");
 
@@ -342,40 +332,21 @@ void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
       throw py::type_error("scale must be a number or None");
     options.scale = py::float_(call.scale).cast<double>();
   }
-  options.kernel = parse_kernel(call.kernel);
+  options.kernel = qkv::parse_kernel(call.kernel);
   if (call.num_threads < 0)
     throw py::value_error(fmt::format("num_threads must be >= 0 (0 = default), got {}", call.num_threads));
   options.num_threads = call.num_threads;
-  options.simd = parse_simd(call.simd);
+  options.simd = qkv::parse_simd(call.simd);
 }
 
 int64_t index_arg(const py::handle& obj, const std::string& name) { return to_index(obj, name); }
 
-qkv::Kernel parse_kernel(const std::string& name) {
-  if (name == "auto") return qkv::Kernel::automatic;
-  if (name == "reference") return qkv::Kernel::reference;
-  if (name == "fused") return qkv::Kernel::fused;
-  throw py::value_error(fmt::format("kernel must be 'auto', 'reference' or 'fused', got '{}'", name));
-}
-
-qkv::Simd parse_simd(const std::string& name) {
-  if (name == "auto") return qkv::Simd::automatic;
-  if (name == "avx512") return qkv::Simd::avx512;
-  if (name == "avx2") return qkv::Simd::avx2;
-  if (name == "scalar") return qkv::Simd::scalar;
-  throw py::value_error(fmt::format("simd must be 'auto', 'avx512', 'avx2' or 'scalar', got '{}'", name));
-}
-
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
   const qkv::TensorView<const uint16_t> bits = array_view<uint16_t>(a, name);
-  qkv::Tensor<float> out(bits.shape(), name);
-  const qkv::TensorView<const uint16_t> b4 = bits.as_rank4();
-  int64_t o = 0;
-  for (int64_t i = 0; i < b4.dim(0); ++i)
-    for (int64_t j = 0; j < b4.dim(1); ++j)
-      for (int64_t k = 0; k < b4.dim(2); ++k)
-        for (int64_t l = 0; l < b4.dim(3); ++l) out[o++] = qkv::bf16_to_float(qkv::bf16{b4(i, j, k, l)});
-  return out;
+  // bf16 is a struct of its 16 bits, so the same memory read as bf16 widens exactly.
+  static_assert(sizeof(qkv::bf16) == sizeof(uint16_t));
+  return qkv::to_contiguous<float>(qkv::TensorView<const qkv::bf16>(reinterpret_cast<const qkv::bf16*>(bits.data()),
+                                                                     bits.shape(), bits.strides()));
 }
 
 }  // namespace qkvpy

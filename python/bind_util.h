@@ -120,11 +120,6 @@ qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 // ValueError if it does not fit in int64.
 int64_t index_arg(const py::handle& obj, const std::string& name);
 
-// "auto" | "reference" | "fused" -> qkv::Kernel; ValueError otherwise.
-qkv::Kernel parse_kernel(const std::string& name);
-// "auto" | "avx512" | "avx2" | "scalar" -> qkv::Simd; ValueError otherwise.
-qkv::Simd parse_simd(const std::string& name);
-
 // A view of bf16 bits widened exactly to float32.
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name);
 

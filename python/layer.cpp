@@ -41,9 +41,7 @@ void set_parameter(PyLayer& layer, const std::string& name, const py::object& va
                                       "parameter_free)", name));
   py::array owner;
   const qkv::TensorView<const float> v = float32_view(value, name.c_str(), owner);
-  if (!std::equal(v.shape().begin(), v.shape().end(), t.shape().begin(), t.shape().end()))
-    throw py::value_error(fmt::format("{}: shape {} must be {}", name, qkv::shape_string(v.shape()),
-                                      qkv::shape_string(t.shape())));
+  qkv::require_shape(v.shape(), t.shape(), name);
   const qkv::Tensor<float> copy = qkv::to_contiguous<float>(v);
   for (int64_t i = 0; i < copy.numel(); ++i)
     if (!std::isfinite(copy[i])) throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));

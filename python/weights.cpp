@@ -37,10 +37,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   const qkv::TensorView<const float> q = float32_view(q_obj, "q", q_owner);
   const qkv::TensorView<const float> k = float32_view(k_obj, "k", k_owner);
   check_qkv_shapes(q_owner, k_owner, k_owner);
-  CallOptions options;
-  options.mask = mask;
-  options.scale = scale;
-  options.num_threads = num_threads;
+  const CallOptions options{.mask = mask, .scale = scale, .num_threads = num_threads};
   const AttentionCall call = prepare_call(q_owner, k_owner, k_owner, options);
   const int64_t N = q.dim(q.rank() - 2), M = k.dim(k.rank() - 2);
   const std::vector<int64_t> rows = parse_rows(rows_obj, N);
@@ -49,9 +46,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
     lse_owner = py::array_t<float>::ensure(lse_obj);
     if (!lse_owner) throw py::type_error("lse must be a float array (the forward's return_lse result)");
     const qkv::TensorView<const float> lse = array_view<float>(lse_owner, "lse");
-    if (!std::equal(lse.shape().begin(), lse.shape().end(), call.lse_shape.begin(), call.lse_shape.end()))
-      throw py::value_error(fmt::format("lse: shape {} must be {}", qkv::shape_string(lse.shape()),
-                                        qkv::shape_string(call.lse_shape)));
+    qkv::require_shape(lse.shape(), call.lse_shape, "lse");
     lse3 = lse_view(lse);
   }
   std::vector<int64_t> shape = call.lse_shape;  // q.shape[:-1], whose last entry N becomes R

@@ -273,6 +273,29 @@ Grads run_fp32(const Case& c, const Tensor<float>& q, const Tensor<float>& k, co
   return g;
 }
 
+// Kernel::reference is honoured (it used to be ignored): the float64 oracle, each gradient rounded once.
+TEST(Backward, ReferenceKernelIsTheRoundedOracle) {
+  test::Rng rng("Backward.ReferenceKernel");
+  for (int trial = 0; trial < 20; ++trial) {
+    Case c = random_case(rng, 12);
+    const AttentionShape& s = c.s;
+    Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
+    Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
+    c.options.kernel = Kernel::reference;
+    const Grads got = run_fp32(c, q, k, v, dout, 2);
+    const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview()),
+                         v64 = to_contiguous<double>(v.cview()), dout64 = to_contiguous<double>(dout.cview());
+    Tensor<double> dq({s.B, s.H, s.N, s.D}), dk({s.B, s.Hkv, s.M, s.D}), dv({s.B, s.Hkv, s.M, s.Dv}),
+        dbias({s.B, s.H, s.N, s.M});
+    reference_attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout64.cview(), q64.cview(),
+                                 k64.cview(), v64.cview(), c.options);
+    for (auto [g, want] : {std::pair{&got.dq, &dq}, std::pair{&got.dk, &dk}, std::pair{&got.dv, &dv},
+                           std::pair{&got.dbias, &dbias}})
+      for (int64_t i = 0; i < g->numel(); ++i)
+        ASSERT_EQ((*g)[i], static_cast<float>((*want)[i])) << "element " << i << ", " << c.describe();
+  }
+}
+
 // Several query chunks (N > 128 with B·Hkv < 4), key tiles and tile edges, on every path.
 TEST(Backward, BitwiseEqualForOneTwoThreeThreadsOnEverySimdPath) {
   test::Rng rng("Backward.ThreadDeterminism");

@@ -1,5 +1,6 @@
 // Checkpoints: round trip, refusal of corrupted and truncated files, and the kept previous file.
 #include "qkv/checkpoint.h"
+#include "qkv/safetensors.h"
 
 #include <unistd.h>
 

@@ -120,6 +120,31 @@ TEST(FusedForward, ReferenceKernelIsSelectable) {
   EXPECT_EQ(test::compare_to_reference(p, want, 1e-6), "") << p.describe;
 }
 
+// A window bound of INT64_MAX means "unbounded on that side" on every path; d + right + 1 used to
+// overflow, so `--window 0,9223372036854775807` returned zeros.
+TEST(FusedForward, HugeWindowBoundsMeanUnbounded) {
+  test::Rng rng("FusedForward.HugeWindow");
+  const int64_t N = 37, M = 53, D = 16;
+  Tensor<float> q = rng.normal32({1, 2, N, D}), k = rng.normal32({1, 2, M, D}), v = rng.normal32({1, 2, M, D});
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  const std::pair<Window, Window> same[] = {{{0, kHuge}, {0, -1}}, {{kHuge, 0}, {-1, 0}}, {{kHuge, kHuge}, {-1, -1}},
+                                            {{kHuge - 1, 3}, {-1, 3}}};
+  for (const CausalAlign align : {CausalAlign::top_left, CausalAlign::bottom_right})
+    for (const Kernel kernel : {Kernel::fused, Kernel::reference})
+      for (const auto& [huge, plain] : same) {
+        Tensor<float> got({1, 2, N, D}), want({1, 2, N, D});
+        AttentionOptions options;
+        options.kernel = kernel;
+        options.mask.diagonal = align;
+        options.mask.window = huge;
+        attention_forward(got.view(), {}, q.cview(), k.cview(), v.cview(), options);
+        options.mask.window = plain;
+        attention_forward(want.view(), {}, q.cview(), k.cview(), v.cview(), options);
+        for (int64_t i = 0; i < got.numel(); ++i)
+          ASSERT_EQ(got[i], want[i]) << "window {" << huge.left << ", " << huge.right << "} element " << i;
+      }
+}
+
 TEST(FusedForward, RejectsABadOutputShape) {
   Tensor<float> q({1, 1, 3, 4}), k({1, 1, 3, 4}), v({1, 1, 3, 4}), out({1, 1, 3, 5});
   try {
@@ -139,14 +164,28 @@ TEST(Dispatch, AutomaticPicksTheBestPathTheCpuHas) {
   EXPECT_STREQ(simd_path_name(Simd::scalar), "scalar");
 }
 
-TEST(Dispatch, RejectsUnknownQkvSimdValues) {
-  EXPECT_EQ(kernels::parse_simd("avx2"), Simd::avx2);
-  EXPECT_EQ(kernels::parse_simd("scalar"), Simd::scalar);
+// One parser for the CLI, Python and QKV_SIMD: "auto" means automatic everywhere (QKV_SIMD=auto
+// used to be refused while the CLI and Python said "auto").
+TEST(Dispatch, ParsesTheNamesUsersType) {
+  EXPECT_EQ(parse_simd("avx2", "QKV_SIMD"), Simd::avx2);
+  EXPECT_EQ(parse_simd("scalar", "QKV_SIMD"), Simd::scalar);
+  EXPECT_EQ(parse_simd("auto", "QKV_SIMD"), Simd::automatic);
+  EXPECT_EQ(parse_simd("automatic", "QKV_SIMD"), Simd::automatic);
+  EXPECT_EQ(parse_kernel("auto"), Kernel::automatic);
+  EXPECT_EQ(parse_kernel("fused"), Kernel::fused);
+  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::scalar}) EXPECT_EQ(parse_simd(simd_name(s)), s);
+  for (Kernel k : {Kernel::automatic, Kernel::reference, Kernel::fused}) EXPECT_EQ(parse_kernel(kernel_name(k)), k);
   try {
-    kernels::parse_simd("sse9");
+    parse_simd("sse9", "QKV_SIMD");
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "QKV_SIMD=sse9: expected avx512, avx2, scalar or automatic");
+    EXPECT_STREQ(e.what(), "QKV_SIMD must be 'auto', 'avx512', 'avx2' or 'scalar', got 'sse9'");
+  }
+  try {
+    parse_kernel("gpu", "--kernel");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--kernel must be 'auto', 'reference' or 'fused', got 'gpu'");
   }
 }
 

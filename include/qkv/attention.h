@@ -4,35 +4,12 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <span>
 
-#include "qkv/mask.h"
+#include "qkv/attention_options.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
-
-enum class Kernel { automatic, reference, fused };
-
-// The instruction set of the fused kernel. automatic takes the best the CPU has, unless the
-// environment variable QKV_SIMD (avx512, avx2 or scalar; read once per process) asks for a lower one.
-enum class Simd { automatic, avx512, avx2, scalar };
-
-struct AttentionOptions {
-  // Multiplies q·k; defaults to 1/sqrt(D).
-  std::optional<double> scale;
-  Mask mask;
-  // automatic picks the fused kernel when it is built, else the float64 reference.
-  Kernel kernel = Kernel::automatic;
-  // Threads for this call; 0 means default_num_threads().
-  int num_threads = 0;
-  // Forces a SIMD path of the fused kernel (tests, benchmarks); a path the CPU lacks is an Error.
-  Simd simd = Simd::automatic;
-};
-
-// The sizes of one attention call, checked for consistency.
-struct AttentionShape {
-  int64_t B = 0, H = 0, Hkv = 0, N = 0, M = 0, D = 0, Dv = 0;
-};
 
 // Checks the ranks and sizes of q [B,H,N,D], k [B,Hkv,M,D], v [B,Hkv,M,Dv] and of every mask in
 // `options` (key/query lengths, keep, bias, ALiBi), and returns the sizes. Throws qkv::Error

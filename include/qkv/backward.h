@@ -10,16 +10,11 @@ namespace qkv {
 // heads of each group). dbias, if not empty, must be [B,H,N,M] without stride-0 dims and receives
 // dL/dscores (= dL/dbias); the caller sums it over any dims it broadcast. out and lse are
 // attention_forward's results for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
-// thread count.
+// thread count. options.kernel as in the forward: reference runs the float64 oracle
+// (reference_attention_backward, which needs no out or lse) and rounds each gradient once.
 void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                         TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
                         const AttentionOptions& options = {});
-
-// The float64 oracle of attention_backward: recomputes everything from q, k, v in float64.
-void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
-                                  TensorView<double> dbias, TensorView<const double> dout, TensorView<const double> q,
-                                  TensorView<const double> k, TensorView<const double> v,
-                                  const AttentionOptions& options = {});
 
 }  // namespace qkv

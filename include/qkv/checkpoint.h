@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "qkv/io.h"
+#include "qkv/tensor_map.h"
 
 namespace qkv {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "qkv/attention.h"
-#include "qkv/io.h"
+#include "qkv/tensor_map.h"
 #include "qkv/tensor.h"
 
 namespace qkv {

@@ -16,7 +16,8 @@ namespace qkv {
 enum class CausalAlign { top_left, bottom_right };
 
 // A band around the diagonal (the same diagonal that `causal_align` places): query i sees keys j
-// with diag(i) - left <= j <= diag(i) + right. A negative bound means unbounded on that side.
+// with diag(i) - left <= j <= diag(i) + right. A negative bound means unbounded on that side, and
+// so does any bound of N + M or more (INT64_MAX included).
 struct Window {
   int64_t left = -1;
   int64_t right = -1;
@@ -44,7 +45,6 @@ struct Mask {
   // If > 0, scores s become softcap * tanh(s / softcap) before bias and ALiBi are added.
   float softcap = 0.0f;
 
-  bool is_causal() const { return causal.has_value(); }
   CausalAlign align() const { return causal ? *causal : diagonal; }
 };
 

@@ -1,4 +1,4 @@
-// The float64 reference attention: the oracle every fast path is tested against.
+// The float64 reference attention, forward and backward: the oracles every fast path is tested against.
 #pragma once
 
 #include "qkv/attention.h"
@@ -11,5 +11,12 @@ namespace qkv {
 void reference_attention_forward(TensorView<double> out, TensorView<double> lse, TensorView<double> weights,
                                  TensorView<const double> q, TensorView<const double> k,
                                  TensorView<const double> v, const AttentionOptions& options = {});
+
+// The float64 oracle of attention_backward (backward.h): recomputes everything from q, k, v in
+// float64. options.kernel is ignored.
+void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
+                                  TensorView<double> dbias, TensorView<const double> dout, TensorView<const double> q,
+                                  TensorView<const double> k, TensorView<const double> v,
+                                  const AttentionOptions& options = {});
 
 }  // namespace qkv

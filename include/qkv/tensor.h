@@ -9,7 +9,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "qkv/error.h"
@@ -33,6 +35,10 @@ int64_t checked_numel(std::span<const int64_t> shape, std::size_t element_size, 
 
 // Describes a shape as "[2, 3, 4]" for messages.
 std::string shape_string(std::span<const int64_t> shape);
+
+// The one shape-equality check of qkv's API: throws qkv::Error "<name>: shape [..] must be [..]"
+// unless `got` equals `want`. Cheap (no allocation unless it throws).
+void require_shape(std::span<const int64_t> got, std::span<const int64_t> want, std::string_view name);
 
 // A non-owning view: pointer, shape and strides in elements (a stride may be 0 to broadcast).
 // Cheap to copy; the caller keeps the memory alive. Thread-compatible, like a pointer.
@@ -177,17 +183,31 @@ class Tensor {
   std::array<int64_t, kMaxRank> shape_{};
 };
 
+// Calls f(element, index) for every element of `view` in row-major order, where index is the
+// element's position in view.as_rank4(): the one walk over a view of any rank and strides.
+template <class T, class F>
+void for_each_element(const TensorView<T>& view, F&& f) {
+  const TensorView<T> v = view.as_rank4();
+  std::array<int64_t, 4> i{};
+  for (i[0] = 0; i[0] < v.dim(0); ++i[0])
+    for (i[1] = 0; i[1] < v.dim(1); ++i[1])
+      for (i[2] = 0; i[2] < v.dim(2); ++i[2])
+        for (i[3] = 0; i[3] < v.dim(3); ++i[3]) f(v(i[0], i[1], i[2], i[3]), std::as_const(i));
+}
+
+// Converts one element; bf16 widens exactly to float first.
+template <class To, class From>
+To element_cast(From x) {
+  if constexpr (std::is_same_v<std::remove_cv_t<From>, bf16>) return static_cast<To>(bf16_to_float(x));
+  else return static_cast<To>(x);
+}
+
 // Copies any view (any strides) into a new contiguous tensor of element type To.
 template <class To, class From>
 Tensor<To> to_contiguous(TensorView<From> src) {
   Tensor<To> out(src.shape());
-  std::array<int64_t, 4> idx{};
-  TensorView<From> s = src.as_rank4();
   int64_t o = 0;
-  for (idx[0] = 0; idx[0] < s.dim(0); ++idx[0])
-    for (idx[1] = 0; idx[1] < s.dim(1); ++idx[1])
-      for (idx[2] = 0; idx[2] < s.dim(2); ++idx[2])
-        for (idx[3] = 0; idx[3] < s.dim(3); ++idx[3]) out[o++] = static_cast<To>(s(idx[0], idx[1], idx[2], idx[3]));
+  for_each_element(src, [&](From& x, const auto&) { out[o++] = element_cast<To>(x); });
   return out;
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "qkv/attention.h"
 
@@ -29,5 +31,27 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
 void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
                             TensorView<const float> k, TensorView<const float> lse, std::span<const int64_t> rows,
                             int64_t topk, const AttentionOptions& options = {});
+
+// The largest weights of every query row, per head, found one row at a time: memory is
+// O(M) per thread plus the result, never N×M.
+struct TopKWeights {
+  int64_t num_heads = 0, rows = 0, cols = 0, k = 0;  // H, N, M, min(top_k, M)
+  std::vector<int32_t> index;  // [H, N, k] key positions, largest weight first (ties: lower index)
+  std::vector<double> weight;  // [H, N, k] softmax weights
+  std::vector<double> rest;    // [H, N] total weight of the keys outside the top k
+};
+
+// q [H, N, D], k [Hkv, M, D] (any strides, H % Hkv == 0, head h uses key head h / (H / Hkv)),
+// through attention_weights_topk (weights.h): scores q·kᵀ·scale (default 1/√D) in float64, weights
+// rounded to float. If `lse` [H, N] is given (the fused kernel's log-sum-exp, e.g. LayerCache::lse)
+// the weights are exp(score − lse), the ones the fused path normalized; else each row is
+// normalized in float64. Throws qkv::Error on shapes or top_k < 1.
+TopKWeights attention_top_k(TensorView<const float> q, TensorView<const float> k, int64_t top_k,
+                            std::optional<double> scale = {}, TensorView<const float> lse = {});
+
+// One full row of weights (float-rounded, normalized in float64): head `head`, query `row` of
+// q [H, N, D] against k [Hkv, M, D] (O(M) memory). Throws qkv::Error on shapes or an index out of range.
+std::vector<double> attention_row(TensorView<const float> q, TensorView<const float> k, int64_t head, int64_t row,
+                                  std::optional<double> scale = {});
 
 }  // namespace qkv

@@ -1,14 +1,14 @@
 // The fused attention backward's internal interface: a params struct of pointers and element
 // strides, the unit of work (one chunk of query rows of one kv-head group), and one task function
 // per SIMD family (backward_avx512.cpp, backward_avx2.cpp, backward_scalar.cpp, all instantiating
-// backward_tile.h). The driver (src/backward.cpp) plans the chunks and runs the tasks on threads.
+// backward_tile.h). The driver (attention/backward.cpp) plans the chunks and runs the tasks on threads.
 #pragma once
 
 #include <array>
 #include <cstdint>
 
-#include "mask_eval.h"
-#include "qkv/attention.h"
+#include "kernels/mask_eval.h"
+#include "qkv/attention_options.h"
 
 namespace qkv::kernels {
 

@@ -1,7 +1,6 @@
 #include "kernels/dispatch.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -47,7 +46,7 @@ const EnvSimd& env_simd() {
     EnvSimd e;
     const char* env = std::getenv("QKV_SIMD");
     try {
-      e.path = parse_simd(env == nullptr ? "" : env);
+      e.path = parse_simd(env == nullptr ? "" : env, "QKV_SIMD");
     } catch (const Error& error) {
       e.error = error.what();
     }
@@ -61,24 +60,6 @@ const EnvSimd& env_simd() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
   return features;
-}
-
-const char* simd_name(Simd path) {
-  switch (path) {
-    case Simd::avx512: return "avx512";
-    case Simd::avx2: return "avx2";
-    case Simd::scalar: return "scalar";
-    case Simd::automatic: return "automatic";
-  }
-  return "unknown";
-}
-
-Simd parse_simd(const char* text) {
-  if (std::strcmp(text, "avx512") == 0) return Simd::avx512;
-  if (std::strcmp(text, "avx2") == 0) return Simd::avx2;
-  if (std::strcmp(text, "scalar") == 0) return Simd::scalar;
-  if (std::strcmp(text, "automatic") == 0 || *text == '\0') return Simd::automatic;
-  throw Error(fmt::format("QKV_SIMD={}: expected avx512, avx2, scalar or automatic", text));
 }
 
 Simd resolve_simd(Simd requested) {

@@ -1,7 +1,7 @@
 // Which SIMD family the fused kernels run: the CPU's features, QKV_SIMD, and the caller's choice.
 #pragma once
 
-#include "qkv/attention.h"
+#include "qkv/attention_options.h"
 
 namespace qkv::kernels {
 
@@ -17,10 +17,5 @@ const CpuFeatures& cpu_features();
 // else QKV_SIMD, else the best path the CPU has. Throws qkv::Error for a path the CPU lacks or
 // an invalid QKV_SIMD value.
 Simd resolve_simd(Simd requested);
-
-const char* simd_name(Simd path);
-
-// Parses a QKV_SIMD value ("" and "automatic" mean automatic); throws qkv::Error otherwise.
-Simd parse_simd(const char* text);
 
 }  // namespace qkv::kernels

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "mask_eval.h"
-#include "qkv/attention.h"
+#include "kernels/mask_eval.h"
+#include "qkv/attention_options.h"
 #include "qkv/tensor.h"
 
 namespace qkv::kernels {

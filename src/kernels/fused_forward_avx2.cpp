@@ -1,4 +1,5 @@
-// The fused forward kernel compiled for AVX2 + FMA (dispatch.cpp calls in only on CPUs with both).
+// The fused forward kernel compiled for AVX2 + FMA (fused_forward.cpp runs it only when
+// resolve_simd in dispatch.cpp chose it, i.e. on CPUs with both).
 #include "kernels/kernel_deps.h"
 
 #pragma GCC push_options

@@ -1,6 +1,6 @@
 // The fused forward kernel compiled for AVX-512 (F, BW, DQ, VL; BF16 for the bf16 inputs). The
-// library itself is built for the baseline ISA; dispatch.cpp calls in here only on CPUs that
-// have these features.
+// library itself is built for the baseline ISA; fused_forward.cpp runs this family only when
+// resolve_simd (dispatch.cpp) chose it, i.e. on CPUs that have these features.
 #include "kernels/kernel_deps.h"
 
 #pragma GCC push_options

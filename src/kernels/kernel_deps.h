@@ -18,4 +18,4 @@
 #include <utility>
 
 #include "kernels/fused_forward.h"
-#include "mask_eval.h"
+#include "kernels/mask_eval.h"

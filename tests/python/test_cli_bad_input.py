@@ -188,6 +188,26 @@ def test_overflowing_scores_are_refused_not_nan(run, tmp_path, seed):
     a.fails(1, "output of attention", "NaN", extra=["--kernel", "reference"])
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_])
+def test_integer_and_bool_inputs_are_refused(run, tmp_path, seed, dtype):
+    """Python refuses integer arrays; the command used to convert them silently."""
+    a = Attend(run, tmp_path, np.random.default_rng(seed), q=(3, 2), k=(4, 2), v=(4, 2))
+    a.save("k.npy", np.ones((4, 2), dtype=dtype))
+    a.fails(1, "--k", "k.npy", f"holds dtype '{np.dtype(dtype).str}'", "floating-point")
+
+
+def test_window_bound_of_int64_max_means_unbounded(run, tmp_path, seed):
+    """`--window 0,9223372036854775807` overflowed in the mask and returned all zeros."""
+    a = Attend(run, tmp_path, np.random.default_rng(seed), q=(2, 5, 4), k=(2, 7, 4), v=(2, 7, 3))
+    for huge, plain in (("0,9223372036854775807", "0,-1"), ("9223372036854775807,0", "-1,0")):
+        for name, window in (("huge.npy", huge), ("plain.npy", plain)):
+            proc = a(f"--window={window}", out=name, lse=None)
+            assert proc.returncode == 0, proc.stderr
+        got, want = np.load(tmp_path / "huge.npy"), np.load(tmp_path / "plain.npy")
+        assert np.abs(want).max() > 0
+        np.testing.assert_array_equal(got, want)
+
+
 # ---- outputs ----
 
 def test_output_directory_missing(attend):

@@ -241,4 +241,9 @@ void write_outputs(const std::vector<std::pair<std::string, std::string>>& files
   }
 }
 
+void write_stdout(std::string_view bytes) {
+  std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("cannot write to standard output");
+}
+
 }  // namespace qkv::cli

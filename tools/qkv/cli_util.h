@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,10 @@ Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M);
 // Checks that `path` (given to `option`) can be written: not a directory, its directory exists.
 // Cheap, run before computing. The write itself is atomic.
 void check_output_path(const std::string& path, const std::string& option);
+
+// Writes `bytes` to standard output and flushes, throwing qkv::Error if either fails (a closed
+// pipe or a full disk must not end in exit code 0).
+void write_stdout(std::string_view bytes);
 
 // Writes every (path, bytes) atomically; if one fails, removes the ones already written in this
 // call, so a failed run leaves no output behind. Paths must differ (checked).

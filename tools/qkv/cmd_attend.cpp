@@ -37,6 +37,12 @@ struct Input {
 
 template <class T>
 Input<T> load_input(const std::string& path, const char* option) {
+  // Integers and booleans would load (load_npy converts them), but attention on them is almost
+  // certainly a wrong file; Python refuses them too.
+  const std::string descr = read_npy_info(path).descr;
+  if (descr.size() < 2 || descr[1] != 'f')
+    throw Error(fmt::format("{} {}: holds dtype '{}'; attention needs floating-point values (float16, float32 or "
+                            "float64)", option, path, descr));
   Input<T> in{path, load_npy<T>(path), {}};
   const int rank = in.data.rank();
   if (rank < 2 || rank > 4)
@@ -55,12 +61,6 @@ std::vector<int64_t> output_shape(std::span<const int64_t> q_shape, std::initial
   return shape;
 }
 
-Kernel kernel_of(const std::string& name) {
-  if (name == "reference") return Kernel::reference;
-  if (name == "fused") return Kernel::fused;
-  return Kernel::automatic;
-}
-
 // Computes out/lse/weights in T and returns the files to write.
 template <class T>
 std::vector<std::pair<std::string, std::string>> attend(AttendArgs& a) {
@@ -71,7 +71,7 @@ std::vector<std::pair<std::string, std::string>> attend(AttendArgs& a) {
                             a.q, a.k, a.v, q.data.rank(), k.data.rank(), v.data.rank()));
   AttentionOptions options;
   if (a.has_scale) options.scale = a.scale;
-  options.kernel = kernel_of(a.kernel);
+  options.kernel = parse_kernel(a.kernel, "--kernel");
   options.num_threads = a.threads;
   AttentionShape s;
   try {

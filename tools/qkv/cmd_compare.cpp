@@ -102,8 +102,7 @@ int run_compare(const CompareArgs& a) {
     c.second = word_in_sentence(a.sentences[1], occ[1].embedded, occ[1].position, layer, occ[1].contextual.cview());
     write_outputs({{a.html, render_comparison_html(c)}});
   }
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+  write_stdout(text);
   return 0;
 }
 

@@ -79,8 +79,7 @@ int run_context(const ContextArgs& a) {
   if (!a.out.empty()) {
     write_outputs({{a.out, bytes}});
   } else {
-    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-    if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+    write_stdout(bytes);
   }
   return 0;
 }

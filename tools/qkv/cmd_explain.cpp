@@ -90,8 +90,7 @@ int run_explain(const ExplainArgs& a) {
   }
   const int precision = a.precision > 0 ? a.precision : (a.sentence_args.embeddings.empty() ? 8 : 4);
   const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, precision);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  if (std::fflush(stdout) != 0) throw Error("cannot write to standard output");
+  write_stdout(text);
   return 0;
 }
 

@@ -12,7 +12,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "qkv/train.h"
+#include "qkv/lookup.h"
 
 namespace qkv::cli {
 namespace {

@@ -1,0 +1,53 @@
+// What one attention call asks for (kernel, SIMD family, scale, masks, threads) and the sizes it
+// has. Every layer from the kernels up speaks this vocabulary, so it sits in core; the rules a
+// call obeys (the default scale, the names users type) are written here once.
+// Letters: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), N queries, M keys,
+// D head dim of q and k, Dv head dim of v.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "qkv/mask.h"
+
+namespace qkv {
+
+enum class Kernel { automatic, reference, fused };
+
+// The instruction set of the fused kernel. automatic takes the best the CPU has, unless the
+// environment variable QKV_SIMD (read once per process, parsed by parse_simd) asks for another.
+enum class Simd { automatic, avx512, avx2, scalar };
+
+struct AttentionOptions {
+  // Multiplies q·k; unset means 1/sqrt(D) (attention_scale).
+  std::optional<double> scale;
+  Mask mask;
+  // automatic and fused run the fused kernel (always built: its scalar family needs no SIMD);
+  // reference runs the float64 oracle and rounds once (tests, small inputs, float64 callers).
+  Kernel kernel = Kernel::automatic;
+  // Threads for this call; 0 means default_num_threads().
+  int num_threads = 0;
+  // Forces a SIMD path of the fused kernel (tests, benchmarks); a path the CPU lacks is an Error.
+  Simd simd = Simd::automatic;
+};
+
+// The sizes of one attention call, checked for consistency (check_attention_shapes).
+struct AttentionShape {
+  int64_t B = 0, H = 0, Hkv = 0, N = 0, M = 0, D = 0, Dv = 0;
+};
+
+// The scale a call with head dim D uses: options.scale if set, else 1/sqrt(D). Pure.
+double attention_scale(const std::optional<double>& scale, int64_t D);
+
+// The names users type for kernels and SIMD paths, for the CLI, Python and QKV_SIMD alike.
+// Kernel: "auto" (or "automatic"), "reference", "fused". Simd: "auto" (or "automatic" or ""),
+// "avx512", "avx2", "scalar". Throws qkv::Error "<what> must be 'auto', ..., got '<text>'".
+Kernel parse_kernel(std::string_view text, std::string_view what = "kernel");
+Simd parse_simd(std::string_view text, std::string_view what = "simd");
+
+// The canonical name of each value ("auto" for automatic), as parse_* accepts it.
+const char* kernel_name(Kernel kernel);
+const char* simd_name(Simd simd);
+
+}  // namespace qkv

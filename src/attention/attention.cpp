@@ -1,0 +1,188 @@
+#include "qkv/attention.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "kernels/dispatch.h"
+#include "kernels/fused_forward.h"
+#include "kernels/mask_eval.h"
+#include "qkv/reference.h"
+
+namespace qkv {
+namespace {
+
+void require_rank4(std::span<const int64_t> shape, const char* name, const char* letters) {
+  if (shape.size() != 4)
+    throw Error(fmt::format("{}: expected rank 4 {}, got shape {}", name, letters, shape_string(shape)));
+}
+
+}  // namespace
+
+AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<const int64_t> k,
+                                      std::span<const int64_t> v, const AttentionOptions& options) {
+  require_rank4(q, "q", "[B, H, N, D]");
+  require_rank4(k, "k", "[B, Hkv, M, D]");
+  require_rank4(v, "v", "[B, Hkv, M, Dv]");
+  AttentionShape s{q[0], q[1], k[1], q[2], k[2], q[3], v[3]};
+  if (k[0] != s.B || v[0] != s.B)
+    throw Error(fmt::format("batch sizes differ: q {}, k {}, v {}", shape_string(q), shape_string(k), shape_string(v)));
+  if (k[3] != s.D)
+    throw Error(fmt::format("head dims differ: q has D = {} but k has D = {}", s.D, k[3]));
+  if (v[1] != s.Hkv || v[2] != s.M)
+    throw Error(fmt::format("k {} and v {} must agree on [B, Hkv, M]", shape_string(k), shape_string(v)));
+  if (s.D <= 0) throw Error("head dim D must be at least 1, got 0");
+  if (s.Dv <= 0) throw Error("value head dim Dv must be at least 1, got 0");
+  if (s.H <= 0 || s.Hkv <= 0) throw Error(fmt::format("head counts must be positive: H = {}, Hkv = {}", s.H, s.Hkv));
+  if (s.H % s.Hkv != 0)
+    throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));
+  if (options.scale && !std::isfinite(*options.scale)) throw Error("scale must be finite");
+
+  const Mask& m = options.mask;
+  auto check_lengths = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* name) {
+    if (lengths.empty()) return;
+    if (static_cast<int64_t>(lengths.size()) != s.B)
+      throw Error(fmt::format("{}: expected {} entries (one per batch row), got {}", name, s.B, lengths.size()));
+    for (std::size_t b = 0; b < lengths.size(); ++b)
+      if (lengths[b] < 0 || lengths[b] > limit)
+        throw Error(fmt::format("{}[{}] = {} is outside [0, {}]", name, b, lengths[b], limit));
+  };
+  check_lengths(m.key_lengths, s.M, "key_lengths");
+  check_lengths(m.query_lengths, s.N, "query_lengths");
+  auto check_mask_view = [&](std::span<const int64_t> shape, const char* name) {
+    const std::array<int64_t, 4> want{s.B, s.H, s.N, s.M};
+    if (shape.size() != 4 || !std::equal(shape.begin(), shape.end(), want.begin()))
+      throw Error(fmt::format("{}: shape {} must be [B, H, N, M] = {} (use broadcast_mask)", name, shape_string(shape),
+                              shape_string(want)));
+  };
+  if (!m.keep.empty()) check_mask_view(m.keep.shape(), "keep mask");
+  if (!m.bias.empty()) check_mask_view(m.bias.shape(), "bias");
+  if (!m.alibi_slopes.empty() && static_cast<int64_t>(m.alibi_slopes.size()) != s.H)
+    throw Error(fmt::format("alibi slopes: expected H = {} entries, got {}", s.H, m.alibi_slopes.size()));
+  for (float slope : m.alibi_slopes)
+    if (!std::isfinite(slope)) throw Error("alibi slopes must be finite");
+  if (!(m.softcap >= 0) || !std::isfinite(m.softcap)) throw Error("softcap must be finite and >= 0 (0 = off)");
+  return s;
+}
+
+int default_num_threads() {
+  if (const char* env = std::getenv("QKV_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+  }
+  return omp_get_max_threads();
+}
+
+namespace {
+
+void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                           TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
+  Tensor<double> q64 = to_contiguous<double>(q), k64 = to_contiguous<double>(k), v64 = to_contiguous<double>(v);
+  Tensor<double> out64(out.shape(), "out");
+  Tensor<double> lse64(std::array<int64_t, 3>{q.dim(0), q.dim(1), q.dim(2)}, "lse");
+  reference_attention_forward(out64.view(), lse64.view(), {}, q64.cview(), k64.cview(), v64.cview(), options);
+  const double* o = out64.data();
+  for_each_element(out, [&](float& x, const auto&) { x = static_cast<float>(*o++); });
+  const double* l = lse64.data();
+  if (!lse.empty()) for_each_element(lse, [&](float& x, const auto&) { x = static_cast<float>(*l++); });
+}
+
+}  // namespace
+
+namespace {
+
+template <class T>
+kernels::ForwardParams make_params(TensorView<float> out, TensorView<float> lse, TensorView<const T> q,
+                                   TensorView<const T> k, TensorView<const T> v, const AttentionShape& s,
+                                   const AttentionOptions& options, const detail::MaskEval& mask) {
+  kernels::ForwardParams p;
+  p.shape = s;
+  for (int i = 0; i < 4; ++i) {
+    p.sq[i] = q.stride(i);
+    p.sk[i] = k.stride(i);
+    p.sv[i] = v.stride(i);
+    p.so[i] = out.stride(i);
+  }
+  if (!lse.empty())
+    for (int i = 0; i < 3; ++i) p.sl[i] = lse.stride(i);
+  p.out = out.data();
+  p.lse = lse.empty() ? nullptr : lse.data();
+  p.scale = static_cast<float>(attention_scale(options.scale, s.D));
+  p.mask = &mask;
+  return p;
+}
+
+// Below about a microsecond of work, waking a second thread costs more than it saves (and the
+// thread count cannot change the result, so this is only about time).
+int threads_for(const AttentionShape& s, const AttentionOptions& options) {
+  const double flops = 2.0 * static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
+                       static_cast<double>(s.D + s.Dv);
+  if (flops < 2e5) return 1;
+  return options.num_threads > 0 ? options.num_threads : default_num_threads();
+}
+
+
+AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,
+                             std::span<const int64_t> k, std::span<const int64_t> v, bool has_lse,
+                             const AttentionOptions& options) {
+  const AttentionShape s = check_attention_shapes(q, k, v, options);
+  require_shape(out, std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
+  if (has_lse) require_shape(lse, std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
+  return s;
+}
+
+// The fused kernel reads fp32 and bf16 inputs through different pointers of its params.
+void set_inputs(kernels::ForwardParams& p, const float* q, const float* k, const float* v) {
+  p.q = q;
+  p.k = k;
+  p.v = v;
+}
+void set_inputs(kernels::ForwardParams& p, const bf16* q, const bf16* k, const bf16* v) {
+  p.qb = q;
+  p.kb = k;
+  p.vb = v;
+}
+
+// The reference takes fp32 views; bf16 inputs are widened into `storage` first.
+TensorView<const float> as_float(TensorView<const float> x, Tensor<float>&) { return x; }
+TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storage) {
+  storage = to_contiguous<float>(x);
+  return storage.cview();
+}
+
+// q, k, v of element type T (float or bf16): checks, then the reference or the fused kernel.
+template <class T>
+void forward_any(TensorView<float> out, TensorView<float> lse, TensorView<const T> q, TensorView<const T> k,
+                 TensorView<const T> v, const AttentionOptions& options) {
+  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  if (options.kernel == Kernel::reference) {
+    Tensor<float> q32, k32, v32;
+    reference_forward_f32(out, lse, as_float(q, q32), as_float(k, k32), as_float(v, v32), options);
+    return;
+  }
+  const Simd path = kernels::resolve_simd(options.simd);
+  const detail::MaskEval mask(options.mask, s);
+  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
+  set_inputs(p, q.data(), k.data(), v.data());
+  kernels::fused_forward(p, path, threads_for(s, options));
+}
+
+}  // namespace
+
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                       TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options);
+}
+
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
+                       TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options);
+}
+
+const char* simd_path_name(Simd simd) { return simd_name(kernels::resolve_simd(simd)); }
+
+}  // namespace qkv

@@ -1,0 +1,167 @@
+// fp32 attention backward driver, FlashAttention-2 style with no N×M buffer: the work is split
+// into tasks of (b, kv head, chunk of query rows), each computed start to end by one thread with
+// the chosen SIMD family's task (src/kernels/backward_tile.h). Chunks are planned from the shape
+// alone and their partial dk, dv sums are added in chunk order, so every bit of the result is the
+// same for any thread count. Masks go through MaskEval, exactly as in the forward.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention/backward_checks.h"
+#include "kernels/backward_kernel.h"
+#include "kernels/dispatch.h"
+#include "kernels/mask_eval.h"
+#include "qkv/backward.h"
+#include "qkv/reference.h"
+
+namespace qkv {
+namespace {
+
+constexpr int64_t kTile = kernels::kBackwardTile;
+
+kernels::BackwardFn task_function(Simd path) {
+  switch (path) {
+    case Simd::avx512: return &kernels::backward_task_avx512;
+    case Simd::avx2: return &kernels::backward_task_avx2;
+    default: return &kernels::backward_task_scalar;
+  }
+}
+
+// Query rows per chunk (whole tiles), from the shape alone. A (b, kv head) is split into up to 4
+// chunks while there would be fewer than 4 tasks, so 2 or 3 threads still share shapes with
+// B·Hkv = 1; each extra chunk costs one partial copy of dk and dv.
+int64_t plan_chunk_rows(const AttentionShape& s) {
+  const int64_t tiles = (s.N + kTile - 1) / kTile;
+  int64_t chunks = 1;
+  while (s.B * s.Hkv * chunks < 4 && chunks * 2 <= std::min<int64_t>(tiles, 4)) chunks *= 2;
+  return std::max<int64_t>(1, (tiles + chunks - 1) / chunks) * kTile;
+}
+
+template <class T, std::size_t R>
+std::array<int64_t, R> strides_of(const TensorView<T>& t) {
+  std::array<int64_t, R> s{};
+  for (std::size_t i = 0; i < R; ++i) s[i] = t.stride(static_cast<int>(i));
+  return s;
+}
+
+void fill4(const TensorView<float>& t, float value) {
+  for_each_element(t, [value](float& x, const auto&) { x = value; });
+}
+
+// Kernel::reference: the float64 oracle on widened inputs, each gradient rounded once.
+void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                            TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                            TensorView<const float> v, const AttentionOptions& options) {
+  const Tensor<double> q64 = to_contiguous<double>(q), k64 = to_contiguous<double>(k), v64 = to_contiguous<double>(v),
+                       dout64 = to_contiguous<double>(dout);
+  Tensor<double> dq64(dq.shape(), "dq"), dk64(dk.shape(), "dk"), dv64(dv.shape(), "dv"), dbias64;
+  if (!dbias.empty()) dbias64 = Tensor<double>(dbias.shape(), "dbias");
+  reference_attention_backward(dq64.view(), dk64.view(), dv64.view(), dbias.empty() ? TensorView<double>() : dbias64.view(),
+                               dout64.cview(), q64.cview(), k64.cview(), v64.cview(), options);
+  const std::pair<TensorView<float>, const Tensor<double>*> outputs[] = {
+      {dq, &dq64}, {dk, &dk64}, {dv, &dv64}, {dbias, &dbias64}};
+  for (const auto& [to, from] : outputs) {
+    if (to.empty()) continue;
+    const double* x = from->data();
+    for_each_element(to, [&x](float& y, const auto&) { y = static_cast<float>(*x++); });
+  }
+}
+
+}  // namespace
+
+void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                        const AttentionOptions& options) {
+  const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
+  detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
+  require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
+  require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
+  if (options.kernel == Kernel::reference) {
+    reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);
+    return;
+  }
+  const kernels::BackwardFn fn = task_function(kernels::resolve_simd(options.simd));
+
+  const detail::MaskEval mask(options.mask, s);
+  std::vector<detail::KeyBand> bands(static_cast<std::size_t>(s.B * s.N));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.N; ++i) bands[b * s.N + i] = mask.band(b, i);
+  if (!dbias.empty()) fill4(dbias, 0.0f);  // tile pairs that no query can see are never visited
+  if (s.N == 0) {  // no query: nothing depends on k or v
+    fill4(dk, 0.0f);
+    fill4(dv, 0.0f);
+    return;
+  }
+
+  kernels::BackwardParams p;
+  p.shape = s;
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.dout = dout.data(), p.out = out.data(), p.lse = lse.data();
+  p.sq = strides_of<const float, 4>(q), p.sk = strides_of<const float, 4>(k), p.sv = strides_of<const float, 4>(v);
+  p.sdo = strides_of<const float, 4>(dout), p.so = strides_of<const float, 4>(out);
+  p.sl = strides_of<const float, 3>(lse);
+  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+  p.sdq = strides_of<float, 4>(dq), p.sdk = strides_of<float, 4>(dk), p.sdv = strides_of<float, 4>(dv);
+  if (!dbias.empty()) p.dbias = dbias.data(), p.sdb = strides_of<float, 4>(dbias);
+  p.scale = static_cast<float>(attention_scale(options.scale, s.D));
+  p.mask = &mask;
+  p.bands = bands.data();
+  p.chunk_rows = plan_chunk_rows(s);
+  p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
+  const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;
+  Tensor<float> dk_part, dv_part;
+  if (p.chunks > 1) {
+    dk_part = Tensor<float>({p.chunks - 1, heads, s.M, s.D}, "attention_backward partial dk");
+    dv_part = Tensor<float>({p.chunks - 1, heads, s.M, s.Dv}, "attention_backward partial dv");
+    p.dk_part = dk_part.data(), p.dv_part = dv_part.data();
+  }
+
+  // Scratch is allocated before the parallel region, so nothing inside it can throw.
+  const int requested = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  const int threads = static_cast<int>(std::min<int64_t>(std::max(requested, 1), tasks));
+  const int64_t scratch_floats = kernels::BackwardLayout(p).total;
+  std::vector<Tensor<float>> scratch;
+  for (int t = 0; t < threads; ++t) scratch.emplace_back(std::array<int64_t, 1>{scratch_floats}, "attention_backward scratch");
+
+  // Later chunks are heavier under a causal mask, so they go first; the order cannot change the
+  // result because each task is computed by one thread from start to end.
+  auto run_task = [&](int64_t idx, float* mine) {
+    const int64_t chunk = p.chunks - 1 - idx / heads, bh = idx % heads;
+    fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
+  };
+  // dk, dv += the later chunks' partial sums, in chunk order.
+  auto add_partials = [&](int64_t key) {
+    const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
+    for (int64_t c = 1; c < p.chunks; ++c) {
+      const float* pk = p.dk_part + ((c - 1) * heads * s.M + key) * s.D;
+      const float* pv = p.dv_part + ((c - 1) * heads * s.M + key) * s.Dv;
+      for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += pk[d];
+      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += pv[e];
+    }
+  };
+  const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
+  if (threads == 1) {
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[0].data());
+    for (int64_t key = 0; key < keys; ++key) add_partials(key);
+    return;
+  }
+  // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
+  // need), so there is one per call when the chunks need no sum.
+  if (keys == 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, mine);
+#pragma omp for schedule(static) nowait
+    for (int64_t key = 0; key < keys; ++key) add_partials(key);
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,75 @@
+// MaskEval: the one place that turns a qkv::Mask into per-row key bands and per-element score
+// adjustments. The reference and the fused kernels both use it, so their semantics cannot drift.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "qkv/attention_options.h"
+
+namespace qkv::detail {
+
+// Keys outside [lo, hi) are masked for a row; lo >= hi means the row is fully masked.
+struct KeyBand {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  bool empty() const { return lo >= hi; }
+};
+
+class MaskEval {
+ public:
+  MaskEval(const Mask& mask, const AttentionShape& shape) : mask_(mask), shape_(shape) {}
+
+  int64_t valid_queries(int64_t b) const { return mask_.query_lengths.empty() ? shape_.N : mask_.query_lengths[b]; }
+  int64_t valid_keys(int64_t b) const { return mask_.key_lengths.empty() ? shape_.M : mask_.key_lengths[b]; }
+
+  // The key index on the diagonal for query i of batch row b.
+  int64_t diagonal(int64_t b, int64_t i) const {
+    return mask_.align() == CausalAlign::bottom_right ? i + valid_keys(b) - valid_queries(b) : i;
+  }
+
+  // Keys allowed for query i of batch row b by lengths, causal and window.
+  KeyBand band(int64_t b, int64_t i) const {
+    if (i >= valid_queries(b)) return {0, 0};
+    KeyBand band{0, valid_keys(b)};
+    const int64_t d = diagonal(b, i);
+    if (mask_.causal) band.hi = std::min(band.hi, d + 1);
+    if (mask_.window) {
+      // |d| <= N + M, so a bound clamped to N + M keeps its meaning and d ± bound cannot
+      // overflow (a window of INT64_MAX means "everything on that side").
+      const int64_t reach = shape_.N + shape_.M;
+      if (mask_.window->left >= 0) band.lo = std::max(band.lo, d - std::min(mask_.window->left, reach));
+      if (mask_.window->right >= 0) band.hi = std::min(band.hi, d + std::min(mask_.window->right, reach) + 1);
+    }
+    band.lo = std::max<int64_t>(band.lo, 0);
+    return band;
+  }
+
+  // True if scores need per-element work beyond the band (keep-mask, bias, ALiBi, softcap).
+  bool has_elementwise() const {
+    return !mask_.keep.empty() || !mask_.bias.empty() || !mask_.alibi_slopes.empty() || mask_.softcap > 0;
+  }
+
+  // Turns a scaled score of an in-band pair into the final logit; -inf if the keep-mask removes it.
+  template <class T>
+  T adjust(T s, int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (!mask_.keep.empty() && mask_.keep(b, h, i, j) == 0) return -std::numeric_limits<T>::infinity();
+    if (mask_.softcap > 0) s = T(mask_.softcap) * std::tanh(s / T(mask_.softcap));
+    if (!mask_.bias.empty()) s += T(mask_.bias(b, h, i, j));
+    if (!mask_.alibi_slopes.empty()) {
+      const int64_t distance = j > diagonal(b, i) ? j - diagonal(b, i) : diagonal(b, i) - j;
+      s -= T(mask_.alibi_slopes[h]) * T(distance);
+    }
+    return s;
+  }
+
+  const Mask& mask() const { return mask_; }
+
+ private:
+  const Mask& mask_;
+  AttentionShape shape_;
+};
+
+}  // namespace qkv::detail

@@ -1,0 +1,170 @@
+#include "qkv/layer.h"
+
+#include <array>
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/blas.h"
+#include "layer/layer_shapes.h"
+
+namespace qkv {
+namespace {
+
+LayerConfig resolve(const LayerConfig& in) {
+  LayerConfig c = in;
+  if (c.embed_dim < 1) throw Error(fmt::format("layer: embed_dim must be at least 1, got {}", c.embed_dim));
+  if (c.num_heads < 1) throw Error(fmt::format("layer: num_heads must be at least 1, got {}", c.num_heads));
+  if (c.num_kv_heads < 0 || c.head_dim < 0 || c.value_dim < 0)
+    throw Error(fmt::format("layer: num_kv_heads, head_dim and value_dim must be >= 0 (0 = default), got {}, {}, {}",
+                            c.num_kv_heads, c.head_dim, c.value_dim));
+  if (c.parameter_free) {
+    if (c.num_heads != 1 || c.num_kv_heads > 1)
+      throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}", c.num_heads));
+    if ((c.head_dim != 0 && c.head_dim != c.embed_dim) || (c.value_dim != 0 && c.value_dim != c.embed_dim))
+      throw Error(fmt::format("layer: parameter-free mode needs head_dim = value_dim = embed_dim = {}", c.embed_dim));
+    if (c.bias) throw Error("layer: parameter-free mode has no biases (bias must be false)");
+    c.num_kv_heads = 1;
+    c.head_dim = c.value_dim = c.embed_dim;
+    c.output_projection = false;
+    return c;
+  }
+  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  if (c.num_heads % c.num_kv_heads != 0)
+    throw Error(fmt::format("layer: num_heads = {} must be a multiple of num_kv_heads = {}", c.num_heads,
+                            c.num_kv_heads));
+  if (c.head_dim == 0) {
+    if (c.embed_dim % c.num_heads != 0)
+      throw Error(fmt::format("layer: embed_dim = {} is not divisible by num_heads = {}; set head_dim", c.embed_dim,
+                              c.num_heads));
+    c.head_dim = c.embed_dim / c.num_heads;
+  }
+  if (c.value_dim == 0) c.value_dim = c.head_dim;
+  return c;
+}
+
+// Uniform in [-bound, bound) from mt19937_64's bits, so the weights are the same on every
+// platform (std::uniform_real_distribution is implementation-defined).
+void fill_uniform(Tensor<float>& t, double bound, std::mt19937_64& rng) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = static_cast<double>(rng() >> 11) * 0x1p-53;
+    t[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+  }
+}
+
+Tensor<float> matrix(int64_t rows, int64_t cols, const char* name) { return Tensor<float>({rows, cols}, name); }
+
+// y[r, :] += b for every row of y [rows, n].
+void add_bias(float* y, int64_t rows, const Tensor<float>& b) {
+  if (b.numel() == 0) return;
+  const int64_t n = b.numel();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] += b[j];
+}
+
+// out[rows, n] = in[rows, e] · w[e, n] + b.
+void project(float* out, const float* in, int64_t rows, const Tensor<float>& w, const Tensor<float>& b) {
+  const int64_t e = w.dim(0), n = w.dim(1);
+  detail::sgemm(false, false, rows, n, e, 1.0f, in, e, w.data(), n, 0.0f, out, n);
+  add_bias(out, rows, b);
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(const LayerConfig& config) : config_(resolve(config)) {
+  if (config_.parameter_free) return;
+  const LayerConfig& c = config_;
+  const int64_t E = c.embed_dim, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim;
+  w_q = matrix(E, H * D, "w_q");
+  w_k = matrix(E, Hkv * D, "w_k");
+  w_v = matrix(E, Hkv * Dv, "w_v");
+  if (c.output_projection) w_o = matrix(H * Dv, E, "w_o");
+  if (c.bias) {
+    b_q = Tensor<float>({H * D}, "b_q");
+    b_k = Tensor<float>({Hkv * D}, "b_k");
+    b_v = Tensor<float>({Hkv * Dv}, "b_v");
+    if (c.output_projection) b_o = Tensor<float>({E}, "b_o");
+  }
+  std::mt19937_64 rng(c.seed);
+  const double in_bound = 1.0 / std::sqrt(static_cast<double>(E));
+  fill_uniform(w_q, in_bound, rng);
+  fill_uniform(w_k, in_bound, rng);
+  fill_uniform(w_v, in_bound, rng);
+  if (c.output_projection) fill_uniform(w_o, 1.0 / std::sqrt(static_cast<double>(H * Dv)), rng);
+}
+
+int64_t MultiHeadAttention::output_dim() const {
+  return config_.output_projection ? config_.embed_dim : config_.num_heads * config_.value_dim;
+}
+
+std::vector<std::pair<std::string, const Tensor<float>*>> MultiHeadAttention::parameters() const {
+  std::vector<std::pair<std::string, const Tensor<float>*>> out;
+  const std::array<std::pair<const char*, const Tensor<float>*>, 8> all{
+      {{"w_q", &w_q}, {"w_k", &w_k}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_q", &b_q}, {"b_k", &b_k}, {"b_v", &b_v},
+       {"b_o", &b_o}}};
+  for (const auto& [name, t] : all)
+    if (t->rank() > 0) out.emplace_back(name, t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor<float>*>> MultiHeadAttention::parameters() {
+  std::vector<std::pair<std::string, Tensor<float>*>> out;
+  for (const auto& [name, t] : std::as_const(*this).parameters()) out.emplace_back(name, const_cast<Tensor<float>*>(t));
+  return out;
+}
+
+Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<const float> kv,
+                                          const AttentionOptions& options) const {
+  return forward(x, kv, options, nullptr);
+}
+
+// x: [B, N, E], kv: [B, M, E] -> [B, N, E_out]. Projections are one sgemm each over all B·N rows;
+// the heads are strided views of the projected rows, so nothing is transposed or copied.
+Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<const float> kv,
+                                          const AttentionOptions& options, LayerCache* cache) const {
+  const detail::LayerDims d = detail::check_layer_inputs(config_, x, kv);
+  LayerCache local;
+  LayerCache& c = cache ? *cache : local;
+  c = LayerCache{};
+  c.batch = d.B;
+  c.queries = d.N;
+  c.keys = d.M;
+  c.batched = d.batched;
+  c.cross = d.cross;
+  c.x = detail::contiguous_rows(x, d.B, d.N, config_.embed_dim, "x");
+  if (d.cross) c.kv = detail::contiguous_rows(kv, d.B, d.M, config_.embed_dim, "kv");
+  const float* kv_rows = d.cross ? c.kv.data() : c.x.data();
+
+  const LayerConfig& cf = config_;
+  const int64_t H = cf.num_heads, Hkv = cf.num_kv_heads, D = cf.head_dim, Dv = cf.value_dim;
+  const float *q_data = c.x.data(), *k_data = kv_rows, *v_data = kv_rows;
+  if (!cf.parameter_free) {
+    c.q = Tensor<float>({d.B, d.N, H * D}, "q");
+    c.k = Tensor<float>({d.B, d.M, Hkv * D}, "k");
+    c.v = Tensor<float>({d.B, d.M, Hkv * Dv}, "v");
+    project(c.q.data(), c.x.data(), d.B * d.N, w_q, b_q);
+    project(c.k.data(), kv_rows, d.B * d.M, w_k, b_k);
+    project(c.v.data(), kv_rows, d.B * d.M, w_v, b_v);
+    q_data = c.q.data();
+    k_data = c.k.data();
+    v_data = c.v.data();
+  }
+  c.ctx = Tensor<float>({d.B, d.N, H * Dv}, "attention output");
+  c.lse = Tensor<float>({d.B, H, d.N}, "lse");
+  attention_forward(detail::head_view(c.ctx.data(), d.B, H, d.N, Dv), c.lse.view(),
+                    detail::head_view(q_data, d.B, H, d.N, D), detail::head_view(k_data, d.B, Hkv, d.M, D),
+                    detail::head_view(v_data, d.B, Hkv, d.M, Dv), options);
+
+  const int64_t out_dim = output_dim();
+  Tensor<float> y = d.batched ? Tensor<float>({d.B, d.N, out_dim}, "layer output")
+                              : Tensor<float>({d.N, out_dim}, "layer output");
+  if (cf.output_projection) {
+    project(y.data(), c.ctx.data(), d.B * d.N, w_o, b_o);
+  } else {
+    for (int64_t i = 0; i < y.numel(); ++i) y[i] = c.ctx[i];
+  }
+  return y;
+}
+
+}  // namespace qkv

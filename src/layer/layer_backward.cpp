@@ -1,0 +1,106 @@
+// MultiHeadAttention::backward: the layer's forward run in reverse. Projection gradients are
+// sgemm products over all B·N (or B·M) rows; the attention part is attention_backward on the same
+// strided head views the forward used.
+#include <fmt/format.h>
+
+#include "core/blas.h"
+#include "layer/layer_shapes.h"
+#include "qkv/backward.h"
+#include "qkv/layer.h"
+
+namespace qkv {
+namespace {
+
+// Rank-3 [B, T, W] or rank-2 [T, W] buffer, matching the caller's input rank.
+Tensor<float> rows_tensor(bool batched, int64_t B, int64_t T, int64_t W, const char* what) {
+  return batched ? Tensor<float>({B, T, W}, what) : Tensor<float>({T, W}, what);
+}
+
+// dw = inᵀ · dout: [e, n] from in [rows, e] and dout [rows, n]; db = column sums of dout.
+void projection_grads(TensorMap& grads, const char* w_name, const char* b_name, bool has_bias, const float* in,
+                      const float* dout, int64_t rows, int64_t e, int64_t n) {
+  Tensor<float> dw({e, n}, w_name);
+  detail::sgemm(true, false, e, n, rows, 1.0f, in, e, dout, n, 0.0f, dw.data(), n);
+  grads[w_name] = std::move(dw);
+  if (!has_bias) return;
+  Tensor<float> db({n}, b_name);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) db[j] += dout[r * n + j];
+  grads[b_name] = std::move(db);
+}
+
+// din (+)= dout · wᵀ: [rows, e] from dout [rows, n] and w [e, n].
+void input_grad(float* din, const float* dout, const Tensor<float>& w, int64_t rows, bool accumulate) {
+  const int64_t e = w.dim(0), n = w.dim(1);
+  detail::sgemm(false, true, rows, e, n, 1.0f, dout, n, w.data(), n, accumulate ? 1.0f : 0.0f, din, e);
+}
+
+}  // namespace
+
+// dy: [B, N, E_out] -> grads of w_q [E, H·D], w_k [E, Hkv·D], w_v [E, Hkv·Dv], w_o [H·Dv, E_out],
+// biases; dx: [B, N, E]; dkv: [B, M, E].
+void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> dy, const AttentionOptions& options,
+                                  TensorMap* grads, Tensor<float>* dx, Tensor<float>* dkv) const {
+  const LayerConfig& cf = config_;
+  if (c.ctx.rank() != 3 || c.x.rank() != 3)
+    throw Error("layer backward: the cache is empty; run forward(x, kv, options, &cache) first");
+  const int64_t B = c.batch, N = c.queries, M = c.keys, E = cf.embed_dim, out_dim = output_dim();
+  const int64_t H = cf.num_heads, Hkv = cf.num_kv_heads, D = cf.head_dim, Dv = cf.value_dim;
+  if (c.ctx.dim(2) != H * Dv || c.x.dim(2) != E)
+    throw Error("layer backward: the cache was filled by a layer with a different config");
+  const std::array<int64_t, 3> want3{B, N, out_dim};
+  const std::span<const int64_t> want(c.batched ? want3.data() : want3.data() + 1, c.batched ? 3 : 2);
+  if (!std::equal(dy.shape().begin(), dy.shape().end(), want.begin(), want.end()))
+    throw Error(fmt::format("layer backward: dy has shape {} but the forward's output is {}", shape_string(dy.shape()),
+                            shape_string(want)));
+  const int64_t rows = B * N, kv_rows = B * M;
+  Tensor<float> dy_rows = detail::contiguous_rows(dy, B, N, out_dim, "dy");
+  TensorMap local;
+  TensorMap& g = grads ? *grads : local;
+
+  Tensor<float> dctx;
+  if (cf.output_projection) {
+    dctx = Tensor<float>({B, N, H * Dv}, "d attention output");
+    input_grad(dctx.data(), dy_rows.data(), w_o, rows, false);
+    projection_grads(g, "w_o", "b_o", cf.bias, c.ctx.data(), dy_rows.data(), rows, H * Dv, E);
+  } else {
+    dctx = std::move(dy_rows);
+  }
+
+  const float* kv_in = c.cross ? c.kv.data() : c.x.data();
+  const float* q_data = cf.parameter_free ? c.x.data() : c.q.data();
+  const float* k_data = cf.parameter_free ? kv_in : c.k.data();
+  const float* v_data = cf.parameter_free ? kv_in : c.v.data();
+  Tensor<float> dq({B, N, H * D}, "dq"), dk({B, M, Hkv * D}, "dk"), dv({B, M, Hkv * Dv}, "dv");
+  attention_backward(detail::head_view(dq.data(), B, H, N, D), detail::head_view(dk.data(), B, Hkv, M, D),
+                     detail::head_view(dv.data(), B, Hkv, M, Dv), {},
+                     detail::head_view<const float>(dctx.data(), B, H, N, Dv),
+                     detail::head_view(q_data, B, H, N, D), detail::head_view(k_data, B, Hkv, M, D),
+                     detail::head_view(v_data, B, Hkv, M, Dv),
+                     detail::head_view(c.ctx.data(), B, H, N, Dv), c.lse.view(), options);
+
+  if (!cf.parameter_free) {
+    projection_grads(g, "w_q", "b_q", cf.bias, c.x.data(), dq.data(), rows, E, H * D);
+    projection_grads(g, "w_k", "b_k", cf.bias, kv_in, dk.data(), kv_rows, E, Hkv * D);
+    projection_grads(g, "w_v", "b_v", cf.bias, kv_in, dv.data(), kv_rows, E, Hkv * Dv);
+  }
+  if (dx) *dx = rows_tensor(c.batched, B, N, E, "dx");
+  if (dkv) *dkv = c.cross ? rows_tensor(c.batched, B, M, E, "dkv") : Tensor<float>();
+  float* query_side = dx ? dx->data() : nullptr;
+  float* key_side = c.cross ? (dkv ? dkv->data() : nullptr) : query_side;
+  // Parameter-free: q = x and k = v = kv, so their gradients add up directly.
+  if (cf.parameter_free) {
+    if (query_side)
+      for (int64_t i = 0; i < rows * E; ++i) query_side[i] = dq[i];
+    if (key_side)
+      for (int64_t i = 0; i < kv_rows * E; ++i) key_side[i] += dk[i] + dv[i];
+    return;
+  }
+  if (query_side) input_grad(query_side, dq.data(), w_q, rows, false);
+  if (key_side) {
+    input_grad(key_side, dk.data(), w_k, kv_rows, !c.cross);
+    input_grad(key_side, dv.data(), w_v, kv_rows, true);
+  }
+}
+
+}  // namespace qkv

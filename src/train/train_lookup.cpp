@@ -1,0 +1,205 @@
+// train_lookup: the training loop of the lookup task, its checkpoints and its evaluation.
+// Everything that shapes the trajectory (weights, AdamW state, step, the sampler's RNG state) goes
+// into the checkpoint, so a resumed run repeats the uninterrupted one bit for bit.
+#include <cblas.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <numeric>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "train/lookup_task.h"
+#include "qkv/checkpoint.h"
+#include "qkv/layer.h"
+#include "qkv/optim.h"
+#include "qkv/lookup.h"
+
+namespace qkv {
+namespace {
+
+constexpr uint64_t kTrainStream = 0x747261696e696e67ULL;  // "training"
+constexpr uint64_t kEvalStream = 0x68656c646f75742eULL;   // "heldout."
+constexpr int64_t kEvalBatch = 250;
+constexpr std::size_t kWindow = 50;
+
+void check_config(const LookupConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw Error("lookup task: " + message);
+  };
+  require(c.pairs >= 1, fmt::format("pairs must be at least 1, got {}", c.pairs));
+  require(c.num_keys >= c.pairs, fmt::format("num_keys ({}) must be at least pairs ({})", c.num_keys, c.pairs));
+  require(c.num_values >= 2, fmt::format("num_values must be at least 2, got {}", c.num_values));
+  require(c.embed_dim >= 1 && c.heads >= 1 && c.head_dim >= 0,
+          fmt::format("embed_dim ({}) and heads ({}) must be >= 1 and head_dim ({}) >= 0", c.embed_dim, c.heads,
+                      c.head_dim));
+  require(c.batch >= 1, fmt::format("batch must be at least 1, got {}", c.batch));
+  require(c.steps >= 0, fmt::format("steps must be >= 0, got {}", c.steps));
+  require(std::isfinite(c.lr) && c.lr > 0, fmt::format("learning rate must be finite and > 0, got {}", c.lr));
+  require(c.warmup >= 0 && c.checkpoint_every >= 0 && c.threads >= 0,
+          "warmup, checkpoint_every and threads must be >= 0");
+  require(std::isfinite(c.clip) && c.clip >= 0, fmt::format("clip must be finite and >= 0, got {}", c.clip));
+  require(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight_decay must be finite and >= 0");
+  require(c.eval_examples >= 1, fmt::format("eval_examples must be at least 1, got {}", c.eval_examples));
+  require(!c.resume || !c.checkpoint.empty(), "resume needs a checkpoint file");
+}
+
+// The settings a checkpoint must share with the run that resumes it.
+std::map<std::string, std::string> config_entries(const LookupConfig& c) {
+  return {{"train.pairs", std::to_string(c.pairs)},         {"train.num_keys", std::to_string(c.num_keys)},
+          {"train.num_values", std::to_string(c.num_values)}, {"train.embed_dim", std::to_string(c.embed_dim)},
+          {"train.heads", std::to_string(c.heads)},         {"train.head_dim", std::to_string(c.head_dim)},
+          {"train.batch", std::to_string(c.batch)},         {"train.steps", std::to_string(c.steps)},
+          {"train.lr", fmt::format("{}", c.lr)},            {"train.warmup", std::to_string(c.warmup)},
+          {"train.weight_decay", fmt::format("{}", c.weight_decay)}, {"train.clip", fmt::format("{}", c.clip)},
+          {"train.seed", std::to_string(c.seed)}};
+}
+
+std::string rng_state(const std::mt19937_64& rng) {
+  std::ostringstream out;
+  out << rng;
+  return out.str();
+}
+
+struct TrainState {
+  MultiHeadAttention& layer;
+  Optimizer& optimizer;
+  std::mt19937_64& rng;
+};
+
+void write_checkpoint(const LookupConfig& c, const TrainState& s, int64_t step) {
+  std::vector<std::pair<std::string, TensorView<const float>>> tensors;
+  for (const auto& [name, t] : std::as_const(s.layer).parameters()) tensors.emplace_back(name, t->view());
+  for (const auto& entry : s.optimizer.state()) tensors.push_back(entry);
+  std::map<std::string, std::string> meta = config_entries(c);
+  meta["qkv.format"] = "qkv.train.lookup/1";
+  meta["train.step"] = std::to_string(step);
+  meta["train.rng"] = rng_state(s.rng);
+  save_checkpoint(c.checkpoint, tensors, meta);
+}
+
+// Restores weights, optimizer state and RNG from the checkpoint; returns its step.
+int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
+  Checkpoint ck = load_checkpoint(c.checkpoint);
+  const auto& meta = ck.metadata;
+  if (!meta.count("qkv.format") || meta.at("qkv.format") != "qkv.train.lookup/1")
+    throw Error(fmt::format("checkpoint {} is not a lookup-task checkpoint", c.checkpoint));
+  for (const auto& [key, value] : config_entries(c)) {
+    const auto it = meta.find(key);
+    const std::string theirs = it == meta.end() ? "(missing)" : it->second;
+    if (theirs != value)
+      throw Error(fmt::format("checkpoint {} was written with {}={} but this run has {}={}; resume with the same settings",
+                              c.checkpoint, key.substr(6), theirs, key.substr(6), value));
+  }
+  int64_t step = -1;
+  if (meta.count("train.step")) step = std::strtoll(meta.at("train.step").c_str(), nullptr, 10);
+  if (step < 0 || step > c.steps || !meta.count("train.rng"))
+    throw Error(fmt::format("checkpoint {} has no valid train.step / train.rng entries", c.checkpoint));
+  for (const auto& [name, t] : s.layer.parameters()) {
+    const auto it = ck.tensors.find(name);
+    if (it == ck.tensors.end() || !std::equal(t->shape().begin(), t->shape().end(), it->second.shape().begin(),
+                                              it->second.shape().end()))
+      throw Error(fmt::format("checkpoint {}: weight {} is missing or has the wrong shape", c.checkpoint, name));
+  }
+  s.optimizer.load_state(ck.tensors, step);
+  for (const auto& [name, t] : s.layer.parameters()) *t = std::move(ck.tensors.at(name));
+  std::istringstream in(meta.at("train.rng"));
+  in >> s.rng;
+  if (in.fail()) throw Error(fmt::format("checkpoint {}: train.rng is not a generator state", c.checkpoint));
+  return step;
+}
+
+double accuracy(const MultiHeadAttention& layer, const detail::LookupTask& task,
+                const std::vector<detail::LookupBatch>& held_out, const AttentionOptions& options) {
+  int64_t correct = 0, total = 0;
+  for (const auto& batch : held_out) {
+    const Tensor<float> y = layer.forward(batch.x.cview(), {}, options);
+    correct += task.readout(y, batch.targets, nullptr).correct;
+    total += static_cast<int64_t>(batch.targets.size());
+  }
+  return static_cast<double>(correct) / static_cast<double>(total);
+}
+
+}  // namespace
+
+LookupResult train_lookup(const LookupConfig& c, const std::function<void(const TrainProgress&)>& progress) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start_time = Clock::now();
+  check_config(c);
+  // OpenBLAS's thread count is process-wide: set it for this run and restore it afterwards.
+  struct BlasThreads {
+    int saved = openblas_get_num_threads();
+    ~BlasThreads() { openblas_set_num_threads(saved); }
+  } blas_threads;
+  if (c.threads > 0) openblas_set_num_threads(c.threads);
+  AttentionOptions options;
+  options.num_threads = c.threads;
+
+  const detail::LookupTask task(c);
+  std::vector<detail::LookupBatch> held_out;
+  std::mt19937_64 eval_rng(c.seed ^ kEvalStream);
+  for (int64_t done = 0; done < c.eval_examples; done += kEvalBatch)
+    held_out.push_back(task.sample(std::min(kEvalBatch, c.eval_examples - done), eval_rng));
+
+  LayerConfig lc;
+  lc.embed_dim = c.embed_dim;
+  lc.num_heads = c.heads;
+  lc.head_dim = c.head_dim;
+  lc.seed = c.seed;
+  MultiHeadAttention layer(lc);
+  LookupResult result;
+  result.untrained_accuracy = accuracy(layer, task, held_out, options);
+  result.parameter_free_accuracy = accuracy(
+      MultiHeadAttention(LayerConfig{.embed_dim = c.embed_dim, .parameter_free = true}), task, held_out, options);
+
+  Optimizer optimizer(OptimizerConfig{.kind = OptimizerKind::adamw, .weight_decay = c.weight_decay},
+                      layer.parameters());
+  const LrSchedule schedule{.base = c.lr, .min_lr = c.lr * 0.01, .warmup = c.warmup, .total = c.steps};
+  std::mt19937_64 rng(c.seed ^ kTrainStream);
+  const TrainState state{layer, optimizer, rng};
+  int64_t first = 0;
+  if (c.resume) first = result.resumed_from = read_checkpoint(c, state);
+
+  std::deque<std::pair<double, double>> recent;  // (loss, accuracy) of the last kWindow steps
+  const Clock::time_point loop_start = Clock::now();
+  LayerCache cache;
+  TensorMap grads;
+  Tensor<float> dy;
+  for (int64_t step = first; step < c.steps; ++step) {
+    const detail::LookupBatch batch = task.sample(c.batch, rng);
+    const Tensor<float> y = layer.forward(batch.x.cview(), {}, options, &cache);
+    const detail::ReadoutResult r = task.readout(y, batch.targets, &dy);
+    layer.backward(cache, dy.cview(), options, &grads);
+    clip_grad_norm(grads, c.clip);
+    optimizer.step(grads, schedule.at(step));
+
+    recent.emplace_back(r.loss, static_cast<double>(r.correct) / static_cast<double>(c.batch));
+    if (recent.size() > kWindow) recent.pop_front();
+    const bool last = step + 1 == c.steps;
+    if (!c.checkpoint.empty() && ((c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || last))
+      write_checkpoint(c, state, step + 1);
+    if (progress) {
+      TrainProgress p;
+      p.step = step + 1;
+      p.steps = c.steps;
+      for (const auto& [loss, acc] : recent) {
+        p.loss += loss / static_cast<double>(recent.size());
+        p.accuracy += acc / static_cast<double>(recent.size());
+      }
+      p.elapsed_seconds = std::chrono::duration<double>(Clock::now() - loop_start).count();
+      const double done = static_cast<double>(step + 1 - first);
+      p.tokens_per_second = done * static_cast<double>(c.batch * task.sequence_length()) / std::max(p.elapsed_seconds, 1e-9);
+      p.eta_seconds = p.elapsed_seconds / done * static_cast<double>(c.steps - step - 1);
+      progress(p);
+    }
+  }
+  for (const auto& [loss, acc] : recent) result.final_loss += loss / static_cast<double>(recent.size());
+  if (!c.save.empty()) layer.save(c.save);
+  result.trained_accuracy = accuracy(layer, task, held_out, options);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start_time).count();
+  return result;
+}
+
+}  // namespace qkv

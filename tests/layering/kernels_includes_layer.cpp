@@ -1,0 +1,2 @@
+// kernels are below the layer.
+#include "qkv/layer.h"

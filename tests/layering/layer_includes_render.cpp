@@ -1,0 +1,2 @@
+// render is above layer.
+#include "qkv/render.h"
