@@ -120,12 +120,14 @@ def main():
             print(json.dumps(r), flush=True)
     med = {impl: statistics.median(r["step_ms"] for r in rs) for impl, rs in results.items()}
     peak = {impl: statistics.median(r["peak_rss_mb"] for r in rs) for impl, rs in results.items()}
+    grow = {impl: statistics.median(r["peak_rss_mb"] - r["rss_before_mb"] for r in rs) for impl, rs in results.items()}
     print(f"seq {args.seq} batch {args.batch} d_model {args.d_model} heads {args.heads} layers {args.layers} "
           f"threads {args.threads}")
     for impl in ("torch", "qkv"):
-        print(f"{impl:6s} step {med[impl]:8.1f} ms  peak RSS {peak[impl]:7.0f} MB  "
+        print(f"{impl:6s} step {med[impl]:8.1f} ms  peak RSS {peak[impl]:7.0f} MB (+{grow[impl]:.0f} MB in training)  "
               f"loss {results[impl][-1]['first_loss']:.3f} -> {results[impl][-1]['last_loss']:.3f}")
-    print(f"speed-up {med['torch'] / med['qkv']:.2f}x, peak memory ratio {peak['torch'] / peak['qkv']:.2f}x")
+    print(f"speed-up {med['torch'] / med['qkv']:.2f}x (medians of {args.repeats} alternated runs), "
+          f"training memory ratio {grow['torch'] / grow['qkv']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -228,6 +228,30 @@ def test_results_identical_for_1_2_3_threads():
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
+def test_import_qkv_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, qkv; assert 'torch' not in sys.modules, 'qkv imported torch'; print('ok')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_inputs_are_read_in_place(dtype):
+    """Strided, transposed and broadcast inputs of rank <= 4 reach qkv as views of their storage."""
+    base = torch.randn(3, 7, 2, 16).to(dtype)
+    cases = [base.transpose(1, 2),                       # [B, H, L, E] over [B, L, H, E] memory
+             base[:, :, 0, ::2],                          # rank 3, strided last dim
+             base[0, :, 1].expand(4, 2, 7, 16),           # broadcast batch and heads (stride 0)
+             base[1, :, 0]]                               # rank 2
+    for t in cases:
+        layout = qt._Layout(t, t, t, False)
+        t4 = layout.to4(t, layout.lead)
+        view = qt._numpy(t4)
+        assert t4.data_ptr() == t.data_ptr() and view.__array_interface__["data"][0] == t.data_ptr()
+        assert view.strides == tuple(s * t.element_size() for s in t4.stride())
+
+
 def test_readme_snippet_runs_as_written():
     """The "Use from PyTorch" snippet of README.md, executed verbatim."""
     import pathlib
