@@ -242,3 +242,32 @@ def test_eval_mode_allows_dropout_modules():
     m = qt.MultiheadAttention(8, 2, dropout=0.1).eval()
     out, _ = m(x, x, x)
     assert out.shape == x.shape
+
+
+def test_bfloat16_module_matches_float32():
+    """A bfloat16 module (bf16 kernel forward, widened backward) vs torch's float32 module, same weights."""
+    torch.manual_seed(4)
+    ours = qt.MultiheadAttention(16, 2, batch_first=True).to(torch.bfloat16)
+    ref = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    ref.load_state_dict({k: v.float() for k, v in ours.state_dict().items()})
+    x, mask = torch.randn(2, 9, 16).to(torch.bfloat16), torch.randn(9, 9).to(torch.bfloat16)
+    out, w = ours(x, x, x, attn_mask=mask)
+    out.float().sum().backward()
+    assert out.dtype == w.dtype == torch.bfloat16 and ours.in_proj_weight.grad.dtype == torch.bfloat16
+    want, want_w = ref(x.float(), x.float(), x.float(), attn_mask=mask.float())
+    assert float((out.float() - want).abs().max()) <= 5e-2 * (1 + float(want.abs().max()))
+    assert float((w.float() - want_w).abs().max()) <= 2e-2
+    assert torch.isfinite(ours.in_proj_weight.grad).all()
+
+
+def test_training_example_runs(tmp_path):
+    """examples/torch_train.py end to end at a tiny size (its figures are in BENCHMARKS.md)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "examples" / "torch_train.py"
+    res = subprocess.run([sys.executable, str(script), "--seq", "32", "--steps", "2", "--warmup", "1", "--d-model", "32"],
+                         capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "speed-up" in res.stdout and "qkv    step" in res.stdout and "torch  step" in res.stdout, res.stdout
