@@ -4,6 +4,7 @@ build-pip/ (incremental between runs; ccache hits objects a build/ tree compiled
 takes seconds; a first run builds the library once. Skipped only if venv or setuptools is absent."""
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,6 @@ def test_pip_wheel_offline(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     wheels = list(tmp_path.glob("qkv-*.whl"))
     assert len(wheels) == 1, list(tmp_path.iterdir())
-    import zipfile
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert "qkv/torch.py" in names and "qkv/__init__.py" in names
     assert any(n.startswith("qkv/_qkv.") and n.endswith(".so") for n in names), names

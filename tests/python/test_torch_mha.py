@@ -9,6 +9,10 @@ NaN (qkv gives 0: tested on its own). Seeds: QKV_TEST_SEED=<seed> case=<n> in ev
 
 import copy
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -260,14 +264,11 @@ def test_bfloat16_module_matches_float32():
     assert torch.isfinite(ours.in_proj_weight.grad).all()
 
 
-def test_training_example_runs(tmp_path):
+def test_training_example_runs():
     """examples/torch_train.py end to end at a tiny size (its figures are in BENCHMARKS.md)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     script = Path(__file__).resolve().parents[2] / "examples" / "torch_train.py"
-    res = subprocess.run([sys.executable, str(script), "--seq", "32", "--steps", "2", "--warmup", "1", "--d-model", "32"],
-                         capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    args = ["--seq", "32", "--steps", "2", "--warmup", "1", "--d-model", "32"]
+    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "speed-up" in res.stdout and "qkv    step" in res.stdout and "torch  step" in res.stdout, res.stdout

@@ -7,10 +7,15 @@ it is the oracle; run in float32 it is "PyTorch fp32 autograd of the composite" 
 the bound for gradients: max|g - ref| <= 2 * max|g_pt - ref| + 1e-5 * (1 + max|ref|). (The house
 rule's absolute 1e-5 failed 5 of 320 cases by up to 20%, QKV_TEST_SEED=488897553: with 3 keys
 PyTorch's composite is nearly exact while dv sums 17-42 query rows of magnitude ~5, so the floor
-scales with max|ref| like the forward bound.) Forward outputs must be within 2e-5 * (1 + max|ref|). Every case prints QKV_TEST_SEED=<seed> case=<n> for replay.
+scales with max|ref| like the forward bound.) Forward outputs must be within 2e-5 * (1 + max|ref|).
+Every case prints QKV_TEST_SEED=<seed> case=<n> for replay.
 """
 
 import math
+import pathlib
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -229,8 +234,6 @@ def test_results_identical_for_1_2_3_threads():
 
 
 def test_import_qkv_does_not_import_torch():
-    import subprocess
-    import sys
     code = "import sys, qkv; assert 'torch' not in sys.modules, 'qkv imported torch'; print('ok')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
@@ -254,8 +257,6 @@ def test_inputs_are_read_in_place(dtype):
 
 def test_readme_snippet_runs_as_written():
     """The "Use from PyTorch" snippet of README.md, executed verbatim."""
-    import pathlib
-    import re
     text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = text[text.index("## Use from PyTorch"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
