@@ -272,3 +272,21 @@ def test_training_example_runs():
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "speed-up" in res.stdout and "qkv    step" in res.stdout and "torch  step" in res.stdout, res.stdout
+
+
+def test_float_attn_mask_gets_its_gradient():
+    """A learnable float attn_mask (e.g. a relative-position bias) gets dL/dmask as in PyTorch."""
+    torch.manual_seed(6)
+    ref = torch.nn.MultiheadAttention(12, 3).double()
+    ours = qt.MultiheadAttention(12, 3)
+    ours.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+    x = torch.randn(7, 2, 12, dtype=torch.float64)
+    grads = []
+    for module, dtype in ((ours, torch.float32), (ref, torch.float64)):
+        mask = torch.linspace(-1, 1, 6 * 49, dtype=dtype).reshape(6, 7, 7).requires_grad_()
+        xs = x.to(dtype)
+        out, _ = module(xs, xs, xs, attn_mask=mask, need_weights=False)
+        out.pow(2).sum().backward()
+        grads.append(mask.grad)
+    assert grads[0].dtype == torch.float32
+    assert float((grads[0].double() - grads[1]).abs().max()) <= 2e-5 * (1 + float(grads[1].abs().max()))
