@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from . import _qkv
 
@@ -146,6 +147,7 @@ class _AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable  # qkv's backward is not itself differentiable: double backward raises
     def backward(ctx, dout, _dlse):
         q, k, v, bias, keep, out, lse = ctx.saved_tensors
         want_dbias = ctx.needs_input_grad[3]

@@ -330,3 +330,11 @@ def test_backward_through_lse_raises():
     out, lse = qt.scaled_dot_product_attention(q, q, q, return_lse=True)
     with pytest.raises(RuntimeError, match="does not require grad"):
         lse.sum().backward()
+
+
+def test_double_backward_raises():
+    q = torch.randn(4, 8, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q, q, q)
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad|differentiable"):
+        g.sum().backward()
