@@ -4,6 +4,7 @@ and measure the step time and the peak memory of each.
 
     PYTHONPATH=build/python /usr/bin/python3 examples/torch_train.py               # both, compared
     PYTHONPATH=build/python /usr/bin/python3 examples/torch_train.py --impl qkv    # one of them
+    PYTHONPATH=build/python /usr/bin/python3 examples/torch_train.py --attention-only  # attention alone
 
 The text is a file Debian ships (/usr/share/common-licenses/GPL-3 by default). Each implementation
 runs in its own process (so peak resident memory, ru_maxrss, is its own), from the same seed, on the
@@ -89,6 +90,33 @@ def run(args):
                 last_loss=statistics.mean(losses[-5:]))
 
 
+def attention_only(args):
+    """Median forward and backward times of the attention alone, causal, on [batch, heads, seq, d/heads]."""
+    import qkv.torch
+    torch.set_num_threads(args.threads)
+    shape = (args.batch, args.heads, args.seq, args.d_model // args.heads)
+    mask = torch.triu(torch.full((args.seq, args.seq), -math.inf), diagonal=1)
+
+    def composite(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + mask, dim=-1) @ v
+
+    def fused(q, k, v):
+        return qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    for name, fn in (("qkv", fused), ("torch", composite)):
+        q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+        fwd, bwd = [], []
+        for _ in range(args.warmup + args.steps):
+            t0 = time.perf_counter()
+            out = fn(q, k, v)
+            t1 = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t1)
+        f, b = (1e3 * statistics.median(x[args.warmup:]) for x in (fwd, bwd))
+        print(f"{name:6s} attention {list(shape)} causal: forward {f:.1f} ms, backward {b:.1f} ms")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", choices=["torch", "qkv", "both"], default="both")
@@ -103,7 +131,11 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="with --impl both: alternate the two this many times")
+    p.add_argument("--attention-only", action="store_true", help="time the attention alone (forward, backward)")
     args = p.parse_args()
+    if args.attention_only:
+        attention_only(args)
+        return
     if args.impl != "both":
         print(json.dumps(run(args)))
         return
@@ -112,7 +144,7 @@ def main():
         for impl in ("torch", "qkv"):
             cmd = [sys.executable, __file__, "--impl", impl]
             for name, value in vars(args).items():
-                if name not in ("impl", "repeats"):
+                if name not in ("impl", "repeats", "attention_only"):
                     cmd += [f"--{name.replace('_', '-')}", str(value)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
