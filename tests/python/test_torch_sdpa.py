@@ -338,3 +338,15 @@ def test_double_backward_raises():
     (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad|differentiable"):
         g.sum().backward()
+
+
+def test_empty_dimensions():
+    """No keys: every row is fully masked, so 0 (PyTorch: NaN); no queries or no batch: empty results."""
+    q = torch.randn(2, 3, 8, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q, torch.randn(2, 0, 8), torch.randn(2, 0, 5))
+    assert out.shape == (2, 3, 5) and torch.equal(out, torch.zeros(2, 3, 5))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+    assert qt.scaled_dot_product_attention(torch.randn(2, 0, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 5)).shape \
+        == (2, 0, 5)
+    assert qt.scaled_dot_product_attention(*(torch.randn(0, 2, 3, 8) for _ in range(3))).shape == (0, 2, 3, 8)
