@@ -291,6 +291,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     are not differentiable; need_weights=False (use it when training) skips that work entirely.
     Dropout: a module with dropout > 0 raises ValueError in training mode (eval mode is fine).
     Fully masked rows give zeros where PyTorch gives NaN.
+
+    Note: torch.nn.TransformerEncoderLayer's inference fast path (eval mode under no_grad) calls
+    torch._transformer_encoder_layer_fwd with the layer's weights and never calls self_attn, so an
+    instance of this class swapped into it runs only in training or with grad enabled.
     """
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
