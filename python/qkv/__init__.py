@@ -6,7 +6,8 @@
 
 Functions take numpy arrays shaped like PyTorch's ([..., N, D]) and return new numpy arrays.
 Bad input raises TypeError (wrong type or dtype) or ValueError (wrong shape or value), never
-crashes.
+crashes. PyTorch users: `import qkv.torch` (scaled_dot_product_attention and MultiheadAttention with
+autograd); `import qkv` itself never imports torch.
 """
 
 from . import _qkv
