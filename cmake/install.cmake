@@ -39,6 +39,6 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # dpkg-shlibdeps finds the shared libraries the binaries load (fmt, OpenBLAS, gomp, libstdc++);
 # the -dev packages are what the headers and the CMake package need to compile against.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libfmt-dev, libopenblas-dev, libgomp1")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libfmt-dev, libopenblas-dev, libgomp1, python3-numpy")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 include(CPack)
