@@ -27,7 +27,8 @@ class MaskEval {
 
   // The key index on the diagonal for query i of batch row b.
   int64_t diagonal(int64_t b, int64_t i) const {
-    return mask_.align() == CausalAlign::bottom_right ? i + valid_keys(b) - valid_queries(b) : i;
+    const int64_t offset = mask_.diagonal_offsets.empty() ? 0 : mask_.diagonal_offsets[b];
+    return (mask_.align() == CausalAlign::bottom_right ? i + valid_keys(b) - valid_queries(b) : i) + offset;
   }
 
   // Keys allowed for query i of batch row b by lengths, causal and window.

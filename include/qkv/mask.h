@@ -43,6 +43,10 @@ struct Mask {
   std::vector<float> alibi_slopes;
   // If > 0, scores s become softcap * tanh(s / softcap) before bias and ALiBi are added.
   float softcap = 0.0f;
+  // Added to the diagonal key index of every query of batch row b (causal, window, ALiBi), after
+  // the alignment above. Size B, or empty for 0. Lets one block of a longer sequence keep the
+  // diagonal of the whole (ring attention: query block at q0, key block at k0 gives q0 - k0).
+  std::vector<int64_t> diagonal_offsets;
 
   bool is_causal() const { return causal.has_value(); }
   CausalAlign align() const { return causal ? *causal : diagonal; }
