@@ -287,6 +287,56 @@ void run_shard_roundtrip(uint64_t seed) {
     }
 }
 
+// The two kernel options the ring relies on, on one process. diagonal_offsets: the query rows
+// [8, 20) of a causal, windowed, ALiBi call over all 20 keys, computed alone with offset 8, equal
+// those rows of the whole call bitwise. partial_rows: a row whose block holds one allowed key
+// still gets its gradient (the shortcut that zeroes it would be wrong in a block).
+void run_mask_field_tests(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Tensor<float> q = random_tensor(rng, {1, 2, 20, 16}), k = random_tensor(rng, {1, 2, 20, 16});
+  Tensor<float> v = random_tensor(rng, {1, 2, 20, 16});
+  qkv::AttentionOptions o;
+  o.kernel = qkv::Kernel::fused;
+  o.mask.causal = qkv::CausalAlign::top_left;
+  o.mask.window = qkv::Window{5, -1};
+  o.mask.alibi_slopes = {0.5f, 0.25f};
+  Tensor<float> out({1, 2, 20, 16}), lse({1, 2, 20});
+  qkv::attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o);
+  const std::array<int64_t, 4> shape{1, 2, 12, 16};
+  const std::array<int64_t, 4> strides{2 * 20 * 16, 20 * 16, 16, 1};
+  TensorView<const float> rows(q.data() + 8 * 16, shape, strides);
+  Tensor<float> part({1, 2, 12, 16});
+  o.mask.diagonal_offsets = {8};
+  qkv::attention_forward(part.view(), {}, rows, k.cview(), v.cview(), o);
+  for (int64_t h = 0; h < 2; ++h)
+    if (std::memcmp(part.data() + h * 12 * 16, out.data() + (h * 20 + 8) * 16, 12 * 16 * sizeof(float)) != 0)
+      fail("diagonal_offsets: rows computed alone differ from the same rows of the whole call");
+  o.mask.diagonal_offsets = {1, 2};
+  expect_error("diagonal_offsets size", "diagonal_offsets: expected 1 entries", [&] {
+    qkv::attention_forward(part.view(), {}, rows, k.cview(), v.cview(), o);
+  });
+  // Row 0 of a causal call sees only key 0; as a block of a longer row (lse larger than its own
+  // logit) its dq is not zero, and with the shortcut on it is.
+  qkv::AttentionOptions c;
+  c.kernel = qkv::Kernel::fused;
+  c.mask.causal = qkv::CausalAlign::top_left;
+  Tensor<float> q1 = random_tensor(rng, {1, 1, 1, 8}), k1 = random_tensor(rng, {1, 1, 1, 8});
+  Tensor<float> v1 = random_tensor(rng, {1, 1, 1, 8}), o1 = random_tensor(rng, {1, 1, 1, 8});
+  Tensor<float> dout1 = random_tensor(rng, {1, 1, 1, 8}), lse1({1, 1, 1}), dq1({1, 1, 1, 8});
+  Tensor<float> dk1({1, 1, 1, 8}), dv1({1, 1, 1, 8});
+  lse1[0] = 3.0f;
+  auto dq_norm = [&] {
+    qkv::attention_backward(dq1.view(), dk1.view(), dv1.view(), {}, dout1.cview(), q1.cview(), k1.cview(), v1.cview(),
+                            o1.cview(), lse1.cview(), c);
+    double n = 0;
+    for (int64_t i = 0; i < 8; ++i) n += std::abs(dq1[i]);
+    return n;
+  };
+  if (dq_norm() != 0) fail("partial_rows off: a single-key row should get the zero-gradient shortcut");
+  c.partial_rows = true;
+  if (dq_norm() == 0) fail("partial_rows: a single-key block row got a zero gradient");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,6 +349,7 @@ int main(int argc, char** argv) {
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   if (g_rank == 0) std::printf("ring_test: %d ranks, QKV_TEST_SEED=%llu\n", g_ranks, static_cast<unsigned long long>(seed));
   run_shard_roundtrip(seed);
+  run_mask_field_tests(seed);
   for (const Case& c : cases()) {
     try {
       run_case(c, seed);
