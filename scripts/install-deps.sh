@@ -6,6 +6,7 @@ packages=(
   libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
+  libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
 )
 missing=()
