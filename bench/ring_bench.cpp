@@ -41,25 +41,44 @@ Tensor<float> random(std::initializer_list<int64_t> shape, uint64_t seed) {
   return t;
 }
 
+// User + system CPU seconds of this process (all its threads).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct Timing {
+  double wall = 0;  // median wall seconds
+  double cpu = 0;   // median CPU seconds summed over the ranks (MPI waiting spins, so it counts)
+};
+
 template <class F>
-double median_seconds(F&& f) {
-  std::vector<double> t;
+Timing median_seconds(F&& f) {
+  std::vector<double> wall, cpu;
   for (int i = 0; i <= g_reps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = std::chrono::steady_clock::now();
+    const double cpu0 = cpu_seconds();
     f();
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (i > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    double used = cpu_seconds() - cpu0, total = 0;
+    MPI_Allreduce(&used, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (i > 0) {
+      wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      cpu.push_back(total);
+    }
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
-void report(const char* mode, const Shape& s, bool causal, const char* pass, double seconds) {
+void report(const char* mode, const Shape& s, bool causal, const char* pass, Timing t) {
   const double flops = (pass[0] == 'f' ? 4.0 : 10.0) * s.B * s.H * double(s.N) * s.N * s.D / (causal ? 2 : 1);
   if (g_rank == 0)
-    std::printf("%s %s %s %s P=%d threads=%d seconds=%.4f gflops=%.1f\n", mode, s.name, causal ? "causal" : "plain",
-                pass, g_ranks, g_threads, seconds, flops / seconds * 1e-9);
+    std::printf("%s %s %s %s P=%d threads=%d seconds=%.4f cpu=%.4f gflops=%.1f cpu_gflops_per_core=%.1f\n", mode,
+                s.name, causal ? "causal" : "plain", pass, g_ranks, g_threads, t.wall, t.cpu, flops / t.wall * 1e-9,
+                flops / t.cpu * 1e-9);
 }
 
 // One shape on P ranks (P = 1 and mode single: the plain fused kernel on the whole sequence).
@@ -100,7 +119,7 @@ void bandwidth() {
       MPI_Recv(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       MPI_Send(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
     }
-  });
+  }).wall;
   if (g_rank == 0) std::printf("bandwidth bytes=%ld GB/s=%.2f\n", long(count * 4), 2.0 * count * 4 / seconds * 1e-9);
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Ring attention efficiency: 2 ranks x 1 thread (ring, zigzag) against 1 rank x 2 threads (the
 single-process fused kernel), forward and backward, S4 and S6, plain and causal; ratio =
-t(single, 2 threads) / t(ring, 2 ranks) per line (1.0 = the ring loses nothing). Also the
+t(single, 2 threads) / t(ring, 2 ranks) per line (1.0 = the ring loses nothing), in wall time and
+in CPU time summed over threads or ranks (MPI waits spin, so waiting counts; other jobs' load does
+not, which makes the CPU ratio the stable one on a shared machine). Also the
 loopback MPI bandwidth and the 1-thread kernel speed that calibrate the model in BENCHMARKS.md.
 
     /usr/bin/python3 bench/ring_bench.py build/bench/qkv_ring_bench [--reps 3] [--rounds 2]
@@ -25,9 +27,9 @@ def run(cmd):
 def parse(text):
     rows = {}
     for line in text.splitlines():
-        m = re.match(r"(ring|single) (\S+) (\S+) (\S+) .*seconds=([\d.]+) gflops=([\d.]+)", line)
+        m = re.match(r"(ring|single) (\S+) (\S+) (\S+) .*seconds=([\d.]+) cpu=([\d.]+)", line)
         if m:
-            rows[(m[2], m[3], m[4])] = float(m[5])
+            rows[(m[2], m[3], m[4])] = (float(m[5]), float(m[6]))
     return rows
 
 
@@ -46,10 +48,13 @@ def main():
             single.setdefault(key, []).append(t)
         for key, t in parse(run(MPIRUN + ["-np", "2", a.binary, "ring", "--threads", "1", "--reps", a.reps])).items():
             ring.setdefault(key, []).append(t)
-    print(f"{'shape':6} {'mask':7} {'pass':9} {'1x2 s':>8} {'2x1 s':>8} {'ratio':>6}")
+    print("| shape | mask | pass | 1x2 wall s | 2x1 wall s | wall ratio | 1x2 CPU s | 2x1 CPU s | CPU ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in single:
-        s, r = statistics.median(single[key]), statistics.median(ring[key])
-        print(f"{key[0]:6} {key[1]:7} {key[2]:9} {s:8.3f} {r:8.3f} {s / r:6.2f}")
+        sw, sc = (statistics.median(t[i] for t in single[key]) for i in (0, 1))
+        rw, rc = (statistics.median(t[i] for t in ring[key]) for i in (0, 1))
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {sw:.3f} | {rw:.3f} | {sw / rw:.2f} | {sc:.3f} | {rc:.3f} | "
+              f"{sc / rc:.2f} |")
     print("load after:", open("/proc/loadavg").read().strip())
 
 
