@@ -69,7 +69,7 @@ PYBIND11_MODULE(_qkv_distributed, m) {
   py::class_<qkv::RingOptions>(m, "RingOptions");
   m.def("forward", [](uintptr_t comm, const Array& q, const Array& k, const Array& v, const qkv::RingOptions& o) {
     const auto qv = view(q, "q"), kv = view(k, "k"), vv = view(v, "v");
-    Array out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), vv.rank() == 4 ? vv.dim(3) : 0});
+    Array out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), vv.dim(3)});
     Array lse = new_array({qv.dim(0), qv.dim(1), qv.dim(2)});
     {
       py::gil_scoped_release release;

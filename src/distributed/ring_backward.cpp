@@ -48,10 +48,9 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   const int P = plan.ranks, r = plan.rank;
   const int left = (r - 1 + P) % P, right = (r + 1) % P;
   const int threads = options.attention.num_threads > 0 ? options.attention.num_threads : default_num_threads();
-  const int64_t Nr = plan.q_tokens(r), Mr = plan.kv_tokens(r);
+  const int64_t Mr = plan.kv_tokens(r);
 
-  Tensor<float> zeros({plan.B, plan.H, Nr, plan.D}, "ring attention dq");
-  ring::copy_into(dq, zeros.cview(), threads);
+  ring::fill_zero(dq, threads);
   const int64_t qmax = max_chunk(plan.q_chunks), kmax = max_chunk(plan.kv_chunks);
   Tensor<float> dq_block({plan.B * plan.H * qmax * plan.D}, "ring attention block dq");
   Tensor<float> dk_block({plan.B * plan.Hkv * kmax * plan.D}, "ring attention block dk");

@@ -245,6 +245,9 @@ void copy_into(TensorView<float> dst, TensorView<const float> src, int threads) 
 void add_into(TensorView<float> dst, TensorView<const float> src, int threads) {
   elementwise(dst, src, threads, [](float& d, float s) { d += s; });
 }
+void fill_zero(TensorView<float> dst, int threads) {
+  elementwise(dst, dst, threads, [](float& d, float) { d = 0.0f; });
+}
 
 void Transfers::send(const float* data, int64_t count, int to, int tag, MPI_Comm comm) {
   for (int64_t done = 0; done < count; done += kMaxMessage) {

@@ -64,6 +64,7 @@ TensorView<T> rows(TensorView<T> t, int64_t begin, int64_t len) {
 // the result does not depend on the thread count.
 void copy_into(TensorView<float> dst, TensorView<const float> src, int threads);
 void add_into(TensorView<float> dst, TensorView<const float> src, int threads);
+void fill_zero(TensorView<float> dst, int threads);
 
 // Outstanding non-blocking transfers; messages above 2^30 floats go in several parts.
 class Transfers {

@@ -66,8 +66,7 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
 
   Tensor<float> acc_lse({plan.B, plan.H, Nr}, "ring attention lse");
   for (int64_t i = 0; i < acc_lse.numel(); ++i) acc_lse[i] = -std::numeric_limits<float>::infinity();
-  Tensor<float> zeros({plan.B, plan.H, Nr, plan.Dv}, "ring attention out");
-  ring::copy_into(out, zeros.cview(), threads);
+  ring::fill_zero(out, threads);
   int64_t max_chunk = 0;
   for (const ring::Chunk& c : plan.q_chunks[r]) max_chunk = std::max(max_chunk, c.global.size());
   Tensor<float> block_out({plan.B * plan.H * max_chunk * plan.Dv}, "ring attention block out");
