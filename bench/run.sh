@@ -21,3 +21,8 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
   --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"
 /usr/bin/python3 "$HERE/compare_backward.py" --build "$BUILD" --out "$OUT" | tee "$OUT/backward_table.md"
+# Ring attention over MPI (only when qkv_ring_bench was built, i.e. MPI was found).
+if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
+  echo "ring attention, 2 ranks x 1 thread vs 1 rank x 2 threads (several minutes)..." >&2
+  /usr/bin/python3 "$HERE/ring_bench.py" "$BUILD/bench/qkv_ring_bench" | tee "$OUT/ring_table.md"
+fi

@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
   python3-setuptools python3-pip python3-venv python3-wheel ccache
+  libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
   pkg-config dpkg-dev file
 )

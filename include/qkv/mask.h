@@ -17,7 +17,7 @@ enum class CausalAlign { top_left, bottom_right };
 
 // A band around the diagonal (the same diagonal that `causal_align` places): query i sees keys j
 // with diag(i) - left <= j <= diag(i) + right. A negative bound means unbounded on that side, and
-// so does any bound of N + M or more (INT64_MAX included).
+// so does any bound too large to matter (INT64_MAX included).
 struct Window {
   int64_t left = -1;
   int64_t right = -1;
@@ -44,6 +44,10 @@ struct Mask {
   std::vector<float> alibi_slopes;
   // If > 0, scores s become softcap * tanh(s / softcap) before bias and ALiBi are added.
   float softcap = 0.0f;
+  // Added to the diagonal key index of every query of batch row b (causal, window, ALiBi), after
+  // the alignment above. Size B, or empty for 0. Lets one block of a longer sequence keep the
+  // diagonal of the whole (ring attention: query block at q0, key block at k0 gives q0 - k0).
+  std::vector<int64_t> diagonal_offsets;
 
   CausalAlign align() const { return causal ? *causal : diagonal; }
 };

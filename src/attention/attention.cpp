@@ -52,6 +52,9 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   };
   check_lengths(m.key_lengths, s.M, "key_lengths");
   check_lengths(m.query_lengths, s.N, "query_lengths");
+  if (!m.diagonal_offsets.empty() && static_cast<int64_t>(m.diagonal_offsets.size()) != s.B)
+    throw Error(fmt::format("diagonal_offsets: expected {} entries (one per batch row), got {}", s.B,
+                            m.diagonal_offsets.size()));
   auto check_mask_view = [&](std::span<const int64_t> shape, const char* name) {
     const std::array<int64_t, 4> want{s.B, s.H, s.N, s.M};
     if (shape.size() != 4 || !std::equal(shape.begin(), shape.end(), want.begin()))

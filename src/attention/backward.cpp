@@ -108,6 +108,7 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   p.scale = static_cast<float>(attention_scale(options.scale, s.D));
   p.mask = &mask;
   p.bands = bands.data();
+  p.single_key_shortcut = !options.partial_rows;
   p.chunk_rows = plan_chunk_rows(s);
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
   const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;

@@ -127,24 +127,30 @@ Tensor<T> load_npy(const std::string& path) {
   return out;
 }
 
-template <class T>
-std::string npy_bytes(TensorView<const T> t) {
-  if (t.numel() > 0 && t.data() == nullptr) throw Error("npy_bytes: the view has no data");
+namespace detail {
+std::string npy_header_bytes(std::string_view descr, std::span<const int64_t> dims) {
   std::string shape;
-  if (t.rank() == 1) shape = fmt::format("({},)", t.dim(0));
-  else shape = fmt::format("({})", fmt::join(t.shape(), ", "));
-  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr_of<T>(), shape);
+  if (dims.size() == 1) shape = fmt::format("({},)", dims[0]);
+  else shape = fmt::format("({})", fmt::join(dims, ", "));
+  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, shape);
   // numpy pads with spaces and a newline so the data starts on a 64-byte boundary.
   std::size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  const uint64_t data_bytes = static_cast<uint64_t>(t.numel()) * sizeof(T);
   std::string out;
-  out.reserve(10 + header.size() + data_bytes);
   out.append("\x93NUMPY\x01\x00", 8);
   out += static_cast<char>(header.size() & 0xff);
   out += static_cast<char>(header.size() >> 8);
   out += header;
+  return out;
+}
+}  // namespace detail
+
+template <class T>
+std::string npy_bytes(TensorView<const T> t) {
+  if (t.numel() > 0 && t.data() == nullptr) throw Error("npy_bytes: the view has no data");
+  std::string out = detail::npy_header_bytes(descr_of<T>(), t.shape());
+  out.reserve(out.size() + static_cast<std::size_t>(t.numel()) * sizeof(T));
   if (t.numel() == 0) return out;
   TensorView<const T> s = t.as_rank4();
   for (int64_t a = 0; a < s.dim(0); ++a)

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -24,5 +25,9 @@ struct NpyHeader {
 // Parses the preamble and header dict of `file` (the whole file's bytes) and checks that the
 // data it declares is exactly what follows it. Throws qkv::Error prefixed with `path`.
 NpyHeader parse_npy_header(std::string_view file, const std::string& path);
+
+// The preamble and header of a version-1.0 C-order .npy file of `shape` (what npy_bytes writes
+// before the data, padded so the data starts on a 64-byte boundary).
+std::string npy_header_bytes(std::string_view descr, std::span<const int64_t> shape);
 
 }  // namespace qkv::detail

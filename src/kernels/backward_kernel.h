@@ -34,6 +34,7 @@ struct BackwardParams {
   const detail::MaskEval* mask = nullptr;
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
   int64_t chunk_rows = kBackwardTile, chunks = 1;
+  bool single_key_shortcut = true;  // off for AttentionOptions::partial_rows
 };
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.

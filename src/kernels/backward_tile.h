@@ -127,7 +127,7 @@ class BackwardChunk {
       neg_lse_[r] = live ? -lse * kLog2eBwd : 0.0f;  // dead rows: every logit is -inf, so P = 0
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
-      single_[r] = live && band.hi - band.lo == 1;
+      single_[r] = p_.single_key_shortcut && live && band.hi - band.lo == 1;
       any |= lo_[r] < hi_[r];
       interior_ &= lo_[r] <= 0 && hi_[r] >= T;
     }

@@ -27,7 +27,8 @@ class MaskEval {
 
   // The key index on the diagonal for query i of batch row b.
   int64_t diagonal(int64_t b, int64_t i) const {
-    return mask_.align() == CausalAlign::bottom_right ? i + valid_keys(b) - valid_queries(b) : i;
+    const int64_t offset = mask_.diagonal_offsets.empty() ? 0 : mask_.diagonal_offsets[b];
+    return (mask_.align() == CausalAlign::bottom_right ? i + valid_keys(b) - valid_queries(b) : i) + offset;
   }
 
   // Keys allowed for query i of batch row b by lengths, causal and window.
@@ -37,9 +38,9 @@ class MaskEval {
     const int64_t d = diagonal(b, i);
     if (mask_.causal) band.hi = std::min(band.hi, d + 1);
     if (mask_.window) {
-      // |d| <= N + M, so a bound clamped to N + M keeps its meaning and d ± bound cannot
-      // overflow (a window of INT64_MAX means "everything on that side").
-      const int64_t reach = shape_.N + shape_.M;
+      // A bound of |d| + M or more reaches past every key, so clamping to it keeps the band and
+      // keeps d ± bound from overflowing (a window of INT64_MAX means "everything on that side").
+      const int64_t reach = shape_.M + (d < 0 ? -d : d);
       if (mask_.window->left >= 0) band.lo = std::max(band.lo, d - std::min(mask_.window->left, reach));
       if (mask_.window->right >= 0) band.hi = std::min(band.hi, d + std::min(mask_.window->right, reach) + 1);
     }

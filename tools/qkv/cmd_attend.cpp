@@ -14,6 +14,9 @@
 #include "qkv/io.h"
 #include "qkv/reference.h"
 #include "qkv/weights.h"
+#ifdef QKV_HAVE_MPI
+#include "ring/attend_ring.h"
+#endif
 
 namespace qkv::cli {
 namespace {
@@ -24,6 +27,7 @@ struct AttendArgs {
   double scale = 0.0;
   bool has_scale = false;
   int threads = 0;
+  bool ring = false;
   MaskArgs mask;
 };
 
@@ -120,7 +124,19 @@ std::vector<std::pair<std::string, std::string>> attend(AttendArgs& a) {
   return files;
 }
 
+int run_ring(AttendArgs& a) {
+  if (!a.weights.empty()) throw Error("--weights cannot be combined with --ring (the weights are N×M)");
+  if (a.kernel == "reference") throw Error("--kernel reference cannot be combined with --ring");
+#ifdef QKV_HAVE_MPI
+  const std::optional<double> scale = a.has_scale ? std::optional<double>(a.scale) : std::nullopt;
+  return run_attend_ring({a.q, a.k, a.v, a.out, a.lse, scale, a.threads}, a.mask);
+#else
+  throw Error("--ring: this qkv was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+}
+
 int run_attend(AttendArgs& a) {
+  if (a.ring) return run_ring(a);
   check_output_path(a.out, "--out");
   if (!a.lse.empty()) check_output_path(a.lse, "--lse");
   if (!a.weights.empty()) check_output_path(a.weights, "--weights");
@@ -158,6 +174,9 @@ Command add_attend(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "reference", "fused"}));
   sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
       ->check(integer_in(1, 4096));
+  sub->add_flag("--ring", args->ring,
+                "Ring attention across MPI ranks: run as `mpirun -np P qkv attend --ring ...`; each rank reads only\n"
+                "its zigzag shard of float32 q, k, v and the output is written once, in sequence order");
   add_mask_options(sub, args->mask);
   return {sub, [args, scale] {
             args->has_scale = scale->count() > 0;

@@ -1,0 +1,110 @@
+// Ring attention forward. Rank r holds its query shard; at step s it holds the K/V shard of rank
+// (r - s) mod P, receives the next one from r - 1 and sends the current one to r + 1 while it
+// computes the fused attention of its query chunks against the current K/V chunks. The partial
+// (out, lse) of each block merges into the running result by log-sum-exp in fp32, in ring order,
+// which is fixed for a given P: the result does not depend on threads or message timing.
+#include <omp.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "distributed/ring_common.h"
+
+namespace qkv {
+namespace {
+
+constexpr int kTagKV = 0x4b56;
+
+// Merges a block's (out, lse) into the running (acc_out, acc_lse), all [B,H,n,·].
+void merge_block(TensorView<float> acc_out, TensorView<float> acc_lse, TensorView<const float> out,
+                 TensorView<const float> lse, int threads) {
+  const int64_t B = acc_out.dim(0), H = acc_out.dim(1), n = acc_out.dim(2), Dv = acc_out.dim(3);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t i = 0; i < n; ++i) {
+      const float lb = lse(b, h, i);
+      if (lb == -std::numeric_limits<float>::infinity()) continue;
+      float& la = acc_lse(b, h, i);
+      const float m = std::max(la, lb);
+      const float wa = std::exp(la - m), wb = std::exp(lb - m);
+      const float sum = wa + wb;
+      const float ca = wa / sum, cb = wb / sum;
+      for (int64_t c = 0; c < Dv; ++c) acc_out(b, h, i, c) = acc_out(b, h, i, c) * ca + out(b, h, i, c) * cb;
+      la = m + std::log(sum);
+    }
+  }
+}
+
+// Packs this rank's k and v (any strides) into the wire layout.
+void pack_kv(const ring::Plan& plan, float* buffer, TensorView<const float> k, TensorView<const float> v, int threads) {
+  const int64_t Mr = plan.kv_tokens(plan.rank);
+  ring::copy_into(ring::packed_k(plan, buffer, plan.rank, 0, Mr), k, threads);
+  ring::copy_into(ring::packed_v(plan, buffer, plan.rank, 0, Mr), v, threads);
+}
+
+}  // namespace
+
+void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorView<float> lse,
+                            TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+                            const RingOptions& options) {
+  const ring::Plan plan = ring::make_plan(user_comm, q, k, v, options, [&](const AttentionShape& s) {
+    const std::array<int64_t, 4> want_out{s.B, s.H, s.N, s.Dv};
+    if (!std::ranges::equal(out.shape(), want_out))
+      throw Error(fmt::format("ring attention: out {} must be {}", shape_string(out.shape()), shape_string(want_out)));
+    const std::array<int64_t, 3> want_lse{s.B, s.H, s.N};
+    if (!lse.empty() && !std::ranges::equal(lse.shape(), want_lse))
+      throw Error(fmt::format("ring attention: lse {} must be {}", shape_string(lse.shape()), shape_string(want_lse)));
+  });
+  ring::CommDup comm(user_comm);
+  const int P = plan.ranks, r = plan.rank;
+  const int threads = options.attention.num_threads > 0 ? options.attention.num_threads : default_num_threads();
+  const int64_t Nr = plan.q_tokens(r);
+
+  Tensor<float> acc_lse({plan.B, plan.H, Nr}, "ring attention lse");
+  for (int64_t i = 0; i < acc_lse.numel(); ++i) acc_lse[i] = -std::numeric_limits<float>::infinity();
+  ring::fill_zero(out, threads);
+  int64_t max_chunk = 0;
+  for (const ring::Chunk& c : plan.q_chunks[r]) max_chunk = std::max(max_chunk, c.global.size());
+  Tensor<float> block_out({plan.B * plan.H * max_chunk * plan.Dv}, "ring attention block out");
+  Tensor<float> block_lse({plan.B * plan.H * max_chunk}, "ring attention block lse");
+  Tensor<float> buffers[2] = {Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer"),
+                              Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer")};
+  pack_kv(plan, buffers[0].data(), k, v, threads);
+
+  ring::Transfers transfers;
+  for (int s = 0; s < P; ++s) {
+    const int src = (r - s + P) % P;
+    float* current = buffers[s % 2].data();
+    if (s + 1 < P) {
+      const int next_src = (r - s - 1 + P) % P;
+      transfers.recv(buffers[(s + 1) % 2].data(), plan.kv_floats(next_src), (r - 1 + P) % P, kTagKV, comm.get());
+      transfers.send(current, plan.kv_floats(src), (r + 1) % P, kTagKV, comm.get());
+    }
+    for (const ring::Chunk& qc : plan.q_chunks[r]) {
+      for (const ring::Chunk& kc : plan.kv_chunks[src]) {
+        const AttentionOptions block = ring::block_options(plan, options, qc, kc);
+        if (!ring::block_has_work(block, plan, qc, kc)) continue;
+        const int64_t n = qc.global.size();
+        TensorView<float> bo(block_out.data(), {plan.B, plan.H, n, plan.Dv});
+        TensorView<float> bl(block_lse.data(), {plan.B, plan.H, n});
+        attention_forward(bo, bl, ring::rows(q, qc.offset, n),
+                          ring::packed_k(plan, current, src, kc.offset, kc.global.size()),
+                          ring::packed_v(plan, current, src, kc.offset, kc.global.size()), block);
+        merge_block(ring::rows(out, qc.offset, n), ring::rows(acc_lse.view(), qc.offset, n), bo, bl, threads);
+      }
+    }
+    transfers.wait();
+  }
+  if (!lse.empty()) {
+    const std::array<int64_t, 4> shape4{plan.B, plan.H, Nr, 1};
+    const std::array<int64_t, 4> lse_strides{lse.stride(0), lse.stride(1), lse.stride(2), 1};
+    ring::copy_into(TensorView<float>(lse.data(), shape4, lse_strides), TensorView<const float>(acc_lse.data(), shape4),
+                    threads);
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,101 @@
+"""`mpirun -np P qkv attend --ring`: the same output file as a single-process `qkv attend` (up to
+rounding), for 2, 3 and 4 ranks; failures on one rank end every rank with a non-zero status and
+a clear message, within a timeout, and leave no output file. Needs QKV_BIN (the qkv command)."""
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+QKV = os.environ.get("QKV_BIN", "qkv")
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+TIMEOUT = 120
+
+
+def seed():
+    s = int(os.environ.get("QKV_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+    print(f"QKV_TEST_SEED={s}")
+    return s
+
+
+def attend(tmp_path, ranks, extra, **arrays):
+    paths = {}
+    for name, a in arrays.items():
+        paths[name] = tmp_path / f"{name}.npy"
+        np.save(paths[name], a)
+    out = tmp_path / f"out{ranks}.npy"
+    lse = tmp_path / f"lse{ranks}.npy"
+    cmd = [QKV, "attend", "--q", str(paths["q"]), "--k", str(paths["k"]), "--v", str(paths["v"]),
+           "--out", str(out), "--lse", str(lse)] + extra
+    if ranks:
+        cmd = MPIRUN + ["-np", str(ranks)] + cmd + ["--ring"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    return proc, out, lse
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("extra", [[], ["--causal"], ["--window", "5,2", "--key-lengths", "30,17"]],
+                         ids=["plain", "causal", "window-lengths"])
+def test_ring_file_matches_single_process(tmp_path, ranks, extra):
+    rng = np.random.default_rng(seed())
+    q = rng.standard_normal((2, 2, 37, 24), dtype=np.float32)
+    k = rng.standard_normal((2, 1, 37, 24), dtype=np.float32)
+    v = rng.standard_normal((2, 1, 37, 16), dtype=np.float32)
+    single, out1, lse1 = attend(tmp_path, 0, extra, q=q, k=k, v=v)
+    assert single.returncode == 0, single.stderr
+    ring, out, lse = attend(tmp_path, ranks, extra, q=q, k=k, v=v)
+    assert ring.returncode == 0, ring.stderr
+    a, b = np.load(out), np.load(out1)
+    assert a.shape == b.shape and a.dtype == b.dtype == np.float32
+    assert np.max(np.abs(a - b)) <= 2e-5 * (1 + np.max(np.abs(b)))
+    la, lb = np.load(lse), np.load(lse1)
+    assert np.array_equal(np.isinf(la), np.isinf(lb))
+    fin = np.isfinite(lb)
+    assert np.max(np.abs(la[fin] - lb[fin]), initial=0) <= 2e-5 * (1 + np.max(np.abs(lb[fin])))
+    # The header is byte for byte what the single-process run writes.
+    assert out.read_bytes()[:128] == out1.read_bytes()[:128]
+    assert not list(tmp_path.glob("*.ring-tmp*"))
+
+
+def check_failure(proc, out, message):
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert not out.exists()
+    assert not list(out.parent.glob("*.ring-tmp*"))
+
+
+def test_bad_value_in_one_ranks_shard_fails_every_rank(tmp_path):
+    x = np.ones((1, 1, 40, 8), dtype=np.float32)
+    q = x.copy()
+    q[0, 0, 12, 3] = np.nan  # token 12 of 40 over 3 ranks (zigzag chunks of ~6.7) belongs to rank 1 only
+    proc, out, _ = attend(tmp_path, 3, [], q=q, k=x, v=x)
+    check_failure(proc, out, "rank 1: --q")
+    # Ranks name the failing rank, not their own fault (mpirun may stop the others before they print).
+    assert "qkv: error: rank 1: --q" in proc.stderr and "rank 0: --q" not in proc.stderr, proc.stderr
+
+
+def test_truncated_file_fails_every_rank(tmp_path):
+    x = np.ones((1, 1, 40, 8), dtype=np.float32)
+    proc, out, _ = attend(tmp_path, 2, [], q=x, k=x, v=x)
+    assert proc.returncode == 0
+    out.unlink()
+    (tmp_path / "k.npy").write_bytes((tmp_path / "k.npy").read_bytes()[:-7])
+    cmd = MPIRUN + ["-np", "2", QKV, "attend", "--ring", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
+                    "--v", str(tmp_path / "v.npy"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    check_failure(proc, out, "rank 0: ")
+    assert "k.npy" in proc.stderr
+
+
+def test_mismatched_shapes_fail_every_rank(tmp_path):
+    q = np.ones((1, 1, 40, 8), dtype=np.float32)
+    v = np.ones((1, 1, 39, 8), dtype=np.float32)
+    proc, out, _ = attend(tmp_path, 2, [], q=q, k=q, v=v)
+    check_failure(proc, out, "must agree on [B, Hkv, M]")
+
+
+def test_ring_refuses_float64(tmp_path):
+    x = np.ones((1, 40, 8))
+    proc, out, _ = attend(tmp_path, 2, [], q=x, k=x, v=x)
+    check_failure(proc, out, "--ring reads C-order float32 .npy files, got '<f8'")

@@ -1,0 +1,84 @@
+"""qkv.distributed under mpirun (ctest runs it with 3 ranks): ring attention on each rank's shard
+against the single-process qkv kernel on the whole sequence, forward and backward, masks, GQA,
+cross-attention, and a shape mismatch that must raise on every rank. The seed is broadcast from
+rank 0 and printed; replay with QKV_TEST_SEED=<seed>."""
+
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import qkv
+import qkv.distributed as qd
+
+COMM = MPI.COMM_WORLD.Dup()  # a communicator other than COMM_WORLD: the handle must be passed through
+
+
+def _seed():
+    seed = int(os.environ["QKV_TEST_SEED"]) if "QKV_TEST_SEED" in os.environ else int(np.random.SeedSequence().entropy % 2**32)
+    seed = COMM.bcast(seed, root=0)
+    print(f"QKV_TEST_SEED={seed}")
+    return seed
+
+
+def close(got, ref, what):
+    tol = 2e-5 * (1 + np.max(np.abs(ref[np.isfinite(ref)]), initial=0.0))
+    both_inf = np.isinf(ref) & (got == ref)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf; masked by both_inf
+        err = np.max(np.abs(np.where(both_inf, 0, got.astype(np.float64) - ref)), initial=0.0)
+    assert err <= tol, f"{what}: max error {err:.3g} > {tol:.3g} (rank {COMM.Get_rank()})"
+
+
+CASES = [
+    dict(name="plain", shape=(1, 2, 2, 37, 37, 32, 32), mask={}),
+    dict(name="causal zigzag GQA", shape=(2, 4, 2, 45, 45, 40, 24), mask=dict(causal=True)),
+    dict(name="causal bottom-right cross", shape=(1, 2, 1, 13, 29, 16, 16),
+         mask=dict(causal=True, causal_align="bottom_right")),
+    dict(name="window + key lengths", shape=(2, 2, 2, 31, 31, 24, 24),
+         mask=dict(window=(4, 2), key_lengths=[25, 0])),
+    dict(name="contiguous causal", shape=(1, 1, 1, 20, 20, 59, 59), mask=dict(causal=True), sharding="contiguous"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_ring_matches_single_process(case):
+    B, H, Hkv, N, M, D, Dv = case["shape"]
+    sharding = case.get("sharding", "zigzag")
+    rng = np.random.default_rng([_seed(), len(case["name"])])
+    q = rng.standard_normal((B, H, N, D), dtype=np.float32)
+    k = rng.standard_normal((B, Hkv, M, D), dtype=np.float32)
+    v = rng.standard_normal((B, Hkv, M, Dv), dtype=np.float32)
+    dout = rng.standard_normal((B, H, N, Dv), dtype=np.float32)
+    mask = case["mask"]
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse=True, **mask)
+    dq, dk, dv = qkv.attention_backward(q, k, v, dout, out=out, lse=lse, **mask)
+
+    sh = lambda x: qd.shard(x, COMM, sharding)  # noqa: E731
+    out_s, lse_s = qd.ring_attention(COMM, sh(q), sh(k), sh(v), sharding=sharding, return_lse=True, **mask)
+    close(out_s, sh(out), "out")
+    close(lse_s[..., None], sh(lse[..., None]), "lse")
+    grads = qd.ring_attention_backward(COMM, sh(dout), sh(q), sh(k), sh(v), out_s, lse_s, sharding=sharding, **mask)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, (dq, dk, dv)):
+        close(got, sh(ref), name)
+    # unshard gives every rank the whole output in sequence order.
+    close(qd.unshard(out_s, COMM, sharding), out, "unsharded out")
+
+
+def test_rank_2d_inputs_and_threads_bitwise():
+    rng = np.random.default_rng(_seed())
+    x = rng.standard_normal((3, 50, 32), dtype=np.float32)
+    xs = qd.shard(x, COMM)
+    one = qd.ring_attention(COMM, xs[0], xs[1], xs[2], causal=True, num_threads=1)
+    two = qd.ring_attention(COMM, xs[0], xs[1], xs[2], causal=True, num_threads=2)
+    assert one.shape == xs[0].shape
+    assert one.tobytes() == two.tobytes()
+
+
+def test_mismatched_shapes_raise_on_every_rank():
+    last = COMM.Get_size() - 1
+    D = 8 if COMM.Get_rank() == last else 16
+    n = sum(e - b for b, e in qd.shard_ranges(20, COMM.Get_size(), COMM.Get_rank()))
+    x = np.zeros((1, 1, n, D), dtype=np.float32)
+    with pytest.raises(ValueError, match=rf"rank {last} has \[B, H, Hkv, D, Dv\]"):
+        qd.ring_attention(COMM, x, x, x)
