@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
   chromium chromium-driver python3-selenium python3-pil
+  python3-gensim dict-gcide wordnet-base
 )
 missing=()
 for p in "${packages[@]}"; do

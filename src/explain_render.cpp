@@ -173,7 +173,8 @@ std::string explanation_to_text(const Explanation& e, int precision) {
     matrix_block(out, "X", e.x, e.tokens, precision);
   }
   if (!e.w_q.empty()) {
-    out += "Weight matrices (learned; they project each embedding to a query, a key and a value)\n";
+    out += fmt::format("Weight matrices ({}they project each embedding to a query, a key and a value)\n",
+                       e.weights.empty() ? "" : e.weights + "; ");
     matrix_block(out, "W_q", e.w_q, {}, precision);
     matrix_block(out, "W_k", e.w_k, {}, precision);
     matrix_block(out, "W_v", e.w_v, {}, precision);
@@ -208,6 +209,7 @@ std::string explanation_to_json(const Explanation& e, int indent) {
   j["title"] = e.title;
   j["source"] = e.source;
   j["style"] = e.style;
+  j["weights"] = e.weights;
   j["tokens"] = e.tokens;
   j["x"] = detail::matrix_json(e.x);
   j["w_q"] = detail::matrix_json(e.w_q);
