@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Trains word vectors on English text that Debian ships and writes them as a GloVe text file.
 
-    make_embeddings.py OUT_DIR [--corpus gcide|wordnet|both] [--dim 50] [--epochs 5] [--seed 1]
+    make_embeddings.py OUT_DIR [--corpus gcide|wordnet|both] [--dim 50] [--epochs 10] [--seed 1]
 
 Writes OUT_DIR/words.txt (GloVe text: "word v1 ... vD", most frequent words first) and
 OUT_DIR/sentences.txt (the tokenized training sentences, one per line, which `qkv train --task
@@ -100,7 +100,7 @@ def main():
     p.add_argument("out_dir")
     p.add_argument("--corpus", choices=["gcide", "wordnet", "both"], default="gcide")
     p.add_argument("--dim", type=int, default=50)
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--min-count", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-sentences", type=int, default=0, help="use only the first N sentences (0: all; for tests)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkv_testlib import VOCABULARY
+from qkv_testlib import VOCABULARY, EmbeddingFiles
 
 
 def qkv(qkv_bin, *args, env=None, cwd=None, timeout=600):
@@ -36,7 +36,6 @@ def built_words(qkv_bin):
 # ---- the default word vectors ----
 
 def test_sentence_commands_find_the_built_vectors_without_flags(qkv_bin, built_words):
-    env = {"QKV_EMBEDDINGS": None}
     env = {k: v for k, v in os.environ.items() if k != "QKV_EMBEDDINGS"}
     p = subprocess.run([qkv_bin, "explain", "we sat by the river bank"], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
@@ -53,10 +52,11 @@ def test_qkv_embeddings_variable_and_its_empty_form(qkv_bin, embeddings, tmp_pat
     assert np.array_equal(x, embeddings.x(["river", "bank"]))
     for args in (["explain", "river bank"], ["compare", "--word", "bank", "river bank", "the bank"],
                  ["context", "river bank"], ["train", "--task", "masked-word"]):
-        p = qkv(qkv_bin, *args, env={"QKV_EMBEDDINGS": ""}, cwd=tmp_path)
+        (tmp_path / "cwd").mkdir(exist_ok=True)
+        p = qkv(qkv_bin, *args, env={"QKV_EMBEDDINGS": ""}, cwd=tmp_path / "cwd")
         assert p.returncode == 2, (args, p.stderr)
         assert "no word vectors: pass --embeddings F, set QKV_EMBEDDINGS=F, or build the default" in p.stderr
-        assert "make demo" in p.stderr and os.listdir(tmp_path) == []
+        assert "make demo" in p.stderr and os.listdir(tmp_path / "cwd") == []
 
 
 # ---- the masked-word task ----
@@ -81,8 +81,10 @@ def parse_accuracies(stdout):
     return {k.split(" ")[0]: float(v) for k, v in rows.items()}
 
 
-def test_masked_word_learns_what_the_baselines_cannot(qkv_bin, embeddings, tmp_path, seed):
-    pattern_corpus(tmp_path / "s.txt", np.random.default_rng(seed))
+def test_masked_word_learns_what_the_baselines_cannot(qkv_bin, tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    embeddings = EmbeddingFiles(tmp_path, rng, dim=32)  # 6 dimensions cannot tell 35 words apart by dot product
+    pattern_corpus(tmp_path / "s.txt", rng)
     p = ok(qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
                tmp_path / "s.txt", "--steps", "300", "--heads", "2", "--min-length", "3", "--seed", seed % 1000,
                "--save", tmp_path / "w.safetensors", "--loss-csv", tmp_path / "loss.csv", "--loss-svg",
@@ -167,7 +169,7 @@ def test_token_numbers_are_one_based_everywhere(qkv_bin, embeddings, tmp_path):
     ok(qkv(qkv_bin, "compare", "--embeddings", embeddings.glove, "--word", "bank", "I went to the bank",
            "we sat by the river bank", "--html", tmp_path / "c.html"))
     page = (tmp_path / "c.html").read_text()
-    assert '"bank" is token 4 of 4.' in page and '"bank" is token 6 of 6.' in page
+    assert '"bank" is token 5 of 5.' in page and '"bank" is token 6 of 6.' in page
 
 
 def test_heatmap_svg_has_axis_titles(qkv_bin, embeddings, tmp_path):
@@ -177,7 +179,7 @@ def test_heatmap_svg_has_axis_titles(qkv_bin, embeddings, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "qkv: no subcommand given; see `qkv --help`"),
+    ([], "qkv: no subcommand given; see `qkv --help` (or try `qkv explain`)"),
     (["explain", "--head", "2", "river bank"], "qkv: unknown option --head (did you mean --heads?)"),
     (["train", "--step", "3"], "qkv: unknown option --step (did you mean --steps?)"),
     (["explain", "--frobnicate", "x"], "qkv: unknown option --frobnicate (see qkv explain --help)"),
