@@ -36,8 +36,8 @@ def tokenize(text):
     return [w.lower().decode("utf-8", "replace") for w in WORD.findall(text)]
 
 
-def missing_package(path, package):
-    sys.exit(f"make_embeddings: {path} not found: install the Debian package {package} "
+def missing_package(what, package):
+    sys.exit(f"make_embeddings: {what} not found: install the Debian package {package} "
              f"(apt-get install {package}, or run scripts/install-deps.sh)")
 
 
@@ -117,7 +117,10 @@ def main():
     tokens = sum(len(s) for s in sentences)
     print(f"make_embeddings: {a.corpus}: {len(sentences)} sentences, {tokens} words ({time.time() - t0:.1f} s)",
           flush=True)
-    from gensim.models import Word2Vec  # after the corpus check, so a missing corpus fails fast
+    try:  # after the corpus check, so a missing corpus fails fast
+        from gensim.models import Word2Vec
+    except ImportError:
+        missing_package("the Python module gensim", "python3-gensim")
 
     model = Word2Vec(sentences, vector_size=a.dim, window=5, min_count=a.min_count, sg=1, negative=5,
                      sample=1e-4, epochs=a.epochs, seed=a.seed, workers=1)

@@ -199,3 +199,25 @@ def test_a_file_that_is_not_embeddings_says_so(qkv_bin, tmp_path, content):
 def test_help_says_once_what_the_seed_names_mean(qkv_bin):
     p = ok(qkv(qkv_bin, "--help"))
     assert "seed 003 \"How Self-Attention Is Calculated\"" in p.stdout and "`--seed` is a random seed" in p.stdout
+
+
+def test_masked_word_training_is_reproducible_and_compare_names_what_bank_attends_to(qkv_bin, tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    embeddings = EmbeddingFiles(tmp_path, rng, dim=16)
+    pattern_corpus(tmp_path / "s.txt", rng, lines=600)
+    for name in ("a", "b"):
+        ok(qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
+               tmp_path / "s.txt", "--steps", "40", "--min-length", "3", "--save", tmp_path / f"{name}.safetensors",
+               "--eval-examples", "50"))
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    p = ok(qkv(qkv_bin, "compare", "--embeddings", embeddings.glove, "--weights", tmp_path / "a.safetensors",
+               "--word", "bank", "I went to the bank to deposit money", "we sat by the river bank"))
+    for n, sentence in ((1, "i went to the bank to deposit money"), (2, "we sat by the river bank")):
+        block = p.stdout.split(f'"bank" in sentence {n}:\n')[1]
+        for h in (1, 2):
+            line = block.splitlines()[h - 1]
+            assert line.startswith(f"  head {h} attends to: "), line
+            entries = re.findall(r"(\w+) \(token (\d+)\) ([\d.]+)", line)
+            assert len(entries) == 4 and all(sentence.split()[int(t) - 1] == w for w, t, _ in entries), line
+            assert [float(x) for _, _, x in entries] == sorted((float(x) for _, _, x in entries), reverse=True)
+    assert "learned weights from a.safetensors, 2 heads" in p.stdout

@@ -38,12 +38,11 @@ double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, i
   return dot / std::sqrt(na * nb);
 }
 
-// "In sentence 1, "bank" (token 4 of 8) attends to: money 0.41, deposit 0.22, ..." per head, and the
-// first values of its contextual vector.
+// What the word attends to in one sentence, per head ("money (token 8) 0.410, ..."), and the first
+// values of its contextual vector.
 std::string attends_to(const WordInSentence& w, std::size_t n) {
   constexpr std::size_t kShown = 4;
-  std::string out = fmt::format("sentence {}: \"{}\" (token {} of {})\n", n + 1, w.tokens[static_cast<std::size_t>(w.position)],
-                                w.position + 1, w.tokens.size());
+  std::string out = fmt::format("\"{}\" in sentence {}:\n", w.tokens[static_cast<std::size_t>(w.position)], n + 1);
   for (std::size_t h = 0; h < w.weights.size(); ++h) {
     std::vector<std::size_t> order(w.tokens.size());
     for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
