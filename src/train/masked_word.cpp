@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "masked_word_data.h"
+#include "progress.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
 #include "qkv/optim.h"
@@ -56,21 +57,6 @@ TopAccuracy evaluate(const MultiHeadAttention* layer, const std::vector<detail::
     total += static_cast<int64_t>(batch.targets.size());
   }
   return {static_cast<double>(top1) / static_cast<double>(total), static_cast<double>(top10) / static_cast<double>(total)};
-}
-
-TrainProgress progress_at(int64_t step, const MaskedWordConfig& c, const std::deque<std::pair<double, double>>& recent,
-                          double elapsed, int64_t tokens) {
-  TrainProgress p;
-  p.step = step;
-  p.steps = c.steps;
-  for (const auto& [loss, acc] : recent) {
-    p.loss += loss / static_cast<double>(recent.size());
-    p.accuracy += acc / static_cast<double>(recent.size());
-  }
-  p.elapsed_seconds = elapsed;
-  p.tokens_per_second = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
-  p.eta_seconds = elapsed / static_cast<double>(step) * static_cast<double>(c.steps - step);
-  return p;
 }
 
 }  // namespace
@@ -128,7 +114,9 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c, const std::functio
     recent.emplace_back(r.loss, static_cast<double>(r.top1) / static_cast<double>(c.batch));
     if (recent.size() > kWindow) recent.pop_front();
     if (progress)
-      progress(progress_at(step + 1, c, recent, std::chrono::duration<double>(Clock::now() - loop_start).count(), tokens));
+      progress(detail::window_progress(step + 1, 0, c.steps, recent,
+                                       std::chrono::duration<double>(Clock::now() - loop_start).count(),
+                                       static_cast<double>(tokens)));
   }
   for (const auto& [loss, acc] : recent) result.final_loss += loss / static_cast<double>(recent.size());
   if (!c.save.empty()) layer.save(c.save);
