@@ -56,7 +56,9 @@ MaskedBatch make_batch(const std::vector<const Sentence*>& sentences, const std:
 
 MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& embeddings) {
   std::ifstream in(c.sentences);
-  if (!in) throw Error(fmt::format("masked-word: cannot read sentences from {}", c.sentences));
+  if (!in)
+    throw Error(fmt::format("masked-word: cannot read sentences from {} (--sentences FILE: one sentence per line)",
+                            c.sentences));
   MaskedCorpus corpus;
   corpus.min_length = c.min_length;
   corpus.train.resize(static_cast<std::size_t>(c.max_length - c.min_length + 1));
