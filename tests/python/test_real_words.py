@@ -221,3 +221,11 @@ def test_masked_word_training_is_reproducible_and_compare_names_what_bank_attend
             assert len(entries) == 4 and all(sentence.split()[int(t) - 1] == w for w, t, _ in entries), line
             assert [float(x) for _, _, x in entries] == sorted((float(x) for _, _, x in entries), reverse=True)
     assert "learned weights from a.safetensors, 2 heads" in p.stdout
+
+
+def test_text_tables_of_a_sentence_name_their_key_columns(qkv_bin, embeddings):
+    p = ok(qkv(qkv_bin, "explain", "--embeddings", embeddings.glove, "we sat by the river bank", "--parameter-free"))
+    for table in ("scores", "scaled_scores", "attention_weights"):
+        block = p.stdout.split(f"  {table} [6 x 6]:\n")[1].splitlines()
+        assert block[0].split() == ["we", "sat", "by", "the", "river", "bank"], block[0]
+        assert block[1].split()[0] == "we" and block[6].split()[0] == "bank"
