@@ -16,12 +16,30 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
+MONEY = "I went to the bank to deposit money"
+RIVER = "we sat by the river bank"
+DEMO_LAYER = $(BUILD)/data/masked-word.safetensors
+
+# The tutorial's example, then real words: word vectors trained on GCIDE (cached in $(BUILD)/data,
+# minutes the first time) and a layer trained on its sentences (masked-word task), ending with
+# "bank" by the river and "bank" with money.
 demo: build
 	$(BUILD)/qkv explain
 	$(BUILD)/qkv explain --html $(BUILD)/explain.html && echo "seed 003's example as a page: $(BUILD)/explain.html"
+	cmake --build $(BUILD) --target embeddings
+	$(MAKE) --no-print-directory $(DEMO_LAYER)
+	$(BUILD)/qkv explain --weights $(DEMO_LAYER) $(RIVER) --html $(BUILD)/river-bank.html && \
+	  echo "the trained layer on a real sentence: $(BUILD)/river-bank.html"
+	$(BUILD)/qkv compare --word bank --weights $(DEMO_LAYER) $(MONEY) $(RIVER)
+
+# Seeded and single-threaded, so the same bytes every time; rebuilt when the word vectors change.
+$(DEMO_LAYER): $(BUILD)/data/words.txt
+	$(BUILD)/qkv train --task masked-word --steps 1500 --seed 1 --threads 1 --save $@ \
+	  --loss-csv $(BUILD)/data/masked-word-loss.csv --loss-svg $(BUILD)/data/masked-word-loss.svg
 
 # ctest (with a 1,000-case property slice), then sanitizers and a fuzz smoke run (TESTING.md).
 test: build
+	cmake --build $(BUILD) --target embeddings
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	$(MAKE) sanitize fuzz-smoke
 

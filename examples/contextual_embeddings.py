@@ -51,7 +51,7 @@ def cosine(a, b):
 
 def print_sentence(tokens, x, context, weights):
     width = max(len(t) for t in tokens)
-    print(f"{'token':<{width}}  cos(static, contextual)  attends most to (head 0)")
+    print(f"{'token':<{width}}  cos(static, contextual)  attends most to (head 1)")  # heads count from 1, as in qkv's pages
     for i, t in enumerate(tokens):
         top = np.argsort(-weights[0, i])[:3]
         attends = ", ".join(f"{tokens[j]} {weights[0, i, j]:.2f}" for j in top)

@@ -42,6 +42,7 @@ py::dict to_dict(const qkv::Explanation& e) {
   d["title"] = e.title;
   d["source"] = e.source;
   d["style"] = e.style;
+  d["weights"] = e.weights;
   d["tokens"] = e.tokens;
   d["x"] = to_numpy(e.x);
   d["w_q"] = to_numpy(e.w_q);

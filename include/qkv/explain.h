@@ -51,6 +51,10 @@ struct Explanation {
   std::string title;                // one line: what is being explained
   std::string source;               // where the inputs came from (seed, file, random seed)
   std::string style;                // "seed003", "seed000" or "sentence": the wording of the text
+  // Where W_q, W_k, W_v come from, shown next to them: "learned (file)" only for loaded or trained
+  // weights, "random (seed S)" for a seeded initialization, "given by ..." for a worked example.
+  // Empty: no claim is made.
+  std::string weights;
   std::vector<std::string> tokens;  // one per row of X
   Matrix x;                         // [N, E] static embeddings, or empty
   Matrix w_q, w_k, w_v;             // [E, H·D], [E, Hkv·D], [E, Hkv·Dv], or empty
@@ -93,7 +97,7 @@ Explanation explain_layer(std::vector<std::string> tokens, TensorView<const floa
 std::string explanation_to_text(const Explanation& e, int precision = 8);
 
 // The same steps as a JSON object (matrices as arrays of rows, full float64 precision).
-// Keys: title, source, style, tokens, x, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o, parameter_free,
+// Keys: title, source, style, weights, tokens, x, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o, parameter_free,
 // num_heads, num_kv_heads, d_k, heads: [{q, k, v, scores, scale, scaled_scores, weights, context}],
 // concat, output. Empty matrices are null.
 std::string explanation_to_json(const Explanation& e, int indent = 2);

@@ -11,6 +11,8 @@
 #include <functional>
 #include <string>
 
+#include "qkv/train_progress.h"
+
 namespace qkv {
 
 struct LookupConfig {
@@ -35,14 +37,6 @@ struct LookupConfig {
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end, if checkpoint is set)
   bool resume = false;        // continue from `checkpoint` (bitwise as if never interrupted)
   std::string save;           // write the trained layer here (MultiHeadAttention::save); empty = don't
-};
-
-// Reported after every step.
-struct TrainProgress {
-  int64_t step = 0, steps = 0;      // steps done, total
-  double loss = 0, accuracy = 0;    // means over the last (up to) 50 steps' batches
-  double tokens_per_second = 0;     // tokens processed by this process per wall-clock second
-  double elapsed_seconds = 0, eta_seconds = 0;
 };
 
 struct LookupResult {

@@ -209,6 +209,7 @@ Explanation explain_example(std::string_view name) {
     e.title = "How Self-Attention Is Calculated: 3 words, embedding size 4";
     e.source = "seed 003's worked example (X, W_q, W_k, W_v from the seed)";
     e.style = "seed003";
+    e.weights = "given by seed 003";
     return e;
   }
   if (name == "playing-outside") {

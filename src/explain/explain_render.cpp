@@ -47,12 +47,19 @@ std::size_t label_width(const std::vector<std::string>& labels) {
 }
 
 // "name [r x c]:" then one line per row, labelled by token when `labels` has one per row.
+// `columns`: names for the columns of a query × key matrix (a header line), when all fit.
 void matrix_block(std::string& out, const std::string& name, const Matrix& m, const std::vector<std::string>& labels,
-                  int precision) {
+                  int precision, const std::vector<std::string>& columns = {}) {
   out += fmt::format("  {} [{} x {}]:\n", name, m.rows, m.cols);
   const bool labelled = static_cast<int64_t>(labels.size()) == m.rows;
   const std::size_t lw = labelled ? label_width(labels) : 0;
-  const std::size_t nw = number_width(m, precision);
+  const bool headed = static_cast<int64_t>(columns.size()) == m.cols && m.cols <= kMaxCols && label_width(columns) <= 16;
+  const std::size_t nw = std::max(number_width(m, precision), headed ? label_width(columns) : 0);
+  if (headed) {
+    out += fmt::format("    {:<{}}{} ", "", lw, labelled ? "  " : "");
+    for (const std::string& c : columns) out += fmt::format(" {:>{}}", c, nw);
+    out += "\n";
+  }
   for (int64_t i = 0; i < m.rows; ++i) {
     if (m.rows > kMaxRows && i == kMaxRows - 2) {
       out += fmt::format("    … ({} rows)\n", m.rows);
@@ -102,15 +109,17 @@ void seed003_head(std::string& out, const Explanation& e, const HeadSteps& h, in
   matrix_block(out, "V (values)", h.v, t, precision);
   out += "\nStep 2. Compute attention scores: scores = Q @ K.T, the similarity between each query and all keys\n"
          "        (row = the word asking, column = the word answered)\n";
-  matrix_block(out, "scores", h.scores, t, precision);
+  // Sentences name the key columns; the seeds' examples keep the tutorials' layout.
+  const std::vector<std::string> keys = e.style == "sentence" ? t : std::vector<std::string>{};
+  matrix_block(out, "scores", h.scores, t, precision, keys);
   out += fmt::format("\nStep 3. Scale the scores: scaled_scores = scores / np.sqrt(d_k), d_k = {}, so each score is "
                      "multiplied by {}\n",
                      h.q.cols, number(h.scale, precision));
-  matrix_block(out, "scaled_scores", h.scaled_scores, t, precision);
+  matrix_block(out, "scaled_scores", h.scaled_scores, t, precision, keys);
   out += "\nStep 4. Apply the softmax function: attention_weights = softmax(scaled_scores), positive and each row "
          "sums to 1\n";
   out += "Attention weights:\n";
-  matrix_block(out, "attention_weights", h.weights, t, precision);
+  matrix_block(out, "attention_weights", h.weights, t, precision, keys);
   out += "\nStep 5. Compute the weighted sum of values: output = attention_weights @ V\n";
   std::vector<std::string> values;
   for (const auto& name : quoted(t)) values.push_back("V[" + name + "]");
@@ -173,7 +182,8 @@ std::string explanation_to_text(const Explanation& e, int precision) {
     matrix_block(out, "X", e.x, e.tokens, precision);
   }
   if (!e.w_q.empty()) {
-    out += "Weight matrices (learned; they project each embedding to a query, a key and a value)\n";
+    out += fmt::format("Weight matrices ({}they project each embedding to a query, a key and a value)\n",
+                       e.weights.empty() ? "" : e.weights + "; ");
     matrix_block(out, "W_q", e.w_q, {}, precision);
     matrix_block(out, "W_k", e.w_k, {}, precision);
     matrix_block(out, "W_v", e.w_v, {}, precision);
@@ -208,6 +218,7 @@ std::string explanation_to_json(const Explanation& e, int indent) {
   j["title"] = e.title;
   j["source"] = e.source;
   j["style"] = e.style;
+  j["weights"] = e.weights;
   j["tokens"] = e.tokens;
   j["x"] = detail::matrix_json(e.x);
   j["w_q"] = detail::matrix_json(e.w_q);

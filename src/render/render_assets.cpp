@@ -96,14 +96,19 @@ const char* const kPageJs = R"js(
     return '[' + s + (v.length > 16 ? ', \u2026 (' + v.length + ' values)' : '') + ']';
   }
 
+  var AXIS_KEYS = 'keys (columns): the tokens attended to', AXIS_QUERIES = 'queries (rows): the tokens attending';
   function explainPage() {
     var N = tokens.length, st = {head: -1, row: 0}, box = $('heatmap'), cell, left, top;
     var longest = Math.min(16, Math.max.apply(null, tokens.map(function (t) { return t.length; })));
     function drawSvg(h) {
       var W = data.heads[h].weights, vmax = rowMax(W);
       cell = N <= 12 ? 44 : Math.max(13, Math.floor(640 / N));
-      left = 12 + 7 * longest; top = 28 + 5 * longest;
+      left = 30 + 7 * longest; top = 46 + 5 * longest;
       var s = el('svg', {id: 'heatmap-svg', width: left + N * cell + 8, height: top + N * cell + 8, 'font-size': 11}, undefined, SVGNS);
+      s.appendChild(el('text', {'class': 'axis-title', x: left + N * cell / 2, y: 14, 'text-anchor': 'middle', 'font-weight': 'bold'},
+                       AXIS_KEYS, SVGNS));
+      s.appendChild(el('text', {'class': 'axis-title', transform: 'translate(14,' + (top + N * cell / 2) + ') rotate(-90)',
+                                'text-anchor': 'middle', 'font-weight': 'bold'}, AXIS_QUERIES, SVGNS));
       for (var j = 0; j < N; j++)
         s.appendChild(el('text', {'class': 'key', transform: 'translate(' + (left + (j + 0.6) * cell) + ',' + (top - 4) + ') rotate(-60)'}, cut(tokens[j]), SVGNS));
       for (var i = 0; i < N; i++) {
@@ -135,7 +140,7 @@ const char* const kPageJs = R"js(
       var W = data.heads[h].weights, vmax = rowMax(W);
       cell = Math.max(2, Math.min(12, Math.floor(900 / N)));
       var labels = cell >= 9;
-      left = labels ? 12 + 7 * longest : 0; top = labels ? 28 + 5 * longest : 0;
+      left = labels ? 30 + 7 * longest : 0; top = labels ? 46 + 5 * longest : 0;
       var wrap = el('div', {'class': 'hm-wrap'});
       var c = el('canvas', {id: 'heatmap-canvas', width: left + N * cell, height: top + N * cell});
       var g = c.getContext('2d');
@@ -143,7 +148,10 @@ const char* const kPageJs = R"js(
       for (var i = 0; i < N; i++)
         for (var j = 0; j < N; j++) { g.fillStyle = rgb(W[i][j] / vmax); g.fillRect(left + j * cell, top + i * cell, cell, cell); }
       if (labels) {
-        g.fillStyle = '#000'; g.font = '10px sans-serif'; g.textAlign = 'right';
+        g.fillStyle = '#000'; g.font = 'bold 11px sans-serif'; g.textAlign = 'center';
+        g.fillText(AXIS_KEYS, left + N * cell / 2, 14);
+        g.save(); g.translate(14, top + N * cell / 2); g.rotate(-Math.PI / 2); g.fillText(AXIS_QUERIES, 0, 0); g.restore();
+        g.font = '10px sans-serif'; g.textAlign = 'right';
         for (i = 0; i < N; i++) g.fillText(cut(tokens[i]), left - 3, top + (i + 0.5) * cell + 3);
         for (j = 0; j < N; j++) {
           g.save(); g.translate(left + (j + 0.6) * cell, top - 3); g.rotate(-Math.PI / 3);
@@ -208,7 +216,7 @@ const char* const kPageJs = R"js(
       function cells(v) { return '[' + v.slice(0, dims).map(fix).join(', ') + (v.length > dims ? ', \u2026' : '') + ']'; }
       order.forEach(function (j) {
         var tr = el('tr', {'data-j': j});
-        tr.appendChild(el('th', {}, j + ': ' + cut(tokens[j])));
+        tr.appendChild(el('th', {}, 'token ' + (j + 1) + ': ' + cut(tokens[j])));
         tr.appendChild(el('td', {}, fix(row[j])));
         tr.appendChild(el('td', {}, cells(hd.v[j])));
         tr.appendChild(el('td', {}, cells(hd.v[j].map(function (x) { return row[j] * x; }))));
@@ -232,8 +240,13 @@ const char* const kPageJs = R"js(
 
   function topkPage() {
     var N = tokens.length, K = data.k, PAGE = 100, st = {head: 0, row: 0}, table = $('topk-table'), input = $('query-input');
+    function headMax(h) {  // the colour scale: this head's largest listed weight
+      var m = 0;
+      for (var o = h * N * K; o < (h + 1) * N * K; o++) m = Math.max(m, data.weight[o]);
+      return m || 1;
+    }
     function render() {
-      var h = st.head, start = Math.floor(st.row / PAGE) * PAGE, end = Math.min(N, start + PAGE);
+      var h = st.head, start = Math.floor(st.row / PAGE) * PAGE, end = Math.min(N, start + PAGE), vmax = headMax(h);
       table.textContent = '';
       table.setAttribute('data-head', h); table.setAttribute('data-row', st.row);
       var head = el('tr', {}); head.appendChild(el('th', {}, 'query'));
@@ -243,27 +256,29 @@ const char* const kPageJs = R"js(
       for (var i = start; i < end; i++) {
         var tr = el('tr', {'data-row': i});
         if (i === st.row) { tr.className = 'sel'; tr.id = 'row-highlight'; }
-        tr.appendChild(el('th', {}, i + ': ' + cut(tokens[i])));
+        tr.appendChild(el('th', {}, 'token ' + (i + 1) + ': ' + cut(tokens[i])));
         for (r = 0; r < K; r++) {
           var o = (h * N + i) * K + r, j = data.index[o], w = data.weight[o];
-          tr.appendChild(el('td', {'class': 'entry', 'data-j': j, 'data-w': String(w), title: String(w),
-                                   style: 'background:' + rgb(w) + ';color:' + ink(w)}, cut(tokens[j]) + ' ' + fix(w)));
+          tr.appendChild(el('td', {'class': 'entry', 'data-j': j, 'data-w': String(w),
+                                   title: 'token ' + (j + 1) + ' of ' + N + ': ' + String(w),
+                                   style: 'background:' + rgb(w / vmax) + ';color:' + ink(w / vmax)},
+                            cut(tokens[j]) + ' (' + (j + 1) + ') ' + fix(w)));
         }
         tr.appendChild(el('td', {'class': 'rest'}, fix(data.rest[h * N + i])));
         table.appendChild(tr);
       }
-      $('page-label').textContent = 'rows ' + start + '\u2013' + (end - 1) + ' of ' + N;
+      $('page-label').textContent = 'tokens ' + (start + 1) + '\u2013' + end + ' of ' + N;
       $('query-token').textContent = '\u201c' + tokens[st.row] + '\u201d';
-      input.value = String(st.row); $('head-select').value = String(h);
+      input.value = String(st.row + 1); $('head-select').value = String(h);
+      legend(vmax);
       var sel = $('row-highlight');
       if (sel && sel.scrollIntoView) sel.scrollIntoView({block: 'nearest'});
     }
     function go(h, i) { st.head = h; st.row = Math.max(0, Math.min(N - 1, i)); render(); }
     $('head-select').addEventListener('change', function (e) { go(+e.target.value, st.row); });
-    input.addEventListener('change', function () { var v = parseInt(input.value, 10); go(st.head, isNaN(v) ? 0 : v); });
+    input.addEventListener('change', function () { var v = parseInt(input.value, 10); go(st.head, isNaN(v) ? 0 : v - 1); });
     $('prev-page').addEventListener('click', function () { go(st.head, st.row - PAGE); });
     $('next-page').addEventListener('click', function () { go(st.head, st.row + PAGE); });
-    legend(1);
     go(0, 0);
   }
 

@@ -87,7 +87,8 @@ std::string dump_json(const nlohmann::json& j) {
 }
 
 std::string matrix_table(std::string_view name, std::string_view note, const Matrix& m,
-                         const std::vector<std::string>& row_labels, int precision) {
+                         const std::vector<std::string>& row_labels, int precision,
+                         const std::vector<std::string>& col_labels) {
   constexpr int64_t kMaxRows = 48, kMaxCols = 24;
   const int64_t rows = std::min(m.rows, kMaxRows), cols = std::min(m.cols, kMaxCols);
   std::string out = fmt::format("<figure class=\"matrix\" data-name=\"{}\"><figcaption><b>{}</b> [{} × {}]",
@@ -95,8 +96,13 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
   if (!note.empty()) out += fmt::format(" — {}", html_escape(note));
   if (rows < m.rows || cols < m.cols)
     out += fmt::format(" <span class=\"clip\">(showing the first {} rows × {} columns; --json has all)</span>", rows, cols);
-  out += "</figcaption><div class=\"scroll\"><table><thead><tr><th></th>";
-  for (int64_t j = 0; j < cols; ++j) out += fmt::format("<th>{}</th>", j);
+  // Token-by-token matrices name their corner and columns: row = query token, column = key token.
+  out += fmt::format("</figcaption><div class=\"scroll\"><table><thead><tr><th>{}</th>",
+                     col_labels.empty() ? "" : "query \\ key");
+  for (int64_t j = 0; j < cols; ++j)
+    out += static_cast<std::size_t>(j) < col_labels.size()
+               ? fmt::format("<th>{}</th>", html_escape(col_labels[static_cast<std::size_t>(j)]))
+               : fmt::format("<th>{}</th>", j);
   out += "</tr></thead><tbody>";
   for (int64_t i = 0; i < rows; ++i) {
     const bool named = static_cast<std::size_t>(i) < row_labels.size();

@@ -14,7 +14,7 @@ namespace {
 using detail::matrix_table;
 
 std::string token_list(const std::vector<std::string>& tokens) {
-  std::string out = "<ol class=\"tokens\" start=\"0\">";
+  std::string out = "<ol class=\"tokens\">";
   for (std::size_t i = 0; i < tokens.size(); ++i)
     out += fmt::format("<li data-i=\"{}\">{}</li>", i, html_escape(tokens[i]));
   return out + "</ol>\n";
@@ -28,7 +28,7 @@ std::string selectors(const std::vector<std::string>& tokens, int64_t num_heads,
                        num_kv_heads == num_heads ? "" : fmt::format(" (key/value head {})", h / group + 1));
   out += "</select></label> <label>Query token <select id=\"query-select\">";
   for (std::size_t i = 0; i < tokens.size(); ++i)
-    out += fmt::format("<option value=\"{}\">{}: {}</option>", i, i, html_escape(tokens[i]));
+    out += fmt::format("<option value=\"{}\">token {} of {}: {}</option>", i, i + 1, tokens.size(), html_escape(tokens[i]));
   return out + "</select></label></div>\n";
 }
 
@@ -51,10 +51,11 @@ std::string head_steps(const Explanation& e, std::size_t h, int precision) {
   out += matrix_table("Q", from, s.q, t, precision);
   out += matrix_table("K", e.parameter_free ? "K = X" : e.x.empty() ? "given" : "K = X·W_k", s.k, t, precision);
   out += matrix_table("V", e.parameter_free ? "V = X" : e.x.empty() ? "given" : "V = X·W_v", s.v, t, precision);
-  out += matrix_table("raw scores", "Q·Kᵀ: row = query, column = key", s.scores, t, precision);
+  out += matrix_table("raw scores", "Q·Kᵀ: row = query, column = key", s.scores, t, precision, t);
   out += matrix_table("scaled scores", fmt::format("Q·Kᵀ / √d_k = Q·Kᵀ × {}", detail::fixed(s.scale, 6)),
-                      s.scaled_scores, t, precision);
-  out += matrix_table("weights", "softmax of each row of the scaled scores", s.weights, t, precision);
+                      s.scaled_scores, t, precision, t);
+  out += matrix_table("weights", "softmax of each row of the scaled scores: row = query, column = key", s.weights, t,
+                      precision, t);
   out += matrix_table("context", "weights·V: one context vector per token", s.context, t, precision);
   return out + "</section>\n";
 }
@@ -64,9 +65,10 @@ std::string steps_section(const Explanation& e, int precision) {
   if (!e.x.empty()) out += matrix_table("X", "static embeddings, one row per token", e.x, e.tokens, precision);
   const std::vector<std::string> none;
   if (!e.w_q.empty()) {
-    out += matrix_table("W_q", "learned query projection", e.w_q, none, precision);
-    out += matrix_table("W_k", "learned key projection", e.w_k, none, precision);
-    out += matrix_table("W_v", "learned value projection", e.w_v, none, precision);
+    const std::string origin = e.weights.empty() ? "" : e.weights + ": ";
+    out += matrix_table("W_q", origin + "query projection", e.w_q, none, precision);
+    out += matrix_table("W_k", origin + "key projection", e.w_k, none, precision);
+    out += matrix_table("W_v", origin + "value projection", e.w_v, none, precision);
   }
   if (!e.b_q.empty()) out += matrix_table("b_q", "query bias", e.b_q, none, precision);
   if (!e.b_k.empty()) out += matrix_table("b_k", "key bias", e.b_k, none, precision);

@@ -53,7 +53,7 @@ std::string sentence_column(const WordInSentence& w, int which, int precision) {
   std::string out = fmt::format("<section class=\"side\" data-sentence=\"{}\"><h2>Sentence {}</h2>", which, which + 1);
   out += fmt::format("<p class=\"sentence\">{}</p>", html_escape(w.sentence));
   out += fmt::format("<p>\"{}\" is token {} of {}. Its weights over the sentence (selected head):</p>",
-                     html_escape(w.tokens[static_cast<std::size_t>(w.position)]), w.position, w.tokens.size());
+                     html_escape(w.tokens[static_cast<std::size_t>(w.position)]), w.position + 1, w.tokens.size());
   out += fmt::format("<div class=\"strip\" id=\"strip-{}\"></div><p class=\"formula\" id=\"formula-{}\"></p>", which, which);
   out += fmt::format("<p>Static vector: <code>{}</code></p>", vector_row(w.static_vector, precision));
   out += fmt::format("<p>Contextual vector: <code>{}</code></p>", vector_row(w.contextual_vector, precision));
@@ -78,8 +78,9 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
       "{} largest weights (computed one row at a time, without an N×N matrix) and the weight left over.</p></header>\n",
       p.tokens.size(), kMaxHeatmapTokens, t.k);
   body += "<main>\n<div class=\"controls\">" + head_select(t.num_heads) +
-          " <label>Query token <input id=\"query-input\" type=\"number\" min=\"0\" max=\"" +
-          std::to_string(t.rows - 1) + "\" value=\"0\"></label> <span id=\"query-token\"></span></div>\n";
+          " <label>Query token <input id=\"query-input\" type=\"number\" min=\"1\" max=\"" +
+          std::to_string(t.rows) + "\" value=\"1\"></label> of " + std::to_string(t.rows) +
+          " <span id=\"query-token\"></span></div>\n";
   body += "<section id=\"topk-section\"><h2>Top weights per query row</h2>\n"
           "<div class=\"pager\"><button id=\"prev-page\" type=\"button\">◀ previous rows</button> "
           "<span id=\"page-label\"></span> <button id=\"next-page\" type=\"button\">next rows ▶</button></div>\n"

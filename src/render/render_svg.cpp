@@ -47,8 +47,8 @@ Layout layout(const Explanation& e) {
   l.cell = l.n <= 12 ? 44.0 : std::clamp(640.0 / static_cast<double>(l.n), 3.0, 30.0);
   l.numbers = l.cell >= 30.0;
   const bool labels = l.cell >= 8.0;
-  l.left = labels ? 12.0 + 6.5 * static_cast<double>(longest) : 12.0;
-  l.top = labels ? 28.0 + 5.0 * static_cast<double>(longest) : 28.0;  // key labels are turned 60°
+  l.left = labels ? 30.0 + 6.5 * static_cast<double>(longest) : 30.0;  // room for the query-axis title
+  l.top = labels ? 46.0 + 5.0 * static_cast<double>(longest) : 46.0;   // key labels are turned 60°
   l.grid = l.cell * static_cast<double>(l.n);
   l.width = l.left + l.grid + 24.0;
   return l;
@@ -59,6 +59,10 @@ void draw_head(std::string& out, const Explanation& e, int64_t h, const Layout& 
   const Matrix& w = e.heads[static_cast<std::size_t>(h)].weights;
   out += fmt::format("<g class=\"head\" data-head=\"{}\" transform=\"translate({:.1f},0)\">\n", h, x0);
   out += fmt::format("<text class=\"head-title\" x=\"{:.1f}\" y=\"16\" font-weight=\"bold\">Head {}</text>\n", l.left, h + 1);
+  out += fmt::format("<text class=\"axis-title\" x=\"{:.1f}\" y=\"32\" text-anchor=\"middle\">keys (columns): the tokens "
+                     "attended to</text>\n<text class=\"axis-title\" transform=\"translate(14,{:.1f}) rotate(-90)\" "
+                     "text-anchor=\"middle\">queries (rows): the tokens attending</text>\n",
+                     l.left + l.grid / 2.0, l.top + l.grid / 2.0);
   if (l.cell >= 8.0) {
     for (int64_t j = 0; j < l.n; ++j)
       out += fmt::format("<text class=\"key\" transform=\"translate({:.1f},{:.1f}) rotate(-60)\">{}</text>\n",

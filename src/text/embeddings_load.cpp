@@ -17,6 +17,11 @@
 namespace qkv {
 namespace {
 
+// Appended when the first row already fails: the file is probably not word vectors at all.
+constexpr const char* kNotEmbeddings =
+    " (this is not a GloVe or word2vec file: each line must be a word followed by its numbers)";
+
+
 using detail::MappedFile;
 using detail::quoted;
 
@@ -202,7 +207,8 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
   if (dim < 0) {
     std::vector<std::string_view> tokens = split(first_row);
     dim = static_cast<int64_t>(tokens.size() - word_token_count(tokens));
-    if (dim == 0) throw Error(fmt::format("{}: line {}: no vector values after the word", path, first_row_line));
+    if (dim == 0)
+      throw Error(fmt::format("{}: line {}: no vector values after the word{}", path, first_row_line, kNotEmbeddings));
   }
   check_text_capacity(file, rows, dim);
   detail::check_fits_in_memory(matrix_and_words_bytes(rows, dim), path);
@@ -241,7 +247,9 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
         }
       }
     }
-    if (!bad_message.empty()) throw Error(fmt::format("{}: line {}: {}", path, bad_line, bad_message));
+    if (!bad_message.empty())  // a fault in the first row: most likely not an embeddings file at all
+      throw Error(fmt::format("{}: line {}: {}{}", path, bad_line, bad_message,
+                              bad_line == first_row_line ? kNotEmbeddings : ""));
     row += count;
     file.release(block_start, pos);
   }

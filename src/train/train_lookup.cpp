@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "train/lookup_task.h"
+#include "train/progress.h"
 #include "qkv/checkpoint.h"
 #include "qkv/layer.h"
 #include "qkv/optim.h"
@@ -180,20 +181,10 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
     const bool last = step + 1 == c.steps;
     if (!c.checkpoint.empty() && ((c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0) || last))
       write_checkpoint(c, state, step + 1);
-    if (progress) {
-      TrainProgress p;
-      p.step = step + 1;
-      p.steps = c.steps;
-      for (const auto& [loss, acc] : recent) {
-        p.loss += loss / static_cast<double>(recent.size());
-        p.accuracy += acc / static_cast<double>(recent.size());
-      }
-      p.elapsed_seconds = std::chrono::duration<double>(Clock::now() - loop_start).count();
-      const double done = static_cast<double>(step + 1 - first);
-      p.tokens_per_second = done * static_cast<double>(c.batch * task.sequence_length()) / std::max(p.elapsed_seconds, 1e-9);
-      p.eta_seconds = p.elapsed_seconds / done * static_cast<double>(c.steps - step - 1);
-      progress(p);
-    }
+    if (progress)
+      progress(detail::window_progress(step + 1, first, c.steps, recent,
+                                       std::chrono::duration<double>(Clock::now() - loop_start).count(),
+                                       static_cast<double>((step + 1 - first) * c.batch * task.sequence_length())));
   }
   for (const auto& [loss, acc] : recent) result.final_loss += loss / static_cast<double>(recent.size());
   if (!c.save.empty()) layer.save(c.save);

@@ -294,13 +294,14 @@ def test_missing_required_option(attend):
 @pytest.mark.parametrize("args, needle", [
     (["frobnicate"], "frobnicate"),
     ([], "subcommand"),
-    (["explain", "a sentence"], "needs --embeddings"),
+    (["explain", "a sentence"], "no word vectors: pass --embeddings F, set QKV_EMBEDDINGS"),
     (["explain", "--example", "nope"], "--example"),
     (["explain", "--heads", "2"], "apply only to a sentence"),
     (["context", "hello"], "--embeddings"),
     (["compare", "--embeddings", "e.txt", "--word", "bank", "only one sentence"], "sentences"),
 ])
-def test_usage_errors(run, tmp_path, args, needle):
+def test_usage_errors(run, tmp_path, monkeypatch, args, needle):
+    monkeypatch.setenv("QKV_EMBEDDINGS", "")  # no default word vectors (README "Real words")
     proc = run(*args, cwd=tmp_path)
     check_failure(proc, 2, needle, directory=tmp_path)
 

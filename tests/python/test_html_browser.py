@@ -255,8 +255,8 @@ def test_4096_tokens_give_the_top_k_page_without_n_by_n_memory(qkv_bin, tmp_path
     assert "4096 tokens" in browser.driver.find_element("id", "topk-note").text
     for row in (0, 2500, 4095):
         box = browser.driver.find_element("id", "query-input")
-        box.clear()
-        box.send_keys(str(row) + "\n")
+        js(browser, "arguments[0].value = '';", box)  # clear() leaves the number input's "1" in place
+        box.send_keys(str(row + 1) + "\n")  # the page numbers tokens from 1, as everywhere
         sel = js(browser, "return document.querySelector('#topk-table tr.sel').dataset.row;")
         assert sel == str(row)
         entries = js(browser, "return Array.from(document.querySelectorAll('#topk-table tr.sel td.entry')).map(e => [+e.dataset.j, +e.dataset.w]);")
@@ -268,6 +268,12 @@ def test_4096_tokens_give_the_top_k_page_without_n_by_n_memory(qkv_bin, tmp_path
             assert abs(w[row, j] - v) <= 2e-5 * v, f"seed {seed}: row {row} key {j}"
         rest = float(js(browser, "return document.querySelector('#topk-table tr.sel td.rest').textContent;"))
         assert abs(rest - (1 - expected.sum())) < 1e-3
+        # Each entry names the key's position, so repeated words can be told apart.
+        texts = js(browser, "return Array.from(document.querySelectorAll('#topk-table tr.sel td.entry')).map(e => e.textContent);")
+        assert [t.split(" ")[:2] for t in texts] == [[tokens[j], f"({j + 1})"] for j, _ in entries]
+    # The legend's scale ends at the largest weight listed (not at 1).
+    largest = float(js(browser, "return document.getElementById('legend-max').dataset.max;"))
+    assert abs(largest - w.max()) <= 2e-5 * w.max(), (largest, w.max())
     assert_not_blank(browser.driver.get_screenshot_as_png(), "top-k page")
 
 
@@ -348,3 +354,29 @@ def test_picture_options_refuse_bad_requests_and_leave_no_files(run, tmp_path, e
         r = run(*args)
         assert r.returncode != 0 and r.stderr == message, (args[:3], r.returncode, r.stderr)
         assert leftovers(tmp_path, keep=("glove.txt", "w2v.txt", "w2v.bin")) == []
+
+
+def test_real_words_page_has_axis_titles_and_each_head_its_own_map(qkv_bin, run, tmp_path, browser):
+    from pathlib import Path
+    real = Path(qkv_bin).parent / "data" / "words.txt"
+    if not real.exists():
+        pytest.skip(f"{real} not built (it takes minutes): `make demo` or `cmake --build build --target embeddings`")
+    args = ["--embeddings", real, "we sat by the river bank", "--heads", "2", "--seed", "3"]
+    page = tmp_path / "river.html"
+    qkv_ok(run, "explain", *args, "--html", page)
+    weights = [h["weights"] for h in explain_json(run, *args)["heads"]]
+    assert errors(browser.open(page)) == []
+    titles = js(browser, "return Array.from(document.querySelectorAll('#heatmap text.axis-title')).map(t => t.textContent);")
+    assert titles == ["keys (columns): the tokens attended to", "queries (rows): the tokens attending"], titles
+    keys = js(browser, "return Array.from(document.querySelectorAll('#heatmap text.key')).map(t => t.textContent);")
+    assert keys == ["we", "sat", "by", "the", "river", "bank"]
+    first = js(browser, CELLS)
+    assert_cells_are(first, weights[0], "head 1")
+    choose(browser, "head-select", 1)
+    second = js(browser, CELLS)
+    assert_cells_are(second, weights[1], "head 2")
+    assert [w for _, _, w in first] != [w for _, _, w in second], "selecting head 2 left the map unchanged"
+    assert "random (seed 3): query projection" in browser.driver.page_source
+    png = browser.driver.find_element("id", "heatmap-svg").screenshot_as_png
+    (tmp_path / "river.png").write_bytes(png)
+    assert_not_blank(png, "real-words heatmap")

@@ -7,13 +7,15 @@
 
 #include "cli_util.h"
 #include "qkv/error.h"
+#include "qkv/positions.h"
 
 namespace qkv::cli {
 
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required) {
-  CLI::Option* emb = app->add_option("--embeddings", args.embeddings,
-                                     "Static word embeddings: GloVe text, word2vec text or binary (told apart by content)");
-  if (embeddings_required) emb->required();
+  app->add_option("--embeddings", args.embeddings,
+                  "Static word embeddings: GloVe text, word2vec text or binary (told apart by content); " +
+                      default_embeddings_rule());
+  if (embeddings_required) app->parse_complete_callback([&args] { resolve_default_embeddings(args); });
   app->add_option("--oov", args.oov, "Out-of-vocabulary words: error (list them), zero (zero vector) or skip")
       ->check(CLI::IsMember({"error", "zero", "skip"}));
   CLI::Option* weights =
@@ -25,12 +27,14 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
   CLI::Option* seed = app->add_option("--seed", args.seed, "Seed of the random W_q, W_k, W_v (default 0)");
   CLI::Option* free = app->add_flag("--parameter-free", args.parameter_free,
                                     "No weights: Q = K = V = X, as in seed 002's first-principles attention");
+  app->add_flag("--positions", args.positions,
+                "Add sinusoidal positional encodings to X (\"Attention Is All You Need\"), so word order matters");
   weights->excludes(heads)->excludes(dk)->excludes(seed)->excludes(free);
   free->excludes(heads)->excludes(dk)->excludes(seed);
 }
 
 bool layer_options_given(const CLI::App* app) {
-  for (const char* name : {"--weights", "--heads", "--dk", "--seed", "--parameter-free", "--oov"})
+  for (const char* name : {"--weights", "--heads", "--dk", "--seed", "--parameter-free", "--oov", "--positions"})
     if (app->count(name) > 0) return true;
   return false;
 }
@@ -65,6 +69,7 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
     std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
                  args.oov == "zero" ? "given zero vectors" : "skipped", list.c_str());
   }
+  if (args.positions) add_sinusoidal_positions(s.x.view());
   // A non-finite value in a used vector would turn every context vector into NaN: name the word.
   for (int64_t i = 0; i < s.x.dim(0); ++i)
     for (int64_t j = 0; j < s.x.dim(1); ++j) {
@@ -109,7 +114,7 @@ std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& l
   if (c.parameter_free) return "parameter-free (Q = K = V = X, seed 002)";
   const int64_t D = c.head_dim > 0 ? c.head_dim : c.embed_dim / c.num_heads;
   const std::string heads = fmt::format("{} head{}, d_k = {}", c.num_heads, c.num_heads == 1 ? "" : "s", D);
-  if (!args.weights.empty()) return fmt::format("weights from {}, {}", args.weights, heads);
+  if (!args.weights.empty()) return fmt::format("learned weights from {}, {}", file_name(args.weights), heads);
   return fmt::format("random W_q, W_k, W_v (seed {}), {}", c.seed, heads);
 }
 

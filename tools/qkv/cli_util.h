@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +18,10 @@
 #include "qkv/tensor.h"
 
 namespace qkv::cli {
+
+// For a command line CLI11 refused: "unknown option --head (did you mean --heads?)" if an argument
+// starting with "--" is not an option of the subcommand (or of qkv itself); nullopt otherwise.
+std::optional<std::string> unknown_option_message(const CLI::App& app, int argc, char** argv);
 
 // Throws CLI::ValidationError (exit code 2, "usage") with `message`; for checks that CLI11
 // cannot express, run from a subcommand's parse callback.
@@ -80,10 +85,19 @@ struct SentenceArgs {
   int64_t dk = 0;  // 0: E / heads
   uint64_t seed = 0;
   bool parameter_free = false;
+  bool positions = false;  // add sinusoidal positional encodings to X (qkv/positions.h)
 };
-// Registers --embeddings (required if `embeddings_required`), --oov, --weights, --heads, --dk,
-// --seed, --parameter-free.
+// Registers --embeddings (resolved by resolve_default_embeddings if `embeddings_required`), --oov,
+// --weights, --heads, --dk, --seed, --parameter-free, --positions.
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
+// Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else the build's
+// data/words.txt if it exists; otherwise a usage error saying how to get one. The rule, for --help:
+// default_embeddings_rule().
+void resolve_default_embeddings(SentenceArgs& args);
+std::string default_embeddings_rule();
+// The last component of `path`: what pages and headers show, so no page embeds where the user's
+// files live.
+std::string file_name(const std::string& path);
 // True if any layer option (--weights, --heads, --dk, --seed, --parameter-free, --oov) was given.
 bool layer_options_given(const CLI::App* app);
 OovPolicy oov_policy(const SentenceArgs& args);

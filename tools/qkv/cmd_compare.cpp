@@ -1,5 +1,6 @@
 // `qkv compare`: one word in two sentences (the seeds' "money bank" and "river bank"). Its
 // static vector is the same in both (cosine 1); its contextual vectors differ.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -35,6 +36,27 @@ double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, i
   }
   if (na == 0.0 || nb == 0.0) throw Error(fmt::format("{}: a zero vector has no cosine similarity", what));
   return dot / std::sqrt(na * nb);
+}
+
+// What the word attends to in one sentence, per head ("money (token 8) 0.410, ..."), and the first
+// values of its contextual vector.
+std::string attends_to(const WordInSentence& w, std::size_t n) {
+  constexpr std::size_t kShown = 4;
+  std::string out = fmt::format("\"{}\" in sentence {}:\n", w.tokens[static_cast<std::size_t>(w.position)], n + 1);
+  for (std::size_t h = 0; h < w.weights.size(); ++h) {
+    std::vector<std::size_t> order(w.tokens.size());
+    for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) { return w.weights[h][i] > w.weights[h][j]; });
+    out += fmt::format("  head {} attends to:", h + 1);
+    for (std::size_t r = 0; r < std::min(kShown, order.size()); ++r)
+      out += fmt::format(" {} (token {}) {:.3f}{}", w.tokens[order[r]], order[r] + 1, w.weights[h][order[r]],
+                         r + 1 < std::min(kShown, order.size()) ? "," : "");
+    out += "\n";
+  }
+  out += "  contextual vector: [";
+  for (std::size_t d = 0; d < std::min<std::size_t>(6, w.contextual_vector.size()); ++d)
+    out += fmt::format("{}{:.4f}", d ? ", " : "", w.contextual_vector[d]);
+  return out + (w.contextual_vector.size() > 6 ? fmt::format(", ... ({} values)]\n", w.contextual_vector.size()) : "]\n");
 }
 
 struct Occurrence {
@@ -73,6 +95,9 @@ int run_compare(const CompareArgs& a) {
   const double context_cos = cosine(occ[0].contextual.cview(), occ[0].position, occ[1].contextual.cview(),
                                     occ[1].position, fmt::format("contextual vectors of '{}'", word));
   const std::string description = describe_layer(sa, layer);
+  std::vector<WordInSentence> sides;
+  for (std::size_t n = 0; n < occ.size(); ++n)
+    sides.push_back(word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
 
   std::string text;
   if (a.json) {
@@ -95,11 +120,10 @@ int run_compare(const CompareArgs& a) {
                         static_cos, word);
     text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
                         context_cos);
+    for (std::size_t n = 0; n < sides.size(); ++n) text += attends_to(sides[n], n);
   }
   if (!a.html.empty()) {
-    Comparison c{word, description, static_cos, context_cos, {}, {}};
-    c.first = word_in_sentence(a.sentences[0], occ[0].embedded, occ[0].position, layer, occ[0].contextual.cview());
-    c.second = word_in_sentence(a.sentences[1], occ[1].embedded, occ[1].position, layer, occ[1].contextual.cview());
+    Comparison c{word, description, static_cos, context_cos, sides[0], sides[1]};
     write_outputs({{a.html, render_comparison_html(c)}});
   }
   write_stdout(text);

@@ -70,7 +70,7 @@ int run_context(const ContextArgs& a) {
   else bytes = table_text(a, s, y, description);
   if (!a.html.empty()) {
     const std::string title = fmt::format("Contextual vectors of \"{}\"", a.sentence);
-    const std::string source = fmt::format("embeddings from {} (width {}); {}", sa.embeddings, embeddings.dim(), description);
+    const std::string source = fmt::format("embeddings from {} (width {}); {}", file_name(sa.embeddings), embeddings.dim(), description);
     std::vector<std::pair<std::string, std::string>> files{{a.html, context_page(s, layer, title, source)}};
     if (!a.out.empty()) files.emplace_back(a.out, bytes);
     write_outputs(files);

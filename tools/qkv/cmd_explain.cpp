@@ -28,20 +28,18 @@ struct ExplainArgs {
   std::string html, svg;  // pictures instead of text
 };
 
-void validate(const CLI::App* sub, const ExplainArgs& a) {
+void validate(const CLI::App* sub, ExplainArgs& a) {
   const bool has_embeddings = sub->count("--embeddings") > 0;
   const bool has_sentence = sub->get_option("sentence")->count() > 0;
   if (has_embeddings && a.sentence_args.embeddings.empty()) usage_error("--embeddings: empty file name");
   if (!a.example.empty() && (has_embeddings || has_sentence))
     usage_error("explain: --example shows a built-in example; it takes no sentence and no --embeddings");
-  if (has_sentence && !has_embeddings)
-    usage_error("explain: a sentence needs --embeddings F (GloVe or word2vec) to look its words up");
   if (has_embeddings && !has_sentence) usage_error("explain: --embeddings needs a sentence to explain");
   if (a.json && (!a.html.empty() || !a.svg.empty()))
     usage_error("explain: --json prints the steps; --html and --svg write pictures instead: choose one");
-  if (!has_embeddings && layer_options_given(sub))
-    usage_error("explain: --weights, --heads, --dk, --seed, --parameter-free and --oov apply only to a sentence "
-                "with --embeddings");
+  if (!has_sentence && layer_options_given(sub))
+    usage_error("explain: --weights, --heads, --dk, --seed, --parameter-free and --oov apply only to a sentence");
+  if (has_sentence) resolve_default_embeddings(a.sentence_args);
 }
 
 // For --html of a sentence longer than a heatmap shows, fills `long_page` with the top-k page
@@ -53,7 +51,8 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
   const MultiHeadAttention layer = make_layer(s, embeddings.dim());
   const std::string title = fmt::format("Self-attention for \"{}\"", a.sentence);
   const std::string source =
-      fmt::format("embeddings from {} (width {}); {}", s.embeddings, embeddings.dim(), describe_layer(s, layer));
+      fmt::format("embeddings from {} (width {}){}; {}", file_name(s.embeddings), embeddings.dim(),
+                  s.positions ? " plus sinusoidal positional encodings" : "", describe_layer(s, layer));
   const auto n = static_cast<int64_t>(sentence.tokens.size());
   if (n > kMaxHeatmapTokens && !a.svg.empty())
     throw Error(fmt::format("--svg: {} tokens is more than the {} a heatmap shows (--html lists the top-{} weights "
@@ -66,6 +65,8 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
   e.title = title;
   e.source = source;
   e.style = "sentence";
+  if (!layer.config().parameter_free)
+    e.weights = s.weights.empty() ? fmt::format("random (seed {})", s.seed) : "learned (" + file_name(s.weights) + ")";
   return e;
 }
 
@@ -102,8 +103,9 @@ Command add_explain(CLI::App& app) {
       "explain",
       "Print every step of self-attention: Q, K, V, raw scores Q·Kᵀ, scaled scores, attention weights, context "
       "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
-      "--embeddings F \"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free).");
-  sub->add_option("sentence", args->sentence, "The sentence to explain (needs --embeddings)");
+      "\"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free), its words looked up in\n"
+      "--embeddings F (" + default_embeddings_rule() + ").");
+  sub->add_option("sentence", args->sentence, "The sentence to explain (its words looked up in --embeddings)");
   std::string names;
   for (const std::string& n : example_names()) names += (names.empty() ? "" : ", ") + n;
   sub->add_option("--example", args->example, "A built-in worked example: " + names)

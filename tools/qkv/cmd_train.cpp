@@ -1,8 +1,10 @@
-// `qkv train --task lookup`: trains one attention layer on the lookup task (the library's
-// train_lookup does the work) with a progress bar on stderr, then prints held-out accuracies.
+// `qkv train`: trains one attention layer on the lookup task (train_lookup) or on real sentences
+// (--task masked-word, train_masked_word) with a progress bar on stderr, then prints held-out
+// accuracies and, if asked, the loss curve as CSV and SVG.
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <cstdio>
 #include <memory>
@@ -10,9 +12,11 @@
 
 #include <fmt/format.h>
 
+#include "cli_loss_curve.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/lookup.h"
+#include "qkv/masked_word.h"
 
 namespace qkv::cli {
 namespace {
@@ -20,6 +24,8 @@ namespace {
 struct TrainArgs {
   std::string task = "lookup";
   LookupConfig config;
+  MaskedWordConfig masked;
+  std::string loss_csv, loss_svg;
 };
 
 std::string duration(double seconds) {
@@ -62,15 +68,80 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
+void validate(const CLI::App* sub, TrainArgs& a) {
+  const bool masked = a.task == "masked-word";
+  for (const char* name : {"--pairs", "--keys", "--values", "--embed-dim", "--checkpoint", "--checkpoint-every", "--resume"})
+    if (masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task lookup", name));
+  for (const char* name : {"--embeddings", "--sentences", "--max-sentences", "--min-length", "--max-length", "--positions"})
+    if (!masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task masked-word", name));
+  if (a.config.resume && a.config.checkpoint.empty()) usage_error("--resume needs --checkpoint FILE");
+  if (sub->count("--checkpoint-every") > 0 && a.config.checkpoint.empty())
+    usage_error("--checkpoint-every needs --checkpoint FILE");
+  if (!masked && a.config.num_keys < a.config.pairs)
+    usage_error(fmt::format("--keys ({}) must be at least --pairs ({})", a.config.num_keys, a.config.pairs));
+  if (!masked) return;
+  if (a.masked.max_length < a.masked.min_length)
+    usage_error(fmt::format("--max-length ({}) must be at least --min-length ({})", a.masked.max_length, a.masked.min_length));
+  SentenceArgs where;
+  where.embeddings = a.masked.embeddings;
+  resolve_default_embeddings(where);
+  a.masked.embeddings = where.embeddings;
+  if (a.masked.sentences.empty())
+    a.masked.sentences = (std::filesystem::path(a.masked.embeddings).parent_path() / "sentences.txt").string();
+}
+
+void print_accuracy(const char* name, const TopAccuracy& t) {
+  fmt::print("  {:<34} {:6.2f}%  {:6.2f}%\n", name, 100.0 * t.top1, 100.0 * t.top10);
+}
+
+// Runs the task with the progress bar and, if asked, records the loss curve.
+template <class Config, class Run>
+auto train_with_progress(const Config& c, std::vector<LossPoint>& curve, Run run) {
+  ProgressPrinter printer(c.steps);
+  return run(c, [&](const TrainProgress& p) {
+    printer(p);
+    curve.push_back({p.step, p.loss, p.accuracy});
+  });
+}
+
+void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!a.loss_csv.empty()) files.emplace_back(a.loss_csv, loss_curve_csv(curve));
+  if (!a.loss_svg.empty()) files.emplace_back(a.loss_svg, loss_curve_svg(curve, "qkv train --task " + a.task));
+  write_outputs(files);
+  for (const auto& [path, bytes] : files) fmt::print("loss curve written to {}\n", path);
+}
+
+int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
+  const MaskedWordConfig& m = a.masked;
+  const MaskedWordResult r = train_with_progress(m, curve, &train_masked_word);
+  fmt::print("held-out hidden words ({} sentences not trained on; {} words to choose from, {} training sentences):\n",
+             r.eval_examples, r.vocabulary, r.train_sentences);
+  fmt::print("  {:<34} {:>7}  {:>7}\n", "predictor", "top-1", "top-10");
+  print_accuracy("trained layer", r.trained);
+  print_accuracy("mean of the context vectors", r.mean_context);
+  print_accuracy("parameter-free (Q = K = V = X)", r.parameter_free);
+  print_accuracy("untrained layer (its seed)", r.untrained);
+  fmt::print("final training loss {:.4f}; {} steps in {}{}\n", r.final_loss, m.steps, duration(r.seconds),
+             m.positions ? " (with sinusoidal positions)" : "");
+  if (!m.save.empty())
+    fmt::print("weights written to {} (qkv explain --weights {}{} \"a sentence\")\n", m.save, m.save,
+               m.positions ? " --positions" : "");
+  return 0;
+}
+
 int run_train(const TrainArgs& args) {
   const LookupConfig& c = args.config;
-  if (!c.save.empty()) check_output_path(c.save, "--save");
-  if (!c.checkpoint.empty()) check_output_path(c.checkpoint, "--checkpoint");
-  LookupResult r;
-  {
-    ProgressPrinter printer(c.steps);
-    r = train_lookup(c, [&](const TrainProgress& p) { printer(p); });
+  for (const auto& [path, option] : {std::pair{c.save, "--save"}, {c.checkpoint, "--checkpoint"},
+                                     {args.loss_csv, "--loss-csv"}, {args.loss_svg, "--loss-svg"}})
+    if (!path.empty()) check_output_path(path, option);
+  std::vector<LossPoint> curve;
+  if (args.task == "masked-word") {
+    run_masked_word(args, curve);
+    write_curve(args, curve);
+    return 0;
   }
+  const LookupResult r = train_with_progress(c, curve, &train_lookup);
   if (r.resumed_from > 0) fmt::print("resumed from step {} of {}\n", r.resumed_from, c.steps);
   fmt::print("held-out accuracy ({} examples; chance {:.1f}%):\n", c.eval_examples, 100.0 / c.num_values);
   fmt::print("  trained         {:6.2f}%\n", 100.0 * r.trained_accuracy);
@@ -78,48 +149,72 @@ int run_train(const TrainArgs& args) {
   fmt::print("  untrained       {:6.2f}%\n", 100.0 * r.untrained_accuracy);
   fmt::print("final training loss {:.4f}; {} steps in {}\n", r.final_loss, c.steps, duration(r.seconds));
   if (!c.save.empty()) fmt::print("weights written to {}\n", c.save);
+  write_curve(args, curve);
   return 0;
 }
 
 }  // namespace
 
+// Binds an option shared by both tasks to both configs (each keeps its own default otherwise).
+template <class T>
+CLI::Option* add_shared(CLI::App* sub, const std::string& name, T& lookup, T& masked, const std::string& help,
+                        bool show_defaults = true) {
+  return sub->add_option_function<T>(
+      name, [&lookup, &masked](const T& v) { lookup = masked = v; },
+      show_defaults ? fmt::format("{} (default: lookup {}, masked-word {})", help, lookup, masked) : help);
+}
+
 Command add_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   LookupConfig& c = args->config;
+  MaskedWordConfig& m = args->masked;
   CLI::App* sub = app.add_subcommand(
       "train",
       "Train one multi-head attention layer by backpropagation.\n"
-      "--task lookup: P key->value pair tokens then a query token carrying a key; predict that key's value.");
-  sub->add_option("--task", args->task, "Task (lookup)")->check(CLI::IsMember({"lookup"}))->capture_default_str();
+      "--task lookup: P key->value pair tokens then a query token carrying a key; predict that key's value.\n"
+      "--task masked-word: real sentences (the GCIDE sentences `make demo` writes next to the word vectors) with\n"
+      "one word hidden; predict it from its context at the embeddings' width.");
+  sub->add_option("--task", args->task, "Task (lookup, masked-word)")
+      ->check(CLI::IsMember({"lookup", "masked-word"}))
+      ->capture_default_str();
   sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")->check(integer_in(1, 100000))->capture_default_str();
   sub->add_option("--keys", c.num_keys, "Key vocabulary size")->check(integer_in(1, 1000000))->capture_default_str();
   sub->add_option("--values", c.num_values, "Value vocabulary size")->check(integer_in(2, 1000000))->capture_default_str();
-  sub->add_option("--embed-dim,-E", c.embed_dim, "Embedding width E")->check(integer_in(1, 65536))->capture_default_str();
-  sub->add_option("--heads", c.heads, "Attention heads H")->check(integer_in(1, 1024))->capture_default_str();
-  sub->add_option("--head-dim,-D", c.head_dim, "Head dim D (0: E / heads)")->check(integer_in(0, 65536))->capture_default_str();
-  sub->add_option("--batch", c.batch, "Examples per step")->check(integer_in(1, 1000000))->capture_default_str();
-  sub->add_option("--steps", c.steps, "Training steps")->check(integer_in(int64_t{0}, int64_t{1} << 40))->capture_default_str();
-  sub->add_option("--lr", c.lr, "Peak learning rate (AdamW, warm-up + cosine)")->check(positive_number())->capture_default_str();
-  sub->add_option("--warmup", c.warmup, "Warm-up steps")->check(integer_in(0, std::numeric_limits<int64_t>::max()))->capture_default_str();
-  sub->add_option("--clip", c.clip, "Gradient norm limit (0: off)")->check(nonnegative_number())->capture_default_str();
-  sub->add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(nonnegative_number())->capture_default_str();
-  sub->add_option("--seed", c.seed, "Seed of embeddings, weights and data")->capture_default_str();
-  sub->add_option("--threads", c.threads, "Threads (0: QKV_NUM_THREADS or all cores); the default task is fastest on 1")
-      ->check(integer_in(0, 4096))
+  sub->add_option("--embed-dim,-E", c.embed_dim, "Embedding width E (lookup; masked-word takes the embeddings' width)")
+      ->check(integer_in(1, 65536))
       ->capture_default_str();
-  sub->add_option("--eval-examples", c.eval_examples, "Held-out examples")->check(integer_in(1, 10000000))->capture_default_str();
+  add_shared(sub, "--heads", c.heads, m.heads, "Attention heads H")->check(integer_in(1, 1024));
+  add_shared(sub, "--head-dim,-D", c.head_dim, m.head_dim, "Head dim D (0: E / heads)")->check(integer_in(0, 65536));
+  add_shared(sub, "--batch", c.batch, m.batch, "Examples per step")->check(integer_in(1, 1000000));
+  add_shared(sub, "--steps", c.steps, m.steps, "Training steps")->check(integer_in(int64_t{0}, int64_t{1} << 40));
+  add_shared(sub, "--lr", c.lr, m.lr, "Peak learning rate (AdamW, warm-up + cosine)")->check(positive_number());
+  add_shared(sub, "--warmup", c.warmup, m.warmup, "Warm-up steps")->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+  add_shared(sub, "--clip", c.clip, m.clip, "Gradient norm limit (0: off)")->check(nonnegative_number());
+  add_shared(sub, "--weight-decay", c.weight_decay, m.weight_decay, "AdamW weight decay")->check(nonnegative_number());
+  add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)", false);
+  add_shared(sub, "--threads", c.threads, m.threads, "Threads (0: QKV_NUM_THREADS or all cores); these tasks are fastest on 1")
+      ->check(integer_in(0, 4096));
+  add_shared(sub, "--eval-examples", c.eval_examples, m.eval_examples, "Held-out examples")->check(integer_in(1, 10000000));
   sub->add_option("--checkpoint", c.checkpoint, "Checkpoint file (.safetensors); the previous one is kept as <file>.prev");
   sub->add_option("--checkpoint-every", c.checkpoint_every, "Steps between checkpoints (0: only at the end)")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   sub->add_flag("--resume", c.resume, "Continue from --checkpoint (bitwise as if never interrupted)");
-  sub->add_option("--save", c.save, "Write the trained layer (.safetensors; usable with --weights)");
-  sub->callback([args, sub] {
-    if (args->config.resume && args->config.checkpoint.empty()) usage_error("--resume needs --checkpoint FILE");
-    if (sub->count("--checkpoint-every") > 0 && args->config.checkpoint.empty())
-      usage_error("--checkpoint-every needs --checkpoint FILE");
-    if (args->config.num_keys < args->config.pairs)
-      usage_error(fmt::format("--keys ({}) must be at least --pairs ({})", args->config.num_keys, args->config.pairs));
-  });
+  add_shared(sub, "--save", c.save, m.save, "Write the trained layer (.safetensors; usable with --weights)", false);
+  sub->add_option("--embeddings", m.embeddings, "masked-word: word vectors; " + default_embeddings_rule());
+  sub->add_option("--sentences", m.sentences, "masked-word: one sentence per line (default: sentences.txt next to the "
+                                              "embeddings)");
+  sub->add_option("--max-sentences", m.max_sentences, "masked-word: read at most this many lines (0: all)")
+      ->check(integer_in(int64_t{0}, std::numeric_limits<int64_t>::max()));
+  sub->add_option("--min-length", m.min_length, "masked-word: shortest sentence used (words)")
+      ->check(integer_in(2, 100000))
+      ->capture_default_str();
+  sub->add_option("--max-length", m.max_length, "masked-word: longest sentence used (words)")
+      ->check(integer_in(2, 100000))
+      ->capture_default_str();
+  sub->add_flag("--positions", m.positions, "masked-word: add sinusoidal positional encodings to the input rows");
+  sub->add_option("--loss-csv", args->loss_csv, "Write the loss curve (step, loss, accuracy) as CSV");
+  sub->add_option("--loss-svg", args->loss_svg, "Draw the loss curve as an SVG chart");
+  sub->callback([args, sub] { validate(sub, *args); });
   return {sub, [args] { return run_train(*args); }};
 }
 

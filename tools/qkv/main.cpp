@@ -9,20 +9,33 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"qkv: self-attention, exact and fast. Try `qkv explain`."};
+  CLI::App app{
+      "qkv: self-attention, exact and fast. Try `qkv explain`.\n"
+      "\"Seed 000/002/003\" below name the tutorials qkv's worked examples come from: seed 000 \"Playing Outside\"\n"
+      "(sample q, k, v vectors), seed 002 (attention from first principles: Q = K = V = X, no parameters) and\n"
+      "seed 003 \"How Self-Attention Is Calculated\" (3 words, W_q, W_k, W_v given). `--seed` is a random seed."};
   app.require_subcommand(1);
   std::vector<qkv::cli::Command> commands;
   for (qkv::cli::CommandFactory add : {&qkv::cli::add_explain, &qkv::cli::add_context, &qkv::cli::add_compare,
                                        &qkv::cli::add_attend, &qkv::cli::add_train})
     commands.push_back(add(app));
+  if (argc == 1) {
+    fmt::print(stderr, "qkv: no subcommand given; see `qkv --help` (or try `qkv explain`)\n");
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
+    if (const auto message = qkv::cli::unknown_option_message(app, argc, argv)) {
+      fmt::print(stderr, "qkv: {}\n", *message);
+      return 2;
+    }
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
       std::string known;
       for (const CLI::App* sub : app.get_subcommands({})) known += (known.empty() ? "" : ", ") + sub->get_name();

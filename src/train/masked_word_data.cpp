@@ -1,0 +1,165 @@
+#include "train/masked_word_data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "core/blas.h"
+#include "train/lookup_task.h"  // uniform_index
+#include "qkv/error.h"
+
+namespace qkv::detail {
+namespace {
+
+constexpr int64_t kEvalBatch = 250;
+
+// One line in 20 is held out, chosen by a hash of the line number (so the split does not depend
+// on the seed and neighbouring dictionary lines are not all on one side).
+bool held_out_line(uint64_t line) {
+  uint64_t z = line + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return (z ^ (z >> 31)) % 20 == 0;
+}
+
+// Writes the sentences' vectors into x[b] and the mean of the context rows into the hidden row.
+void fill_example(const Sentence& s, int64_t hidden, const Embeddings& embeddings, float* x) {
+  const int64_t L = static_cast<int64_t>(s.size()), E = embeddings.dim();
+  std::vector<double> mean(static_cast<std::size_t>(E), 0.0);
+  for (int64_t t = 0; t < L; ++t) {
+    const std::span<const float> v = embeddings.vector(s[static_cast<std::size_t>(t)]);
+    if (t == hidden) continue;
+    std::copy(v.begin(), v.end(), x + t * E);
+    for (int64_t e = 0; e < E; ++e) mean[static_cast<std::size_t>(e)] += v[static_cast<std::size_t>(e)];
+  }
+  for (int64_t e = 0; e < E; ++e)
+    x[hidden * E + e] = static_cast<float>(mean[static_cast<std::size_t>(e)] / static_cast<double>(L - 1));
+}
+
+MaskedBatch make_batch(const std::vector<const Sentence*>& sentences, const std::vector<int64_t>& hidden,
+                       const Embeddings& embeddings) {
+  const auto B = static_cast<int64_t>(sentences.size());
+  const auto L = static_cast<int64_t>(sentences.front()->size());
+  const int64_t E = embeddings.dim();
+  MaskedBatch out{Tensor<float>({B, L, E}, "masked-word batch"), hidden, std::vector<int64_t>(sentences.size())};
+  for (int64_t b = 0; b < B; ++b) {
+    const Sentence& s = *sentences[static_cast<std::size_t>(b)];
+    fill_example(s, hidden[static_cast<std::size_t>(b)], embeddings, out.x.data() + b * L * E);
+    out.targets[static_cast<std::size_t>(b)] = s[static_cast<std::size_t>(hidden[static_cast<std::size_t>(b)])];
+  }
+  return out;
+}
+
+}  // namespace
+
+MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& embeddings) {
+  std::ifstream in(c.sentences);
+  if (!in)
+    throw Error(fmt::format("masked-word: cannot read sentences from {} (--sentences FILE: one sentence per line)",
+                            c.sentences));
+  MaskedCorpus corpus;
+  corpus.min_length = c.min_length;
+  corpus.train.resize(static_cast<std::size_t>(c.max_length - c.min_length + 1));
+  std::string line;
+  for (uint64_t n = 0; std::getline(in, line) && (c.max_sentences <= 0 || n < uint64_t(c.max_sentences)); ++n) {
+    const std::vector<std::string> words = tokenize(line);
+    const auto L = static_cast<int64_t>(words.size());
+    if (L < c.min_length || L > c.max_length) continue;
+    Sentence s;
+    for (const std::string& w : words) {
+      const int64_t id = embeddings.find(w);
+      if (id < 0) break;
+      s.push_back(static_cast<int32_t>(id));
+    }
+    if (static_cast<int64_t>(s.size()) != L) continue;  // a word without a vector
+    if (held_out_line(n)) {
+      corpus.held_out.push_back(std::move(s));
+    } else {
+      corpus.train[static_cast<std::size_t>(L - c.min_length)].push_back(std::move(s));
+      ++corpus.train_count;
+    }
+  }
+  if (in.bad()) throw Error(fmt::format("masked-word: error reading {}", c.sentences));
+  if (corpus.train_count == 0 || corpus.held_out.empty())
+    throw Error(fmt::format("masked-word: {} has no usable {} sentence ({} to {} words, every word in the "
+                            "embeddings)", c.sentences, corpus.train_count == 0 ? "training" : "held-out",
+                            c.min_length, c.max_length));
+  return corpus;
+}
+
+MaskedBatch sample_batch(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t batch, std::mt19937_64& rng) {
+  // The bucket of a uniformly drawn sentence: buckets are drawn in proportion to their size.
+  int64_t pick = uniform_index(rng, corpus.train_count);
+  std::size_t bucket = 0;
+  while (pick >= static_cast<int64_t>(corpus.train[bucket].size())) pick -= static_cast<int64_t>(corpus.train[bucket++].size());
+  const std::vector<Sentence>& pool = corpus.train[bucket];
+  std::vector<const Sentence*> sentences;
+  std::vector<int64_t> hidden;
+  const auto L = static_cast<int64_t>(bucket) + corpus.min_length;
+  for (int64_t b = 0; b < batch; ++b) {
+    sentences.push_back(&pool[static_cast<std::size_t>(b == 0 ? pick : uniform_index(rng, static_cast<int64_t>(pool.size())))]);
+    hidden.push_back(uniform_index(rng, L));
+  }
+  return make_batch(sentences, hidden, embeddings);
+}
+
+std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t examples,
+                                          std::mt19937_64& rng) {
+  const int64_t n = std::min<int64_t>(examples, static_cast<int64_t>(corpus.held_out.size()));
+  std::vector<std::vector<const Sentence*>> by_length(corpus.train.size());
+  std::vector<std::vector<int64_t>> hidden(corpus.train.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const Sentence& s = corpus.held_out[static_cast<std::size_t>(i)];
+    const std::size_t bucket = s.size() - static_cast<std::size_t>(corpus.min_length);
+    by_length[bucket].push_back(&s);
+    hidden[bucket].push_back(uniform_index(rng, static_cast<int64_t>(s.size())));
+  }
+  std::vector<MaskedBatch> out;
+  for (std::size_t k = 0; k < by_length.size(); ++k)
+    for (std::size_t start = 0; start < by_length[k].size(); start += kEvalBatch) {
+      const std::size_t end = std::min(by_length[k].size(), start + kEvalBatch);
+      out.push_back(make_batch({by_length[k].begin() + start, by_length[k].begin() + end},
+                               {hidden[k].begin() + start, hidden[k].begin() + end}, embeddings));
+    }
+  return out;
+}
+
+MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, const Embeddings& embeddings,
+                             Tensor<float>* dy) {
+  const int64_t B = y.dim(0), L = y.dim(1), E = y.dim(2), V = embeddings.size();
+  const float* table = embeddings.matrix().data();
+  // The hidden rows, gathered: h [B, E]; logits [B, V] = h · embeddingsᵀ.
+  Tensor<float> h({B, E}, "hidden rows"), logits({B, V}, "logits");
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(y.data() + (b * L + batch.hidden[static_cast<std::size_t>(b)]) * E, E, h.data() + b * E);
+  sgemm(false, true, B, V, E, 1.0f, h.data(), E, table, E, 0.0f, logits.data(), V);
+  MaskedReadout r;
+  for (int64_t b = 0; b < B; ++b) {
+    float* row = logits.data() + b * V;
+    const int64_t target = batch.targets[static_cast<std::size_t>(b)];
+    const float score = row[target];
+    // Rank of the target: words scoring strictly higher, ties broken towards the target.
+    const auto above = std::count_if(row, row + V, [score](float v) { return v > score; });
+    r.top1 += above == 0;
+    r.top10 += above < 10;
+    const float best = *std::max_element(row, row + V);
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - best);
+    const double lse = best + std::log(sum);
+    r.loss += lse - score;
+    for (int64_t v = 0; v < V; ++v)  // dL/dlogits = (softmax - onehot) / B, in place
+      row[v] = static_cast<float>((std::exp(double(row[v]) - lse) - (v == target ? 1.0 : 0.0)) / double(B));
+  }
+  r.loss /= static_cast<double>(B);
+  if (dy) {
+    *dy = Tensor<float>({B, L, E}, "dy");
+    sgemm(false, false, B, E, V, 1.0f, logits.data(), V, table, E, 0.0f, h.data(), E);  // dh = dlogits · table
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(h.data() + b * E, E, dy->data() + (b * L + batch.hidden[static_cast<std::size_t>(b)]) * E);
+  }
+  return r;
+}
+
+}  // namespace qkv::detail

@@ -1,0 +1,55 @@
+// The masked-word task's data and readout (see include/qkv/masked_word.h): sentences as word ids
+// bucketed by length, batches with one hidden word each, and the cross-entropy readout against
+// the whole vocabulary. Internal.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "qkv/embeddings.h"
+#include "qkv/masked_word.h"
+#include "qkv/tensor.h"
+
+namespace qkv::detail {
+
+using Sentence = std::vector<int32_t>;  // word ids into the embeddings
+
+struct MaskedCorpus {
+  std::vector<std::vector<Sentence>> train;  // train[L - min_length]: training sentences of length L
+  std::vector<Sentence> held_out;            // one line in 20 (fixed by line number), in file order
+  int64_t min_length = 0, train_count = 0;
+};
+
+// Reads `path` (one sentence per line); keeps sentences whose words are all in `embeddings` and
+// whose length is within [min_length, max_length]. Throws qkv::Error naming the file if it cannot
+// be read or leaves no training or no held-out sentence.
+MaskedCorpus load_masked_corpus(const MaskedWordConfig& config, const Embeddings& embeddings);
+
+struct MaskedBatch {
+  Tensor<float> x;                 // [B, L, E]; row `hidden[b]` holds the mean of the other rows
+  std::vector<int64_t> hidden;     // [B] the hidden position
+  std::vector<int64_t> targets;    // [B] the hidden word's id
+};
+
+// A batch of sentences of one length (taken from the bucket of a uniformly drawn sentence), each
+// with a uniformly drawn hidden position.
+MaskedBatch sample_batch(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t batch, std::mt19937_64& rng);
+
+// The held-out examples, at most `examples`, hidden positions drawn from `rng`, grouped into
+// batches of one length (at most 250 each).
+std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t examples,
+                                          std::mt19937_64& rng);
+
+struct MaskedReadout {
+  double loss = 0;               // mean cross-entropy over the batch
+  int64_t top1 = 0, top10 = 0;   // examples whose target ranks first / within the first 10
+};
+
+// Scores y[b, hidden[b], :] against every embedding (logits = y · embeddingsᵀ). When dy is not
+// null it is set to dL/dy ([B, L, E], zero except at the hidden rows) for the mean loss.
+MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, const Embeddings& embeddings,
+                             Tensor<float>* dy);
+
+}  // namespace qkv::detail

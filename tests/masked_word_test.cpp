@@ -1,0 +1,79 @@
+// The masked-word readout (src/train/masked_word_data.h): loss, ranks and dL/dy against a float64
+// computation written here, and dL/dy against central differences of that loss.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "qkv/embeddings.h"
+#include "test_util.h"
+#include "train/masked_word_data.h"
+
+namespace qkv {
+namespace {
+
+// Mean over the batch of logsumexp(y_h · table) - y_h · table[target], y_h the hidden row.
+double reference_loss(const Tensor<float>& y, const detail::MaskedBatch& batch, const Tensor<float>& table,
+                      std::vector<int>* rank = nullptr) {
+  const int64_t B = y.dim(0), E = y.dim(2), V = table.dim(0);
+  double loss = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<double> logits(static_cast<std::size_t>(V));
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t e = 0; e < E; ++e)
+        logits[v] += double(y.cview()(b, batch.hidden[b], e)) * double(table.cview()(v, e));
+    double top = logits[0], sum = 0;
+    for (double l : logits) top = std::max(top, l);
+    for (double l : logits) sum += std::exp(l - top);
+    loss += top + std::log(sum) - logits[batch.targets[b]];
+    if (rank) {
+      int above = 0;
+      for (double l : logits) above += l > logits[batch.targets[b]];
+      rank->push_back(above);
+    }
+  }
+  return loss / static_cast<double>(B);
+}
+
+TEST(MaskedWord, ReadoutLossRanksAndGradient) {
+  test::Rng rng("MaskedWord.ReadoutLossRanksAndGradient");
+  const int64_t B = 3, L = 4, E = 5, V = 23;
+  Tensor<float> table = rng.normal32({V, E});
+  std::vector<std::string> words;
+  for (int64_t v = 0; v < V; ++v) words.push_back(std::to_string(v) + "w");  // (GCC 12 warns on "w" + string)
+  const Embeddings embeddings(words, table.clone());
+  Tensor<float> y = rng.normal32({B, L, E});
+  detail::MaskedBatch batch{Tensor<float>({B, L, E}), {}, {}};
+  for (int64_t b = 0; b < B; ++b) {
+    batch.hidden.push_back(rng.uniform_int(0, L - 1));
+    batch.targets.push_back(rng.uniform_int(0, V - 1));
+  }
+  Tensor<float> dy;
+  const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy);
+  std::vector<int> rank;
+  const double want = reference_loss(y, batch, table, &rank);
+  EXPECT_NEAR(r.loss, want, 1e-5 * (1 + std::abs(want))) << "seed " << rng.seed();
+  int top1 = 0, top10 = 0;
+  for (int above : rank) top1 += above == 0, top10 += above < 10;
+  EXPECT_EQ(r.top1, top1);
+  EXPECT_EQ(r.top10, top10);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        if (t != batch.hidden[b]) {
+          ASSERT_EQ(dy.cview()(b, t, e), 0.0f);  // only the hidden rows are scored
+          continue;
+        }
+        const float saved = y.view()(b, t, e);
+        const double h = 1e-2;
+        y.view()(b, t, e) = static_cast<float>(saved + h);
+        const double up = reference_loss(y, batch, table);
+        y.view()(b, t, e) = static_cast<float>(saved - h);
+        const double down = reference_loss(y, batch, table);
+        y.view()(b, t, e) = saved;
+        ASSERT_NEAR(dy.cview()(b, t, e), (up - down) / (2 * h), 2e-3) << "seed " << rng.seed() << " at " << b << "," << e;
+      }
+}
+
+}  // namespace
+}  // namespace qkv
