@@ -3,7 +3,6 @@
 // computes the fused attention of its query chunks against the current K/V chunks. The partial
 // (out, lse) of each block merges into the running result by log-sum-exp in fp32, in ring order,
 // which is fixed for a given P: the result does not depend on threads or message timing.
-#include <omp.h>
 
 #include <fmt/format.h>
 

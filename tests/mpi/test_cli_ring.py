@@ -99,3 +99,19 @@ def test_ring_refuses_float64(tmp_path):
     x = np.ones((1, 40, 8))
     proc, out, _ = attend(tmp_path, 2, [], q=x, k=x, v=x)
     check_failure(proc, out, "--ring reads C-order float32 .npy files, got '<f8'")
+
+
+def test_ranks_with_no_tokens(tmp_path):
+    # N = 3 queries and M = 5 keys over 4 ranks: zigzag leaves some ranks without tokens.
+    rng = np.random.default_rng(seed())
+    q = rng.standard_normal((3, 8), dtype=np.float32)
+    k = rng.standard_normal((5, 8), dtype=np.float32)
+    v = rng.standard_normal((5, 8), dtype=np.float32)
+    extra = ["--causal=bottom_right"]
+    single, out1, _ = attend(tmp_path, 0, extra, q=q, k=k, v=v)
+    assert single.returncode == 0, single.stderr
+    ring, out, _ = attend(tmp_path, 4, extra, q=q, k=k, v=v)
+    assert ring.returncode == 0, ring.stderr
+    a, b = np.load(out), np.load(out1)
+    assert a.shape == b.shape == (3, 8)
+    assert np.max(np.abs(a - b)) <= 2e-5 * (1 + np.max(np.abs(b)))
