@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "qkv/backward.h"
+#include "qkv/reference.h"
 #include "qkv/distributed.h"
 
 namespace {
