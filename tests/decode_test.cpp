@@ -283,9 +283,10 @@ TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
 }
 
 // int8 against the float64 reference on the values before quantization. Every stored value is
-// within step/2 of the original (step = max|x| / 127 of its token and head), so each logit moves
-// by at most Δ = scale · ‖q‖₁ · max_j stepk_j / 2; the weights then move by a factor within
-// e^{±2Δ}, so |out' - out| <= max_j stepv_j / 2 + (e^{2Δ} - 1) · max|v| (plus fp32 rounding).
+// within step/2 of the original (step = max|x| / 127 of its token and head; kv_cache_test), so a
+// logit moves by at most Δ = scale · ‖q‖₁ · max stepk / 2 a priori; the test measures the actual
+// Δ = max |scale · q·(k' - k)| and ε = max |v' - v| (both within those steps). The weights then
+// move by a factor within e^{±2Δ}, so |out' - out| <= ε + (e^{2Δ} - 1) · max|v| + fp32 rounding.
 TEST(Decode, Int8WithinTheBoundOfItsQuantizationStep) {
   test::Rng rng("Decode.Int8Bound");
   for (double outlier : {0.0, 40.0}) {
@@ -298,26 +299,40 @@ TEST(Decode, Int8WithinTheBoundOfItsQuantizationStep) {
     const Tensor<float> q = rng.normal32({2, 8, 2, 128});
     Tensor<double> ref({2, 8, 2, 128}), ref_lse({2, 8, 2});
     reference(c, q, f.k, f.v, true, ref, ref_lse);
-    double stepk = 0, stepv = 0, vmax = 0, q1 = 0;
-    for (std::size_t b = 0; b < 2; ++b)
-      for (int64_t t = 0; t < c.lens[b] * c.Hkv; ++t) {
-        double ak = 0, av = 0;
-        for (int64_t d = 0; d < 128; ++d) ak = std::max<double>(ak, std::fabs(f.k[b][t * 128 + d]));
-        for (int64_t d = 0; d < 128; ++d) av = std::max<double>(av, std::fabs(f.v[b][t * 128 + d]));
-        stepk = std::max(stepk, ak / 127), stepv = std::max(stepv, av / 127), vmax = std::max(vmax, av);
-      }
-    for (int64_t r = 0; r < 2 * 8 * 2; ++r) {
-      double n1 = 0;
-      for (int64_t d = 0; d < 128; ++d) n1 += std::fabs(q[r * 128 + d]);
-      q1 = std::max(q1, n1);
+    const double scale = 1 / std::sqrt(128.0);
+    double delta = 0, prior = 0, eps = 0, vmax = 0;
+    for (std::size_t b = 0; b < 2; ++b) {
+      const Tensor<float> ks = f.cache.keys(f.ids[b]), vs = f.cache.values(f.ids[b]);
+      const int64_t len = c.lens[b];
+      for (int64_t g = 0; g < 2; ++g)
+        for (int64_t j = 0; j < len; ++j) {
+          const float* k = &f.k[b][(j * 2 + g) * 128];
+          const float* v = &f.v[b][(j * 2 + g) * 128];
+          double kmax = 0;
+          for (int64_t d = 0; d < 128; ++d) {
+            kmax = std::max<double>(kmax, std::fabs(k[d]));
+            vmax = std::max<double>(vmax, std::fabs(v[d]));
+            eps = std::max<double>(eps, std::fabs(vs[(g * len + j) * 128 + d] - v[d]));
+          }
+          for (int64_t r = 0; r < 4 * 2; ++r) {  // the rows of head group g
+            const float* qr = &q[((b * 8 + g * 4) * 2 + r) * 128];
+            double dot = 0, q1 = 0;
+            for (int64_t d = 0; d < 128; ++d) {
+              dot += static_cast<double>(qr[d]) * (ks[(g * len + j) * 128 + d] - static_cast<double>(k[d]));
+              q1 += std::fabs(qr[d]);
+            }
+            delta = std::max(delta, scale * std::fabs(dot));
+            prior = std::max(prior, scale * q1 * kmax / 127 / 2);
+          }
+        }
     }
-    const double delta = q1 / std::sqrt(128.0) * stepk / 2;
-    const double bound = stepv / 2 + std::expm1(2 * delta) * vmax + 2e-5 * (1 + max_abs(ref));
+    ASSERT_LE(delta, prior * (1 + 1e-6));
+    const double bound = eps + std::expm1(2 * delta) * vmax + 2e-5 * (1 + max_abs(ref));
     const Result r = run_decode(c, f, q, Simd::automatic, 2);
     const double err = max_diff(r.out, ref);
     EXPECT_LE(err, bound) << "outlier " << outlier;
-    std::printf("[ int8     ] outlier %g: max error %.3g, bound %.3g (step k %.3g, v %.3g)\n", outlier, err, bound,
-                stepk, stepv);
+    std::printf("[ int8     ] outlier %g: max error %.3g, bound %.3g (logit shift %.3g <= %.3g a priori, v error %.3g)\n",
+                outlier, err, bound, delta, prior, eps);
   }
 }
 
