@@ -21,3 +21,7 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
   --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"
 /usr/bin/python3 "$HERE/compare_backward.py" --build "$BUILD" --out "$OUT" | tee "$OUT/backward_table.md"
+# Decode against a paged KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a
+# percentage of the roofline bound measured by the same binary (BENCHMARKS.md, "Decode").
+echo "qkv decode benchmarks (about 6 minutes)..." >&2
+"$BUILD/bench/qkv_decode_bench" --benchmark_out="$OUT/decode.json" --benchmark_out_format=json | tee "$OUT/decode.log"

@@ -358,6 +358,55 @@ TEST(Decode, LongSequenceNeedsNoScratchProportionalToLength) {
   EXPECT_LE(max_diff(out, ref), 2e-5 * (1 + max_abs(ref)));
 }
 
+// The exact per-key weights reproduce the decode output (Σ_j w_j v_j = out), sum to the share the
+// sink leaves, and are 0 outside the window and StreamingLLM prefix.
+TEST(Decode, WeightsReproduceTheOutput) {
+  test::Rng rng("Decode.Weights");
+  Case c;
+  c.dtype = KVDtype::f16;
+  c.Hkv = 2, c.G = 4, c.N = 3, c.D = 40, c.Dv = 24, c.page_tokens = 16;
+  c.lens = {300, 2};
+  c.options.mask.causal = CausalAlign::bottom_right;
+  c.options.mask.window = Window{50, -1};
+  c.options.sink_tokens = 4;
+  for (int64_t h = 0; h < 8; ++h) c.options.sinks.push_back(static_cast<float>(rng.uniform(-1, 2)));
+  const Filled f = fill(rng, c);
+  const Tensor<float> q = rng.normal32({2, 8, 3, 40});
+  const Result r = run_decode(c, f, q, Simd::automatic, 2);
+  const PagedKV kv = f.cache.paged(f.ids);
+  for (bool given_lse : {true, false}) {
+    Tensor<float> w({2, 8, 3, 300});
+    decode_attention_weights(w.view(), q.cview(), kv, given_lse ? r.lse.cview() : TensorView<const float>(), c.options);
+    for (int64_t b = 0; b < 2; ++b) {
+      const Tensor<float> vs = f.cache.values(f.ids[b]);
+      const int64_t len = c.lens[b];
+      for (int64_t h = 0; h < 8; ++h)
+        for (int64_t i = 0; i < 3; ++i) {
+          const float* wr = &w[((b * 8 + h) * 3 + i) * 300];
+          double sum = 0;
+          for (int64_t j = 0; j < 300; ++j) {
+            const int64_t diag = i + len - 3;
+            const bool allowed = j < len && j <= diag && (j >= diag - 50 || j < 4);
+            if (!allowed) {
+              ASSERT_EQ(wr[j], 0.0f) << b << " " << h << " " << i << " " << j;
+            }
+            sum += wr[j];
+          }
+          const double lse = r.lse[(b * 8 + h) * 3 + i];
+          const double want_sum = std::isinf(lse) ? 0.0 : 1.0 - std::exp(c.options.sinks[h] - lse);
+          EXPECT_NEAR(sum, want_sum, 1e-5) << b << " " << h << " " << i;
+          for (int64_t e = 0; e < 24; ++e) {
+            double o = 0;
+            for (int64_t j = 0; j < len; ++j) o += wr[j] * static_cast<double>(vs[((h / 4) * len + j) * 24 + e]);
+            EXPECT_NEAR(o, r.out[((b * 8 + h) * 3 + i) * 24 + e], 2e-5 * 4) << b << " " << h << " " << i << " " << e;
+          }
+        }
+    }
+  }
+  Tensor<float> wrong({2, 8, 3, 299});
+  EXPECT_THROW(decode_attention_weights(wrong.view(), q.cview(), kv, {}, c.options), Error);
+}
+
 TEST(Decode, RefusesBadInputByName) {
   test::Rng rng("Decode.Errors");
   Case c;

@@ -72,4 +72,14 @@ struct DecodeOptions {
 void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<const float> q, const PagedKV& kv,
                       const DecodeOptions& options = {});
 
+// Exact weights of the new queries over each sequence's keys (for explain tooling and KV
+// eviction policies such as H2O's heavy hitters): weights [B,H,N,max len] with
+// weights(b,h,i,j) = exp(s_ij - lse_bhi) for allowed keys j < seq_lens[b], else 0; the same
+// masks, sinks and sink_tokens as decode_attention (with sinks a row sums to 1 - e^(sink - lse)).
+// Scores in float64 from the stored (dequantized) values. lse [B,H,N] as decode_attention wrote
+// it, or empty to recompute it in float64. Memory: O(max len) per row besides `weights`. The same
+// checks and errors as decode_attention. Thread-safe for distinct outputs; single-threaded.
+void decode_attention_weights(TensorView<float> weights, TensorView<const float> q, const PagedKV& kv,
+                              TensorView<const float> lse, const DecodeOptions& options = {});
+
 }  // namespace qkv
