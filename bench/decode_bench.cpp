@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <omp.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "fma_peak.h"
@@ -72,7 +73,9 @@ float sum_plain(const float* p, int64_t n) {
 
 void read_bandwidth(benchmark::State& state) {
   const int64_t n = int64_t{256} << 20 >> 2;  // 256 MB, 8x the 32 MB L3
-  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(64, n * 4)), &std::free);
+  // 2 MB aligned with transparent huge pages requested, like the cache's pools (kv_cache.cpp).
+  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(2 << 20, n * 4)), &std::free);
+  ::madvise(buf.get(), n * 4, MADV_HUGEPAGE);
   std::fill(buf.get(), buf.get() + n, 1.0f);
   const bool avx512 = __builtin_cpu_supports("avx512f");
   float sink = 0;

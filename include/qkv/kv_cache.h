@@ -5,6 +5,7 @@
 // case page_tokens = the longest sequence.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,8 +28,9 @@ struct KVCacheConfig {
 class KVCache {
  public:
   // Allocates the whole pool at once (and nothing else that grows with tokens): num_pages pages
-  // of K and V, plus for i8 one fp32 scale per (page, head, slot) for each. Throws qkv::Error for
-  // a non-positive size or when the pool cannot be allocated.
+  // of K and V, plus for i8 one fp32 scale per (page, head, slot) for each; pools of 2 MB or more
+  // are mapped 2 MB aligned with transparent huge pages requested (sizes rounded up to 2 MB).
+  // Throws qkv::Error for a non-positive size or when the pool cannot be allocated.
   explicit KVCache(const KVCacheConfig& config);
   ~KVCache();
   KVCache(KVCache&&) noexcept;
@@ -78,6 +80,10 @@ class KVCache {
     std::vector<int32_t> pages;
   };
   struct Free {
+    // (A constructor, not a member initializer: unique_ptr needs it default-constructible
+    // before KVCache is complete.)
+    Free() noexcept : mapped(0) {}
+    std::size_t mapped;  // bytes of a direct mapping (large pools), else 0: malloc'd
     void operator()(void* p) const;
   };
   Sequence& find(int64_t seq);

@@ -68,14 +68,13 @@ class DecodeChunk {
     std::fill(t_.m, t_.m + rows_, -std::numeric_limits<float>::infinity());
     std::fill(t_.l, t_.l + rows_, 0.0f);
     if (!find_bands()) return;
-    prefetch_block(t_.j0);
-    prefetch_block(t_.j0 + block_size(t_.j0));
+    for (int64_t b = 0; b < 4; ++b) prefetch_block(t_.j0 + b * kNb);
     pack_q();
     bool first = true;
     for (int64_t j = t_.j0; j < t_.j1;) {
       const int64_t nb = block_size(j);
       if (any_row_sees(j, j + nb)) {
-        prefetch_block(j + 2 * nb);
+        prefetch_block(j + 4 * nb);
         block(j, nb, first);
         first = false;
       }
