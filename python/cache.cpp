@@ -65,6 +65,21 @@ py::dtype storage_dtype(qkv::KVDtype d) {
   return py::dtype::of<float>();
 }
 
+py::array raw_pool(const py::object& self, bool values) {
+  const auto& c = self.cast<const qkv::KVCache&>();
+  const qkv::KVCacheConfig& g = c.config();
+  return pool_view(self, values ? c.v_pool() : c.k_pool(), storage_dtype(g.dtype),
+                   {g.num_pages, g.Hkv, g.page_tokens, values ? g.Dv : g.D});
+}
+
+py::object raw_scales(const py::object& self, bool values) {
+  const auto& c = self.cast<const qkv::KVCache&>();
+  const qkv::KVCacheConfig& g = c.config();
+  const float* scales = values ? c.v_scales() : c.k_scales();
+  if (scales == nullptr) return py::none();
+  return pool_view(self, scales, py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
+}
+
 py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
                   const py::dict& mask, const py::object& scale, const std::vector<float>& sinks, int64_t sink_tokens,
                   bool return_lse, int num_threads, const std::string& simd) {
@@ -132,28 +147,13 @@ void bind_cache(py::module_& m) {
       .def("keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
            "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
       .def("values", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.values(seq)); }, py::arg("seq"))
-      .def_property_readonly("k_pool", [](const py::object& self) {
-        const auto& c = self.cast<const qkv::KVCache&>();
-        const auto& g = c.config();
-        return pool_view(self, c.k_pool(), storage_dtype(g.dtype), {g.num_pages, g.Hkv, g.page_tokens, g.D});
-      }, "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim].")
-      .def_property_readonly("v_pool", [](const py::object& self) {
-        const auto& c = self.cast<const qkv::KVCache&>();
-        const auto& g = c.config();
-        return pool_view(self, c.v_pool(), storage_dtype(g.dtype), {g.num_pages, g.Hkv, g.page_tokens, g.Dv});
-      })
-      .def_property_readonly("k_scales", [](const py::object& self) -> py::object {
-        const auto& c = self.cast<const qkv::KVCache&>();
-        const auto& g = c.config();
-        if (c.k_scales() == nullptr) return py::none();
-        return pool_view(self, c.k_scales(), py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
-      })
-      .def_property_readonly("v_scales", [](const py::object& self) -> py::object {
-        const auto& c = self.cast<const qkv::KVCache&>();
-        const auto& g = c.config();
-        if (c.v_scales() == nullptr) return py::none();
-        return pool_view(self, c.v_scales(), py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
-      });
+      .def_property_readonly("k_pool", [](const py::object& self) { return raw_pool(self, false); },
+                             "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim] "
+                             "(float32, uint16 bits of bf16 or fp16, or int8).")
+      .def_property_readonly("v_pool", [](const py::object& self) { return raw_pool(self, true); })
+      .def_property_readonly("k_scales", [](const py::object& self) { return raw_scales(self, false); },
+                             "i8 only: read-only view of the key scales [num_pages, kv_heads, page_tokens]; else None.")
+      .def_property_readonly("v_scales", [](const py::object& self) { return raw_scales(self, true); });
   m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("seq_ids"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("return_lse"), py::arg("num_threads"),
         py::arg("simd"), "Core of qkv.decode_attention; mask is a dict of mask keyword arguments.");

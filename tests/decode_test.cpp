@@ -15,6 +15,7 @@
 
 #include "attention_cases.h"
 #include "qkv/kv_cache.h"
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -416,12 +417,7 @@ TEST(Decode, RefusesBadInputByName) {
   const Tensor<float> q = rng.normal32({1, 4, 1, 8});
   Tensor<float> out({1, 4, 1, 8});
   auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o, const std::string& text) {
-    try {
-      decode_attention(out.view(), TensorView<float>(), qv, kv, o);
-      ADD_FAILURE() << "no error; expected: " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
+    test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv, o); }, text);
   };
   const PagedKV good = f.cache.paged(f.ids);
   PagedKV bad = good;
@@ -446,13 +442,9 @@ TEST(Decode, RefusesBadInputByName) {
   o = {};
   o.sink_tokens = -1;
   expect_error(good, q.cview(), o, "sink_tokens = -1 is negative");
-  try {
-    const std::vector<int64_t> ids{99};
-    decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids);
-    ADD_FAILURE() << "no error for an unknown sequence";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown sequence id 99"), std::string::npos) << e.what();
-  }
+  const std::vector<int64_t> ids{99};
+  test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
+                     "unknown sequence id 99");
 }
 
 }  // namespace

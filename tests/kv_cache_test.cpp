@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/kv_cache.h"
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -131,14 +132,7 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
   Tensor<float> k = rng.normal32({5, 2, 5}), v = rng.normal32({5, 2, 3});
   cache.append(s, TensorView<const float>(k.data(), {3, 2, 5}), TensorView<const float>(v.data(), {3, 2, 3}));
   const Tensor<float> before = cache.keys(s);
-  auto expect_error = [](const auto& fn, const std::string& text) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected: " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
+  using test::expect_error;
   Tensor<float> big_k = rng.normal32({6, 2, 5}), big_v = rng.normal32({6, 2, 3});
   expect_error([&] { cache.append(s, big_k.cview(), big_v.cview()); }, "6 tokens need 2 free pages, the pool of 2 has 1 left");
   expect_error([&] { cache.append(42, k.cview(), v.cview()); }, "unknown sequence id 42");

@@ -8,6 +8,7 @@
 
 #include "qkv/kv_cache.h"
 #include "qkv/rotary.h"
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -91,12 +92,7 @@ TEST(Rotary, AppendRotatesKeysAtTheSequencePositions) {
 TEST(Rotary, RefusesBadOptions) {
   Tensor<float> x({1, 1, 2, 6});
   auto expect_error = [&](const RotaryOptions& o, std::vector<int64_t> offsets, const std::string& text) {
-    try {
-      apply_rotary(x.view(), offsets, o);
-      ADD_FAILURE() << "no error; expected: " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
+    test::expect_error([&] { apply_rotary(x.view(), offsets, o); }, text);
   };
   RotaryOptions o;
   o.rotary_dim = 3;
