@@ -26,3 +26,7 @@ if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
   echo "ring attention, 2 ranks x 1 thread vs 1 rank x 2 threads (several minutes)..." >&2
   /usr/bin/python3 "$HERE/ring_bench.py" "$BUILD/bench/qkv_ring_bench" | tee "$OUT/ring_table.md"
 fi
+# Decode against a paged KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a
+# percentage of the roofline bound measured by the same binary (BENCHMARKS.md, "Decode").
+echo "qkv decode benchmarks (about 6 minutes)..." >&2
+"$BUILD/bench/qkv_decode_bench" --benchmark_out="$OUT/decode.json" --benchmark_out_format=json | tee "$OUT/decode.log"

@@ -13,5 +13,6 @@ void bind_embeddings(pybind11::module_& m);
 void bind_explain(pybind11::module_& m);
 void bind_weights(pybind11::module_& m);
 void bind_optim(pybind11::module_& m);
+void bind_cache(pybind11::module_& m);
 
 }  // namespace qkvpy

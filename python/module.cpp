@@ -27,4 +27,5 @@ PYBIND11_MODULE(_qkv, m) {
   qkvpy::bind_explain(m);
   qkvpy::bind_weights(m);
   qkvpy::bind_optim(m);
+  qkvpy::bind_cache(m);
 }

@@ -1,0 +1,222 @@
+// Google Benchmark of decode_attention against a paged KV cache (include/qkv/decode.h), on
+//   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype;
+//   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16 tokens shuffled in the pool, and the
+//       same tokens in contiguous caches (one page per sequence).
+// The same binary first measures the machine's read bandwidth (a read-only streaming sum over a
+// buffer 8x the L3) and its FMA peak (fma_peak.h), then reports each step as a percentage of the
+// roofline bound max(K+V bytes / bandwidth, FLOPs / peak): counter roofline_pct (wall time).
+// On a machine shared with other jobs the threads get a fraction of their cores, so each rate is
+// also given per CPU second of the process (CPU time / threads standing for the time the threads
+// ran), and cpu_roofline_pct compares those: the kernel's efficiency while it runs.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "fma_peak.h"
+#include "qkv/kv_cache.h"
+
+namespace qkv::bench {
+namespace {
+
+constexpr int kThreads = 2;
+constexpr int64_t kH = 32, kHkv = 8, kD = 128;
+
+double g_read_bandwidth = 0;  // bytes/s, set by the bandwidth benchmark
+double g_fma_peak = 0;        // flop/s
+double g_cpu_read_bandwidth = 0;  // the same per CPU second of each thread
+double g_cpu_fma_peak = 0;
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Wall and per-thread CPU seconds of a timed loop.
+struct Timer {
+  std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+  double cpu = process_cpu_seconds();
+  double wall_seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count(); }
+  double thread_seconds() const { return (process_cpu_seconds() - cpu) / kThreads; }
+};
+
+__attribute__((target("avx512f"), noinline)) float sum_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+  }
+  float lanes[16];
+  _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return lanes[0] + lanes[7];
+}
+
+float sum_plain(const float* p, int64_t n) {
+  float s[8] = {};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+  return s[0] + s[7];
+}
+
+void read_bandwidth(benchmark::State& state) {
+  const int64_t n = int64_t{256} << 20 >> 2;  // 256 MB, 8x the 32 MB L3
+  // 2 MB aligned with transparent huge pages requested, like the cache's pools (kv_cache.cpp).
+  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(2 << 20, n * 4)), &std::free);
+  ::madvise(buf.get(), n * 4, MADV_HUGEPAGE);
+  std::fill(buf.get(), buf.get() + n, 1.0f);
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  float sink = 0;
+  const Timer timer;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(kThreads) reduction(+ : sink)
+    {
+      const int64_t part = n / kThreads, begin = part * omp_get_thread_num();
+      sink += avx512 ? sum_avx512(buf.get() + begin, part) : sum_plain(buf.get() + begin, part);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  const double bytes = static_cast<double>(n) * 4 * static_cast<double>(state.iterations());
+  const double rate = bytes / timer.wall_seconds(), cpu_rate = bytes / timer.thread_seconds();
+  // The best run: the bound is what the machine can do.
+  g_read_bandwidth = std::max(g_read_bandwidth, rate);
+  g_cpu_read_bandwidth = std::max(g_cpu_read_bandwidth, cpu_rate);
+  state.counters["GBps"] = rate / 1e9;
+  state.counters["cpu_GBps"] = cpu_rate / 1e9;
+}
+
+void fma_peak(benchmark::State& state) {
+  double flops = 0;
+  const Timer timer;
+  for (auto _ : state) flops = fma_peak_work(kThreads, 20'000'000);
+  const double total = flops * static_cast<double>(state.iterations());
+  const double rate = total / timer.wall_seconds(), cpu_rate = total / timer.thread_seconds();
+  g_fma_peak = std::max(g_fma_peak, rate);
+  g_cpu_fma_peak = std::max(g_cpu_fma_peak, cpu_rate);
+  state.counters["GFLOPS"] = rate / 1e9;
+  state.counters["cpu_GFLOPS"] = cpu_rate / 1e9;
+}
+
+// A cache holding sequences of the given lengths; shuffled: its pages are taken from the pool in
+// a random order (as after many sequences came and went).
+struct Setup {
+  std::unique_ptr<KVCache> cache;
+  std::vector<int64_t> ids;
+  int64_t tokens = 0;
+};
+
+Setup make_cache(KVDtype dtype, const std::vector<int64_t>& lens, int64_t page_tokens, bool shuffled) {
+  Setup s;
+  int64_t pages = 0;
+  for (int64_t len : lens) pages += (len + page_tokens - 1) / page_tokens;
+  s.cache = std::make_unique<KVCache>(KVCacheConfig{pages, page_tokens, kHkv, kD, kD, dtype});
+  std::mt19937_64 rng(7);
+  // Uniform in [-2, 2) from the top bits of one 64-bit draw each: filling 300 MB of normal
+  // samples per repetition took longer than the benchmark itself.
+  auto draw = [&rng] { return static_cast<float>(static_cast<double>(rng() >> 11) * 0x1p-51 - 2.0); };
+  if (shuffled) {
+    std::vector<int64_t> decoys(static_cast<std::size_t>(pages));
+    std::vector<float> one(kHkv * kD, 0.0f);
+    const TensorView<const float> row(one.data(), {1, kHkv, kD});
+    for (int64_t& d : decoys) {
+      d = s.cache->create();
+      s.cache->append(d, row, row);
+    }
+    std::shuffle(decoys.begin(), decoys.end(), rng);
+    for (int64_t d : decoys) s.cache->free(d);
+  }
+  constexpr int64_t kPiece = 1024;
+  std::vector<float> k(kPiece * kHkv * kD), v(kPiece * kHkv * kD);
+  for (int64_t len : lens) {
+    const int64_t id = s.cache->create();
+    s.ids.push_back(id);
+    for (int64_t t = 0; t < len; t += kPiece) {
+      const int64_t T = std::min(kPiece, len - t);
+      for (float& x : k) x = draw();
+      for (float& x : v) x = draw();
+      s.cache->append(id, TensorView<const float>(k.data(), {T, kHkv, kD}), TensorView<const float>(v.data(), {T, kHkv, kD}));
+    }
+    s.tokens += len;
+  }
+  return s;
+}
+
+void run_decode(benchmark::State& state, const Setup& s) {
+  const int64_t B = static_cast<int64_t>(s.ids.size());
+  std::vector<float> q(B * kH * kD), out(B * kH * kD);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  for (float& x : q) x = dist(rng);
+  const PagedKV kv = s.cache->paged(s.ids);
+  DecodeOptions o;
+  o.num_threads = kThreads;
+  o.mask.causal = CausalAlign::bottom_right;
+  const TensorView<const float> qv(q.data(), {B, kH, 1, kD});
+  const TensorView<float> ov(out.data(), {B, kH, 1, kD});
+  decode_attention(ov, TensorView<float>(), qv, kv, o);  // warm the threads and scratch
+  const Timer timer;
+  for (auto _ : state) decode_attention(ov, TensorView<float>(), qv, kv, o);
+  const double iterations = static_cast<double>(state.iterations());
+  const double step = timer.wall_seconds() / iterations, cpu_step = timer.thread_seconds() / iterations;
+  const KVDtype dtype = s.cache->config().dtype;
+  const double bytes = static_cast<double>(s.tokens) * kHkv *
+                       (2.0 * kD * static_cast<double>(kv_dtype_bytes(dtype)) + (dtype == KVDtype::i8 ? 8.0 : 0.0));
+  const double flops = 4.0 * static_cast<double>(s.tokens) * kH * kD;
+  const double bound = std::max(bytes / g_read_bandwidth, flops / g_fma_peak);
+  const double cpu_bound = std::max(bytes / g_cpu_read_bandwidth, flops / g_cpu_fma_peak);
+  state.counters["roofline_pct"] = 100.0 * bound / step;
+  state.counters["cpu_roofline_pct"] = 100.0 * cpu_bound / cpu_step;
+  state.counters["GBps"] = bytes / step / 1e9;
+  state.counters["bound_us"] = bound * 1e6;
+}
+
+void register_all() {
+  auto add = [](const std::string& name, auto fn) {
+    return benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Repetitions(3)
+        ->ReportAggregatesOnly(true);
+  };
+  add("read_bandwidth/threads:2", read_bandwidth);
+  add("fma_peak/threads:2", fma_peak);
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
+    for (int64_t M : {4096, 16384, 32768}) {
+      const std::string name = std::string("decode/D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M) + "/threads:2";
+      add(name, [dtype, M](benchmark::State& state) {
+        const Setup s = make_cache(dtype, {M}, M, false);  // contiguous: one page
+        run_decode(state, s);
+      });
+    }
+  const std::vector<int64_t> d2{1024, 2048, 4096, 6144, 8192, 16384, 24576, 32768};
+  add("decode/D2/f16/paged16_shuffled/threads:2", [d2](benchmark::State& state) {
+    run_decode(state, make_cache(KVDtype::f16, d2, 16, true));
+  });
+  add("decode/D2/f16/contiguous/threads:2", [d2](benchmark::State& state) {
+    // One page per sequence; the pool is mapped lazily, so only the filled part is resident.
+    run_decode(state, make_cache(KVDtype::f16, d2, 32768, false));
+  });
+}
+
+}  // namespace
+}  // namespace qkv::bench
+
+int main(int argc, char** argv) {
+  qkv::bench::register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

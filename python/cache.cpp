@@ -1,0 +1,162 @@
+// qkv.KVCache and qkv.decode_attention (include/qkv/kv_cache.h, decode.h) on numpy arrays.
+// Arrays in are float32 (float64 is rounded once); the cache's pools are exposed as read-only
+// numpy views that keep the cache alive.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "bind_util.h"
+#include "bindings.h"
+#include "qkv/kv_cache.h"
+
+namespace qkvpy {
+namespace {
+
+qkv::KVDtype parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "float32") return qkv::KVDtype::f32;
+  if (name == "bf16" || name == "bfloat16") return qkv::KVDtype::bf16;
+  if (name == "f16" || name == "float16") return qkv::KVDtype::f16;
+  if (name == "i8" || name == "int8") return qkv::KVDtype::i8;
+  throw py::value_error(fmt::format("dtype must be 'f32', 'bf16', 'f16' or 'i8', got '{}'", name));
+}
+
+std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
+  if (rotary.is_none()) return std::nullopt;
+  if (!py::isinstance<py::dict>(rotary)) throw py::type_error("rotary must be None or a dict(layout=, theta=, rotary_dim=)");
+  const py::dict d = rotary.cast<py::dict>();
+  qkv::RotaryOptions o;
+  for (const auto& [key_obj, value] : d) {
+    const std::string key = py::cast<std::string>(key_obj);
+    if (key == "layout") {
+      const std::string layout = py::cast<std::string>(value);
+      if (layout == "interleaved") o.layout = qkv::RotaryLayout::interleaved;
+      else if (layout == "half_split") o.layout = qkv::RotaryLayout::half_split;
+      else throw py::value_error(fmt::format("rotary layout must be 'interleaved' or 'half_split', got '{}'", layout));
+    } else if (key == "theta") {
+      o.theta = py::cast<double>(value);
+    } else if (key == "rotary_dim") {
+      o.rotary_dim = index_arg(value, "rotary_dim");
+    } else {
+      throw py::type_error(fmt::format("rotary: unknown key '{}'", key));
+    }
+  }
+  return o;
+}
+
+// A read-only numpy view of a pool, owned by the Python cache object.
+py::array pool_view(const py::object& owner, const void* data, py::dtype dtype, std::vector<int64_t> shape) {
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t stride = dtype.itemsize();
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  py::array a(dtype, std::vector<py::ssize_t>(shape.begin(), shape.end()), strides, data, owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+py::dtype storage_dtype(qkv::KVDtype d) {
+  switch (d) {
+    case qkv::KVDtype::f32: return py::dtype::of<float>();
+    case qkv::KVDtype::bf16:
+    case qkv::KVDtype::f16: return py::dtype::of<uint16_t>();  // bf16 bits; fp16 bits (view as np.float16)
+    case qkv::KVDtype::i8: return py::dtype::of<int8_t>();
+  }
+  return py::dtype::of<float>();
+}
+
+py::array raw_pool(const py::object& self, bool values) {
+  const auto& c = self.cast<const qkv::KVCache&>();
+  const qkv::KVCacheConfig& g = c.config();
+  return pool_view(self, values ? c.v_pool() : c.k_pool(), storage_dtype(g.dtype),
+                   {g.num_pages, g.Hkv, g.page_tokens, values ? g.Dv : g.D});
+}
+
+py::object raw_scales(const py::object& self, bool values) {
+  const auto& c = self.cast<const qkv::KVCache&>();
+  const qkv::KVCacheConfig& g = c.config();
+  const float* scales = values ? c.v_scales() : c.k_scales();
+  if (scales == nullptr) return py::none();
+  return pool_view(self, scales, py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
+}
+
+py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
+                  const py::dict& mask, const py::object& scale, const std::vector<float>& sinks, int64_t sink_tokens,
+                  bool return_lse, int num_threads, const std::string& simd) {
+  py::array owner;
+  const qkv::TensorView<const float> q = float32_view(q_obj, "q", owner);
+  if (q.rank() != 4) throw py::value_error(fmt::format("q must be [B, H, N, D], got {}", qkv::shape_string(q.shape())));
+  const qkv::PagedKV kv = cache.paged(seq_ids);
+  int64_t M = 0;
+  for (int64_t len : kv.seq_lens) M = std::max(M, len);
+  py::dict m = mask;
+  if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
+  const MaskArgs margs = parse_mask(m, q.dim(0), q.dim(1), q.dim(2), M);
+  qkv::DecodeOptions o;
+  o.mask = margs.mask;
+  if (!scale.is_none()) o.scale = scale.cast<double>();
+  o.sinks = sinks;
+  o.sink_tokens = sink_tokens;
+  o.num_threads = num_threads;
+  o.simd = parse_simd(simd);
+  py::array out = new_array<float>({q.dim(0), q.dim(1), q.dim(2), cache.config().Dv});
+  py::array lse = new_array<float>({q.dim(0), q.dim(1), q.dim(2)});
+  {
+    py::gil_scoped_release release;
+    qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), q, kv, o);
+  }
+  if (return_lse) return py::make_tuple(out, lse);
+  return out;
+}
+
+}  // namespace
+
+void bind_cache(py::module_& m) {
+  py::class_<qkv::KVCache>(m, "KVCache",
+                           "A paged KV cache of one attention layer (see include/qkv/kv_cache.h): pools of "
+                           "num_pages pages of page_tokens tokens, for kv_heads heads of head_dim (keys) and "
+                           "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'.")
+      .def(py::init([](int64_t num_pages, int64_t page_tokens, int64_t kv_heads, int64_t head_dim,
+                       const py::object& value_dim, const std::string& dtype) {
+             const int64_t dv = value_dim.is_none() ? head_dim : index_arg(value_dim, "value_dim");
+             return qkv::KVCache({num_pages, page_tokens, kv_heads, head_dim, dv, parse_dtype(dtype)});
+           }),
+           py::arg("num_pages"), py::arg("page_tokens"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("value_dim") = py::none(), py::arg("dtype") = "f32")
+      .def("create", &qkv::KVCache::create, "A new empty sequence; returns its id.")
+      .def(
+          "append",
+          [](qkv::KVCache& c, int64_t seq, const py::object& k, const py::object& v, const py::object& rotary) {
+            py::array ko, vo;
+            const auto kv = float32_view(k, "k", ko), vv = float32_view(v, "v", vo);
+            const std::optional<qkv::RotaryOptions> r = parse_rotary(rotary);
+            c.append(seq, kv, vv, r ? &*r : nullptr);
+          },
+          py::arg("seq"), py::arg("k"), py::arg("v"), py::arg("rotary") = py::none(),
+          "Appends k [T, kv_heads, head_dim] and v [T, kv_heads, value_dim]; all or nothing. rotary: a dict "
+          "(layout='half_split'|'interleaved', theta=10000, rotary_dim=0) rotates k at the sequence's positions.")
+      .def("fork", &qkv::KVCache::fork, py::arg("seq"), "A new sequence sharing seq's pages; returns its id.")
+      .def("free", &qkv::KVCache::free, py::arg("seq"))
+      .def("length", &qkv::KVCache::length, py::arg("seq"))
+      .def("pages", [](const qkv::KVCache& c, int64_t seq) {
+        const auto p = c.pages(seq);
+        return std::vector<int32_t>(p.begin(), p.end());
+      }, py::arg("seq"))
+      .def_property_readonly("free_pages", &qkv::KVCache::free_pages)
+      .def_property_readonly("pool_bytes", &qkv::KVCache::pool_bytes)
+      .def("keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
+           "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
+      .def("values", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.values(seq)); }, py::arg("seq"))
+      .def_property_readonly("k_pool", [](const py::object& self) { return raw_pool(self, false); },
+                             "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim] "
+                             "(float32, uint16 bits of bf16 or fp16, or int8).")
+      .def_property_readonly("v_pool", [](const py::object& self) { return raw_pool(self, true); })
+      .def_property_readonly("k_scales", [](const py::object& self) { return raw_scales(self, false); },
+                             "i8 only: read-only view of the key scales [num_pages, kv_heads, page_tokens]; else None.")
+      .def_property_readonly("v_scales", [](const py::object& self) { return raw_scales(self, true); });
+  m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("seq_ids"), py::arg("mask"),
+        py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("return_lse"), py::arg("num_threads"),
+        py::arg("simd"), "Core of qkv.decode_attention; mask is a dict of mask keyword arguments.");
+}
+
+}  // namespace qkvpy

@@ -1,0 +1,225 @@
+// decode_attention: input checks, the chunk plan (from the sequence lengths alone), the OpenMP
+// driver over (sequence, chunk, KV head) tasks, and the fixed-order merge of the chunks.
+#include "qkv/decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "kernels/decode_kernel.h"
+#include "kernels/dispatch.h"
+
+namespace qkv {
+namespace {
+
+using kernels::DecodeParams;
+using kernels::DecodeTask;
+using kernels::Workspace;
+
+// Chunks of a sequence: at least kMinChunk keys each (a task then costs far more than its
+// merge), at most kMaxChunks of them, so the partial results take O(B·H·N·Dv) memory for any
+// length. 64 chunks of a 32k sequence keep 2 threads busy at B·Hkv = 1.
+constexpr int64_t kMinChunk = 256;
+constexpr int64_t kMaxChunks = 64;
+
+struct ChunkPlan {
+  int64_t chunk = 0;  // keys per chunk (a multiple of kDecodeBlock)
+  int64_t count = 0;
+};
+
+ChunkPlan plan_chunks(int64_t len) {
+  if (len == 0) return {};
+  const int64_t count = std::clamp<int64_t>((len + kMinChunk - 1) / kMinChunk, 1, kMaxChunks);
+  const int64_t block = kernels::kDecodeBlock;
+  const int64_t chunk = ((len + count - 1) / count + block - 1) / block * block;
+  return {chunk, (len + chunk - 1) / chunk};
+}
+
+kernels::DecodeChunkFn chunk_function(Simd path) {
+  switch (path) {
+    case Simd::avx512: return &kernels::decode_chunk_avx512;
+    case Simd::avx2: return &kernels::decode_chunk_avx2;
+    default: return &kernels::decode_chunk_scalar;
+  }
+}
+
+void check_paged(const PagedKV& kv) {
+  if (kv.Hkv <= 0 || kv.D <= 0 || kv.Dv <= 0 || kv.page_tokens <= 0 || kv.num_pages <= 0)
+    throw Error(fmt::format("decode_attention: the cache's Hkv, D, Dv, page_tokens and num_pages must be positive, "
+                            "got {}, {}, {}, {}, {}", kv.Hkv, kv.D, kv.Dv, kv.page_tokens, kv.num_pages));
+  if (kv.k == nullptr || kv.v == nullptr || (kv.dtype == KVDtype::i8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)))
+    throw Error("decode_attention: the cache's pools (and i8 scales) must be set");
+  const int64_t B = kv.batch();
+  if (kv.max_blocks < 0 || static_cast<int64_t>(kv.block_table.size()) != B * kv.max_blocks)
+    throw Error(fmt::format("decode_attention: block_table has {} entries, expected B · max_blocks = {} · {}",
+                            kv.block_table.size(), B, kv.max_blocks));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = kv.seq_lens[b];
+    if (len < 0 || len > kv.max_blocks * kv.page_tokens)
+      throw Error(fmt::format("decode_attention: seq_lens[{}] = {} is outside [0, max_blocks · page_tokens = {}]", b,
+                              len, kv.max_blocks * kv.page_tokens));
+    for (int64_t e = 0; e < (len + kv.page_tokens - 1) / kv.page_tokens; ++e) {
+      const int32_t page = kv.block_table[b * kv.max_blocks + e];
+      if (page < 0 || page >= kv.num_pages)
+        throw Error(fmt::format("decode_attention: block_table[{}, {}] = {} points outside the pool of {} pages", b, e,
+                                page, kv.num_pages));
+    }
+  }
+}
+
+// Checks q, out, lse and the options against the cache; returns the attention shape with M the
+// longest sequence.
+AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, TensorView<const float> q, const PagedKV& kv,
+                            const DecodeOptions& o) {
+  check_paged(kv);
+  if (q.rank() != 4) throw Error(fmt::format("decode_attention: q must be [B, H, N, D], got {}", shape_string(q.shape())));
+  if (q.dim(0) != kv.batch())
+    throw Error(fmt::format("decode_attention: q has B = {} but {} sequences were given", q.dim(0), kv.batch()));
+  if (q.dim(3) != kv.D)
+    throw Error(fmt::format("decode_attention: mismatched head dims: q has D = {}, the cache D = {}", q.dim(3), kv.D));
+  if (!o.mask.key_lengths.empty())
+    throw Error("decode_attention: mask.key_lengths must be empty (the sequence lengths are the key lengths)");
+  const int64_t M = kv.seq_lens.empty() ? 0 : *std::max_element(kv.seq_lens.begin(), kv.seq_lens.end());
+  const std::array<int64_t, 4> ks{q.dim(0), kv.Hkv, M, kv.D}, vs{q.dim(0), kv.Hkv, M, kv.Dv};
+  AttentionOptions ao;
+  ao.scale = o.scale;
+  ao.mask = o.mask;
+  const AttentionShape s = check_attention_shapes(q.shape(), ks, vs, ao);
+  const std::array<int64_t, 4> want_out{s.B, s.H, s.N, s.Dv};
+  if (!std::ranges::equal(out.shape(), want_out))
+    throw Error(fmt::format("decode_attention: out has shape {}, expected {}", shape_string(out.shape()),
+                            shape_string(want_out)));
+  const std::array<int64_t, 3> want_lse{s.B, s.H, s.N};
+  if (!lse.empty() && !std::ranges::equal(lse.shape(), want_lse))
+    throw Error(fmt::format("decode_attention: lse has shape {}, expected {}", shape_string(lse.shape()),
+                            shape_string(want_lse)));
+  if (!o.sinks.empty() && static_cast<int64_t>(o.sinks.size()) != s.H)
+    throw Error(fmt::format("decode_attention: sinks has {} entries, expected one per query head (H = {})",
+                            o.sinks.size(), s.H));
+  if (o.sink_tokens < 0) throw Error(fmt::format("decode_attention: sink_tokens = {} is negative", o.sink_tokens));
+  return s;
+}
+
+Workspace& chunk_workspace() {
+  static thread_local Workspace ws;
+  return ws;
+}
+// The calling thread's partial results; a separate object, since it also runs chunks.
+Workspace& partial_workspace() {
+  static thread_local Workspace ws;
+  return ws;
+}
+
+// Runs fn(i) for i in [0, n) on `threads` threads; an exception (a failed scratch allocation)
+// must not leave the OpenMP region, so it is reported after.
+template <class Fn>
+void parallel_for(int64_t n, int threads, const Fn& fn) {
+  if (threads <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  bool failed = false;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      fn(i);
+    } catch (...) {
+#pragma omp atomic write
+      failed = true;
+    }
+  }
+  if (failed) throw Error("decode_attention: cannot allocate the per-thread scratch buffers");
+}
+
+}  // namespace
+
+void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<const float> q, const PagedKV& kv,
+                      const DecodeOptions& options) {
+  const AttentionShape s = check_decode(out, lse, q, kv, options);
+  const Simd path = kernels::resolve_simd(options.simd);
+  Mask mask = options.mask;
+  mask.key_lengths = kv.seq_lens;
+  const detail::MaskEval eval(mask, s);
+
+  DecodeParams p;
+  p.B = s.B, p.H = s.H, p.Hkv = s.Hkv, p.N = s.N, p.D = s.D, p.Dv = s.Dv, p.G = s.H / s.Hkv;
+  p.dtype = kv.dtype;
+  p.k = static_cast<const char*>(kv.k);
+  p.v = static_cast<const char*>(kv.v);
+  p.k_scale = kv.k_scale;
+  p.v_scale = kv.v_scale;
+  p.page_tokens = kv.page_tokens;
+  p.max_blocks = kv.max_blocks;
+  p.block_table = kv.block_table.data();
+  p.q = q.data();
+  for (int i = 0; i < 4; ++i) p.sq[i] = q.stride(i);
+  p.scale = static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D))));
+  p.mask = &eval;
+  p.sink_tokens = options.sink_tokens;
+  p.dvp = (s.Dv + 15) / 16 * 16;
+
+  // Tasks in (sequence, chunk, KV head) order; the plan and so every bit of the result depend on
+  // the lengths alone.
+  std::vector<ChunkPlan> plans(static_cast<std::size_t>(s.B));
+  std::vector<int64_t> first_task(static_cast<std::size_t>(s.B) + 1, 0);
+  for (int64_t b = 0; b < s.B; ++b) {
+    plans[b] = plan_chunks(kv.seq_lens[b]);
+    first_task[b + 1] = first_task[b] + plans[b].count * s.Hkv;
+  }
+  const int64_t tasks = first_task[s.B], rows = p.G * s.N;
+  const int64_t task_floats = rows * (p.dvp + 2);
+  float* partial = partial_workspace().get<float>(0, static_cast<std::size_t>(std::max<int64_t>(tasks * task_floats, 1)));
+  auto task_of = [&](int64_t t) {
+    const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
+    const int64_t c = (t - first_task[b]) / s.Hkv, g = (t - first_task[b]) % s.Hkv;
+    float* base = partial + t * task_floats;
+    const int64_t j0 = c * plans[b].chunk;
+    return DecodeTask{b, g, j0, std::min(j0 + plans[b].chunk, kv.seq_lens[b]), base, base + rows * p.dvp,
+                      base + rows * (p.dvp + 1)};
+  };
+  const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  const kernels::DecodeChunkFn fn = chunk_function(path);
+  parallel_for(tasks, threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
+
+  // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double.
+  parallel_for(s.B * s.H, threads, [&](int64_t bh) {
+    const int64_t b = bh / s.H, h = bh % s.H, g = h / p.G;
+    const double sink = options.sinks.empty() ? -std::numeric_limits<double>::infinity() : options.sinks[h];
+    for (int64_t i = 0; i < s.N; ++i) {
+      const int64_t r = (h - g * p.G) * s.N + i;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < plans[b].count; ++c) {
+        const DecodeTask t = task_of(first_task[b] + c * s.Hkv + g);
+        if (t.l[r] > 0.0f) mx = std::max<double>(mx, t.m[r]);
+      }
+      float* o = out.data() + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
+      float* l = lse.empty() ? nullptr : lse.data() + b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
+      if (mx == -std::numeric_limits<double>::infinity()) {  // no key allowed
+        for (int64_t e = 0; e < s.Dv; ++e) o[e * out.stride(3)] = 0.0f;
+        if (l != nullptr) *l = -std::numeric_limits<float>::infinity();
+        continue;
+      }
+      mx = std::max(mx, sink);
+      double acc[512];  // Dv <= 512 per pass
+      for (int64_t e0 = 0; e0 < s.Dv; e0 += 512) {
+        const int64_t ne = std::min<int64_t>(512, s.Dv - e0);
+        std::fill(acc, acc + ne, 0.0);
+        double sum = std::exp(sink - mx);
+        for (int64_t c = 0; c < plans[b].count; ++c) {
+          const DecodeTask t = task_of(first_task[b] + c * s.Hkv + g);
+          if (!(t.l[r] > 0.0f)) continue;
+          const double w = std::exp(static_cast<double>(t.m[r]) - mx);
+          sum += w * t.l[r];
+          for (int64_t e = 0; e < ne; ++e) acc[e] += w * t.o[r * p.dvp + e0 + e];
+        }
+        for (int64_t e = 0; e < ne; ++e) o[(e0 + e) * out.stride(3)] = static_cast<float>(acc[e] / sum);
+        if (l != nullptr && e0 == 0) *l = static_cast<float>(mx + std::log(sum));
+      }
+    }
+  });
+}
+
+}  // namespace qkv

@@ -1,0 +1,51 @@
+// RoPE: one table of (cos, sin) per (batch row, token), shared by every head.
+#include "qkv/rotary.h"
+
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace qkv {
+
+void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const RotaryOptions& o) {
+  if (x.rank() != 4) throw Error(fmt::format("apply_rotary: x must be [B, H, N, D], got {}", shape_string(x.shape())));
+  const int64_t B = x.dim(0), H = x.dim(1), N = x.dim(2), D = x.dim(3);
+  const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
+  if (rd <= 0 || rd % 2 != 0 || rd > D)
+    throw Error(fmt::format("apply_rotary: rotary_dim = {} must be even and in [2, D = {}]", rd, D));
+  if (!(o.theta > 0) || !std::isfinite(o.theta)) throw Error(fmt::format("apply_rotary: theta = {} must be positive", o.theta));
+  if (!offsets.empty() && static_cast<int64_t>(offsets.size()) != B)
+    throw Error(fmt::format("apply_rotary: {} offsets for B = {} batch rows", offsets.size(), B));
+  const int64_t pairs = rd / 2;
+  // The second element of pair p: interleaved 2p + 1, half-split p + rd/2; the first 2p or p.
+  const int64_t first_step = o.layout == RotaryLayout::interleaved ? 2 : 1;
+  const int64_t second_gap = o.layout == RotaryLayout::interleaved ? 1 : pairs;
+  std::vector<double> inv_freq(static_cast<std::size_t>(pairs));
+  for (int64_t p = 0; p < pairs; ++p) inv_freq[p] = std::pow(o.theta, -2.0 * static_cast<double>(p) / static_cast<double>(rd));
+  std::vector<float> cs(static_cast<std::size_t>(2 * pairs));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t offset = offsets.empty() ? 0 : offsets[b];
+    if (offset < 0) throw Error(fmt::format("apply_rotary: offsets[{}] = {} is negative", b, offset));
+    for (int64_t n = 0; n < N; ++n) {
+      const double pos = static_cast<double>(offset + n);
+      for (int64_t p = 0; p < pairs; ++p) {
+        cs[2 * p] = static_cast<float>(std::cos(pos * inv_freq[p]));
+        cs[2 * p + 1] = static_cast<float>(std::sin(pos * inv_freq[p]));
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        float* row = &x(b, h, n, 0);
+        const int64_t sd = x.stride(3);
+        for (int64_t p = 0; p < pairs; ++p) {
+          float& a = row[p * first_step * sd];
+          float& c = row[(p * first_step + second_gap) * sd];
+          const float x0 = a, x1 = c;
+          a = x0 * cs[2 * p] - x1 * cs[2 * p + 1];
+          c = x0 * cs[2 * p + 1] + x1 * cs[2 * p];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace qkv

@@ -1,0 +1,54 @@
+// The decode kernel's internal interface. cache/decode.cpp checks the inputs, plans the key chunks and
+// merges the partial results; one chunk function per SIMD family (decode_chunk.h) computes a
+// (sequence, KV head, key chunk) task for every query head of the GQA group from one read of
+// the chunk's keys and values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "kernels/fused_forward.h"
+#include "kernels/mask_eval.h"
+#include "qkv/kv_dtype.h"
+
+namespace qkv::kernels {
+
+// Keys a chunk task reads between the scores and the P·V product, within one page.
+constexpr int64_t kDecodeBlock = 32;
+
+// q: [B,H,N,D] (strides sq); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
+// G = H/Hkv query heads h of KV head g and the N queries i.
+struct DecodeParams {
+  int64_t B = 0, H = 0, Hkv = 0, N = 0, D = 0, Dv = 0, G = 0;
+  KVDtype dtype = KVDtype::f32;
+  const char* k = nullptr;
+  const char* v = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t page_tokens = 0, max_blocks = 0;
+  const int32_t* block_table = nullptr;
+  const float* q = nullptr;
+  std::array<int64_t, 4> sq{};
+  float scale = 1.0f;
+  const detail::MaskEval* mask = nullptr;
+  int64_t sink_tokens = 0;
+  // Row stride of a task's partial O (Dv rounded up to 16 floats).
+  int64_t dvp = 0;
+};
+
+// Keys [j0, j1) of sequence b for KV head g. Writes, for each of the G·N rows, the unnormalized
+// o [dvp] (row stride p.dvp), the running max m and the sum l (l = 0, m = -inf: no key allowed).
+struct DecodeTask {
+  int64_t b = 0, g = 0, j0 = 0, j1 = 0;
+  float* o = nullptr;
+  float* m = nullptr;
+  float* l = nullptr;
+};
+
+using DecodeChunkFn = void (*)(const DecodeParams&, const DecodeTask&, Workspace&);
+
+void decode_chunk_avx512(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_chunk_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+
+}  // namespace qkv::kernels

@@ -1,0 +1,31 @@
+// The decode kernel for the baseline ISA: the same chunk algorithm with one-lane vectors.
+#include "kernels/kernel_deps.h"
+#include "kernels/decode_kernel.h"
+#include "core/half.h"
+
+#include "kernels/simd_scalar.h"
+#include "kernels/microkernel.h"
+
+namespace qkv::kernels {
+namespace {
+
+struct ScalarDecode : Scalar {
+  static float hsum(V x) { return x; }
+  static V reduce_lanes(const V* a) { return a[0]; }
+  static V load_f16(const uint16_t* p) { return detail::half_to_float(*p); }
+  static V load_bf16(const uint16_t* p) { return std::bit_cast<float>(static_cast<uint32_t>(*p) << 16); }
+  static V load_i8(const int8_t* p) { return static_cast<float>(*p); }
+};
+
+}  // namespace
+}  // namespace qkv::kernels
+
+#include "kernels/decode_chunk.h"
+
+namespace qkv::kernels {
+
+void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
+  decode_chunk<ScalarDecode>(p, task, ws);
+}
+
+}  // namespace qkv::kernels

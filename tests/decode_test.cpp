@@ -1,0 +1,451 @@
+// decode_attention against a paged cache: equal (to fp32 rounding) to a float64 reference on the
+// stored keys and values and to the prefill kernel, for every storage dtype, mask, sinks, GQA
+// ratio, page size, shuffled page order and 1-16 queries; int8 within a bound derived from its
+// quantization step; bitwise the same for 1, 2 and 3 threads; bad input refused by name.
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "attention_cases.h"
+#include "qkv/kv_cache.h"
+#include "expect_error.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+struct Case {
+  KVDtype dtype = KVDtype::f32;
+  int64_t Hkv = 1, G = 1, N = 1, D = 16, Dv = 16, page_tokens = 16;
+  std::vector<int64_t> lens;
+  DecodeOptions options;
+};
+
+// A cache holding one sequence per length, whose pages come from the pool in a random order.
+struct Filled {
+  KVCache cache;
+  std::vector<int64_t> ids;
+  std::vector<Tensor<float>> k, v;  // the appended values, [len, Hkv, D or Dv]
+};
+
+Filled fill(test::Rng& rng, const Case& c, double outlier = 0) {
+  int64_t pages = 2;
+  for (int64_t len : c.lens) pages += (len + c.page_tokens - 1) / c.page_tokens;
+  Filled f{KVCache({pages, c.page_tokens, c.Hkv, c.D, c.Dv, c.dtype}), {}, {}, {}};
+  // Shuffle the free list: take every page with a one-token sequence, free them in random order.
+  std::vector<int64_t> decoys(static_cast<std::size_t>(pages));
+  Tensor<float> k1({1, c.Hkv, c.D}), v1({1, c.Hkv, c.Dv});
+  for (int64_t& d : decoys) {
+    d = f.cache.create();
+    f.cache.append(d, k1.cview(), v1.cview());
+  }
+  std::shuffle(decoys.begin(), decoys.end(), rng.engine());
+  for (int64_t d : decoys) f.cache.free(d);
+  for (int64_t len : c.lens) {
+    f.ids.push_back(f.cache.create());
+    f.k.push_back(rng.normal32({len, c.Hkv, c.D}));
+    f.v.push_back(rng.normal32({len, c.Hkv, c.Dv}));
+    if (outlier > 0)  // one large element per token and head: the int8 step grows with it
+      for (int64_t t = 0; t < len * c.Hkv; ++t) {
+        f.k.back()[t * c.D + rng.uniform_int(0, c.D - 1)] = static_cast<float>(outlier);
+        f.v.back()[t * c.Dv + rng.uniform_int(0, c.Dv - 1)] = static_cast<float>(-outlier);
+      }
+  }
+  // Appends in random pieces, interleaved across sequences.
+  std::vector<int64_t> done(c.lens.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t s = 0; s < c.lens.size(); ++s) {
+      const int64_t left = c.lens[s] - done[s];
+      if (left == 0) continue;
+      const int64_t T = std::min(left, rng.uniform_int(1, 40));
+      const float* kp = f.k[s].data() + done[s] * c.Hkv * c.D;
+      const float* vp = f.v[s].data() + done[s] * c.Hkv * c.Dv;
+      f.cache.append(f.ids[s], TensorView<const float>(kp, {T, c.Hkv, c.D}), TensorView<const float>(vp, {T, c.Hkv, c.Dv}));
+      done[s] += T;
+      more = true;
+    }
+  }
+  return f;
+}
+
+// Float64 attention of q [B,H,N,D] over per-sequence k [Hkv, len, D], v [Hkv, len, Dv] given as
+// [len, Hkv, E] (token_major) or [Hkv, len, E], by the formulas of decode.h.
+void reference(const Case& c, const Tensor<float>& q, const std::vector<Tensor<float>>& k,
+               const std::vector<Tensor<float>>& v, bool token_major, Tensor<double>& out, Tensor<double>& lse) {
+  const DecodeOptions& o = c.options;
+  const Mask& m = o.mask;
+  const int64_t H = c.Hkv * c.G;
+  const double scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D)));
+  for (std::size_t b = 0; b < c.lens.size(); ++b) {
+    const int64_t len = c.lens[b];
+    auto kat = [&](int64_t g, int64_t j, int64_t d) {
+      return token_major ? k[b][(j * c.Hkv + g) * c.D + d] : k[b][(g * len + j) * c.D + d];
+    };
+    auto vat = [&](int64_t g, int64_t j, int64_t e) {
+      return token_major ? v[b][(j * c.Hkv + g) * c.Dv + e] : v[b][(g * len + j) * c.Dv + e];
+    };
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < c.N; ++i) {
+        const int64_t g = h / c.G, diag = m.is_causal() ? i + len - c.N : i;
+        std::vector<double> s(static_cast<std::size_t>(len), -INFINITY);
+        for (int64_t j = 0; j < len; ++j) {
+          bool in = !m.is_causal() || j <= diag;
+          if (m.window && m.window->left >= 0 && j < diag - m.window->left) in = false;
+          if (j < o.sink_tokens && (!m.is_causal() || j <= diag)) in = true;
+          if (!in) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(q[((b * H + h) * c.N + i) * c.D + d]) * kat(g, j, d);
+          double x = dot * scale;
+          if (m.softcap > 0) x = m.softcap * std::tanh(x / m.softcap);
+          if (!m.alibi_slopes.empty()) x -= m.alibi_slopes[h] * std::fabs(static_cast<double>(j - diag));
+          s[j] = x;
+        }
+        double mx = *std::max_element(s.begin(), s.end());
+        double* orow = &out[((b * H + h) * c.N + i) * c.Dv];
+        if (mx == -INFINITY) {
+          std::fill(orow, orow + c.Dv, 0.0);
+          lse[(b * H + h) * c.N + i] = -INFINITY;
+          continue;
+        }
+        const double sink = o.sinks.empty() ? -INFINITY : o.sinks[h];
+        mx = std::max(mx, sink);
+        double sum = std::exp(sink - mx);
+        std::fill(orow, orow + c.Dv, 0.0);
+        for (int64_t j = 0; j < len; ++j) {
+          const double p = std::exp(s[j] - mx);
+          sum += p;
+          for (int64_t e = 0; e < c.Dv; ++e) orow[e] += p * vat(g, j, e);
+        }
+        for (int64_t e = 0; e < c.Dv; ++e) orow[e] /= sum;
+        lse[(b * H + h) * c.N + i] = mx + std::log(sum);
+      }
+  }
+}
+
+double max_abs(const Tensor<double>& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
+  return m;
+}
+
+// max |a - b| over the outputs, and over the finite lse (an lse that is -inf must match exactly).
+double max_diff(const Tensor<float>& out, const Tensor<double>& ref) {
+  double m = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(out[i])) {
+      if (out[i] != ref[i]) return INFINITY;
+      continue;
+    }
+    m = std::max(m, std::fabs(out[i] - ref[i]));
+  }
+  return m;
+}
+
+struct Result {
+  Tensor<float> out, lse;
+};
+
+Result run_decode(const Case& c, const Filled& f, const Tensor<float>& q, Simd simd, int threads) {
+  const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.Hkv * c.G;
+  Result r{Tensor<float>({B, H, c.N, c.Dv}), Tensor<float>({B, H, c.N})};
+  DecodeOptions o = c.options;
+  o.simd = simd;
+  o.num_threads = threads;
+  decode_attention(r.out.view(), r.lse.view(), q.cview(), f.cache, f.ids, o);
+  return r;
+}
+
+// The prefill kernel on the stored keys and values of each sequence, with the sinks applied
+// afterwards: out · L / (L + e^sink) = out · 1 / (1 + e^(sink - lse)).
+Tensor<float> run_prefill(const Case& c, const Filled& f, const Tensor<float>& q) {
+  const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.Hkv * c.G;
+  Tensor<float> out({B, H, c.N, c.Dv});
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor<float> k = f.cache.keys(f.ids[b]), v = f.cache.values(f.ids[b]);
+    const int64_t len = c.lens[b];
+    AttentionOptions o;
+    o.scale = c.options.scale;
+    o.mask = c.options.mask;
+    const float* qb = q.data() + b * H * c.N * c.D;
+    float* ob = out.data() + b * H * c.N * c.Dv;
+    Tensor<float> lse({1, H, c.N});
+    attention_forward(TensorView<float>(ob, {1, H, c.N, c.Dv}), lse.view(), TensorView<const float>(qb, {1, H, c.N, c.D}),
+                      TensorView<const float>(k.data(), {1, c.Hkv, len, c.D}),
+                      TensorView<const float>(v.data(), {1, c.Hkv, len, c.Dv}), o);
+    if (!c.options.sinks.empty())
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < c.N; ++i) {
+          const double factor = 1.0 / (1.0 + std::exp(c.options.sinks[h] - static_cast<double>(lse[h * c.N + i])));
+          for (int64_t e = 0; e < c.Dv; ++e) ob[(h * c.N + i) * c.Dv + e] *= static_cast<float>(factor);
+        }
+  }
+  return out;
+}
+
+// Case `idx` of a rotation through dtypes, GQA ratios, page sizes, query counts and masks.
+Case make_case(test::Rng& rng, int idx) {
+  Case c;
+  c.dtype = std::array{KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}[idx % 4];
+  c.G = std::array<int64_t, 3>{1, 4, 8}[idx % 3];
+  c.Hkv = rng.uniform_int(1, 2);
+  c.N = std::array<int64_t, 5>{1, 16, 3, 2, 5}[(idx / 2) % 5];
+  c.D = std::array<int64_t, 4>{40, 128, 59, 64}[rng.uniform_int(0, 3)];
+  c.Dv = idx % 7 == 0 ? 24 : c.D;
+  const int64_t B = 1 + idx % 3;
+  for (int64_t b = 0; b < B; ++b) c.lens.push_back(rng.uniform_int(1, 700));
+  if (idx % 5 == 0) c.lens[0] = 1;
+  const int64_t longest = *std::max_element(c.lens.begin(), c.lens.end());
+  c.page_tokens = std::array<int64_t, 4>{16, 64, 5, longest}[rng.uniform_int(0, 3)];  // the last: contiguous
+  Mask& m = c.options.mask;
+  const int variant = (idx / 4) % 6;  // with idx % 4 for the dtype: every pair in 24 cases
+  if (variant >= 1) m.causal = CausalAlign::bottom_right;
+  if (variant == 2) m.window = Window{37, -1};
+  if (variant == 3) {
+    m.softcap = 5.0f;
+    for (int64_t h = 0; h < c.Hkv * c.G; ++h) m.alibi_slopes.push_back(static_cast<float>(std::ldexp(1.0, -1 - h % 8)));
+  }
+  if (variant == 4 || variant == 5)
+    for (int64_t h = 0; h < c.Hkv * c.G; ++h) c.options.sinks.push_back(static_cast<float>(rng.uniform(-2, 3)));
+  if (variant == 5) {
+    m.window = Window{20, -1};
+    c.options.sink_tokens = 4;
+  }
+  return c;
+}
+
+std::string describe(const Case& c) {
+  std::string lens;
+  for (int64_t l : c.lens) lens += std::to_string(l) + " ";
+  return std::string(kv_dtype_name(c.dtype)) + " Hkv " + std::to_string(c.Hkv) + " G " + std::to_string(c.G) + " N " +
+         std::to_string(c.N) + " D " + std::to_string(c.D) + " Dv " + std::to_string(c.Dv) + " page " +
+         std::to_string(c.page_tokens) + " lens " + lens + "causal " + std::to_string(c.options.mask.is_causal()) +
+         " sinks " + std::to_string(c.options.sinks.size()) + " sink_tokens " + std::to_string(c.options.sink_tokens);
+}
+
+TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
+  test::Rng rng("Decode.Matches");
+  for (int idx = 0; idx < 48; ++idx) {
+    const Case c = make_case(rng, idx);
+    const Filled f = fill(rng, c);
+    const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.Hkv * c.G;
+    const Tensor<float> q = rng.normal32({B, H, c.N, c.D});
+    std::vector<Tensor<float>> ks, vs;
+    for (int64_t id : f.ids) {
+      ks.push_back(f.cache.keys(id));
+      vs.push_back(f.cache.values(id));
+    }
+    Tensor<double> ref({B, H, c.N, c.Dv}), ref_lse({B, H, c.N});
+    reference(c, q, ks, vs, false, ref, ref_lse);
+    const double tol = 2e-5 * (1 + max_abs(ref));
+    const bool prefill_can = c.options.sink_tokens == 0;
+    const Tensor<float> prefill = prefill_can ? run_prefill(c, f, q) : Tensor<float>();
+    for (Simd simd : test::available_paths()) {
+      const Result r = run_decode(c, f, q, simd, 2);
+      EXPECT_LE(max_diff(r.out, ref), tol) << describe(c) << " " << simd_path_name(simd);
+      EXPECT_LE(max_diff(r.lse, ref_lse), 2e-5 * (1 + max_abs(ref_lse))) << describe(c) << " " << simd_path_name(simd);
+      if (prefill_can) {
+        double d = 0;
+        for (int64_t i = 0; i < prefill.numel(); ++i) d = std::max<double>(d, std::fabs(prefill[i] - r.out[i]));
+        EXPECT_LE(d, 2 * tol) << "vs prefill: " << describe(c) << " " << simd_path_name(simd);
+      }
+    }
+  }
+}
+
+TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
+  test::Rng rng("Decode.Threads");
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::f16, KVDtype::i8}) {
+    Case c;
+    c.dtype = dtype;
+    c.Hkv = 2, c.G = 4, c.N = 3, c.D = 64, c.Dv = 64, c.page_tokens = 32;
+    c.lens = {3001, 777, 5};
+    c.options.mask.causal = CausalAlign::bottom_right;
+    c.options.sinks = {0.5f, -1, 2, 0, 1, 1, 1, 1};
+    const Filled f = fill(rng, c);
+    const Tensor<float> q = rng.normal32({3, 8, 3, 64});
+    for (Simd simd : test::available_paths()) {
+      const Result one = run_decode(c, f, q, simd, 1);
+      for (int threads : {2, 3}) {
+        const Result r = run_decode(c, f, q, simd, threads);
+        EXPECT_EQ(std::memcmp(one.out.data(), r.out.data(), sizeof(float) * r.out.numel()), 0)
+            << kv_dtype_name(dtype) << " " << simd_path_name(simd) << " threads " << threads;
+        EXPECT_EQ(std::memcmp(one.lse.data(), r.lse.data(), sizeof(float) * r.lse.numel()), 0);
+      }
+    }
+  }
+}
+
+// int8 against the float64 reference on the values before quantization. Every stored value is
+// within step/2 of the original (step = max|x| / 127 of its token and head; kv_cache_test), so a
+// logit moves by at most Δ = scale · ‖q‖₁ · max stepk / 2 a priori; the test measures the actual
+// Δ = max |scale · q·(k' - k)| and ε = max |v' - v| (both within those steps). The weights then
+// move by a factor within e^{±2Δ}, so |out' - out| <= ε + (e^{2Δ} - 1) · max|v| + fp32 rounding.
+TEST(Decode, Int8WithinTheBoundOfItsQuantizationStep) {
+  test::Rng rng("Decode.Int8Bound");
+  for (double outlier : {0.0, 40.0}) {
+    Case c;
+    c.dtype = KVDtype::i8;
+    c.Hkv = 2, c.G = 4, c.N = 2, c.D = 128, c.Dv = 128, c.page_tokens = 64;
+    c.lens = {1500, 300};
+    c.options.mask.causal = CausalAlign::bottom_right;
+    const Filled f = fill(rng, c, outlier);
+    const Tensor<float> q = rng.normal32({2, 8, 2, 128});
+    Tensor<double> ref({2, 8, 2, 128}), ref_lse({2, 8, 2});
+    reference(c, q, f.k, f.v, true, ref, ref_lse);
+    const double scale = 1 / std::sqrt(128.0);
+    double delta = 0, prior = 0, eps = 0, vmax = 0;
+    for (std::size_t b = 0; b < 2; ++b) {
+      const Tensor<float> ks = f.cache.keys(f.ids[b]), vs = f.cache.values(f.ids[b]);
+      const int64_t len = c.lens[b];
+      for (int64_t g = 0; g < 2; ++g)
+        for (int64_t j = 0; j < len; ++j) {
+          const float* k = &f.k[b][(j * 2 + g) * 128];
+          const float* v = &f.v[b][(j * 2 + g) * 128];
+          double kmax = 0;
+          for (int64_t d = 0; d < 128; ++d) {
+            kmax = std::max<double>(kmax, std::fabs(k[d]));
+            vmax = std::max<double>(vmax, std::fabs(v[d]));
+            eps = std::max<double>(eps, std::fabs(vs[(g * len + j) * 128 + d] - v[d]));
+          }
+          for (int64_t r = 0; r < 4 * 2; ++r) {  // the rows of head group g
+            const float* qr = &q[((b * 8 + g * 4) * 2 + r) * 128];
+            double dot = 0, q1 = 0;
+            for (int64_t d = 0; d < 128; ++d) {
+              dot += static_cast<double>(qr[d]) * (ks[(g * len + j) * 128 + d] - static_cast<double>(k[d]));
+              q1 += std::fabs(qr[d]);
+            }
+            delta = std::max(delta, scale * std::fabs(dot));
+            prior = std::max(prior, scale * q1 * kmax / 127 / 2);
+          }
+        }
+    }
+    ASSERT_LE(delta, prior * (1 + 1e-6));
+    const double bound = eps + std::expm1(2 * delta) * vmax + 2e-5 * (1 + max_abs(ref));
+    const Result r = run_decode(c, f, q, Simd::automatic, 2);
+    const double err = max_diff(r.out, ref);
+    EXPECT_LE(err, bound) << "outlier " << outlier;
+    std::printf("[ int8     ] outlier %g: max error %.3g, bound %.3g (logit shift %.3g <= %.3g a priori, v error %.3g)\n",
+                outlier, err, bound, delta, prior, eps);
+  }
+}
+
+// 262144 keys of one sequence: correct, and the decode step's scratch does not grow with M.
+TEST(Decode, LongSequenceNeedsNoScratchProportionalToLength) {
+  test::Rng rng("Decode.Long");
+  Case c;
+  c.Hkv = 1, c.G = 2, c.N = 1, c.D = 8, c.Dv = 8, c.page_tokens = 256;
+  c.lens = {262144};
+  const Filled f = fill(rng, c);
+  const Tensor<float> q = rng.normal32({1, 2, 1, 8});
+  Tensor<double> ref({1, 2, 1, 8}), ref_lse({1, 2, 1});
+  reference(c, q, f.k, f.v, true, ref, ref_lse);
+  const PagedKV kv = f.cache.paged(f.ids);  // its block table (1024 entries) belongs to the caller
+  Tensor<float> out({1, 2, 1, 8}), lse({1, 2, 1});
+  DecodeOptions o;
+  o.num_threads = 1;  // other threads' allocations would not show in the main arena
+  const struct mallinfo2 m0 = mallinfo2();
+  decode_attention(out.view(), lse.view(), q.cview(), kv, o);
+  const struct mallinfo2 m1 = mallinfo2();
+  const int64_t grew = static_cast<int64_t>((m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd));
+  EXPECT_LE(grew, 64 * 1024) << "262144 keys would need >= 1 MB per float per key";
+  EXPECT_LE(max_diff(out, ref), 2e-5 * (1 + max_abs(ref)));
+}
+
+// The exact per-key weights reproduce the decode output (Σ_j w_j v_j = out), sum to the share the
+// sink leaves, and are 0 outside the window and StreamingLLM prefix.
+TEST(Decode, WeightsReproduceTheOutput) {
+  test::Rng rng("Decode.Weights");
+  Case c;
+  c.dtype = KVDtype::f16;
+  c.Hkv = 2, c.G = 4, c.N = 3, c.D = 40, c.Dv = 24, c.page_tokens = 16;
+  c.lens = {300, 2};
+  c.options.mask.causal = CausalAlign::bottom_right;
+  c.options.mask.window = Window{50, -1};
+  c.options.sink_tokens = 4;
+  for (int64_t h = 0; h < 8; ++h) c.options.sinks.push_back(static_cast<float>(rng.uniform(-1, 2)));
+  const Filled f = fill(rng, c);
+  const Tensor<float> q = rng.normal32({2, 8, 3, 40});
+  const Result r = run_decode(c, f, q, Simd::automatic, 2);
+  const PagedKV kv = f.cache.paged(f.ids);
+  for (bool given_lse : {true, false}) {
+    Tensor<float> w({2, 8, 3, 300});
+    decode_attention_weights(w.view(), q.cview(), kv, given_lse ? r.lse.cview() : TensorView<const float>(), c.options);
+    for (int64_t b = 0; b < 2; ++b) {
+      const Tensor<float> vs = f.cache.values(f.ids[b]);
+      const int64_t len = c.lens[b];
+      for (int64_t h = 0; h < 8; ++h)
+        for (int64_t i = 0; i < 3; ++i) {
+          const float* wr = &w[((b * 8 + h) * 3 + i) * 300];
+          double sum = 0;
+          for (int64_t j = 0; j < 300; ++j) {
+            const int64_t diag = i + len - 3;
+            const bool allowed = j < len && j <= diag && (j >= diag - 50 || j < 4);
+            if (!allowed) {
+              ASSERT_EQ(wr[j], 0.0f) << b << " " << h << " " << i << " " << j;
+            }
+            sum += wr[j];
+          }
+          const double lse = r.lse[(b * 8 + h) * 3 + i];
+          const double want_sum = std::isinf(lse) ? 0.0 : 1.0 - std::exp(c.options.sinks[h] - lse);
+          EXPECT_NEAR(sum, want_sum, 1e-5) << b << " " << h << " " << i;
+          for (int64_t e = 0; e < 24; ++e) {
+            double o = 0;
+            for (int64_t j = 0; j < len; ++j) o += wr[j] * static_cast<double>(vs[((h / 4) * len + j) * 24 + e]);
+            EXPECT_NEAR(o, r.out[((b * 8 + h) * 3 + i) * 24 + e], 2e-5 * 4) << b << " " << h << " " << i << " " << e;
+          }
+        }
+    }
+  }
+  Tensor<float> wrong({2, 8, 3, 299});
+  EXPECT_THROW(decode_attention_weights(wrong.view(), q.cview(), kv, {}, c.options), Error);
+}
+
+TEST(Decode, RefusesBadInputByName) {
+  test::Rng rng("Decode.Errors");
+  Case c;
+  c.Hkv = 2, c.G = 2, c.N = 1, c.D = 8, c.Dv = 8, c.page_tokens = 4;
+  c.lens = {10};
+  const Filled f = fill(rng, c);
+  const Tensor<float> q = rng.normal32({1, 4, 1, 8});
+  Tensor<float> out({1, 4, 1, 8});
+  auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o, const std::string& text) {
+    test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv, o); }, text);
+  };
+  const PagedKV good = f.cache.paged(f.ids);
+  PagedKV bad = good;
+  bad.block_table[1] = static_cast<int32_t>(good.num_pages);
+  expect_error(bad, q.cview(), {}, "block_table[0, 1] = " + std::to_string(good.num_pages) + " points outside the pool");
+  bad = good;
+  bad.block_table[0] = -1;
+  expect_error(bad, q.cview(), {}, "block_table[0, 0] = -1 points outside the pool");
+  bad = good;
+  bad.seq_lens[0] = 13;
+  expect_error(bad, q.cview(), {}, "seq_lens[0] = 13 is outside [0, max_blocks · page_tokens = 12]");
+  const Tensor<float> q7 = rng.normal32({1, 4, 1, 7});
+  expect_error(good, q7.cview(), {}, "mismatched head dims: q has D = 7, the cache D = 8");
+  const Tensor<float> q3 = rng.normal32({1, 3, 1, 8});
+  expect_error(good, q3.cview(), {}, "multiple of key/value heads");
+  DecodeOptions o;
+  o.sinks = {1, 2};
+  expect_error(good, q.cview(), o, "sinks has 2 entries, expected one per query head (H = 4)");
+  o = {};
+  o.mask.key_lengths = {3};
+  expect_error(good, q.cview(), o, "mask.key_lengths must be empty");
+  o = {};
+  o.sink_tokens = -1;
+  expect_error(good, q.cview(), o, "sink_tokens = -1 is negative");
+  const std::vector<int64_t> ids{99};
+  test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
+                     "unknown sequence id 99");
+}
+
+}  // namespace
+}  // namespace qkv

@@ -1,0 +1,206 @@
+// KVCache: what is stored is what was appended (to the storage dtype's rounding), forks share
+// pages and copy only a shared partial last page, freed pages return, every refusal is clean
+// (nothing half-appended), and the pool is the only allocation that grows with tokens.
+#include <malloc.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "qkv/kv_cache.h"
+#include "expect_error.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+KVCacheConfig config(KVDtype dtype, int64_t pages = 8, int64_t page_tokens = 4, int64_t Hkv = 2, int64_t D = 5,
+                     int64_t Dv = 3) {
+  return KVCacheConfig{pages, page_tokens, Hkv, D, Dv, dtype};
+}
+
+// The largest error a stored value may have: half an ulp of bf16/fp16, half a step of int8.
+double storage_error(KVDtype dtype, double x, double amax) {
+  switch (dtype) {
+    case KVDtype::f32: return 0.0;
+    case KVDtype::bf16: return std::fabs(x) * std::ldexp(1.0, -8);
+    case KVDtype::f16: return std::max(std::fabs(x) * std::ldexp(1.0, -11), std::ldexp(1.0, -25));
+    case KVDtype::i8: return amax / 127.0 / 2.0 * (1 + 1e-6) + 1e-30;
+  }
+  return 0.0;
+}
+
+// Checks that `stored` [Hkv, T, E] holds `x` [T, Hkv, E] (appended rows) within storage error.
+void expect_stored(KVDtype dtype, const Tensor<float>& stored, const Tensor<float>& x) {
+  const int64_t T = x.dim(0), Hkv = x.dim(1), E = x.dim(2);
+  ASSERT_EQ(stored.dim(1), T);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      double amax = 0;
+      for (int64_t e = 0; e < E; ++e) amax = std::max<double>(amax, std::fabs(x[(t * Hkv + h) * E + e]));
+      for (int64_t e = 0; e < E; ++e) {
+        const double want = x[(t * Hkv + h) * E + e], got = stored[(h * T + t) * E + e];
+        ASSERT_LE(std::fabs(got - want), storage_error(dtype, want, amax))
+            << kv_dtype_name(dtype) << " t " << t << " h " << h << " e " << e << ": " << got << " vs " << want;
+      }
+    }
+}
+
+TEST(KVCache, StoresAppendedTokensAcrossPagesForEveryDtype) {
+  test::Rng rng("KVCache.Stores");
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
+    KVCache cache(config(dtype));
+    const int64_t a = cache.create(), b = cache.create();
+    Tensor<float> ka = rng.normal32({11, 2, 5}), va = rng.normal32({11, 2, 3});
+    Tensor<float> kb = rng.normal32({6, 2, 5}), vb = rng.normal32({6, 2, 3});
+    ka[7] = 1e-6f;  // a subnormal in fp16
+    // Interleaved appends of two sequences, so their pages interleave in the pool.
+    cache.append(a, TensorView<const float>(ka.data(), {3, 2, 5}), TensorView<const float>(va.data(), {3, 2, 3}));
+    cache.append(b, kb.cview(), vb.cview());
+    cache.append(a, TensorView<const float>(ka.data() + 30, {8, 2, 5}), TensorView<const float>(va.data() + 18, {8, 2, 3}));
+    EXPECT_EQ(cache.length(a), 11);
+    EXPECT_EQ(cache.pages(a).size(), 3u);
+    EXPECT_EQ(cache.free_pages(), 8 - 3 - 2);
+    expect_stored(dtype, cache.keys(a), ka);
+    expect_stored(dtype, cache.values(a), va);
+    expect_stored(dtype, cache.keys(b), kb);
+    expect_stored(dtype, cache.values(b), vb);
+  }
+}
+
+TEST(KVCache, Fp16RoundsToNearestEven) {
+  KVCache cache(config(KVDtype::f16, 1, 1, 1, 6, 1));
+  const int64_t s = cache.create();
+  const float tie_down = 1.0f + std::ldexp(1.0f, -11), tie_up = 1.0f + 3 * std::ldexp(1.0f, -11);
+  const float k[6] = {tie_down, tie_up, 65504.0f, -std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), 0.1f};
+  const float v[1] = {0};
+  cache.append(s, TensorView<const float>(k, {1, 1, 6}), TensorView<const float>(v, {1, 1, 1}));
+  const Tensor<float> got = cache.keys(s);
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], 1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(got[2], 65504.0f);
+  EXPECT_EQ(got[3], -std::ldexp(1.0f, -24));
+  EXPECT_EQ(got[4], 0.0f);  // a tie between 0 and the smallest subnormal goes to even (0)
+  EXPECT_EQ(got[5], 0.0999755859375f);
+}
+
+TEST(KVCache, ForkSharesPagesAndCopiesOnlyASharedPartialLastPage) {
+  test::Rng rng("KVCache.Fork");
+  KVCache cache(config(KVDtype::f32));
+  const int64_t parent = cache.create();
+  Tensor<float> k = rng.normal32({6, 2, 5}), v = rng.normal32({6, 2, 3});
+  cache.append(parent, k.cview(), v.cview());  // pages: one full, one with 2 of 4 tokens
+  const int64_t child = cache.fork(parent);
+  EXPECT_EQ(cache.free_pages(), 6);
+  const std::vector<int32_t> shared(cache.pages(parent).begin(), cache.pages(parent).end());
+  for (int32_t p : shared) EXPECT_EQ(cache.page_refcount(p), 2);
+  Tensor<float> k2 = rng.normal32({1, 2, 5}), v2 = rng.normal32({1, 2, 3});
+  cache.append(child, k2.cview(), v2.cview());
+  EXPECT_EQ(cache.free_pages(), 5);  // the partial page was copied, nothing else
+  EXPECT_EQ(cache.pages(child)[0], shared[0]);
+  EXPECT_NE(cache.pages(child)[1], shared[1]);
+  EXPECT_EQ(cache.page_refcount(shared[0]), 2);
+  EXPECT_EQ(cache.page_refcount(shared[1]), 1);
+  expect_stored(KVDtype::f32, cache.keys(parent), k);  // the parent is untouched
+  EXPECT_EQ(cache.length(parent), 6);
+  EXPECT_EQ(cache.length(child), 7);
+  const Tensor<float> ck = cache.keys(child);
+  for (int64_t e = 0; e < 5; ++e) EXPECT_EQ(ck[(0 * 7 + 6) * 5 + e], k2[e]);
+  // A fork whose last page is full shares everything and copies nothing on append.
+  cache.append(parent, TensorView<const float>(k.data(), {2, 2, 5}), TensorView<const float>(v.data(), {2, 2, 3}));
+  const int64_t full = cache.fork(parent);
+  const int64_t before = cache.free_pages();
+  cache.append(full, k2.cview(), v2.cview());
+  EXPECT_EQ(cache.free_pages(), before - 1);
+  EXPECT_EQ(cache.pages(full)[1], cache.pages(parent)[1]);
+  // Freeing returns only the pages nobody else holds.
+  cache.free(parent);
+  cache.free(full);
+  EXPECT_EQ(cache.free_pages(), 8 - 2);  // child keeps shared[0] and its copy
+  cache.free(child);
+  EXPECT_EQ(cache.free_pages(), 8);
+}
+
+TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
+  test::Rng rng("KVCache.Errors");
+  KVCache cache(config(KVDtype::i8, 2));
+  const int64_t s = cache.create();
+  Tensor<float> k = rng.normal32({5, 2, 5}), v = rng.normal32({5, 2, 3});
+  cache.append(s, TensorView<const float>(k.data(), {3, 2, 5}), TensorView<const float>(v.data(), {3, 2, 3}));
+  const Tensor<float> before = cache.keys(s);
+  using test::expect_error;
+  Tensor<float> big_k = rng.normal32({6, 2, 5}), big_v = rng.normal32({6, 2, 3});
+  expect_error([&] { cache.append(s, big_k.cview(), big_v.cview()); }, "6 tokens need 2 free pages, the pool of 2 has 1 left");
+  expect_error([&] { cache.append(42, k.cview(), v.cview()); }, "unknown sequence id 42");
+  expect_error([&] { cache.fork(42); }, "unknown sequence id 42");
+  expect_error([&] { cache.free(42); }, "unknown sequence id 42");
+  expect_error([&] { cache.length(-1); }, "unknown sequence id -1");
+  Tensor<float> k_wrong = rng.normal32({1, 2, 4});
+  expect_error([&] { cache.append(s, k_wrong.cview(), TensorView<const float>(v.data(), {1, 2, 3})); },
+               "k has shape [1, 2, 4], expected [T, Hkv = 2, D = 5]");
+  expect_error([&] { cache.append(s, TensorView<const float>(k.data(), {1, 2, 5}), TensorView<const float>(v.data(), {1, 1, 3})); },
+               "v has shape [1, 1, 3], expected [T = 1, Hkv = 2, Dv = 3]");
+  Tensor<float> k_nan = rng.normal32({2, 2, 5});
+  k_nan[13] = std::nanf("");
+  expect_error([&] { cache.append(s, k_nan.cview(), TensorView<const float>(v.data(), {2, 2, 3})); },
+               "k[1, 0, 3] = nan cannot be stored as i8");
+  KVCache half(config(KVDtype::f16));
+  const int64_t hs = half.create();
+  Tensor<float> k_big = rng.normal32({1, 2, 5});
+  k_big[2] = 70000.0f;
+  expect_error([&] { half.append(hs, k_big.cview(), TensorView<const float>(v.data(), {1, 2, 3})); },
+               "k[0, 0, 2] = 70000 cannot be stored as f16");
+  EXPECT_EQ(half.length(hs), 0);
+  // After every refusal the sequence is as it was.
+  EXPECT_EQ(cache.length(s), 3);
+  EXPECT_EQ(cache.free_pages(), 1);
+  const Tensor<float> after = cache.keys(s);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.numel()), 0);
+  expect_error([] { KVCache bad(config(KVDtype::f32, 0)); }, "must be positive");
+}
+
+long vm_size_kb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) return std::stol(line.substr(7));
+  return -1;
+}
+
+// The pool is allocated once, at creation, and is all that grows with the token capacity: the
+// address space grows by the pool (large pools are mapped directly, in whole 2 MB huge pages; the
+// sizes here are multiples of 2 MB) and the heap by bookkeeping only.
+TEST(KVCache, AllocatesExactlyItsPool) {
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::i8}) {
+    const KVCacheConfig c = config(dtype, 256, 64, 4, 128, 128);
+    const long vm0 = vm_size_kb();
+    const struct mallinfo2 m0 = mallinfo2();
+    KVCache cache(c);
+    const struct mallinfo2 m1 = mallinfo2();
+    const long vm1 = vm_size_kb();
+    const int64_t slots = 256 * 4 * 64;
+    const int64_t expect = slots * 256 * kv_dtype_bytes(dtype) + (dtype == KVDtype::i8 ? slots * 8 : 0);
+    EXPECT_EQ(cache.pool_bytes(), expect);
+    const int64_t small_pools = dtype == KVDtype::i8 ? slots * 8 : 0;  // the scales (< 2 MB) are malloc'd
+    EXPECT_GE(vm1 - vm0, (expect - small_pools) / 1024);
+    EXPECT_LE(vm1 - vm0, expect / 1024 + 64) << "address space beyond the pool";
+    const int64_t heap = static_cast<int64_t>((m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd));
+    EXPECT_LE(heap, small_pools + 256 * 8 + 4 * 4096) << "bookkeeping beyond the pool";
+    // Appending allocates no pages: only the sequence's block table grows.
+    const int64_t s = cache.create();
+    Tensor<float> k({64 * 10, 4, 128}), v({64 * 10, 4, 128});
+    const struct mallinfo2 m2 = mallinfo2();
+    const long vm2 = vm_size_kb();
+    cache.append(s, k.cview(), v.cview());
+    const struct mallinfo2 m3 = mallinfo2();
+    EXPECT_LE(static_cast<int64_t>((m3.uordblks + m3.hblkhd) - (m2.uordblks + m2.hblkhd)), 1024);
+    EXPECT_EQ(vm_size_kb(), vm2);
+  }
+}
+
+}  // namespace
+}  // namespace qkv

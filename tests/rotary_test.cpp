@@ -1,0 +1,110 @@
+// RoPE against its float64 formula (both layouts, offsets, partial rotary_dim, strided views), on
+// append to a KVCache, and its refusals.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "qkv/kv_cache.h"
+#include "qkv/rotary.h"
+#include "expect_error.h"
+#include "test_util.h"
+
+namespace qkv {
+namespace {
+
+// x [B, H, N, D] contiguous, rotated in float64 by the definition in rotary.h.
+std::vector<double> rotated64(const Tensor<float>& x, const std::vector<int64_t>& offsets, const RotaryOptions& o) {
+  const int64_t B = x.dim(0), H = x.dim(1), N = x.dim(2), D = x.dim(3);
+  const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
+  std::vector<double> y(x.data(), x.data() + x.numel());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < N; ++n) {
+        double* row = y.data() + ((b * H + h) * N + n) * D;
+        for (int64_t p = 0; p < rd / 2; ++p) {
+          const double angle = static_cast<double>(offsets[b] + n) * std::pow(o.theta, -2.0 * p / rd);
+          const int64_t i0 = o.layout == RotaryLayout::interleaved ? 2 * p : p;
+          const int64_t i1 = o.layout == RotaryLayout::interleaved ? 2 * p + 1 : p + rd / 2;
+          const double x0 = row[i0], x1 = row[i1];
+          row[i0] = x0 * std::cos(angle) - x1 * std::sin(angle);
+          row[i1] = x0 * std::sin(angle) + x1 * std::cos(angle);
+        }
+      }
+  return y;
+}
+
+TEST(Rotary, MatchesFloat64Formula) {
+  test::Rng rng("Rotary.Formula");
+  for (RotaryLayout layout : {RotaryLayout::interleaved, RotaryLayout::half_split})
+    for (int64_t rd : {0, 32, 2}) {
+      RotaryOptions o;
+      o.layout = layout;
+      o.rotary_dim = rd;
+      o.theta = rd == 32 ? 500000.0 : 10000.0;
+      Tensor<float> x = rng.normal32({2, 3, 5, 40});
+      const std::vector<int64_t> offsets{0, 123456};
+      const std::vector<double> want = rotated64(x, offsets, o);
+      apply_rotary(x.view(), offsets, o);
+      double worst = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) worst = std::max(worst, std::fabs(x[i] - want[i]));
+      EXPECT_LE(worst, 2e-6 * 8) << "layout " << static_cast<int>(layout) << " rotary_dim " << rd;
+    }
+}
+
+// A [B, N, H, D] buffer rotated through a transposed view gives the same values.
+TEST(Rotary, AcceptsStridedViews) {
+  test::Rng rng("Rotary.Strided");
+  Tensor<float> bnhd = rng.normal32({1, 7, 2, 16});
+  Tensor<float> bhnd({1, 2, 7, 16});
+  for (int64_t n = 0; n < 7; ++n)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t d = 0; d < 16; ++d) bhnd[(h * 7 + n) * 16 + d] = bnhd[(n * 2 + h) * 16 + d];
+  const std::vector<int64_t> offsets{9};
+  apply_rotary(bhnd.view(), offsets);
+  apply_rotary(bnhd.view().transposed(1, 2), offsets);
+  for (int64_t n = 0; n < 7; ++n)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t d = 0; d < 16; ++d) EXPECT_EQ(bhnd[(h * 7 + n) * 16 + d], bnhd[(n * 2 + h) * 16 + d]);
+}
+
+TEST(Rotary, AppendRotatesKeysAtTheSequencePositions) {
+  test::Rng rng("Rotary.Append");
+  KVCache cache({4, 8, 2, 16, 16, KVDtype::f32});
+  const int64_t s = cache.create();
+  Tensor<float> k = rng.normal32({10, 2, 16}), v = rng.normal32({10, 2, 16});
+  RotaryOptions o;
+  o.layout = RotaryLayout::interleaved;
+  cache.append(s, TensorView<const float>(k.data(), {3, 2, 16}), TensorView<const float>(v.data(), {3, 2, 16}), &o);
+  cache.append(s, TensorView<const float>(k.data() + 96, {7, 2, 16}), TensorView<const float>(v.data() + 96, {7, 2, 16}), &o);
+  Tensor<float> khnd({1, 2, 10, 16});  // [1, Hkv, T, D] for the formula, positions 0..9
+  for (int64_t t = 0; t < 10; ++t)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t d = 0; d < 16; ++d) khnd[(h * 10 + t) * 16 + d] = k[(t * 2 + h) * 16 + d];
+  const std::vector<double> want = rotated64(khnd, {0}, o);
+  const Tensor<float> got = cache.keys(s);
+  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << i;
+  const Tensor<float> vals = cache.values(s);
+  EXPECT_EQ(vals[16], v[32]);  // values are not rotated: head 0, token 1 in both layouts
+}
+
+TEST(Rotary, RefusesBadOptions) {
+  Tensor<float> x({1, 1, 2, 6});
+  auto expect_error = [&](const RotaryOptions& o, std::vector<int64_t> offsets, const std::string& text) {
+    test::expect_error([&] { apply_rotary(x.view(), offsets, o); }, text);
+  };
+  RotaryOptions o;
+  o.rotary_dim = 3;
+  expect_error(o, {}, "rotary_dim = 3 must be even and in [2, D = 6]");
+  o.rotary_dim = 8;
+  expect_error(o, {}, "rotary_dim = 8 must be even");
+  o = {};
+  o.theta = 0;
+  expect_error(o, {}, "theta = 0 must be positive");
+  expect_error({}, {-1}, "offsets[0] = -1 is negative");
+  expect_error({}, {1, 2}, "2 offsets for B = 1 batch rows");
+}
+
+}  // namespace
+}  // namespace qkv
