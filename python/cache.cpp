@@ -98,7 +98,7 @@ py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::
   o.sinks = sinks;
   o.sink_tokens = sink_tokens;
   o.num_threads = num_threads;
-  o.simd = parse_simd(simd);
+  o.simd = qkv::parse_simd(simd);
   py::array out = new_array<float>({q.dim(0), q.dim(1), q.dim(2), cache.config().Dv});
   py::array lse = new_array<float>({q.dim(0), q.dim(1), q.dim(2)});
   {

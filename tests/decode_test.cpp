@@ -94,12 +94,12 @@ void reference(const Case& c, const Tensor<float>& q, const std::vector<Tensor<f
     };
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < c.N; ++i) {
-        const int64_t g = h / c.G, diag = m.is_causal() ? i + len - c.N : i;
+        const int64_t g = h / c.G, diag = m.causal.has_value() ? i + len - c.N : i;
         std::vector<double> s(static_cast<std::size_t>(len), -INFINITY);
         for (int64_t j = 0; j < len; ++j) {
-          bool in = !m.is_causal() || j <= diag;
+          bool in = !m.causal.has_value() || j <= diag;
           if (m.window && m.window->left >= 0 && j < diag - m.window->left) in = false;
-          if (j < o.sink_tokens && (!m.is_causal() || j <= diag)) in = true;
+          if (j < o.sink_tokens && (!m.causal.has_value() || j <= diag)) in = true;
           if (!in) continue;
           double dot = 0;
           for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(q[((b * H + h) * c.N + i) * c.D + d]) * kat(g, j, d);
@@ -226,7 +226,7 @@ std::string describe(const Case& c) {
   for (int64_t l : c.lens) lens += std::to_string(l) + " ";
   return std::string(kv_dtype_name(c.dtype)) + " Hkv " + std::to_string(c.Hkv) + " G " + std::to_string(c.G) + " N " +
          std::to_string(c.N) + " D " + std::to_string(c.D) + " Dv " + std::to_string(c.Dv) + " page " +
-         std::to_string(c.page_tokens) + " lens " + lens + "causal " + std::to_string(c.options.mask.is_causal()) +
+         std::to_string(c.page_tokens) + " lens " + lens + "causal " + std::to_string(c.options.mask.causal.has_value()) +
          " sinks " + std::to_string(c.options.sinks.size()) + " sink_tokens " + std::to_string(c.options.sink_tokens);
 }
 
