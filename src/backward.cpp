@@ -14,6 +14,7 @@
 #include "kernels/dispatch.h"
 #include "mask_eval.h"
 #include "qkv/backward.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 namespace {
@@ -122,8 +123,11 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     }
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
+  // A stop request skips the remaining tasks; the caller discards the partial gradients.
+  InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[0].data());
+    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
+    throw_if_stopped(interrupt);
     for (int64_t key = 0; key < keys; ++key) add_partials(key);
     return;
   }
@@ -131,17 +135,21 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   // need), so there is one per call when the chunks need no sum.
   if (keys == 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    throw_if_stopped(interrupt);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, mine);
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (!stop_requested(interrupt)) run_task(idx, mine);
 #pragma omp for schedule(static) nowait
     for (int64_t key = 0; key < keys; ++key) add_partials(key);
   }
+  throw_if_stopped(interrupt);
 }
 
 }  // namespace qkv

@@ -9,6 +9,7 @@
 #include "backward_checks.h"
 #include "mask_eval.h"
 #include "qkv/backward.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 
@@ -35,10 +36,12 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   }
   // Per row: raw scaled scores x_j, logits l_j, probabilities p_j, and dL/dl_j.
   std::vector<double> x(static_cast<std::size_t>(s.M)), p(x.size()), dl(x.size());
+  InterruptScope* const interrupt = InterruptScope::current();  // polled once per query row
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < s.N; ++i) {
+        if (stop_requested(interrupt)) throw Interrupted();
         const detail::KeyBand band = mask.band(b, i);
         double row_max = kNegInf;
         for (int64_t j = band.lo; j < band.hi; ++j) {

@@ -30,7 +30,7 @@ struct ExplainArgs {
 
 void validate(const CLI::App* sub, const ExplainArgs& a) {
   const bool has_embeddings = sub->count("--embeddings") > 0;
-  const bool has_sentence = sub->get_option("sentence")->count() > 0;
+  const bool has_sentence = sub->get_option("sentence")->count() > 0 || sub->count("--input") > 0;
   if (has_embeddings && a.sentence_args.embeddings.empty()) usage_error("--embeddings: empty file name");
   if (!a.example.empty() && (has_embeddings || has_sentence))
     usage_error("explain: --example shows a built-in example; it takes no sentence and no --embeddings");
@@ -104,7 +104,8 @@ Command add_explain(CLI::App& app) {
       "Print every step of self-attention: Q, K, V, raw scores Q·Kᵀ, scaled scores, attention weights, context "
       "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
       "--embeddings F \"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free).");
-  sub->add_option("sentence", args->sentence, "The sentence to explain (needs --embeddings)");
+  add_sentence_input(sub, sub->add_option("sentence", args->sentence, "The sentence to explain (needs --embeddings)"),
+                     nullptr, &args->sentence);
   std::string names;
   for (const std::string& n : example_names()) names += (names.empty() ? "" : ", ") + n;
   sub->add_option("--example", args->example, "A built-in worked example: " + names)
