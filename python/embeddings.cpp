@@ -64,7 +64,7 @@ void check_words_are_utf8(const Embeddings& e, const std::string& path) {
     const std::size_t bad = qkv::invalid_utf8_at(w);
     if (bad == std::string_view::npos) continue;
     const int64_t line = line_of_word(path, w);
-    const std::string where = line > 0 ? fmt::format("line {}", line) : fmt::format("word {}", i + 1);
+    const std::string where = line > 0 ? fmt::format("word {} (line {})", i + 1, line) : fmt::format("word {}", i + 1);
     throw qkv::Error(fmt::format("{}: {}: the word {} is not valid UTF-8 (byte {} is 0x{:02x}); Python words are str: "
                                  "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
                                  path, where, escaped(w), bad + 1, static_cast<unsigned char>(w[bad])));
