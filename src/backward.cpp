@@ -123,8 +123,9 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     }
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
-  // A stop request skips the remaining tasks; the caller discards the partial gradients.
+  // A stop request skips the remaining tasks (and key tiles); the caller discards the partial gradients.
   InterruptScope* const interrupt = InterruptScope::current();
+  p.interrupt = interrupt;
   if (threads == 1) {
     for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
     throw_if_stopped(interrupt);

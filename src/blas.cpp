@@ -7,6 +7,7 @@
 #include "blas.h"
 
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <climits>
@@ -72,11 +73,37 @@ const OpenBlas& openblas() {
   return b;
 }
 
+// OpenBLAS's calling thread also takes a 128 MiB buffer for a larger product, retrying forever
+// when it cannot (gdb: cblas_sgemm -> blas_memory_alloc -> malloc(134221824) under ulimit -v
+// 100M). In an address space below kAddressSpaceReserve, products use this loop instead: slower,
+// the same within float rounding, and deterministic.
+bool address_space_too_small_for_openblas() {
+  static const bool small = blas_threads_within_address_space(2) < 2 && [] {
+    struct rlimit limit {};
+    return ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+           limit.rlim_cur < kAddressSpaceReserve;
+  }();
+  return small;
+}
+
+void sgemm_loop(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int64_t t = 0; t < k; ++t)
+        sum += (trans_a ? a[t * lda + i] : a[i * lda + t]) * (trans_b ? b[j * ldb + t] : b[t * ldb + j]);
+      c[i * ldc + j] = alpha * sum + (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]);
+    }
+}
+
 }  // namespace
 
-int blas_num_threads() { return openblas().get_num_threads(); }
+int blas_num_threads() { return address_space_too_small_for_openblas() ? 1 : openblas().get_num_threads(); }
 
-void set_blas_num_threads(int n) { openblas().set_num_threads(blas_threads_within_address_space(n)); }
+void set_blas_num_threads(int n) {
+  if (!address_space_too_small_for_openblas()) openblas().set_num_threads(blas_threads_within_address_space(n));
+}
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -89,6 +116,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  if (address_space_too_small_for_openblas())
+    return sgemm_loop(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   openblas().sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                    static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
                    static_cast<int>(ldb), beta, c, static_cast<int>(ldc));

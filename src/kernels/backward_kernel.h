@@ -9,6 +9,7 @@
 
 #include "mask_eval.h"
 #include "qkv/attention.h"
+#include "qkv/interrupt.h"
 
 namespace qkv::kernels {
 
@@ -34,6 +35,9 @@ struct BackwardParams {
   const detail::MaskEval* mask = nullptr;
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
   int64_t chunk_rows = kBackwardTile, chunks = 1;
+  // Checked between key tiles: a task (all keys of a head) can take seconds. A stopped task leaves
+  // its outputs partial; the caller then throws qkv::Interrupted. nullptr: never stops.
+  InterruptScope* interrupt = nullptr;
 };
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.

@@ -98,7 +98,7 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
       [=](const std::string& path) {
         const std::string text = read_input(path, "--input");
         if (sentence != nullptr) {
-          *sentence = text;
+          *sentence = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);  // a file's final newline is no part of it
           return;
         }
         std::vector<std::string> lines = lines_of(text);
