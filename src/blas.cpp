@@ -78,7 +78,7 @@ const OpenBlas& openblas() {
 // 100M). In an address space below kAddressSpaceReserve, products use this loop instead: slower,
 // the same within float rounding, and deterministic.
 bool address_space_too_small_for_openblas() {
-  static const bool small = blas_threads_within_address_space(2) < 2 && [] {
+  static const bool small = [] {
     struct rlimit limit {};
     return ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
            limit.rlim_cur < kAddressSpaceReserve;
