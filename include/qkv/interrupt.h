@@ -24,8 +24,8 @@ class Interrupted : public Error {
 
 // While alive, interruptible calls made by this thread call `poll(context)` on this thread at
 // most every kPollInterval between tasks; when it returns true they stop early and throw
-// Interrupted. Not copyable; scopes nest (the inner one is in force). `poll` must be thread-safe
-// with respect to this call's worker threads only in that they never call it.
+// Interrupted. Not copyable; scopes nest (the inner one is in force). Only the scope's own
+// thread calls `poll`; worker threads only read the flag.
 class InterruptScope {
  public:
   using Poll = bool (*)(void* context);

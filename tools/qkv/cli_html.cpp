@@ -61,9 +61,10 @@ class ProgressNote {
     const int64_t done = scope->done(), total = std::max<int64_t>(scope->total(), 1);
     const double seconds = std::chrono::duration<double>(now - start_).count();
     const double eta = done > 0 ? seconds * static_cast<double>(total - done) / static_cast<double>(done) : 0.0;
-    std::fprintf(stderr, "%sqkv: %s: %lld of %lld rows (%.0f%%), %.0f s, about %.0f s left%s", tty_ ? "\r" : "", what_,
-                 static_cast<long long>(done), static_cast<long long>(total), 100.0 * static_cast<double>(done) / static_cast<double>(total),
-                 seconds, eta, tty_ ? "   " : "\n");
+    const double percent = 100.0 * static_cast<double>(done) / static_cast<double>(total);
+    std::fprintf(stderr, "%sqkv: %s: %lld of %lld rows (%.0f%%), %.0f s, about %.0f s left%s", tty_ ? "\r" : "",
+                 what_, static_cast<long long>(done), static_cast<long long>(total), percent, seconds, eta,
+                 tty_ ? "   " : "\n");
     std::fflush(stderr);
     drawn_ = true;
   }
