@@ -23,7 +23,7 @@ file(RELATIVE_PATH QKV_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INST
 if(QKV_SHARED)
   set(QKV_PC_LIBS_PRIVATE "")
 else()
-  set(QKV_PC_LIBS_PRIVATE "-lfmt -lopenblas -lpthread")
+  set(QKV_PC_LIBS_PRIVATE "-lfmt -ldl -lpthread")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -38,7 +38,7 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
   const qkv::TensorView<R> ov = mutable_view<R>(out, "out").as_rank4();
   const qkv::TensorView<R> lv = lse_view(mutable_view<R>(lse, "lse"));
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     if constexpr (std::is_same_v<T, double>) {
       qkv::reference_attention_forward(ov, lv, {}, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
     } else if constexpr (std::is_same_v<T, uint16_t>) {

@@ -50,7 +50,7 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
   const qkv::TensorView<T> dq = grad_view(0, "dq"), dk = grad_view(1, "dk"), dv = grad_view(2, "dv"),
                            dbias = return_dbias ? grad_view(3, "dbias") : qkv::TensorView<T>();
   if constexpr (std::is_same_v<T, double>) {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::reference_attention_backward(dq, dk, dv, dbias, dout4, q4, k4, v4, call.options);
   } else {
     py::array out_owner, lse_owner;
@@ -64,7 +64,7 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
       out_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2), v4.dim(3)}, "out");
       lse_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2)}, "lse");
     }
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     if (!have_forward) {
       qkv::attention_forward(out_buf.view(), lse_buf.view(), q4, k4, v4, call.options);
       out4 = out_buf.cview();

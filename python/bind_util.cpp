@@ -349,4 +349,16 @@ qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
                                                                      bits.shape(), bits.strides()));
 }
 
+namespace {
+
+// Runs on the calling thread with the GIL released; PyErr_CheckSignals needs it back.
+bool python_signal_pending(void*) {
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+
+}  // namespace
+
+InterruptibleRelease::InterruptibleRelease() : scope_(&python_signal_pending, nullptr) {}
+
 }  // namespace qkvpy

@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 
 #include "qkv/attention.h"
+#include "qkv/interrupt.h"
 #include "qkv/tensor.h"
 
 namespace qkvpy {
@@ -122,5 +123,19 @@ int64_t index_arg(const py::handle& obj, const std::string& name);
 
 // A view of bf16 bits widened exactly to float32.
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name);
+
+// Releases the GIL for a long call and makes it interruptible: the kernels check a stop flag between
+// tasks, and every qkv::InterruptScope::kPollInterval the calling thread re-takes the GIL to run
+// Python's signal handlers. If one raises (Ctrl-C: KeyboardInterrupt), the call throws
+// qkv::Interrupted with that Python error still set, and module.cpp's translator raises it. Use
+// only around calls whose outputs are discarded on an exception (fresh arrays, local state).
+class InterruptibleRelease {
+ public:
+  InterruptibleRelease();
+
+ private:
+  qkv::InterruptScope scope_;  // declared first: outlives the release, so the GIL is held again first
+  py::gil_scoped_release release_;
+};
 
 }  // namespace qkvpy

@@ -4,11 +4,15 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <fstream>
 #include <memory>
+#include <string_view>
 
 #include "bind_util.h"
 #include "bindings.h"
 #include "qkv/embeddings.h"
+#include "qkv/error.h"
+#include "qkv/utf8.h"
 
 namespace qkvpy {
 namespace {
@@ -31,10 +35,48 @@ qkv::OovPolicy parse_oov(const std::string& name) {
   throw py::value_error(fmt::format("oov must be 'error', 'zero' or 'skip', got '{}'", name));
 }
 
+// The 1-based line of a text embeddings file whose row starts with `word`, or 0 (binary files).
+int64_t line_of_word(const std::string& path, const std::string& word) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n)
+    if (line.size() > word.size() && line.compare(0, word.size(), word) == 0 &&
+        (line[word.size()] == ' ' || line[word.size()] == '\t'))
+      return n;
+  return 0;
+}
+
+// `w` quoted for a message: printable ASCII as is, every other byte as \xNN, cut at 40 bytes.
+std::string escaped(const std::string& w) {
+  std::string out = "'";
+  for (std::size_t i = 0; i < w.size() && i < 40; ++i) {
+    const auto c = static_cast<unsigned char>(w[i]);
+    out += c >= 0x20 && c < 0x7f && c != '\\' ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return out + (w.size() > 40 ? "...'" : "'");
+}
+
+// Python words are str: a word that is not UTF-8 is refused when loading, naming the file and
+// line, rather than as a bare UnicodeDecodeError from .words later.
+void check_words_are_utf8(const Embeddings& e, const std::string& path) {
+  for (int64_t i = 0; i < e.size(); ++i) {
+    const std::string& w = e.word(i);
+    const std::size_t bad = qkv::invalid_utf8_at(w);
+    if (bad == std::string_view::npos) continue;
+    const int64_t line = line_of_word(path, w);
+    const std::string where = line > 0 ? fmt::format("word {} (line {})", i + 1, line) : fmt::format("word {}", i + 1);
+    throw qkv::Error(fmt::format("{}: {}: the word {} is not valid UTF-8 (byte {} is 0x{:02x}); Python words are str: "
+                                 "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                                 path, where, escaped(w), bad + 1, static_cast<unsigned char>(w[bad])));
+  }
+}
+
 std::shared_ptr<Embeddings> load(const std::string& path, const std::string& format) {
   const qkv::EmbeddingFormat f = parse_format(format);
   py::gil_scoped_release release;
-  return std::make_shared<Embeddings>(Embeddings::load(path, f));
+  auto e = std::make_shared<Embeddings>(Embeddings::load(path, f));
+  check_words_are_utf8(*e, path);
+  return e;
 }
 
 // The matrix [V, E] as a read-only float32 view whose base keeps the Embeddings alive.

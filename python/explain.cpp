@@ -8,6 +8,7 @@
 #include "layer_binding.h"
 #include "qkv/explain.h"
 #include "qkv/layer.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkvpy {
 namespace {
@@ -161,7 +162,15 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     throw py::value_error(fmt::format("format must be 'dict', 'text' or 'json', got '{}'", format));
   const ExplainArgs args{example, tokens, x, layer, q, k, v, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o,
                          num_heads, num_kv_heads};
-  const qkv::Explanation e = build(args);
+  qkv::Explanation e;
+  try {
+    e = build(args);
+  } catch (const std::bad_alloc&) {
+    // The explanation keeps scores, scaled scores and weights, N x N float64 each, per head.
+    const uint64_t n = x.is_none() ? 0 : static_cast<uint64_t>(py::len(x));
+    throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, num_heads),
+                           3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(num_heads, 1)));
+  }
   if (format == "text") return py::str(qkv::explanation_to_text(e, precision));
   if (format == "json") return py::str(qkv::explanation_to_json(e));
   return to_dict(e);

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <set>
 
 #include "bind_util.h"
 #include "bindings.h"
@@ -64,6 +65,25 @@ PyLayer make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> 
   return PyLayer(MultiHeadAttention(c));
 }
 
+}  // namespace
+
+ThreadState& PyLayer::mine() {
+  const unsigned long me = PyThread_get_thread_ident();
+  auto it = threads_.find(me);
+  if (it != threads_.end()) return it->second;
+  if (!threads_.empty()) {
+    std::set<unsigned long> alive;
+    for (const py::handle t : py::module_::import("threading").attr("enumerate")()) {
+      const py::object ident = t.attr("ident");
+      if (!ident.is_none()) alive.insert(ident.cast<unsigned long>());
+    }
+    std::erase_if(threads_, [&](const auto& entry) { return alive.count(entry.first) == 0; });
+  }
+  return threads_[me];
+}
+
+namespace {
+
 py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_obj, const py::kwargs& kwargs) {
   const MultiHeadAttention& layer = self.layer;
   const CallOptions call = split_kwargs(kwargs, "forward");
@@ -88,15 +108,15 @@ py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_o
   apply_options(call, state->options);
   qkv::Tensor<float> out;
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     out = layer.forward(x, kv, state->options, self.training ? &state->cache : nullptr);
   }
-  self.last = self.training ? std::move(state) : nullptr;
+  self.mine().last = self.training ? std::move(state) : nullptr;
   return tensor_to_numpy(std::move(out));
 }
 
 py::object backward(PyLayer& self, const py::object& dy_obj) {
-  const std::shared_ptr<const ForwardState> state = self.last;
+  const std::shared_ptr<const ForwardState> state = self.mine().last;
   if (!state)
     throw py::value_error("backward: no forward to go back through; call forward() first with training = True");
   py::array dy_owner;
@@ -104,10 +124,10 @@ py::object backward(PyLayer& self, const py::object& dy_obj) {
   qkv::TensorMap grads;
   qkv::Tensor<float> dx, dkv;
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     self.layer.backward(state->cache, dy, state->options, &grads, &dx, state->cache.cross ? &dkv : nullptr);
   }
-  self.grads = std::move(grads);
+  self.grads() = std::move(grads);
   if (state->cache.cross) return py::make_tuple(tensor_to_numpy(std::move(dx)), tensor_to_numpy(std::move(dkv)));
   return tensor_to_numpy(std::move(dx));
 }
@@ -116,7 +136,7 @@ py::object backward(PyLayer& self, const py::object& dy_obj) {
 // cannot change arrays the caller holds).
 py::dict grads_of(const py::object& self) {
   py::dict out;
-  for (auto& [name, t] : self.cast<PyLayer&>().grads) {
+  for (auto& [name, t] : self.cast<PyLayer&>().grads()) {
     std::vector<py::ssize_t> dims(t.shape().begin(), t.shape().end());
     out[py::str(name)] = py::array_t<float>(dims, t.data(), self).attr("copy")();
   }
@@ -143,8 +163,14 @@ Raises ValueError for an inconsistent configuration.
 
 Weights (.w_q, .w_k, .w_v, .w_o, .b_q, .b_k, .b_v, .b_o) are float32 numpy views of the layer's
 own memory: writing into them changes the layer; assigning an array of the same shape copies it
-in. A parameter the config does not have reads as None. forward() releases the GIL: do not change
-weights from another thread while it runs.)";
+in. A parameter the config does not have reads as None.
+
+Thread safety: forward() and backward() release the GIL, so threads sharing a layer run them in
+parallel. What backward() uses and what .grads returns are per thread: each thread's backward()
+goes through that thread's last training-mode forward(), and .grads (and Optimizer.step() /
+clip_grad_norm() called from that thread) are that thread's last backward()'s gradients. The
+weights are shared: do not change them (assignment, Optimizer.step(), load) while another thread
+runs forward() or backward().)";
 
 constexpr const char* kForwardDoc = R"(forward(x, kv=None, **options) -> numpy.ndarray float32
 
@@ -158,7 +184,8 @@ TypeError; bad shapes or values raise ValueError.)";
 
 constexpr const char* kBackwardDoc = R"(backward(dout) -> dx, or (dx, dkv) after a cross-attention forward
 
-Backpropagates dout = dL/dy (the shape of the last forward()'s output) through the last forward()
+Backpropagates dout = dL/dy (the shape of the last forward()'s output) through the calling thread's
+last forward()
 (which must have run with training = True; same masks and options). Returns dL/dx (x's shape)
 and, for cross-attention, dL/dkv; stores dL/d(parameter) in .grads by parameter name.
 ValueError without a preceding forward or for a wrong dout shape.)";

@@ -2,6 +2,7 @@
 // forward() left for backward() and the gradients backward() produced. Shared with explain.cpp.
 #pragma once
 
+#include <map>
 #include <memory>
 
 #include "bind_util.h"
@@ -19,12 +20,28 @@ struct ForwardState {
   qkv::AttentionOptions options;
 };
 
+// What one Python thread's forward() left for its backward(), and the gradients its backward()
+// produced.
+struct ThreadState {
+  std::shared_ptr<const ForwardState> last;
+  qkv::TensorMap grads;
+};
+
+// Thread-safety contract: forward/backward state and .grads are per calling thread (a layer shared
+// by threads never hands one thread's forward to another's backward); the weights are shared.
+// Every member is touched only with the GIL held.
 struct PyLayer {
   explicit PyLayer(qkv::MultiHeadAttention l) : layer(std::move(l)) {}
   qkv::MultiHeadAttention layer;
   bool training = true;
-  std::shared_ptr<const ForwardState> last;
-  qkv::TensorMap grads;
+
+  // The calling thread's state (created on first use). Entries of threads that have ended are
+  // dropped whenever a new thread first uses the layer, so they do not pile up.
+  ThreadState& mine();
+  qkv::TensorMap& grads() { return mine().grads; }
+
+ private:
+  std::map<unsigned long, ThreadState> threads_;  // by threading.get_ident()
 };
 
 }  // namespace qkvpy

@@ -4,6 +4,8 @@
 
 #include "bindings.h"
 #include "qkv/error.h"
+#include "qkv/interrupt.h"
+#include "qkv/out_of_memory.h"
 
 namespace py = pybind11;
 
@@ -13,6 +15,11 @@ PYBIND11_MODULE(_qkv, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const qkv::OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const qkv::Interrupted&) {
+      // The signal handler's exception (KeyboardInterrupt) is already set: keep it.
+      if (PyErr_Occurred() == nullptr) PyErr_SetNone(PyExc_KeyboardInterrupt);
     } catch (const qkv::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const py::cast_error& e) {

@@ -55,9 +55,9 @@ void step(PyOptimizer& self, const std::optional<py::dict>& grads, std::optional
     self.optimizer.step(map, rate);
     return;
   }
-  if (self.layer.grads.empty())
+  if (self.layer.grads().empty())
     throw py::value_error("step: the layer has no gradients; call layer.backward() first or pass grads=");
-  self.optimizer.step(self.layer.grads, rate);
+  self.optimizer.step(self.layer.grads(), rate);
 }
 
 py::dict state_of(const PyOptimizer& self) {
@@ -95,7 +95,7 @@ void bind_optim(py::module_& m) {
       },
       py::arg("state"), py::arg("step_count"), "Restores what state() returned and the step count.");
 
-  m.def("clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads, max_norm); },
+  m.def("clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads(), max_norm); },
         py::arg("layer"), py::arg("max_norm"),
         "Scales layer.grads (the last backward()'s gradients) so their global L2 norm is at most max_norm "
         "(max_norm <= 0: never). Returns the norm before clipping.");

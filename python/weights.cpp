@@ -55,7 +55,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
     shape.push_back(M);
     py::array out = new_array<float>(shape);
     const qkv::TensorView<float> w = mutable_view<float>(out, "weights").as_rank4();
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::attention_weights_rows(w, q.as_rank4(), k.as_rank4(), lse3, rows, call.options);
     return out;
   }
@@ -67,7 +67,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   const qkv::TensorView<float> vv = mutable_view<float>(values, "values").as_rank4();
   const qkv::TensorView<int64_t> iv = mutable_view<int64_t>(indices, "indices").as_rank4();
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::attention_weights_topk(vv, iv, q.as_rank4(), k.as_rank4(), lse3, rows, kk, call.options);
   }
   return py::make_tuple(values, indices);

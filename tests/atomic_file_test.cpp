@@ -51,7 +51,7 @@ TEST(AtomicFile, ReplacingKeepsThePermissions) {
 TEST(AtomicFile, MissingDirectoryIsRefusedWithThePathAndReason) {
   TempDir dir;
   std::string path = dir.file("no/such/dir/out.bin");
-  expect_error([&] { write_file_atomically(path, "data"); }, {path, "No such file or directory"});
+  expect_error([&] { write_file_atomically(path, "data"); }, {path, "does not exist"});
   EXPECT_TRUE(dir.entries().empty());
 }
 

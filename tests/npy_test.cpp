@@ -211,6 +211,8 @@ TEST(Npy, MalformedFilesAreRefusedWithAReason) {
        {"structured arrays are not supported"}},
       {"rank5", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 2, 1, 3), }", data),
        {"rank 5", "rank 0 to 4"}},
+      {"dup_key", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (6,), 'shape': (2, 3)}", data),
+       {"bad .npy header", "the key \"shape\" appears twice"}},
       {"nesting", make_npy("{'descr': " + std::string(50, '(') + std::string(50, ')') + "}", data),
        {"nesting is too deep"}},
   };

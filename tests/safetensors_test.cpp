@@ -173,6 +173,12 @@ TEST(Safetensors, MalformedFilesAreRefusedWithAReason) {
       {"rank5", make_st("{" + entry("a", "F32", "[1, 1, 1, 1, 1]", 0, 4) + "}", 4), {"rank 5"}},
       {"overflow", make_st("{" + entry("a", "F64", "[4611686018427387904, 4]", 0, 8) + "}", 8), {"too large to address"}},
       {"meta", make_st(R"({"__metadata__": {"k": 1}})", 0), {"__metadata__ value of \"k\" is not a string"}},
+      // Duplicate keys (issue 17): a reader keeping the first copy and one keeping the last disagree.
+      {"dup_tensor", make_st("{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("a", "F32", "[1]", 0, 4) + "}", 4),
+       {"key \"a\" twice"}},
+      {"dup_field", make_st(R"({"a": {"dtype": "F32", "shape": [1], "dtype": "F16", "data_offsets": [0, 4]}})", 4),
+       {"key \"dtype\" twice"}},
+      {"dup_meta", make_st(R"({"__metadata__": {"k": "1", "k": "2"}})", 0), {"key \"k\" twice"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -6,9 +6,11 @@
 
 namespace qkv {
 
-// Writes `bytes` to a temporary file beside `path`, fsyncs it, and renames it over `path` (a
-// replaced file keeps its permissions). On failure throws qkv::Error naming `path` and the
-// reason, removes the temporary file and leaves `path` as it was. Thread-safe.
+// Writes `bytes` to the output `path` as qkv/output_file.h decides: a regular file (through
+// symlinks) is replaced atomically (temporary file beside it, fsync, rename; a replaced file keeps
+// its permissions); a character device, FIFO or /dev/stdout is written directly; anything else is
+// refused untouched. On failure throws qkv::Error naming `path` and the reason, removes the
+// temporary file and leaves a file target as it was. Thread-safe.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 }  // namespace qkv

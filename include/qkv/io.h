@@ -4,4 +4,5 @@
 #include "qkv/atomic_file.h"
 #include "qkv/checkpoint.h"
 #include "qkv/npy.h"
+#include "qkv/output_file.h"
 #include "qkv/safetensors.h"

@@ -2,6 +2,7 @@
 // (ARCHITECTURE.md lists them by layer); including only the ones used compiles faster.
 #pragma once
 
+#include "qkv/address_space.h"
 #include "qkv/attention.h"
 #include "qkv/attention_options.h"
 #include "qkv/backward.h"
@@ -9,6 +10,7 @@
 #include "qkv/embeddings.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
+#include "qkv/interrupt.h"
 #include "qkv/io.h"
 #include "qkv/kv_cache.h"
 #include "qkv/kv_dtype.h"
@@ -17,6 +19,8 @@
 #include "qkv/mask.h"
 #include "qkv/masked_word.h"
 #include "qkv/optim.h"
+#include "qkv/out_of_memory.h"
+#include "qkv/output_file.h"
 #include "qkv/positions.h"
 #include "qkv/reference.h"
 #include "qkv/render.h"
@@ -24,4 +28,5 @@
 #include "qkv/tensor.h"
 #include "qkv/tensor_map.h"
 #include "qkv/train_progress.h"
+#include "qkv/utf8.h"
 #include "qkv/weights.h"

@@ -15,6 +15,7 @@
 #include "kernels/mask_eval.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 namespace {
@@ -143,8 +144,12 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     }
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
+  // A stop request skips the remaining tasks (and key tiles); the caller discards the partial gradients.
+  InterruptScope* const interrupt = InterruptScope::current();
+  p.interrupt = interrupt;
   if (threads == 1) {
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[0].data());
+    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
+    throw_if_stopped(interrupt);
     for (int64_t key = 0; key < keys; ++key) add_partials(key);
     return;
   }
@@ -152,17 +157,21 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   // need), so there is one per call when the chunks need no sum.
   if (keys == 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+    throw_if_stopped(interrupt);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t idx = 0; idx < tasks; ++idx) run_task(idx, mine);
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (!stop_requested(interrupt)) run_task(idx, mine);
 #pragma omp for schedule(static) nowait
     for (int64_t key = 0; key < keys; ++key) add_partials(key);
   }
+  throw_if_stopped(interrupt);
 }
 
 }  // namespace qkv

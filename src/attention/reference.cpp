@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "attention/row_logits.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 
@@ -19,11 +20,13 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
   const int64_t group = s.H / s.Hkv;
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<double> row(static_cast<std::size_t>(s.M));
+  InterruptScope* const interrupt = InterruptScope::current();  // polled once per query row
 
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < s.N; ++i) {
+        if (stop_requested(interrupt)) throw Interrupted();
         const detail::RowLogits r = detail::row_logits(row.data(), nullptr, mask, q, k, scale, b, h, hk, i);
         const detail::KeyBand band = r.band;
         const bool masked = r.masked;

@@ -10,6 +10,7 @@
 #include "attention/row_logits.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 
@@ -35,10 +36,12 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   }
   // Per row: raw scaled scores x_j, logits l_j, probabilities p_j, and dL/dl_j.
   std::vector<double> x(static_cast<std::size_t>(s.M)), p(x.size()), dl(x.size());
+  InterruptScope* const interrupt = InterruptScope::current();  // polled once per query row
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < s.N; ++i) {
+        if (stop_requested(interrupt)) throw Interrupted();
         const detail::RowLogits r = detail::row_logits(p.data(), x.data(), mask, q, k, scale, b, h, hk, i);
         const detail::KeyBand band = r.band;
         const bool masked = r.masked;

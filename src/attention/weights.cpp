@@ -8,7 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "attention/row_logits.h"
+#include "kernels/mask_eval.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 namespace {
@@ -36,31 +37,53 @@ RowProblem check(TensorView<const float> q, TensorView<const float> k, TensorVie
   return p;
 }
 
-// Fills w[j] (j in [0, M)) with the weights of query row i of (b, h); returns false if the row
-// is fully masked (then w is all 0).
-bool row_weights(std::vector<double>& w, const RowProblem& p, const detail::MaskEval& mask,
-                 TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, int64_t b,
-                 int64_t h, int64_t i) {
-  std::fill(w.begin(), w.end(), 0.0);
-  const detail::RowLogits row = detail::row_logits(w.data(), nullptr, mask, q, k, p.scale, b, h, h / p.group, i);
-  if (row.masked) {
-    std::fill(w.begin(), w.end(), 0.0);
-    return false;
+// q·k in float64 with eight partial sums added in a fixed order: the products of two floats are
+// exact in double, and independent sums let the loop pipeline (one running sum waited ~4 cycles
+// per term: 65,000² keys of 50 dims took minutes). Deterministic: the order never depends on
+// threads.
+double dot_row(const float* q, const float* k, int64_t D, int64_t q_step, int64_t k_step) {
+  double part[8] = {};
+  int64_t d = 0;
+  if (q_step == 1 && k_step == 1) {
+    for (; d + 8 <= D; d += 8)
+      for (int u = 0; u < 8; ++u) part[u] += static_cast<double>(q[d + u]) * k[d + u];
   }
-  double row_lse = 0.0;
-  if (!lse.empty()) {
-    row_lse = lse(b, h, i);
-  } else {
-    double sum = 0.0;
-    for (int64_t j = row.band.lo; j < row.band.hi; ++j) sum += std::exp(w[j] - row.max);
-    row_lse = row.max + std::log(sum);
-  }
-  for (int64_t j = row.band.lo; j < row.band.hi; ++j) w[j] = std::exp(w[j] - row_lse);
-  return true;
+  for (; d < D; ++d) part[d % 8] += static_cast<double>(q[d * q_step]) * k[d * k_step];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
-// Runs fn(b, h, r, w, live) for every chosen row on the option's threads, each row on one thread;
-// live is false for a fully masked row.
+// Fills w[j] (j in [0, M)) with the masked, scaled logits of query row i of (b, h) and returns
+// the row's log-sum-exp (the given lse, else computed); -inf if the row is fully masked (then w
+// is all 0). Weights are exp(w[j] - lse): callers exponentiate only the entries they keep.
+double row_logits(std::vector<double>& w, const RowProblem& p, const detail::MaskEval& mask,
+                  TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, int64_t b,
+                  int64_t h, int64_t i) {
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  std::fill(w.begin(), w.end(), kNegInf);
+  const detail::KeyBand band = mask.band(b, i);
+  const int64_t hk = h / p.group;
+  double row_max = kNegInf;
+  bool saw_nan = false;
+  const float* qi = &q(b, h, i, 0);
+  for (int64_t j = band.lo; j < band.hi; ++j) {
+    const double dot = dot_row(qi, &k(b, hk, j, 0), p.s.D, q.stride(3), k.stride(3));
+    w[j] = mask.adjust(dot * p.scale, b, h, i, j);
+    saw_nan |= std::isnan(w[j]);
+    row_max = std::max(row_max, w[j]);
+  }
+  if (saw_nan) row_max = std::numeric_limits<double>::quiet_NaN();
+  if (band.empty() || row_max == kNegInf) {
+    std::fill(w.begin(), w.end(), 0.0);
+    return kNegInf;
+  }
+  if (!lse.empty()) return lse(b, h, i);
+  double sum = 0.0;
+  for (int64_t j = band.lo; j < band.hi; ++j) sum += std::exp(w[j] - row_max);
+  return row_max + std::log(sum);
+}
+
+// Runs fn(b, h, r, w, row_lse) for every chosen row on the option's threads, each row on one
+// thread, w holding the row's logits (see row_logits); row_lse is -inf for a fully masked row.
 template <class Fn>
 void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const AttentionOptions& options,
                   TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, Fn fn) {
@@ -68,16 +91,20 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
   const int64_t R = static_cast<int64_t>(rows.size());
   const int64_t items = p.s.B * p.s.H * R;
   const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  InterruptScope* const interrupt = InterruptScope::current();  // skips the remaining rows
+  if (interrupt != nullptr) interrupt->set_total(items);
 #pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items))))
   {
     std::vector<double> w(static_cast<std::size_t>(p.s.M));
 #pragma omp for schedule(dynamic, 4)
     for (int64_t item = 0; item < items; ++item) {
+      if (stop_requested(interrupt)) continue;
       const int64_t r = item % R, h = item / R % p.s.H, b = item / R / p.s.H;
-      const bool live = row_weights(w, p, mask, q, k, lse, b, h, rows[r]);
-      fn(b, h, r, w, live);
+      fn(b, h, r, w, row_logits(w, p, mask, q, k, lse, b, h, rows[r]));
+      if (interrupt != nullptr) interrupt->advance();
     }
   }
+  throw_if_stopped(interrupt);
 }
 
 }  // namespace
@@ -88,8 +115,12 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
   const RowProblem p = check(q, k, lse, rows, options);
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(weights.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, p.s.M}, "weights");
-  for_each_row(p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, bool) {
-    for (int64_t j = 0; j < p.s.M; ++j) weights(b, h, r, j) = static_cast<float>(w[j]);
+  for_each_row(p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w,
+                                                double row_lse) {
+    for (int64_t j = 0; j < p.s.M; ++j)
+      weights(b, h, r, j) = row_lse == -std::numeric_limits<double>::infinity()
+                                ? 0.0f
+                                : static_cast<float>(std::exp(w[j] - row_lse));
   });
 }
 
@@ -103,7 +134,8 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   require_shape(indices.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k indices");
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,
-               [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, bool live) {
+               [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
+    const bool live = row_lse != -std::numeric_limits<double>::infinity();
     const int64_t i = rows[r];
     const detail::KeyBand band = mask.band(b, i);
     // Allowed keys: the band minus keys the keep-mask or a -inf bias removes (adjust(0) = -inf),
@@ -116,7 +148,7 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
       return w[x] > w[y] || (w[x] == w[y] && x < y);
     });
     for (int64_t t = 0; t < topk; ++t) {
-      values(b, h, r, t) = t < n ? static_cast<float>(w[keys[t]]) : 0.0f;
+      values(b, h, r, t) = t < n ? static_cast<float>(std::exp(w[keys[t]] - row_lse)) : 0.0f;
       indices(b, h, r, t) = t < n ? keys[t] : -1;
     }
   });

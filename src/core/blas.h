@@ -9,6 +9,11 @@ namespace qkv::detail {
 // c[m, n] = alpha · op(a) · op(b) + beta · c, all row-major with leading dimensions lda, ldb, ldc;
 // op(a) is [m, k] (a stored [k, m] when trans_a), op(b) is [k, n] (b stored [n, k] when trans_b).
 // Empty products (m, n or k = 0) only scale c by beta. Throws qkv::Error if a size exceeds 2^31 - 1.
+// OpenBLAS's process-wide thread count (loading OpenBLAS on first use; see blas.cpp). The setter
+// caps `n` to the workers the address space holds. Throws qkv::Error if OpenBLAS cannot be loaded.
+int blas_num_threads();
+void set_blas_num_threads(int n);
+
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "qkv/out_of_memory.h"
+
 namespace qkv {
 
 float bf16_to_float(bf16 x) {
@@ -54,7 +56,7 @@ void* aligned_alloc_bytes(std::size_t bytes, const std::string& what) {
   std::size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
   void* p = std::aligned_alloc(kTensorAlignment, rounded);
-  if (p == nullptr) throw Error(fmt::format("{}: cannot allocate {} bytes", what, bytes));
+  if (p == nullptr) throw OutOfMemory(what, bytes);
   std::memset(p, 0, rounded);
   return p;
 }

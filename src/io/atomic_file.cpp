@@ -1,4 +1,5 @@
-// write_file_atomically: temporary file beside the target, fsync, rename, fsync the directory.
+// write_file_atomically: resolve the output (qkv/output_file.h); a regular file gets a temporary
+// file beside it, fsync, rename, fsync of the directory.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,9 +11,11 @@
 
 #include <fmt/format.h>
 
+#include "io/atomic_replace.h"
 #include "io/mapped_file.h"
-#include "qkv/error.h"
 #include "qkv/atomic_file.h"
+#include "qkv/error.h"
+#include "qkv/output_file.h"
 
 namespace qkv {
 namespace {
@@ -50,34 +53,36 @@ void write_all(int fd, std::string_view bytes, const std::string& path) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, std::string_view bytes) {
-  if (path.empty()) throw Error("cannot write a file with an empty name");
-  if (path.back() == '/') throw Error(fmt::format("cannot write {}: the name ends in '/'", path));
-  struct stat target {};
-  bool target_exists = ::stat(path.c_str(), &target) == 0;
-  if (target_exists && S_ISDIR(target.st_mode))
-    throw Error(fmt::format("cannot write {}: it is a directory", path));
+void detail::replace_file_atomically(const std::string& path, const OutputTarget& out, std::string_view bytes) {
+  const std::string& target = out.resolved;
+  struct stat st {};
+  const bool target_exists = out.exists && ::stat(target.c_str(), &st) == 0;
 
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = temporary_name(path);
+    tmp = temporary_name(target);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST)
-      throw Error(fmt::format("cannot write {}: cannot create a temporary file in {}: {}", path, directory_of(path),
+      throw Error(fmt::format("cannot write {}: cannot create a temporary file in {}: {}", path, directory_of(target),
                               detail::errno_text(errno)));
   }
-  if (fd < 0) throw Error(fmt::format("cannot write {}: no unused temporary name in {}", path, directory_of(path)));
+  if (fd < 0) throw Error(fmt::format("cannot write {}: no unused temporary name in {}", path, directory_of(target)));
 
   try {
     // Replacing a file keeps its permissions, as an in-place write would.
-    if (target_exists && S_ISREG(target.st_mode)) (void)::fchmod(fd, target.st_mode & 07777);
+    if (target_exists && S_ISREG(st.st_mode)) (void)::fchmod(fd, st.st_mode & 07777);
     write_all(fd, bytes, path);
     if (::fsync(fd) != 0) throw Error(fmt::format("cannot write {}: fsync: {}", path, detail::errno_text(errno)));
     int rc = ::close(fd);
     fd = -1;
     if (rc != 0) throw Error(fmt::format("cannot write {}: close: {}", path, detail::errno_text(errno)));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
+    // Checked again just before the rename: a device or directory that appeared since
+    // resolve_output is never replaced.
+    struct stat now {};
+    if (::lstat(target.c_str(), &now) == 0 && !S_ISREG(now.st_mode))
+      throw Error(fmt::format("cannot write {}: {} is no longer a regular file", path, target));
+    if (::rename(tmp.c_str(), target.c_str()) != 0)
       throw Error(fmt::format("cannot write {}: rename: {}", path, detail::errno_text(errno)));
   } catch (...) {
     if (fd >= 0) ::close(fd);
@@ -86,11 +91,15 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   }
 
   // The rename is durable only once the directory entry is; failing here loses nothing visible.
-  int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = ::open(directory_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     (void)::fsync(dir);
     ::close(dir);
   }
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_output(path, resolve_output(path), bytes);
 }
 
 }  // namespace qkv

@@ -10,6 +10,10 @@
 
 #include <fmt/format.h>
 
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/output_file.h"
+
 namespace qkv {
 namespace {
 
@@ -85,7 +89,9 @@ void save_checkpoint(const std::string& path, const std::vector<NamedView>& tens
     if (!names.insert(name).second) throw Error(fmt::format("checkpoint {}: tensor name {} appears twice", path, name));
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = checksum(tensors, metadata);
-  keep_previous(path);
+  // The previous checkpoint is kept beside the file a symlink points to; a device keeps none.
+  const OutputTarget target = resolve_output(path);
+  if (target.kind == OutputKind::file) keep_previous(target.resolved);
   save_safetensors(path, tensors, meta);
 }
 

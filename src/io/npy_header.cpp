@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -98,10 +99,13 @@ class LiteralParser {
     } else if (c == '{') {
       ++pos_;
       v.kind = PyValue::dict;
+      std::set<std::string> seen;
       while (!eat('}')) {
         PyValue key = value(depth + 1);
         if (key.kind != PyValue::string) fail("a dict key is not a string");
         if (!eat(':')) fail(fmt::format("expected ':' after the key {}", quoted(key.text)));
+        // numpy's literal_eval keeps the last copy of a repeated key; refuse the ambiguity.
+        if (!seen.insert(key.text).second) fail(fmt::format("the key {} appears twice", quoted(key.text)));
         v.entries.push_back(DictEntry{key.text, value(depth + 1)});
         if (!eat(',')) {
           if (eat('}')) break;

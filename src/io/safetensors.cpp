@@ -79,14 +79,22 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
 }
 
 json parse_header_json(std::string_view text, const std::string& path) {
-  // Throwing from the callback bounds the nesting a hostile header can build.
-  json::parser_callback_t limit_depth = [&path](int depth, json::parse_event_t, json&) {
+  // Throwing from the callback bounds the nesting a hostile header can build, and refuses a key
+  // that appears twice in one object: nlohmann keeps the last copy, another reader the first,
+  // so such a header means different tensors to different programs.
+  std::vector<std::set<std::string>> keys;  // one per open object
+  json::parser_callback_t check = [&path, &keys](int depth, json::parse_event_t event, json& parsed) {
     if (depth > kMaxJsonDepth)
       throw Error(fmt::format("{}: the safetensors header nests deeper than {} levels", path, kMaxJsonDepth));
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+      throw Error(fmt::format("{}: the safetensors header has the key {} twice in one object", path,
+                              detail::quoted(parsed.get<std::string>())));
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), limit_depth);
+    return json::parse(text.begin(), text.end(), check);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: the safetensors header is not valid JSON: {}", path, e.what()));
   }

@@ -9,6 +9,7 @@
 
 #include "kernels/mask_eval.h"
 #include "qkv/attention_options.h"
+#include "qkv/interrupt.h"
 
 namespace qkv::kernels {
 
@@ -35,6 +36,9 @@ struct BackwardParams {
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
   int64_t chunk_rows = kBackwardTile, chunks = 1;
   bool single_key_shortcut = true;  // off for AttentionOptions::partial_rows
+  // Checked between key tiles: a task (all keys of a head) can take seconds. A stopped task leaves
+  // its outputs partial; the caller then throws qkv::Interrupted. nullptr: never stops.
+  InterruptScope* interrupt = nullptr;
 };
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.

@@ -49,7 +49,10 @@ class BackwardChunk {
     for (int64_t g = 0; g < group_; ++g) {
       const int64_t h = hk_ * group_ + g;
       pack_chunk(h);
-      for (int64_t j0 = 0; j0 < s_.M; j0 += T) key_tile(h, j0, std::min(T, s_.M - j0));
+      for (int64_t j0 = 0; j0 < s_.M; j0 += T) {
+        if (stop_requested(p_.interrupt)) return;
+        key_tile(h, j0, std::min(T, s_.M - j0));
+      }
       write_dq(h);
     }
     write_key_sums();

@@ -2,6 +2,7 @@
 #include "kernels/fused_forward.h"
 
 #include "kernels/dispatch.h"
+#include "qkv/interrupt.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -84,9 +85,12 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
     return TileTask{bh / s.H, bh % s.H, tile * task_rows};
   };
   const int threads = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items));
+  // A stop request skips the remaining tasks; the caller discards the partial output.
+  InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {
     Workspace& ws = thread_workspace();
-    for (int64_t idx = 0; idx < items; ++idx) fn(p, task_of(idx), ws);
+    for (int64_t idx = 0; idx < items && !stop_requested(interrupt); ++idx) fn(p, task_of(idx), ws);
+    throw_if_stopped(interrupt);
     return;
   }
   // An exception must not leave an OpenMP region (that would terminate the program): the only
@@ -94,6 +98,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   bool failed = false;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t idx = 0; idx < items; ++idx) {
+    if (stop_requested(interrupt)) continue;
     try {
       fn(p, task_of(idx), thread_workspace());
     } catch (...) {
@@ -102,6 +107,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
     }
   }
   if (failed) throw Error("fused attention: cannot allocate the per-thread tile buffers");
+  throw_if_stopped(interrupt);
 }
 
 }  // namespace qkv::kernels

@@ -360,7 +360,10 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
   MappedFile file(path);
   const std::string_view bytes = file.bytes();
   if (bytes.empty()) throw Error(fmt::format("{}: the file is empty", path));
-  Line first = text_line(file, 0, 1);
+  // A UTF-8 byte-order mark (Windows editors write one) is not part of the first word or header.
+  const std::size_t start = bytes.substr(0, 3) == "\xEF\xBB\xBF" ? 3 : 0;
+  if (start == bytes.size()) throw Error(fmt::format("{}: the file holds only a UTF-8 byte-order mark", path));
+  Line first = text_line(file, start, 1);
   std::vector<std::string_view> head = split(first.text);
   int64_t rows = -1, dim = -1;
   bool has_header = head.size() == 2 && parse_count(head[0], &rows) && parse_count(head[1], &dim);
@@ -376,7 +379,7 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
     if (rows == 0) throw Error(fmt::format("{}: line 1: the header declares an empty vocabulary (0 words)", path));
     if (dim == 0) throw Error(fmt::format("{}: line 1: the header declares vectors of 0 dimensions", path));
   }
-  Loaded loaded = format == EmbeddingFormat::glove           ? parse_text(file, 0, 1, -1, -1)
+  Loaded loaded = format == EmbeddingFormat::glove           ? parse_text(file, start, 1, -1, -1)
                   : format == EmbeddingFormat::word2vec_text ? parse_text(file, first.end, 2, rows, dim)
                                                              : parse_binary(file, first.end, rows, dim);
   return Embeddings(std::move(loaded.words), std::move(loaded.matrix));

@@ -1,8 +1,6 @@
 // train_lookup: the training loop of the lookup task, its checkpoints and its evaluation.
 // Everything that shapes the trajectory (weights, AdamW state, step, the sampler's RNG state) goes
 // into the checkpoint, so a resumed run repeats the uninterrupted one bit for bit.
-#include <cblas.h>
-
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -131,10 +129,10 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   check_config(c);
   // OpenBLAS's thread count is process-wide: set it for this run and restore it afterwards.
   struct BlasThreads {
-    int saved = openblas_get_num_threads();
-    ~BlasThreads() { openblas_set_num_threads(saved); }
+    int saved = detail::blas_num_threads();
+    ~BlasThreads() { detail::set_blas_num_threads(saved); }
   } blas_threads;
-  if (c.threads > 0) openblas_set_num_threads(c.threads);
+  if (c.threads > 0) detail::set_blas_num_threads(c.threads);
   AttentionOptions options;
   options.num_threads = c.threads;
 

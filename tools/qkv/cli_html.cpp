@@ -2,10 +2,16 @@
 // sentences never need the float64 explanation and its N×N matrices.
 #include "cli_html.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 #include <utility>
 
 #include "qkv/explain.h"
+#include "qkv/interrupt.h"
 
 namespace qkv::cli {
 namespace {
@@ -32,6 +38,42 @@ Projections project(const EmbeddedSentence& s, const MultiHeadAttention& layer) 
   return p;
 }
 
+// A long page's top-k pass takes seconds to minutes (a row is a pass over every key): a note on
+// stderr shows the rows done, redrawn each second on a terminal, else a line every 10 seconds.
+class ProgressNote {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ProgressNote(const char* what) : what_(what), tty_(::isatty(2) != 0), start_(Clock::now()), last_(start_) {}
+  ~ProgressNote() {
+    if (drawn_ && tty_) std::fputc('\n', stderr);
+  }
+  static bool poll(void* self) {
+    static_cast<ProgressNote*>(self)->draw();
+    return false;  // never stops the call (Ctrl-C ends the process)
+  }
+  InterruptScope* scope = nullptr;
+
+ private:
+  void draw() {
+    const Clock::time_point now = Clock::now();
+    if (now - last_ < (tty_ ? std::chrono::seconds(1) : std::chrono::seconds(10)) || scope == nullptr) return;
+    last_ = now;
+    const int64_t done = scope->done(), total = std::max<int64_t>(scope->total(), 1);
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const double eta = done > 0 ? seconds * static_cast<double>(total - done) / static_cast<double>(done) : 0.0;
+    const double percent = 100.0 * static_cast<double>(done) / static_cast<double>(total);
+    std::fprintf(stderr, "%sqkv: %s: %lld of %lld rows (%.0f%%), %.0f s, about %.0f s left%s", tty_ ? "\r" : "",
+                 what_, static_cast<long long>(done), static_cast<long long>(total), percent, seconds, eta,
+                 tty_ ? "   " : "\n");
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  const char* what_;
+  bool tty_;
+  Clock::time_point start_, last_;
+  bool drawn_ = false;
+};
+
 }  // namespace
 
 std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& layer, const std::string& title,
@@ -43,7 +85,12 @@ std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& laye
   page.tokens = s.tokens;
   // Normalized by the fused kernel's own log-sum-exp: the page shows what the fused path computed.
   const std::array<int64_t, 2> lse_shape{p.cache.lse.dim(1), p.cache.lse.dim(2)};
-  page.top = attention_top_k(p.q, p.k, kPageTopK, {}, TensorView<const float>(p.cache.lse.data(), lse_shape));
+  {
+    ProgressNote note("top weights per row");
+    InterruptScope scope(&ProgressNote::poll, &note);
+    note.scope = &scope;
+    page.top = attention_top_k(p.q, p.k, kPageTopK, {}, TensorView<const float>(p.cache.lse.data(), lse_shape));
+  }
   if (with_output) page.output = Matrix::from_view(p.y.cview(), "contextual vectors");
   return render_top_k_html(page);
 }

@@ -1,7 +1,9 @@
 // Options and set-up shared by the sentence commands (explain, context, compare): embeddings,
 // the out-of-vocabulary policy and the attention layer.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -31,6 +33,96 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
                 "Add sinusoidal positional encodings to X (\"Attention Is All You Need\"), so word order matters");
   weights->excludes(heads)->excludes(dk)->excludes(seed)->excludes(free);
   free->excludes(heads)->excludes(dk)->excludes(seed);
+}
+
+namespace {
+
+constexpr std::size_t kMaxInputBytes = std::size_t{256} << 20;  // far beyond any sentence a page can show
+
+// The whole of `path` ("-": standard input) as text; refuses a directory, an unreadable file and
+// more than kMaxInputBytes, naming `option`.
+std::string read_input(const std::string& path, const std::string& option) {
+  const std::string name = path == "-" ? "standard input" : path;
+  std::FILE* f = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw Error(fmt::format("{} {}: {}", option, name, std::strerror(errno)));
+  std::string text;
+  char buf[1 << 16];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    text.append(buf, n);
+    if (text.size() > kMaxInputBytes) break;
+  }
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  if (f != stdin) std::fclose(f);
+  if (failed) throw Error(fmt::format("{} {}: {}", option, name, std::strerror(err)));
+  if (text.size() > kMaxInputBytes)
+    throw Error(fmt::format("{} {}: more than {} MiB of text", option, name, kMaxInputBytes >> 20));
+  return text;
+}
+
+// The non-blank lines of `text` (compare's two sentences).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) lines.push_back(line);
+    start = end + 1;
+  }
+  return lines;
+}
+
+// A positional sentence "-" is read from standard input.
+CLI::Validator dash_reads_stdin() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (value != "-") return {};
+        try {
+          value = read_input("-", "sentence");
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "", "");
+}
+
+}  // namespace
+
+void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std::string>* sentences,
+                        std::string* sentence) {
+  positional->transform(dash_reads_stdin());
+  const std::size_t expected = sentences != nullptr ? 2 : 1;
+  CLI::Option* input = app->add_option_function<std::string>(
+      "--input",
+      [=](const std::string& path) {
+        const std::string text = read_input(path, "--input");
+        if (sentence != nullptr) {
+          *sentence = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);  // a file's final newline is no part of it
+          return;
+        }
+        std::vector<std::string> lines = lines_of(text);
+        if (lines.size() != expected)
+          throw CLI::ValidationError(fmt::format("--input {}: expected {} non-blank lines (one sentence each), found {}",
+                                                 path, expected, lines.size()));
+        *sentences = std::move(lines);
+      },
+      sentences != nullptr ? "Read the two sentences from FILE, one per line ('-': standard input)"
+                           : "Read the sentence from FILE ('-': standard input), e.g. one longer than the "
+                             "command-line limit");
+  input->excludes(positional);
+  // Given neither way, the sentence is missing: a usage error, as a missing positional is.
+  if (positional->get_required()) {
+    positional->required(false);
+    app->parse_complete_callback([app, positional, input] {
+      if (positional->count() == 0 && input->count() == 0)
+        throw CLI::RequiredError(fmt::format("{} (or --input FILE)", positional->get_name()));
+    });
+  }
 }
 
 bool layer_options_given(const CLI::App* app) {

@@ -15,6 +15,7 @@
 
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "qkv/output_file.h"
 
 namespace qkv::cli {
 
@@ -212,28 +213,30 @@ Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M) {
 }
 
 void check_output_path(const std::string& path, const std::string& option) {
-  if (path.empty()) throw Error(option + ": empty file name");
-  if (path.back() == '/') throw Error(fmt::format("{} {}: names a directory, not a file", option, path));
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    throw Error(fmt::format("{} {}: is a directory", option, path));
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw Error(fmt::format("{} {}: directory {} does not exist", option, path, dir));
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw Error(fmt::format("{} {}: directory {} is not writable", option, path, dir));
+  try {
+    (void)resolve_output(path);
+  } catch (const Error& e) {
+    // "cannot write X: why" -> "--out X: why", the option being what the user typed.
+    std::string message = e.what();
+    const std::string prefix = "cannot write ";
+    if (message.rfind(prefix, 0) == 0) message.replace(0, prefix.size(), option + " ");
+    else message = option + ": " + message;
+    throw Error(message);
+  }
 }
 
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
   std::set<std::string> seen;
   for (const auto& f : files)
     if (!seen.insert(f.first).second) throw Error(fmt::format("{}: named for two outputs", f.first));
+  std::vector<OutputTarget> targets;
+  for (const auto& f : files) targets.push_back(resolve_output(f.first));
+  // Only files this call wrote are removed on failure; a device or stdout is never ours to remove.
   std::vector<std::string> written;
   try {
-    for (const auto& [path, bytes] : files) {
-      write_file_atomically(path, bytes);
-      written.push_back(path);
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      write_output(files[i].first, targets[i], files[i].second);
+      if (targets[i].kind == OutputKind::file) written.push_back(targets[i].resolved);
     }
   } catch (...) {
     for (const std::string& path : written) std::remove(path.c_str());

@@ -64,8 +64,8 @@ void add_mask_options(CLI::App* app, MaskArgs& args);
 // naming the option and file.
 Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M);
 
-// Checks that `path` (given to `option`) can be written: not a directory, its directory exists.
-// Cheap, run before computing. The write itself is atomic.
+// Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h;
+// throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before computing.
 void check_output_path(const std::string& path, const std::string& option);
 
 // Writes `bytes` to standard output and flushes, throwing qkv::Error if either fails (a closed
@@ -98,6 +98,12 @@ std::string default_embeddings_rule();
 // The last component of `path`: what pages and headers show, so no page embeds where the user's
 // files live.
 std::string file_name(const std::string& path);
+// Lets the sentence(s) of `positional` (stored in `sentence`, or in `sentences` for two) also come
+// from `--input FILE` (whole file; two non-blank lines for two sentences) or standard input ("-"
+// as --input's file or as the positional itself), e.g. sentences beyond the command-line length
+// limit. A required positional stays required unless --input is given.
+void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std::string>* sentences,
+                        std::string* sentence);
 // True if any layer option (--weights, --heads, --dk, --seed, --parameter-free, --oov) was given.
 bool layer_options_given(const CLI::App* app);
 OovPolicy oov_policy(const SentenceArgs& args);

@@ -139,7 +139,8 @@ Command add_compare(CLI::App& app) {
       "Cosine similarity of one word's static and contextual vectors across two sentences,\n"
       "e.g. --word bank \"I went to the bank to deposit money\" \"We sat by the river bank\".");
   sub->add_option("--word", args->word, "The word to compare (it must occur in both sentences)")->required();
-  sub->add_option("sentences", args->sentences, "The two sentences")->required()->expected(2);
+  add_sentence_input(sub, sub->add_option("sentences", args->sentences, "The two sentences")->required()->expected(2),
+                     &args->sentences, nullptr);
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   sub->add_flag("--json", args->json, "Print the result as JSON");
   sub->add_option("--html", args->html, "Also write a self-contained HTML page: the word's weights side by side");

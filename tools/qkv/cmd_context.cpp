@@ -92,7 +92,8 @@ Command add_context(CLI::App& app) {
       "context",
       "One contextual vector per token: the sentence's static embeddings through self-attention.\n"
       "The layer is random and seeded (--seed, --heads, --dk), loaded (--weights) or parameter-free.");
-  sub->add_option("sentence", args->sentence, "The sentence")->required();
+  add_sentence_input(sub, sub->add_option("sentence", args->sentence, "The sentence ('-': standard input)")->required(),
+                     nullptr, &args->sentence);
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   sub->add_option("--format", args->format, "table (default), json, or npy (float32 [N, width]; needs --out)")
       ->check(CLI::IsMember({"table", "json", "npy"}));

@@ -30,7 +30,7 @@ struct ExplainArgs {
 
 void validate(const CLI::App* sub, ExplainArgs& a) {
   const bool has_embeddings = sub->count("--embeddings") > 0;
-  const bool has_sentence = sub->get_option("sentence")->count() > 0;
+  const bool has_sentence = sub->get_option("sentence")->count() > 0 || sub->count("--input") > 0;
   if (has_embeddings && a.sentence_args.embeddings.empty()) usage_error("--embeddings: empty file name");
   if (!a.example.empty() && (has_embeddings || has_sentence))
     usage_error("explain: --example shows a built-in example; it takes no sentence and no --embeddings");
@@ -105,7 +105,8 @@ Command add_explain(CLI::App& app) {
       "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
       "\"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free), its words looked up in\n"
       "--embeddings F (" + default_embeddings_rule() + ").");
-  sub->add_option("sentence", args->sentence, "The sentence to explain (its words looked up in --embeddings)");
+  add_sentence_input(sub, sub->add_option("sentence", args->sentence, "The sentence to explain (its words looked up in --embeddings)"),
+                     nullptr, &args->sentence);
   std::string names;
   for (const std::string& n : example_names()) names += (names.empty() ? "" : ", ") + n;
   sub->add_option("--example", args->example, "A built-in worked example: " + names)

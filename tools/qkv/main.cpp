@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
     }
     fmt::print(stderr, "qkv: {}\n", e.what());
     return 2;
+  } catch (const qkv::Error& e) {  // an option read at parse time (--input FILE) failed
+    fmt::print(stderr, "qkv: error: {}\n", e.what());
+    return 1;
   }
   try {
     for (const auto& command : commands)

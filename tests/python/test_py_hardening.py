@@ -1,0 +1,192 @@
+"""Issue 17 through the Python module: embeddings text with a byte-order mark or non-UTF-8 words,
+Ctrl-C during a long call, a MultiHeadAttention shared by threads, and tight memory."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import qkv
+from py_oracle import rng_for, seed_note
+
+
+# ---- embeddings text (cause 2) ----
+
+def test_byte_order_mark_is_skipped(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbfthe 1 2\nbank 3 4\n")
+    words, matrix = qkv.load_embeddings(str(path))
+    assert words == ["the", "bank"]
+    assert qkv.Embeddings.load(str(path)).find("the") == 0
+
+
+@pytest.mark.parametrize("fmt", ["glove", "word2vec_text"])
+def test_non_utf8_word_names_the_file_and_line(tmp_path, fmt):
+    path = tmp_path / "latin1.txt"
+    header = b"3 2\n" if fmt == "word2vec_text" else b""
+    path.write_bytes(header + b"the 1 2\n\ncaf\xe9 3 4\nbank 5 6\n")
+    line = 4 if fmt == "word2vec_text" else 3
+    for load in (qkv.load_embeddings, qkv.Embeddings.load):
+        with pytest.raises(ValueError) as err:
+            load(str(path))
+        message = str(err.value)
+        assert str(path) in message and f"line {line}" in message and "not valid UTF-8" in message, message
+        assert "caf\\xe9" in message, message
+
+
+def test_non_utf8_word_in_a_binary_file_names_the_word(tmp_path):
+    path = tmp_path / "latin1.bin"
+    row = lambda w, a: w + b" " + np.array(a, dtype="<f4").tobytes() + b"\n"  # noqa: E731
+    path.write_bytes(b"2 2\n" + row(b"the", [1, 2]) + row(b"\xff\xfe", [3, 4]))
+    with pytest.raises(ValueError, match=r"word 2\b.*: the word '\\xff\\xfe' is not valid UTF-8"):
+        qkv.load_embeddings(str(path), format="word2vec_binary")
+
+
+# ---- Ctrl-C during a long call (cause 4) ----
+
+LONG_CALLS = {
+    # Each runs for many seconds; a call that ends before the signal 1 s in prints "finished" and fails.
+    "reference": """
+        q = rng.standard_normal((1, 16, 4096, 64)); k = rng.standard_normal((1, 16, 4096, 64))
+        v = rng.standard_normal((1, 16, 4096, 64))
+        call = lambda: qkv.scaled_dot_product_attention(q, k, v, kernel="reference")""",
+    "fused": """
+        q = rng.standard_normal((1, 8, 32768, 64)).astype(np.float32); k = q.copy(); v = q.copy()
+        call = lambda: qkv.scaled_dot_product_attention(q, k, v, num_threads=1)""",
+    "backward": """
+        q = rng.standard_normal((1, 8, 16384, 64)).astype(np.float32); k = q.copy(); v = q.copy()
+        out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse=True, num_threads=1)
+        call = lambda: qkv.attention_backward(q, k, v, out, out=out, lse=lse, num_threads=1)""",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_CALLS))
+def test_ctrl_c_interrupts_a_long_call_promptly(kind):
+    script = textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        import qkv
+        rng = np.random.default_rng(0)
+    """) + textwrap.dedent(LONG_CALLS[kind]) + textwrap.dedent("""
+        print("start", flush=True)
+        t0 = time.monotonic()
+        result = None
+        try:
+            result = call()
+        except KeyboardInterrupt:
+            print(f"interrupted after {time.monotonic() - t0:.2f}s result={result!r}", flush=True)
+            sys.exit(3)
+        print(f"finished after {time.monotonic() - t0:.2f}s", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert proc.stdout.readline().strip() == "start", proc.stderr.read()
+        time.sleep(1.0)  # well inside the call
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        proc.kill()
+    print(f"{kind}: {out.strip()}; the process ended {waited:.2f} s after SIGINT")
+    assert proc.returncode == 3, (out, err)
+    assert "interrupted" in out and "result=None" in out, out
+    # Poll interval 20 ms plus one task; generous for a machine loaded by other agents.
+    assert waited < 3.0, f"the call took {waited:.2f}s to stop after SIGINT"
+
+
+def test_interrupt_does_not_fire_without_a_signal():
+    rng = rng_for(17)
+    q = rng.standard_normal((1, 2, 300, 16))
+    a = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
+    b = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
+    assert np.array_equal(a, b)
+
+
+# ---- a layer shared by threads (cause 4) ----
+
+def _forward_backward(layer, x, dy):
+    y = layer.forward(x)
+    dx = layer.backward(dy)
+    return y, dx, layer.grads
+
+
+def test_layer_shared_by_threads_keeps_each_threads_forward():
+    rng = rng_for(170)
+    E = 16
+    layer = qkv.MultiHeadAttention(embed_dim=E, num_heads=2, seed=int(rng.integers(1 << 30)))
+    # Different N per thread: a shared "last forward" gives shape errors, equal N wrong gradients.
+    jobs = []
+    for t in range(6):
+        n = 3 + (t % 3)
+        jobs.append((rng.standard_normal((n, E)).astype(np.float32), rng.standard_normal((n, E)).astype(np.float32)))
+    expected = [_forward_backward(layer, x, dy) for x, dy in jobs]
+    errors = []
+    barrier = threading.Barrier(len(jobs))
+
+    def work(i):
+        x, dy = jobs[i]
+        barrier.wait()
+        try:
+            for _ in range(30):
+                y, dx, grads = _forward_backward(layer, x, dy)
+                assert np.array_equal(y, expected[i][0]) and np.array_equal(dx, expected[i][1])
+                for name, g in expected[i][2].items():
+                    assert np.array_equal(grads[name], g), name
+        except Exception as e:  # noqa: BLE001 (reported below with the thread)
+            errors.append(f"thread {i}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [], f"{errors} ({seed_note(170)})"
+
+
+def test_backward_without_a_forward_in_this_thread_is_refused():
+    layer = qkv.MultiHeadAttention(embed_dim=4, num_heads=1)
+    layer.forward(np.ones((2, 4), np.float32))
+    got = []
+
+    def other():
+        try:
+            layer.backward(np.ones((2, 4), np.float32))
+        except ValueError as e:
+            got.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert got and "no forward" in got[0]
+    layer.backward(np.ones((2, 4), np.float32))  # this thread's forward is still there
+
+
+# ---- tight memory (cause 5) ----
+
+def test_out_of_memory_is_a_memory_error_with_the_size():
+    # In a child capped at 1.2 GB: explain() of 8,000 tokens needs 3 x 8000^2 float64 per head
+    # (a bare std::bad_alloc before), and a layer of width 65,536 a 16 GiB w_q (a ValueError before).
+    script = textwrap.dedent("""
+        import resource, numpy as np, qkv
+        resource.setrlimit(resource.RLIMIT_AS, (1200 << 20, resource.RLIM_INFINITY))
+        for call in (lambda: qkv.explain(tokens=["a"] * 8000, x=np.ones((8000, 4))),
+                     lambda: qkv.MultiHeadAttention(embed_dim=1 << 16)):
+            try:
+                call()
+                print("no error")
+            except MemoryError as e:
+                print("MemoryError:", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, (proc.stdout, proc.stderr)
+    assert "8000 tokens" in lines[0] and "cannot allocate 1536000000 bytes" in lines[0], lines[0]
+    assert "w_q: cannot allocate 17179869184 bytes (out of memory)" in lines[1], lines[1]
