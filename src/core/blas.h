@@ -14,6 +14,21 @@ namespace qkv::detail {
 int blas_num_threads();
 void set_blas_num_threads(int n);
 
+// OpenBLAS's thread count is process-wide: sets it to n (if n > 0) for a scope and restores the
+// previous count at the end.
+class ScopedBlasThreads {
+ public:
+  explicit ScopedBlasThreads(int n) : saved_(blas_num_threads()) {
+    if (n > 0) set_blas_num_threads(n);
+  }
+  ~ScopedBlasThreads() { set_blas_num_threads(saved_); }
+  ScopedBlasThreads(const ScopedBlasThreads&) = delete;
+  ScopedBlasThreads& operator=(const ScopedBlasThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -2,7 +2,6 @@
 // the parameter-free layer and the mean-of-context guess (include/qkv/masked_word.h).
 #include "qkv/masked_word.h"
 
-#include <cblas.h>
 
 #include <chrono>
 #include <cmath>
@@ -10,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/blas.h"
 #include "train/masked_word_data.h"
 #include "train/progress.h"
 #include "qkv/error.h"
@@ -65,11 +65,7 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c, const std::functio
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   check_config(c);
-  struct BlasThreads {  // OpenBLAS's thread count is process-wide: restore it afterwards
-    int saved = openblas_get_num_threads();
-    ~BlasThreads() { openblas_set_num_threads(saved); }
-  } blas_threads;
-  if (c.threads > 0) openblas_set_num_threads(c.threads);
+  const detail::ScopedBlasThreads blas_threads(c.threads);
   AttentionOptions options;
   options.num_threads = c.threads;
 

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/blas.h"
 #include "train/lookup_task.h"
 #include "train/progress.h"
 #include "qkv/checkpoint.h"
@@ -127,12 +128,7 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start_time = Clock::now();
   check_config(c);
-  // OpenBLAS's thread count is process-wide: set it for this run and restore it afterwards.
-  struct BlasThreads {
-    int saved = detail::blas_num_threads();
-    ~BlasThreads() { detail::set_blas_num_threads(saved); }
-  } blas_threads;
-  if (c.threads > 0) detail::set_blas_num_threads(c.threads);
+  const detail::ScopedBlasThreads blas_threads(c.threads);
   AttentionOptions options;
   options.num_threads = c.threads;
 
