@@ -17,37 +17,28 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);
-  const int64_t group = s.H / s.Hkv;
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<double> row(static_cast<std::size_t>(s.M));
-  InterruptScope* const interrupt = InterruptScope::current();  // polled once per query row
-
-  for (int64_t b = 0; b < s.B; ++b) {
-    for (int64_t h = 0; h < s.H; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < s.N; ++i) {
-        if (stop_requested(interrupt)) throw Interrupted();
-        const detail::RowLogits r = detail::row_logits(row.data(), nullptr, mask, q, k, scale, b, h, hk, i);
-        const detail::KeyBand band = r.band;
-        const bool masked = r.masked;
-        const double row_max = r.max;
-        const double sum = masked ? 0.0 : detail::exp_in_place(row.data(), r);
-        for (int64_t e = 0; e < s.Dv; ++e) {
-          double acc = 0.0;
-          if (!masked)
-            for (int64_t j = band.lo; j < band.hi; ++j) acc += row[j] * v(b, hk, j, e);
-          out(b, h, i, e) = masked ? 0.0 : acc / sum;
-        }
-        if (!lse.empty()) lse(b, h, i) = masked ? kNegInf : row_max + std::log(sum);
-        if (!weights.empty()) {
-          for (int64_t j = 0; j < s.M; ++j) {
-            const bool in_band = !masked && j >= band.lo && j < band.hi;
-            weights(b, h, i, j) = in_band ? row[j] / sum : 0.0;
-          }
-        }
+  detail::for_each_query_row(s, [&](int64_t b, int64_t h, int64_t hk, int64_t i) {
+    const detail::RowLogits r = detail::row_logits(row.data(), nullptr, mask, q, k, scale, b, h, hk, i);
+    const detail::KeyBand band = r.band;
+    const bool masked = r.masked;
+    const double row_max = r.max;
+    const double sum = masked ? 0.0 : detail::exp_in_place(row.data(), r);
+    for (int64_t e = 0; e < s.Dv; ++e) {
+      double acc = 0.0;
+      if (!masked)
+        for (int64_t j = band.lo; j < band.hi; ++j) acc += row[j] * v(b, hk, j, e);
+      out(b, h, i, e) = masked ? 0.0 : acc / sum;
+    }
+    if (!lse.empty()) lse(b, h, i) = masked ? kNegInf : row_max + std::log(sum);
+    if (!weights.empty()) {
+      for (int64_t j = 0; j < s.M; ++j) {
+        const bool in_band = !masked && j >= band.lo && j < band.hi;
+        weights(b, h, i, j) = in_band ? row[j] / sum : 0.0;
       }
     }
-  }
+  });
 }
 
 }  // namespace qkv

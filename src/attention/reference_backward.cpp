@@ -25,7 +25,6 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   const double scale = attention_scale(options.scale, s.D);
   const double cap = options.mask.softcap;
   const detail::MaskEval mask(options.mask, s);
-  const int64_t group = s.H / s.Hkv;
 
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.Hkv; ++h)
@@ -36,46 +35,39 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   }
   // Per row: raw scaled scores x_j, logits l_j, probabilities p_j, and dL/dl_j.
   std::vector<double> x(static_cast<std::size_t>(s.M)), p(x.size()), dl(x.size());
-  InterruptScope* const interrupt = InterruptScope::current();  // polled once per query row
-  for (int64_t b = 0; b < s.B; ++b) {
-    for (int64_t h = 0; h < s.H; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < s.N; ++i) {
-        if (stop_requested(interrupt)) throw Interrupted();
-        const detail::RowLogits r = detail::row_logits(p.data(), x.data(), mask, q, k, scale, b, h, hk, i);
-        const detail::KeyBand band = r.band;
-        const bool masked = r.masked;
-        const double sum = masked ? 0.0 : detail::exp_in_place(p.data(), r);
-        // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i).
-        double row_dot = 0.0;
-        for (int64_t j = band.lo; j < band.hi && !masked; ++j) {
-          p[j] /= sum;
-          double dp = 0.0;
-          for (int64_t e = 0; e < s.Dv; ++e) dp += dout(b, h, i, e) * v(b, hk, j, e);
-          dl[j] = dp;
-          row_dot += p[j] * dp;
-        }
-        for (int64_t d = 0; d < s.D; ++d) dq(b, h, i, d) = 0.0;
-        if (!dbias.empty())
-          for (int64_t j = 0; j < s.M; ++j) dbias(b, h, i, j) = 0.0;
-        if (masked) continue;
-        for (int64_t j = band.lo; j < band.hi; ++j) {
-          dl[j] = p[j] * (dl[j] - row_dot);
-          if (!dbias.empty()) dbias(b, h, i, j) = dl[j];
-          double ds = dl[j];  // dL/dx_j: through softcap's tanh when it is on
-          if (cap > 0) {
-            const double t = std::tanh(x[j] / cap);
-            ds *= 1.0 - t * t;
-          }
-          for (int64_t d = 0; d < s.D; ++d) {
-            dq(b, h, i, d) += scale * ds * k(b, hk, j, d);
-            dk(b, hk, j, d) += scale * ds * q(b, h, i, d);
-          }
-          for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += p[j] * dout(b, h, i, e);
-        }
-      }
+  detail::for_each_query_row(s, [&](int64_t b, int64_t h, int64_t hk, int64_t i) {
+    const detail::RowLogits r = detail::row_logits(p.data(), x.data(), mask, q, k, scale, b, h, hk, i);
+    const detail::KeyBand band = r.band;
+    const bool masked = r.masked;
+    const double sum = masked ? 0.0 : detail::exp_in_place(p.data(), r);
+    // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i).
+    double row_dot = 0.0;
+    for (int64_t j = band.lo; j < band.hi && !masked; ++j) {
+      p[j] /= sum;
+      double dp = 0.0;
+      for (int64_t e = 0; e < s.Dv; ++e) dp += dout(b, h, i, e) * v(b, hk, j, e);
+      dl[j] = dp;
+      row_dot += p[j] * dp;
     }
-  }
+    for (int64_t d = 0; d < s.D; ++d) dq(b, h, i, d) = 0.0;
+    if (!dbias.empty())
+      for (int64_t j = 0; j < s.M; ++j) dbias(b, h, i, j) = 0.0;
+    if (masked) return;
+    for (int64_t j = band.lo; j < band.hi; ++j) {
+      dl[j] = p[j] * (dl[j] - row_dot);
+      if (!dbias.empty()) dbias(b, h, i, j) = dl[j];
+      double ds = dl[j];  // dL/dx_j: through softcap's tanh when it is on
+      if (cap > 0) {
+        const double t = std::tanh(x[j] / cap);
+        ds *= 1.0 - t * t;
+      }
+      for (int64_t d = 0; d < s.D; ++d) {
+        dq(b, h, i, d) += scale * ds * k(b, hk, j, d);
+        dk(b, hk, j, d) += scale * ds * q(b, h, i, d);
+      }
+      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += p[j] * dout(b, h, i, e);
+    }
+  });
 }
 
 }  // namespace qkv

@@ -7,6 +7,8 @@
 #include <limits>
 
 #include "kernels/mask_eval.h"
+#include "qkv/attention_options.h"
+#include "qkv/interrupt.h"
 #include "qkv/tensor.h"
 
 namespace qkv::detail {
@@ -52,6 +54,20 @@ inline double exp_in_place(double* logit, const RowLogits& row) {
     sum += logit[j];
   }
   return sum;
+}
+
+// Calls f(b, h, hk, i) for every query row (hk: the row's kv head) in a fixed order, checking
+// before each row whether the caller asked to stop (qkv::Interrupted): the oracles' row loop.
+template <class F>
+void for_each_query_row(const AttentionShape& s, F&& f) {
+  InterruptScope* const interrupt = InterruptScope::current();
+  const int64_t group = s.H / s.Hkv;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t i = 0; i < s.N; ++i) {
+        if (stop_requested(interrupt)) throw Interrupted();
+        f(b, h, h / group, i);
+      }
 }
 
 }  // namespace qkv::detail

@@ -17,7 +17,7 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
   app->add_option("--embeddings", args.embeddings,
                   "Static word embeddings: GloVe text, word2vec text or binary (told apart by content); " +
                       default_embeddings_rule());
-  if (embeddings_required) app->parse_complete_callback([&args] { resolve_default_embeddings(args); });
+  if (embeddings_required) on_parse_complete(app, [&args] { resolve_default_embeddings(args); });
   app->add_option("--oov", args.oov, "Out-of-vocabulary words: error (list them), zero (zero vector) or skip")
       ->check(CLI::IsMember({"error", "zero", "skip"}));
   CLI::Option* weights =
@@ -118,7 +118,7 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
   // Given neither way, the sentence is missing: a usage error, as a missing positional is.
   if (positional->get_required()) {
     positional->required(false);
-    app->parse_complete_callback([app, positional, input] {
+    on_parse_complete(app, [positional, input] {
       if (positional->count() == 0 && input->count() == 0)
         throw CLI::RequiredError(fmt::format("{} (or --input FILE)", positional->get_name()));
     });

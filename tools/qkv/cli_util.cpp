@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <map>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -247,6 +249,18 @@ void write_outputs(const std::vector<std::pair<std::string, std::string>>& files
 void write_stdout(std::string_view bytes) {
   std::fwrite(bytes.data(), 1, bytes.size(), stdout);
   if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("cannot write to standard output");
+}
+
+void on_parse_complete(CLI::App* app, std::function<void()> check) {
+  static std::map<CLI::App*, std::shared_ptr<std::vector<std::function<void()>>>> checks;
+  std::shared_ptr<std::vector<std::function<void()>>>& list = checks[app];
+  if (!list) {
+    list = std::make_shared<std::vector<std::function<void()>>>();
+    app->parse_complete_callback([all = list] {
+      for (const std::function<void()>& f : *all) f();
+    });
+  }
+  list->push_back(std::move(check));
 }
 
 }  // namespace qkv::cli

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -67,6 +68,10 @@ Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M);
 // Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h;
 // throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before computing.
 void check_output_path(const std::string& path, const std::string& option);
+
+// Adds `check` to what runs when `app`'s parsing completes, after the checks added before it
+// (CLI11 keeps only one parse-complete callback per app; two features both need one).
+void on_parse_complete(CLI::App* app, std::function<void()> check);
 
 // Writes `bytes` to standard output and flushes, throwing qkv::Error if either fails (a closed
 // pipe or a full disk must not end in exit code 0).
