@@ -52,8 +52,8 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
                        TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options = {});
 
 // The same with bf16 q, k, v: products accumulate in fp32 (AVX512_BF16 dot products where the CPU
-// has them, else the inputs are widened to fp32), so results equal attention on the inputs widened
-// to fp32 up to fp32 rounding plus bf16 rounding of the softmax weights on the AVX512_BF16 path.
+// has them, else the inputs are widened to fp32) and P·V runs in fp32, so results equal attention
+// on the inputs widened to fp32 up to fp32 rounding.
 // Kernel::reference widens the inputs and runs the float64 reference.
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
                        TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});

@@ -5,7 +5,7 @@
 // The scores of a key block are computed transposed, Sᵀ [keys x queries], so that each vector
 // lane is one query row: the row max, the exponentials and the row sums are then plain vertical
 // vector operations, and both block products fit the one micro-kernel (microkernel.h):
-//   Sᵀ = K · (scale·Q)ᵀ   (A = rows of K read in place through their strides, B = packed Qᵀ)
+//   Sᵀ = scale·(K · Qᵀ)   (A = rows of K read in place through their strides, B = packed Qᵀ)
 //   O  = alpha ⊙ O + P · V (A = Pᵀ read transposed,                          B = rows of V)
 // Softmax runs in base 2 with the running max m kept in natural units: p = 2^((s − m)·log2e).
 //
@@ -123,8 +123,10 @@ class ForwardTile {
     else return b;
   }
 
-  // qt [D x bq] = scale · Q tileᵀ (Pairs: [D/2 x bq] pairs of Q unscaled, since scaling would
-  // round again); lanes past the last row are zero.
+  // qt [D x bq] = Q tileᵀ (Pairs: [D/2 x bq] pairs of Q); lanes past the last row are zero. Q is
+  // not scaled here: scores() scales q·k once, as PyTorch's composite does. Rounding scale·q first
+  // added one rounding per term, which at scores of ~100 (q·50) made out 1.3× less accurate than
+  // twice the composite's error (FlashAttention's rule; tests/large_score_test.cpp).
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
     int64_t d0 = 0;
@@ -133,7 +135,7 @@ class ForwardTile {
         for (; d0 + 16 <= s_.D; d0 += 16)
           for (int64_t r0 = 0; r0 < lanes; r0 += 16)
             Ops::transpose16(q_ + (i0_ + r0) * p_.sq[2] + d0, p_.sq[2], std::min<int64_t>(16, rows_ - r0),
-                             qt_ + d0 * bq_ + r0, bq_, p_.scale);
+                             qt_ + d0 * bq_ + r0, bq_, 1.0f);
       }
     }
     for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
@@ -144,7 +146,7 @@ class ForwardTile {
           const bool has_hi = 2 * d + 1 < s_.D;
           qt[r] = pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{});
         } else {
-          qt[r] = widen(q[d * p_.sq[3]]) * p_.scale;
+          qt[r] = widen(q[d * p_.sq[3]]);
         }
       }
       std::fill(qt + rows_, qt + lanes, Elem{});
@@ -159,7 +161,7 @@ class ForwardTile {
     accumulate(j0, nb, interior);
   }
 
-  // st [nb x bq] = K[j0 : j0+nb] · qt (then · scale for Pairs).
+  // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice (the backward computes the same bits).
   void scores(int64_t j0, int64_t nb) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
@@ -194,7 +196,7 @@ class ForwardTile {
     g.c = st_;
     g.ldc = bq_;
     gemm_blocked<Ops, Dot>(g, nb, qvecs_);
-    if constexpr (Pairs) {
+    {
       const V scale = Ops::set1(p_.scale);
       for (int64_t jj = 0; jj < nb; ++jj)
         for (int64_t g0 = 0; g0 < qvecs_ * L; g0 += L)
