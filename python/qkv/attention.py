@@ -43,10 +43,12 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
       float32 - computed by qkv's fp32 kernel (zero-copy; results float32);
       float64 - computed by the float64 reference (results float64);
       uint16  - read as bfloat16 bit patterns (zero-copy) and run by the bf16 kernel: q·k
-                products are exact and accumulate in fp32 (vdpbf16ps on CPUs with AVX512_BF16,
-                else the inputs are widened to fp32), and P·V runs in fp32, so the result agrees
-                with float32 attention on the widened inputs to fp32 rounding (measured <= 5e-7
-                relative to 1 + max|out|). Results float32.
+                products are exact and accumulate in fp32; on CPUs with AVX512_BF16 the softmax
+                weights are rounded to bf16 for P·V (vdpbf16ps), so the result differs from
+                float32 attention on the widened inputs by about 5e-4 relative to 1 + max|out|
+                (N(0, 1) inputs), within FlashAttention's rule: at most twice the error of
+                PyTorch's bf16 composite plus 1e-5. Without AVX512_BF16 the inputs are widened
+                and the float32 kernel runs (fp32 rounding). Results float32.
     Any strides are read in place without copying (transposed [B, N, H, D] views, slices,
     negative steps, np.broadcast_to); only arrays numpy marks as unaligned are copied first.
 

@@ -10,10 +10,10 @@
 // Softmax runs in base 2 with the running max m kept in natural units: p = 2^((s − m)·log2e).
 //
 // Inputs are fp32 or bf16 (In). bf16 inputs are widened to fp32 block by block, except that with
-// Pairs (AVX512_BF16) S = Q·Kᵀ multiplies the bf16 pairs of Q and K as given by vdpbf16ps (fp32
-// sums). P·V stays in fp32 (V widened): rounding P to bf16 as well would be about 1.2x faster on
-// S3/S4, but its error alone is as large as that of rounding the inputs, and together they broke
-// the "within 2x of the input rounding error" promise in about 1 run in 8 (FusedBf16 test).
+// Pairs (AVX512_BF16) both products run on bf16 pairs with vdpbf16ps (fp32 sums): S = Q·Kᵀ on the
+// inputs as given, and P·V with P rounded to bf16 (2^-9 relative), which keeps the bf16 path
+// within FlashAttention's rule for low precision (attention.h): PyTorch's bf16 composite rounds
+// the scores, P and out to bf16 as well.
 #pragma once
 
 namespace qkv::kernels {
@@ -69,7 +69,11 @@ class ForwardTile {
     qt_ = ws.get<Elem>(0, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(1, static_cast<std::size_t>(kBc * bq_));
     o_ = ws.get<float>(2, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
-    vpack_ = v_direct_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    vpack_ = v_direct_ || Pairs ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    if constexpr (Pairs) {
+      vpairs_ = ws.get<uint32_t>(3, static_cast<std::size_t>(kBc / 2 * dvp_));
+      ppairs_ = ws.get<uint32_t>(7, static_cast<std::size_t>(kBc / 2 * bq_));
+    }
     kpack_ = k_direct_ ? nullptr : ws.get<Elem>(5, static_cast<std::size_t>(kBc * dk_));
     float* stats = ws.get<float>(4, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
     m_ = stats;
@@ -266,6 +270,10 @@ class ForwardTile {
       accumulate_rows_in_band(v, j0, nb, first);
       return;
     }
+    if constexpr (Pairs) {
+      accumulate_pairs(v, nb, first);
+      return;
+    }
     GemmArgs<float, float> g;
     g.kdim = nb;
     g.a = st_;
@@ -283,6 +291,40 @@ class ForwardTile {
     g.ldc = dvp_;
     g.alpha = first ? nullptr : alpha_;  // the first block writes O, so O needs no zeroing
     gemm_blocked<Ops>(g, rows_, dvp_ / L);
+  }
+
+  // O = alpha ⊙ O + P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
+  // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key).
+  void accumulate_pairs(const In* v, int64_t nb, bool first) {
+    using Dot = typename Ops::PairDot;
+    const int64_t kp = (nb + 1) / 2, lanes = qvecs_ * L;
+    if (nb % 2 == 1) std::fill(st_ + nb * bq_, st_ + nb * bq_ + lanes, 0.0f);  // nb < kBc: room
+    for (int64_t k = 0; k < kp; ++k)
+      for (int64_t g = 0; g < lanes; g += L)
+        Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
+    const int64_t sm = p_.sv[2], se = p_.sv[3];
+    const int64_t full = se == 1 ? s_.Dv / L * L : 0;
+    for (int64_t k = 0; k < kp; ++k) {
+      const In* lo = v + 2 * k * sm;
+      const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
+      uint32_t* dst = vpairs_ + k * dvp_;
+      for (int64_t e = 0; e < full; e += L)
+        Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e), hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr,
+                        dst + e);
+      for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
+      std::fill(dst + s_.Dv, dst + dvp_, 0u);
+    }
+    GemmArgs<uint32_t, uint32_t> g;
+    g.kdim = kp;
+    g.a = ppairs_;
+    g.a_row = 1;
+    g.a_k = bq_;
+    g.b = vpairs_;
+    g.ldb = dvp_;
+    g.c = o_;
+    g.ldc = dvp_;
+    g.alpha = first ? nullptr : alpha_;
+    gemm_blocked<Ops, Dot>(g, rows_, dvp_ / L);
   }
 
   // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
@@ -361,6 +403,7 @@ class ForwardTile {
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
   Elem *qt_, *kpack_;
+  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr;  // Pairs only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import qkv
-from py_oracle import rng_for, seed_note
+from py_oracle import as4, random_case, rng_for, seed_note, torch_scores
 
 HEADS = (9, 9, 3, 1)  # kv heads for 9 query heads: MHA, MHA, GQA 3, MQA
 LENGTHS = (1, 3, 17, 64, 113, 128, 239)
@@ -99,3 +99,44 @@ def test_fp32_within_flash_attention_rule(case):
         ratios = fa_rule_ratios(q, k, v, dout, causal, softcap, simd=simd)
         bad = {n: round(r, 2) for n, r in ratios.items() if not r <= SLACK[n]}
         assert not bad, f"error / FlashAttention bound > {SLACK}: {bad} ({simd}); {seed_note(case)} {desc}"
+
+
+def to_bf16(x):
+    """(uint16 bfloat16 bits, the same values as float64), rounded to nearest even by torch."""
+    t = torch.tensor(x, dtype=torch.float32).bfloat16()
+    return t.view(torch.int16).numpy().view(np.uint16), t.double().numpy()
+
+
+def bf16_composite(q, k, v, mask):
+    """PyTorch's softmax(q @ k^T * scale [softcap, + bias, + mask]) @ v with bfloat16 tensors, as
+    a user would run it (every op rounds to bf16); fully masked rows give 0."""
+    structural = {key: val for key, val in mask.items() if key not in ("softcap", "bias", "scale")}
+    additive = torch_scores(np.zeros(q.shape), np.zeros(k.shape), **structural).bfloat16()
+    qt, kt, vt = (as4(x).bfloat16() for x in (q, k, v))
+    group = qt.shape[1] // kt.shape[1]
+    s = (qt @ kt.repeat_interleave(group, dim=1).transpose(-1, -2)) * (mask.get("scale") or 1.0 / math.sqrt(q.shape[-1]))
+    if mask.get("softcap"):
+        s = mask["softcap"] * torch.tanh(s / mask["softcap"])
+    if mask.get("bias") is not None:
+        s = s + torch.tensor(np.asarray(mask["bias"], dtype=np.float32)).bfloat16()
+    s = s + additive
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)
+    p = torch.softmax(torch.where(empty, torch.zeros_like(s), s), dim=-1)
+    p = torch.where(empty, torch.zeros_like(p), p)
+    return (p @ vt.repeat_interleave(group, dim=1)).double().numpy()
+
+
+@pytest.mark.parametrize("case", range(4000, 4080))
+def test_bf16_within_flash_attention_rule(case):
+    """bf16 forward: out_ref is float64 attention on the bf16-rounded inputs, out_pt PyTorch's
+    bf16 composite on them (FlashAttention's rule for low precision, include/qkv/attention.h)."""
+    rng = rng_for(case)
+    q, k, v, mask, desc = random_case(rng, np.float32)
+    (qb, q64), (kb, k64), (vb, v64) = (to_bf16(x) for x in (q, k, v))
+    want = as4(qkv.scaled_dot_product_attention(q64, k64, v64, **mask)).double().numpy()
+    peer = bf16_composite(q64, k64, v64, mask)
+    bound = 2 * float(np.max(np.abs(peer - want), initial=0.0)) + 1e-5
+    for simd in available_paths():
+        got = as4(qkv.scaled_dot_product_attention(qb, kb, vb, simd=simd, **mask)).double().numpy()
+        err = float(np.max(np.abs(got - want), initial=0.0))
+        assert err <= bound, f"bf16 out error {err:.3g} > {bound:.3g} ({simd}); {seed_note(case)} {desc}"
