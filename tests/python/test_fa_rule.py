@@ -28,7 +28,8 @@ from py_oracle import as4, random_case, rng_for, seed_note, torch_scores
 HEADS = (9, 9, 3, 1)  # kv heads for 9 query heads: MHA, MHA, GQA 3, MQA
 LENGTHS = (1, 3, 17, 64, 113, 128, 239)
 DIMS = (32, 40, 59, 64, 111, 128)
-SLACK = {"out": 1.5, "dq": 2.0, "dk": 4.5, "dv": 2.0}  # measured worst: 1.21, 1.57, 3.63, 1.37
+# Measured worst here 1.21, 1.57, 3.63, 1.37; in LargeScores (C++, 20 seeds) 1.05, 0.90, 3.6, 1.9.
+SLACK = {"out": 1.5, "dq": 2.0, "dk": 5.0, "dv": 3.0}
 
 
 def composite(q, k, v, dout, causal, softcap, dtype):
