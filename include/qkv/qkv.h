@@ -15,6 +15,7 @@
 #include "qkv/kv_cache.h"
 #include "qkv/kv_dtype.h"
 #include "qkv/layer.h"
+#include "qkv/machine.h"
 #include "qkv/lookup.h"
 #include "qkv/mask.h"
 #include "qkv/masked_word.h"

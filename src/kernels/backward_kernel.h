@@ -61,6 +61,8 @@ struct BackwardLayout {
     };
     q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows);
     dk = take(s.M * dp), dv = take(s.M * dvp);
+    const bool grouped = s.H > s.Hkv;
+    dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
     kt = take(dp * t), vt = take(dvp * t), k = take(t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
@@ -68,8 +70,10 @@ struct BackwardLayout {
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
   // Buffers of one head's chunk: packed q, dout, the dq sums and D = rowsum(dout ∘ out).
   int64_t q = 0, dout = 0, dq = 0, row_dot = 0;
-  // The dk, dv sums of every key over the task (all heads of the group).
-  int64_t dk = 0, dv = 0;
+  // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
+  // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
+  // repeated k, v, so a long running sum over every head does not lose the later heads' bits.
+  int64_t dk = 0, dv = 0, dk_head = 0, dv_head = 0;
   // Key tile buffers: kᵀ, vᵀ and k rows.
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...

@@ -5,13 +5,20 @@
 // A task owns one chunk of query rows of every query head of one kv head. Head by head, it packs
 // the chunk's q and dout once, then walks the key tiles in order, and for each key tile visits
 // the chunk's query tiles in order:
-//   S  = q·kᵀ,  P = exp(S·scale − lse)   (recomputed; masks through MaskEval)
+//   S  = scale·(q·kᵀ),  P = exp(S − lse)  (recomputed; masks through MaskEval)
 //   dP = dout·vᵀ,  dS = P ∘ (dP − D)     (D = rowsum(dout ∘ out))
 //   dv += Pᵀ·dout,  dk += dSᵀ·q,  dq += dS·k  (sums in scratch; dq written after each head, dk
 //                                             and dv after the last head of the group)
 // All five block products are the forward's micro-kernel (microkernel.h): its A operand is read
 // through a row stride and a k stride, so Pᵀ and dSᵀ are just P and dS read with swapped strides,
 // and "+=" is its per-row alpha set to 1. Lanes run along keys; every sum runs in a fixed order.
+//
+// S is computed bit for bit as the forward computes it (the same micro-kernel and order over D,
+// then rounded times scale), and S − lse is taken before the scaling by log2(e), as the
+// forward takes S − max: for the keys that matter S is near lse, so the subtraction is exact and
+// P carries only lse's own rounding. Folding −lse·log2(e) into one FMA (as before) rounded an
+// exponent of ~150 for scores of ~100, a 1e-5 relative error in every P that PyTorch's softmax
+// (which subtracts its max first) does not have; and a row that sees one key gets P = 1 exactly.
 #pragma once
 
 namespace qkv::kernels {
@@ -38,6 +45,7 @@ class BackwardChunk {
     const BackwardLayout lay(p);
     q_ = scratch + lay.q, dout_ = scratch + lay.dout, dq_ = scratch + lay.dq, row_dot_ = scratch + lay.row_dot;
     kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk, dv_ = scratch + lay.dv;
+    dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
     st_ = scratch + lay.s_, ds_ = scratch + lay.ds, dcap_ = scratch + lay.dcap;
     ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
     for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
@@ -48,12 +56,23 @@ class BackwardChunk {
     std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
     for (int64_t g = 0; g < group_; ++g) {
       const int64_t h = hk_ * group_ + g;
+      // The first head sums straight into the group's dk, dv; the others into their own.
+      dk_sum_ = g == 0 ? dk_ : dk_head_;
+      dv_sum_ = g == 0 ? dv_ : dv_head_;
+      if (g > 0) {
+        std::fill(dk_head_, dk_head_ + s_.M * dp_, 0.0f);
+        std::fill(dv_head_, dv_head_ + s_.M * dvp_, 0.0f);
+      }
       pack_chunk(h);
       for (int64_t j0 = 0; j0 < s_.M; j0 += T) {
         if (stop_requested(p_.interrupt)) return;
         key_tile(h, j0, std::min(T, s_.M - j0));
       }
       write_dq(h);
+      if (g > 0) {
+        add_to(dk_, dk_head_, s_.M * dp_);
+        add_to(dv_, dv_head_, s_.M * dvp_);
+      }
     }
     write_key_sums();
   }
@@ -81,6 +100,11 @@ class BackwardChunk {
       row_dot_[row] = dot;
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
     }
+  }
+
+  // dst[0, n) += src[0, n); n is a multiple of L.
+  static void add_to(float* dst, const float* src, int64_t n) {
+    for (int64_t i = 0; i < n; i += L) Ops::store(dst + i, Ops::add(Ops::load(dst + i), Ops::load(src + i)));
   }
 
   // dst[0, n) = src[0, width) read with element stride `stride`, then zeros up to n.
@@ -127,7 +151,7 @@ class BackwardChunk {
       const bool live = !band.empty() && lse != kNegInf;
       lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
       hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
-      neg_lse_[r] = live ? -lse * kLog2eBwd : 0.0f;  // dead rows: every logit is -inf, so P = 0
+      lse_[r] = live ? lse : 0.0f;  // dead rows: every logit is -inf, so P = 0
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
       single_[r] = p_.single_key_shortcut && live && band.hi - band.lo == 1;
@@ -140,12 +164,14 @@ class BackwardChunk {
   void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     if (!tile_bands(h, i0, rows, j0, cols)) return;
     const int64_t row = i0 - r0_;
-    float* dk = dk_ + j0 * dp_;
-    float* dv = dv_ + j0 * dvp_;
+    float* dk = dk_sum_ + j0 * dp_;
+    float* dv = dv_sum_ + j0 * dvp_;
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // st = q · kᵀ: [rows, D] · [D, T]
     product(st_, T, qp, dp_, 1, kt_, T, nullptr, s_.D, rows, T);
+    const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
+    for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt_, T, nullptr, s_.Dv, rows, T);
@@ -174,12 +200,10 @@ class BackwardChunk {
     gemm_blocked<Ops>(g, m, n / L);
   }
 
-  // st: q·kᵀ on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
+  // st: scale·(q·kᵀ) on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
   // Keep-mask, bias, ALiBi and softcap go through MaskEval::adjust itself, in band only.
   void probabilities(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
-    float mult = p_.scale * kLog2eBwd;
     if (elementwise_) {
-      mult = kLog2eBwd;
       for (int64_t r = 0; r < rows; ++r) {
         float* st = st_ + r * T;
         float* dcap = dcap_ + r * T;
@@ -189,7 +213,7 @@ class BackwardChunk {
             dcap[c] = 1.0f;
             continue;
           }
-          const float x = st[c] * p_.scale;
+          const float x = st[c];
           st[c] = mask_.adjust(x, b_, h, i0 + r, j0 + c);
           if (cap_ > 0) {
             const float th = std::tanh(x / cap_);
@@ -198,15 +222,14 @@ class BackwardChunk {
         }
       }
     }
-    const V m = Ops::set1(mult);
+    const V log2e = Ops::set1(kLog2eBwd);
     for (int64_t r = 0; r < rows; ++r) {
       float* st = st_ + r * T;
-      const V neg_lse = Ops::set1(neg_lse_[r]);
+      const V lse = Ops::set1(lse_[r]);
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
       const bool banded = !elementwise_ && !interior_;
       for (int64_t c = 0; c < T; c += L) {
-        // Mask after scaling: -inf times a negative or zero scale would be +inf or NaN.
-        V x = Ops::fma(Ops::load(st + c), m, neg_lse);
+        V x = Ops::mul(Ops::sub(Ops::load(st + c), lse), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
         Ops::store(st + c, Ops::exp2(x));
       }
@@ -266,9 +289,10 @@ class BackwardChunk {
   bool elementwise_ = false, interior_ = false;
   float cap_ = 0.0f;
   float *q_, *dout_, *dq_, *row_dot_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_, *iota_;
-  // Band of each row of the current query tile relative to j0 (clamped), and −lse·log2(e).
+  float *dk_head_, *dv_head_, *dk_sum_ = nullptr, *dv_sum_ = nullptr;  // dk_sum_, dv_sum_: the current head's
+  // Band of each row of the current query tile relative to j0 (clamped), and its lse.
   std::array<int64_t, T> lo_{}, hi_{};
-  std::array<float, T> neg_lse_{};
+  std::array<float, T> lse_{};
   std::array<bool, T> single_{};
 };
 

@@ -5,15 +5,15 @@
 // The scores of a key block are computed transposed, Sᵀ [keys x queries], so that each vector
 // lane is one query row: the row max, the exponentials and the row sums are then plain vertical
 // vector operations, and both block products fit the one micro-kernel (microkernel.h):
-//   Sᵀ = K · (scale·Q)ᵀ   (A = rows of K read in place through their strides, B = packed Qᵀ)
+//   Sᵀ = scale·(K · Qᵀ)   (A = rows of K read in place through their strides, B = packed Qᵀ)
 //   O  = alpha ⊙ O + P · V (A = Pᵀ read transposed,                          B = rows of V)
 // Softmax runs in base 2 with the running max m kept in natural units: p = 2^((s − m)·log2e).
 //
 // Inputs are fp32 or bf16 (In). bf16 inputs are widened to fp32 block by block, except that with
-// Pairs (AVX512_BF16) S = Q·Kᵀ multiplies the bf16 pairs of Q and K as given by vdpbf16ps (fp32
-// sums). P·V stays in fp32 (V widened): rounding P to bf16 as well would be about 1.2x faster on
-// S3/S4, but its error alone is as large as that of rounding the inputs, and together they broke
-// the "within 2x of the input rounding error" promise in about 1 run in 8 (FusedBf16 test).
+// Pairs (AVX512_BF16) both products run on bf16 pairs with vdpbf16ps (fp32 sums): S = Q·Kᵀ on the
+// inputs as given, and P·V with P rounded to bf16 (2^-9 relative), which keeps the bf16 path
+// within FlashAttention's rule for low precision (attention.h): PyTorch's bf16 composite rounds
+// the scores, P and out to bf16 as well.
 #pragma once
 
 namespace qkv::kernels {
@@ -69,7 +69,16 @@ class ForwardTile {
     qt_ = ws.get<Elem>(0, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(1, static_cast<std::size_t>(kBc * bq_));
     o_ = ws.get<float>(2, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
-    vpack_ = v_direct_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    // P·V on bf16 pairs only from one full vector of outputs per row: with Dv < L (Dv = 1, 3 in
+    // the tests) a row's few outputs left P's rounding no room to average out, and it exceeded
+    // FlashAttention's rule against PyTorch's bf16 composite in ~1 case in 2,000; that product
+    // costs next to nothing there anyway.
+    pairs_pv_ = Pairs && s_.Dv >= L;
+    vpack_ = v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    if (pairs_pv_) {
+      vpairs_ = ws.get<uint32_t>(3, static_cast<std::size_t>(kBc / 2 * dvp_));
+      ppairs_ = ws.get<uint32_t>(7, static_cast<std::size_t>(kBc / 2 * bq_));
+    }
     kpack_ = k_direct_ ? nullptr : ws.get<Elem>(5, static_cast<std::size_t>(kBc * dk_));
     float* stats = ws.get<float>(4, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
     m_ = stats;
@@ -123,8 +132,10 @@ class ForwardTile {
     else return b;
   }
 
-  // qt [D x bq] = scale · Q tileᵀ (Pairs: [D/2 x bq] pairs of Q unscaled, since scaling would
-  // round again); lanes past the last row are zero.
+  // qt [D x bq] = Q tileᵀ (Pairs: [D/2 x bq] pairs of Q); lanes past the last row are zero. Q is
+  // not scaled here: scores() scales q·k once, as PyTorch's composite does. Rounding scale·q first
+  // added one rounding per term, which at scores of ~100 (q·50) made out 1.3× less accurate than
+  // twice the composite's error (FlashAttention's rule; tests/large_score_test.cpp).
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
     int64_t d0 = 0;
@@ -133,7 +144,7 @@ class ForwardTile {
         for (; d0 + 16 <= s_.D; d0 += 16)
           for (int64_t r0 = 0; r0 < lanes; r0 += 16)
             Ops::transpose16(q_ + (i0_ + r0) * p_.sq[2] + d0, p_.sq[2], std::min<int64_t>(16, rows_ - r0),
-                             qt_ + d0 * bq_ + r0, bq_, p_.scale);
+                             qt_ + d0 * bq_ + r0, bq_, 1.0f);
       }
     }
     for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
@@ -144,7 +155,7 @@ class ForwardTile {
           const bool has_hi = 2 * d + 1 < s_.D;
           qt[r] = pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{});
         } else {
-          qt[r] = widen(q[d * p_.sq[3]]) * p_.scale;
+          qt[r] = widen(q[d * p_.sq[3]]);
         }
       }
       std::fill(qt + rows_, qt + lanes, Elem{});
@@ -159,7 +170,7 @@ class ForwardTile {
     accumulate(j0, nb, interior);
   }
 
-  // st [nb x bq] = K[j0 : j0+nb] · qt (then · scale for Pairs).
+  // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice (the backward computes the same bits).
   void scores(int64_t j0, int64_t nb) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
@@ -194,7 +205,7 @@ class ForwardTile {
     g.c = st_;
     g.ldc = bq_;
     gemm_blocked<Ops, Dot>(g, nb, qvecs_);
-    if constexpr (Pairs) {
+    {
       const V scale = Ops::set1(p_.scale);
       for (int64_t jj = 0; jj < nb; ++jj)
         for (int64_t g0 = 0; g0 < qvecs_ * L; g0 += L)
@@ -264,6 +275,12 @@ class ForwardTile {
       accumulate_rows_in_band(v, j0, nb, first);
       return;
     }
+    if constexpr (Pairs) {
+      if (pairs_pv_) {
+        accumulate_pairs(v, nb, first);
+        return;
+      }
+    }
     GemmArgs<float, float> g;
     g.kdim = nb;
     g.a = st_;
@@ -281,6 +298,40 @@ class ForwardTile {
     g.ldc = dvp_;
     g.alpha = first ? nullptr : alpha_;  // the first block writes O, so O needs no zeroing
     gemm_blocked<Ops>(g, rows_, dvp_ / L);
+  }
+
+  // O = alpha ⊙ O + P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
+  // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key).
+  void accumulate_pairs(const In* v, int64_t nb, bool first) {
+    using Dot = typename Ops::PairDot;
+    const int64_t kp = (nb + 1) / 2, lanes = qvecs_ * L;
+    if (nb % 2 == 1) std::fill(st_ + nb * bq_, st_ + nb * bq_ + lanes, 0.0f);  // nb < kBc: room
+    for (int64_t k = 0; k < kp; ++k)
+      for (int64_t g = 0; g < lanes; g += L)
+        Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
+    const int64_t sm = p_.sv[2], se = p_.sv[3];
+    const int64_t full = se == 1 ? s_.Dv / L * L : 0;
+    for (int64_t k = 0; k < kp; ++k) {
+      const In* lo = v + 2 * k * sm;
+      const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
+      uint32_t* dst = vpairs_ + k * dvp_;
+      for (int64_t e = 0; e < full; e += L)
+        Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e), hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr,
+                        dst + e);
+      for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
+      std::fill(dst + s_.Dv, dst + dvp_, 0u);
+    }
+    GemmArgs<uint32_t, uint32_t> g;
+    g.kdim = kp;
+    g.a = ppairs_;
+    g.a_row = 1;
+    g.a_k = bq_;
+    g.b = vpairs_;
+    g.ldb = dvp_;
+    g.c = o_;
+    g.ldc = dvp_;
+    g.alpha = first ? nullptr : alpha_;
+    gemm_blocked<Ops, Dot>(g, rows_, dvp_ / L);
   }
 
   // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
@@ -354,11 +405,12 @@ class ForwardTile {
   int64_t b_, h_, hk_, i0_;
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
-  bool k_direct_ = false, v_direct_ = false, first_block_ = true;
+  bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
   Elem *qt_, *kpack_;
+  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr;  // Pairs only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
 

@@ -20,5 +20,6 @@ Command add_context(CLI::App& app);
 Command add_compare(CLI::App& app);
 Command add_attend(CLI::App& app);
 Command add_train(CLI::App& app);
+Command add_bench(CLI::App& app);
 
 }  // namespace qkv::cli

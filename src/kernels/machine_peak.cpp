@@ -1,0 +1,121 @@
+// The machine's fp32 FMA peak, measured the way the attention kernels would reach it (many
+// independent FMA chains, so latency never stalls, and no memory traffic), and its read bandwidth.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "qkv/error.h"
+#include "qkv/machine.h"
+
+namespace qkv {
+namespace {
+
+#if defined(__x86_64__)
+// 12 named chains: GCC keeps them in registers (an array of vectors would go through memory at
+// -O2). Each chain starts from a different value: identical chains would be merged into one by
+// common-subexpression elimination, and the "peak" would count FMAs that never run.
+__attribute__((target("avx512f"), noinline)) float chains_avx512(int64_t iterations, float seed) {
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
+  const __m512 step = _mm512_set1_ps(0.01f);
+  __m512 a0 = _mm512_set1_ps(seed), a1 = _mm512_add_ps(a0, step), a2 = _mm512_add_ps(a1, step),
+         a3 = _mm512_add_ps(a2, step), a4 = _mm512_add_ps(a3, step), a5 = _mm512_add_ps(a4, step),
+         a6 = _mm512_add_ps(a5, step), a7 = _mm512_add_ps(a6, step), a8 = _mm512_add_ps(a7, step),
+         a9 = _mm512_add_ps(a8, step), a10 = _mm512_add_ps(a9, step), a11 = _mm512_add_ps(a10, step);
+  for (int64_t it = 0; it < iterations; ++it) {
+    a0 = _mm512_fmadd_ps(a0, b, c), a1 = _mm512_fmadd_ps(a1, b, c), a2 = _mm512_fmadd_ps(a2, b, c);
+    a3 = _mm512_fmadd_ps(a3, b, c), a4 = _mm512_fmadd_ps(a4, b, c), a5 = _mm512_fmadd_ps(a5, b, c);
+    a6 = _mm512_fmadd_ps(a6, b, c), a7 = _mm512_fmadd_ps(a7, b, c), a8 = _mm512_fmadd_ps(a8, b, c);
+    a9 = _mm512_fmadd_ps(a9, b, c), a10 = _mm512_fmadd_ps(a10, b, c), a11 = _mm512_fmadd_ps(a11, b, c);
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                 _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+  float lanes[16];  // not _mm512_reduce_add_ps: GCC 12 warns about its undefined pass-through operand
+  _mm512_storeu_ps(lanes, _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+  return lanes[0] + lanes[15];
+}
+
+__attribute__((target("avx2,fma"), noinline)) float chains_avx2(int64_t iterations, float seed) {
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
+  const __m256 step = _mm256_set1_ps(0.01f);
+  __m256 a0 = _mm256_set1_ps(seed), a1 = _mm256_add_ps(a0, step), a2 = _mm256_add_ps(a1, step),
+         a3 = _mm256_add_ps(a2, step), a4 = _mm256_add_ps(a3, step), a5 = _mm256_add_ps(a4, step),
+         a6 = _mm256_add_ps(a5, step), a7 = _mm256_add_ps(a6, step), a8 = _mm256_add_ps(a7, step),
+         a9 = _mm256_add_ps(a8, step), a10 = _mm256_add_ps(a9, step), a11 = _mm256_add_ps(a10, step);
+  for (int64_t it = 0; it < 2 * iterations; ++it) {
+    a0 = _mm256_fmadd_ps(a0, b, c), a1 = _mm256_fmadd_ps(a1, b, c), a2 = _mm256_fmadd_ps(a2, b, c);
+    a3 = _mm256_fmadd_ps(a3, b, c), a4 = _mm256_fmadd_ps(a4, b, c), a5 = _mm256_fmadd_ps(a5, b, c);
+    a6 = _mm256_fmadd_ps(a6, b, c), a7 = _mm256_fmadd_ps(a7, b, c), a8 = _mm256_fmadd_ps(a8, b, c);
+    a9 = _mm256_fmadd_ps(a9, b, c), a10 = _mm256_fmadd_ps(a10, b, c), a11 = _mm256_fmadd_ps(a11, b, c);
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  const __m256 t = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, t);
+  return lanes[0] + lanes[7];
+}
+#else
+// Other architectures have neither instruction set (peak_isa_available says so); never called.
+float chains_avx512(int64_t, float seed) { return seed; }
+float chains_avx2(int64_t, float seed) { return seed; }
+#endif
+
+}  // namespace
+
+bool peak_isa_available(PeakIsa isa) {
+#if defined(__x86_64__)
+  return isa == PeakIsa::avx512 ? __builtin_cpu_supports("avx512f") != 0
+                                : __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
+double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
+  if (threads < 1 || iterations < 1)
+    throw Error(fmt::format("fma_peak_work: threads {} and iterations {} must be >= 1", threads, iterations));
+  if (!peak_isa_available(isa))
+    throw Error(fmt::format("fma_peak_work: this CPU has no {}", isa == PeakIsa::avx512 ? "AVX-512" : "AVX2 with FMA"));
+  volatile float sink = 0;
+#pragma omp parallel num_threads(threads)
+  {
+    const float seed = 0.5f + static_cast<float>(omp_get_thread_num());
+    const float r = isa == PeakIsa::avx512 ? chains_avx512(iterations, seed) : chains_avx2(iterations, seed);
+#pragma omp critical
+    sink = sink + r;
+  }
+  return 2.0 * 16 * 12 * static_cast<double>(iterations) * threads;
+}
+
+double read_bandwidth(int threads, int64_t bytes, int passes) {
+  if (threads < 1 || bytes < 4096 || passes < 1)
+    throw Error(fmt::format("read_bandwidth: threads {}, bytes {}, passes {} out of range", threads, bytes, passes));
+  const int64_t n = bytes / static_cast<int64_t>(sizeof(uint64_t));
+  std::vector<uint64_t> buffer(static_cast<std::size_t>(n));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) buffer[static_cast<std::size_t>(i)] = static_cast<uint64_t>(i);
+  double best = 0;
+  volatile uint64_t sink = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t total = 0;
+    // Integer sums vectorize at -O2 and cost far less than a load per element.
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+    for (int64_t i = 0; i < n; ++i) total += buffer[static_cast<std::size_t>(i)];
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    sink = sink + total;
+    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds);
+  }
+  return best;
+}
+
+}  // namespace qkv

@@ -1,0 +1,190 @@
+// `qkv bench`: what qkv does on this CPU. Measures the machine's fp32 FMA peak and read bandwidth,
+// then times the user's shape through every path this CPU can run (the fused kernel on each SIMD
+// family, and the float64 reference when the shape is small) and says which one the automatic
+// choice takes, so a user sees the % of peak on their own machine.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/machine.h"
+
+namespace qkv::cli {
+namespace {
+
+struct BenchArgs {
+  std::string shape = "1,12,1024,1024,64";
+  bool causal = false;
+  std::string dtype = "f32";
+  int threads = 0;
+  int repeats = 5;
+};
+
+// The reference (float64, N×M weights) is timed only below this many multiply-adds.
+constexpr double kReferenceLimit = 2e8;
+// Inputs and output together stay below this (the run allocates them).
+constexpr double kMaxBytes = 4e9;
+
+struct Shape {
+  int64_t B, H, N, M, D;
+};
+
+Shape parse_shape(const std::string& text) {
+  const std::vector<int64_t> v = parse_int_list(text, "--shape");
+  if (v.size() != 5) throw Error(fmt::format("--shape: expected B,H,N,M,D (5 values), got '{}'", text));
+  for (int64_t x : v)
+    if (x < 1 || x > (int64_t{1} << 24)) throw Error(fmt::format("--shape: {} is outside 1 to 16777216 in '{}'", x, text));
+  const Shape s{v[0], v[1], v[2], v[3], v[4]};
+  const double bytes = 4.0 * (2.0 * s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D);
+  if (bytes > kMaxBytes) throw Error(fmt::format("--shape: '{}' needs {:.1f} GB of tensors (at most 4)", text, bytes / 1e9));
+  return s;
+}
+
+// Query-key pairs the mask allows (causal: top-left, query i sees keys j <= i).
+double allowed_pairs(const Shape& s, bool causal) {
+  if (!causal) return static_cast<double>(s.N) * static_cast<double>(s.M);
+  double pairs = 0;
+  for (int64_t i = 0; i < s.N; ++i) pairs += static_cast<double>(std::min(i + 1, s.M));
+  return pairs;
+}
+
+// Median wall time of `repeats` calls of fn after one warm-up call, in seconds.
+template <class F>
+double median_seconds(int repeats, F&& fn) {
+  fn();
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double fma_peak(int threads) {
+  const PeakIsa isa = peak_isa_available(PeakIsa::avx512) ? PeakIsa::avx512 : PeakIsa::avx2;
+  if (!peak_isa_available(isa)) return 0;
+  const int64_t iterations = 20'000'000;
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {  // the best of 5: other load only ever lowers it
+    double flops = 0;
+    const double seconds = median_seconds(1, [&] { flops = fma_peak_work(threads, iterations, isa); });
+    best = std::max(best, flops / seconds);
+  }
+  return best;
+}
+
+int run_bench(const BenchArgs& a) {
+  const Shape s = parse_shape(a.shape);
+  const int threads = a.threads > 0 ? a.threads : default_num_threads();
+  const bool bf16_in = a.dtype == "bf16";
+  const double peak = fma_peak(threads);
+  const double bandwidth = read_bandwidth(threads, int64_t{256} << 20, 3);
+  const double flops = 2.0 * allowed_pairs(s, a.causal) * static_cast<double>(s.D) * 2.0 * s.B * s.H;
+  const double bytes = (bf16_in ? 2.0 : 4.0) * (s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D) +
+                       4.0 * s.B * s.H * s.N * s.D;  // q, k, v read; out (fp32) written
+
+  std::mt19937 gen(12345);
+  std::normal_distribution<float> normal;
+  auto random = [&](int64_t L) {
+    Tensor<float> t({s.B, s.H, L, s.D}, "qkv bench input");
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = normal(gen);
+    return t;
+  };
+  const Tensor<float> q = random(s.N), k = random(s.M), v = random(s.M);
+  auto narrow = [](const Tensor<float>& t) {
+    Tensor<bf16> b(t.shape(), "qkv bench bf16 input");
+    for (int64_t i = 0; i < t.numel(); ++i) b[i] = float_to_bf16(t[i]);
+    return b;
+  };
+  Tensor<bf16> qb, kb, vb;
+  if (bf16_in) qb = narrow(q), kb = narrow(k), vb = narrow(v);
+  Tensor<float> out({s.B, s.H, s.N, s.D}, "qkv bench output"), lse({s.B, s.H, s.N}, "qkv bench lse");
+
+  fmt::print("qkv bench: B={} H={} N={} M={} D={}{} dtype {} threads {}\n", s.B, s.H, s.N, s.M, s.D,
+             a.causal ? " causal" : "", a.dtype, threads);
+  if (peak > 0)
+    fmt::print("machine: fp32 FMA peak {:.1f} GFLOP/s ({}, {} threads); read bandwidth {:.1f} GB/s\n", peak / 1e9,
+               peak_isa_available(PeakIsa::avx512) ? "AVX-512" : "AVX2", threads, bandwidth / 1e9);
+  else
+    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n", bandwidth / 1e9);
+  fmt::print("forward: {:.3g} GFLOP (4·pairs·D), {:.3g} MB moved\n", flops / 1e9, bytes / 1e6);
+  fmt::print("{:<10} {:>10} {:>10} {:>8} {:>7}\n", "path", "time ms", "GFLOP/s", "GB/s", "% peak");
+
+  const std::string automatic = simd_path_name(Simd::automatic);
+  struct Path {
+    std::string name;
+    Kernel kernel;
+    Simd simd;
+  };
+  std::vector<Path> paths;
+  for (Simd simd : {Simd::avx512, Simd::avx2, Simd::scalar}) {
+    try {
+      paths.push_back({simd_path_name(simd), Kernel::fused, simd});
+    } catch (const Error&) {  // this CPU lacks it
+    }
+  }
+  const bool small = flops / 2 <= kReferenceLimit;
+  if (small) paths.push_back({"reference", Kernel::reference, Simd::automatic});
+  for (const Path& p : paths) {
+    AttentionOptions options;
+    options.kernel = p.kernel;
+    options.simd = p.simd;
+    options.num_threads = threads;
+    if (a.causal) options.mask.causal = CausalAlign::top_left;
+    const double seconds = median_seconds(a.repeats, [&] {
+      if (bf16_in) attention_forward(out.view(), lse.view(), qb.cview(), kb.cview(), vb.cview(), options);
+      else attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+    });
+    const std::string pct = peak > 0 ? fmt::format("{:7.1f}", 100.0 * flops / seconds / peak) : "      -";
+    fmt::print("{:<10} {:>10.3f} {:>10.1f} {:>8.2f} {}{}\n", p.name, seconds * 1e3, flops / seconds / 1e9,
+               bytes / seconds / 1e9, pct, p.kernel == Kernel::fused && p.name == automatic ? "  <- automatic" : "");
+  }
+  if (!small) fmt::print("reference: skipped (more than {:.0e} multiply-adds)\n", kReferenceLimit);
+  fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
+  if (peak > 0) fmt::print("(% peak above 100 means other programs slowed the peak measurement)\n");
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Measures this machine's fp32 FMA peak and read bandwidth, then times attention_forward on a shape\n"
+      "through every path this CPU can run (fused avx512 / avx2 / scalar; the float64 reference for small\n"
+      "shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the path the automatic choice takes.");
+  sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              parse_shape(text);
+              return {};
+            } catch (const Error& e) {
+              std::string message = e.what();
+              if (message.rfind("--shape: ", 0) == 0) message.erase(0, 9);
+              return message;
+            }
+          },
+          "B,H,N,M,D", ""));
+  sub->add_flag("--causal", args->causal, "Causal mask (top-left)");
+  sub->add_option("--dtype", args->dtype, "f32 or bf16 inputs (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
+      ->check(integer_in(1, 4096));
+  sub->add_option("--repeats", args->repeats, "Timed calls per path; the median is shown (default 5)")
+      ->check(integer_in(1, 1000));
+  return {sub, [args] { return run_bench(*args); }};
+}
+
+}  // namespace qkv::cli
