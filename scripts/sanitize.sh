@@ -2,7 +2,7 @@
 # Sanitizer runs of the C++ tests (`make sanitize`, part of `make test`):
 #   asan  every C++ test built with AddressSanitizer + UndefinedBehaviorSanitizer (gcc), any
 #         report fatal (-fno-sanitize-recover=all, halt_on_error), in build-asan.
-#   tsan  the threaded tests (fused forward and backward kernels, their determinism tests, the
+#   tsan  the threaded tests (fused forward, bf16, backward and decode kernels, their determinism tests, the
 #         property tests, the parallel embedding reader) under ThreadSanitizer, built with clang-14
 #         and LLVM's libomp, with the Archer OMPT tool loaded so TSan sees OpenMP's
 #         synchronization (libgomp under TSan gives false reports), in build-tsan.
@@ -37,7 +37,7 @@ run_tsan() {
       -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF -DQKV_BUILD_TOOLS=OFF >/dev/null
   fi
   cmake --build "$dir" -j"$jobs" --target qkv_tests
-  local filter=${TSAN_FILTER:-FusedForward.*:FusedThreads.*:Backward.*:Property.*:Embeddings.*:Limits.*OnEveryPath}
+  local filter=${TSAN_FILTER:-FusedForward.*:FusedThreads.*:FusedBf16.*:Backward.*:LargeScores.*:Decode*:KVCache*:Property.*:Embeddings.*:Limits.*OnEveryPath}
   echo "== TSan + Archer: $filter ($dir)"
   local log
   log=$(mktemp)
