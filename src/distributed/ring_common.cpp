@@ -249,24 +249,31 @@ void fill_zero(TensorView<float> dst, int threads) {
   elementwise(dst, dst, threads, [](float& d, float) { d = 0.0f; });
 }
 
-void Transfers::send(const float* data, int64_t count, int to, int tag, MPI_Comm comm) {
+namespace {
+
+// Posts `count` floats as messages of at most kMaxMessage each (an MPI count is an int) through
+// post(offset, n, &request), keeping every request for Transfers::wait.
+template <class Post>
+void post_chunks(std::vector<MPI_Request>& requests, int64_t count, const char* what, Post post) {
   for (int64_t done = 0; done < count; done += kMaxMessage) {
     MPI_Request request;
-    check_mpi(MPI_Isend(data + done, static_cast<int>(std::min(kMaxMessage, count - done)), MPI_FLOAT, to, tag, comm,
-                        &request),
-              "MPI_Isend");
-    requests_.push_back(request);
+    check_mpi(post(done, static_cast<int>(std::min(kMaxMessage, count - done)), &request), what);
+    requests.push_back(request);
   }
 }
 
+}  // namespace
+
+void Transfers::send(const float* data, int64_t count, int to, int tag, MPI_Comm comm) {
+  post_chunks(requests_, count, "MPI_Isend", [&](int64_t at, int n, MPI_Request* r) {
+    return MPI_Isend(data + at, n, MPI_FLOAT, to, tag, comm, r);
+  });
+}
+
 void Transfers::recv(float* data, int64_t count, int from, int tag, MPI_Comm comm) {
-  for (int64_t done = 0; done < count; done += kMaxMessage) {
-    MPI_Request request;
-    check_mpi(MPI_Irecv(data + done, static_cast<int>(std::min(kMaxMessage, count - done)), MPI_FLOAT, from, tag, comm,
-                        &request),
-              "MPI_Irecv");
-    requests_.push_back(request);
-  }
+  post_chunks(requests_, count, "MPI_Irecv", [&](int64_t at, int n, MPI_Request* r) {
+    return MPI_Irecv(data + at, n, MPI_FLOAT, from, tag, comm, r);
+  });
 }
 
 void Transfers::wait() {
