@@ -34,37 +34,37 @@ def load_vectors(path):
     return words, np.vstack(rows)
 
 
+def wordnet_lines(directory, kind):
+    """The records of WordNet's kind.noun/.verb/.adj/.adv files (kind: 'data' or 'index'),
+    skipping the license lines, which start with two spaces."""
+    for pos in ("noun", "verb", "adj", "adv"):
+        with open(os.path.join(directory, kind + "." + pos), encoding="latin-1") as f:
+            yield from (line for line in f if not line.startswith("  "))
+
+
 def read_synsets(directory):
     """{offset: (lemmas, hypernym offsets)} of every synset, keyed by 'pos:offset'."""
     synsets = {}
-    for pos in ("noun", "verb", "adj", "adv"):
-        with open(os.path.join(directory, "data." + pos), encoding="latin-1") as f:
-            for line in f:
-                if line.startswith("  "):
-                    continue
-                fields = line.split(" | ", 1)[0].split()
-                n_words = int(fields[3], 16)
-                lemmas = [fields[4 + 2 * i].lower() for i in range(n_words)]
-                lemmas = [w.split("(")[0] for w in lemmas if "_" not in w and "-" not in w]
-                at = 4 + 2 * n_words
-                n_ptr = int(fields[at])
-                hypernyms = [f"{fields[at + 1 + 4 * i + 2].replace('s', 'a')}:{fields[at + 1 + 4 * i + 1]}" for i in range(n_ptr)
-                             if fields[at + 1 + 4 * i] in ("@", "@i")]
-                synsets[f"{fields[2].replace('s', 'a')}:{fields[0]}"] = (lemmas, hypernyms)
+    for line in wordnet_lines(directory, "data"):
+        fields = line.split(" | ", 1)[0].split()
+        n_words = int(fields[3], 16)
+        lemmas = [fields[4 + 2 * i].lower() for i in range(n_words)]
+        lemmas = [w.split("(")[0] for w in lemmas if "_" not in w and "-" not in w]
+        at = 4 + 2 * n_words
+        n_ptr = int(fields[at])
+        hypernyms = [f"{fields[at + 1 + 4 * i + 2].replace('s', 'a')}:{fields[at + 1 + 4 * i + 1]}" for i in range(n_ptr)
+                     if fields[at + 1 + 4 * i] in ("@", "@i")]
+        synsets[f"{fields[2].replace('s', 'a')}:{fields[0]}"] = (lemmas, hypernyms)
     return synsets
 
 
 def first_senses(directory):
     """word -> {'pos:offset'} of its most frequent sense in each part of speech (listed first in index.<pos>)."""
     firsts = {}
-    for pos in ("noun", "verb", "adj", "adv"):
-        with open(os.path.join(directory, "index." + pos), encoding="latin-1") as f:
-            for line in f:
-                if line.startswith("  "):
-                    continue
-                fields = line.split()
-                n_ptr = int(fields[3])
-                firsts.setdefault(fields[0], set()).add(f"{fields[1].replace('s', 'a')}:{fields[4 + n_ptr + 2]}")
+    for line in wordnet_lines(directory, "index"):
+        fields = line.split()
+        n_ptr = int(fields[3])
+        firsts.setdefault(fields[0], set()).add(f"{fields[1].replace('s', 'a')}:{fields[4 + n_ptr + 2]}")
     return firsts
 
 
