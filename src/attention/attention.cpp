@@ -98,27 +98,6 @@ void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorV
 
 namespace {
 
-template <class T>
-kernels::ForwardParams make_params(TensorView<float> out, TensorView<float> lse, TensorView<const T> q,
-                                   TensorView<const T> k, TensorView<const T> v, const AttentionShape& s,
-                                   const AttentionOptions& options, const detail::MaskEval& mask) {
-  kernels::ForwardParams p;
-  p.shape = s;
-  for (int i = 0; i < 4; ++i) {
-    p.sq[i] = q.stride(i);
-    p.sk[i] = k.stride(i);
-    p.sv[i] = v.stride(i);
-    p.so[i] = out.stride(i);
-  }
-  if (!lse.empty())
-    for (int i = 0; i < 3; ++i) p.sl[i] = lse.stride(i);
-  p.out = out.data();
-  p.lse = lse.empty() ? nullptr : lse.data();
-  p.scale = static_cast<float>(attention_scale(options.scale, s.D));
-  p.mask = &mask;
-  return p;
-}
-
 // Below about a microsecond of work, waking a second thread costs more than it saves (and the
 // thread count cannot change the result, so this is only about time).
 int threads_for(const AttentionShape& s, const AttentionOptions& options) {
@@ -136,18 +115,6 @@ AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64
   require_shape(out, std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
   if (has_lse) require_shape(lse, std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
   return s;
-}
-
-// The fused kernel reads fp32 and bf16 inputs through different pointers of its params.
-void set_inputs(kernels::ForwardParams& p, const float* q, const float* k, const float* v) {
-  p.q = q;
-  p.k = k;
-  p.v = v;
-}
-void set_inputs(kernels::ForwardParams& p, const bf16* q, const bf16* k, const bf16* v) {
-  p.qb = q;
-  p.kb = k;
-  p.vb = v;
 }
 
 // The reference takes fp32 views; bf16 inputs are widened into `storage` first.
@@ -169,8 +136,9 @@ void forward_any(TensorView<float> out, TensorView<float> lse, TensorView<const 
   }
   const Simd path = kernels::resolve_simd(options.simd);
   const detail::MaskEval mask(options.mask, s);
-  kernels::ForwardParams p = make_params(out, lse, q, k, v, s, options, mask);
-  set_inputs(p, q.data(), k.data(), v.data());
+  kernels::ForwardParams p = kernels::forward_params(q, k, v, s, options, mask);
+  p.out = out.data(), p.out_stride = kernels::strides_of(out);
+  p.lse = lse.empty() ? nullptr : lse.data(), p.lse_stride = kernels::strides_of(lse);
   kernels::fused_forward(p, path, threads_for(s, options));
 }
 

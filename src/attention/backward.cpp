@@ -22,14 +22,6 @@ namespace {
 
 constexpr int64_t kTile = kernels::kBackwardTile;
 
-kernels::BackwardFn task_function(Simd path) {
-  switch (path) {
-    case Simd::avx512: return &kernels::backward_task_avx512;
-    case Simd::avx2: return &kernels::backward_task_avx2;
-    default: return &kernels::backward_task_scalar;
-  }
-}
-
 // Query rows per chunk (whole tiles), from the shape alone. A (b, kv head) is split into up to 4
 // chunks while there would be fewer than 4 tasks, so 2 or 3 threads still share shapes with
 // B·Hkv = 1; each extra chunk costs one partial copy of dk and dv.
@@ -38,13 +30,6 @@ int64_t plan_chunk_rows(const AttentionShape& s) {
   int64_t chunks = 1;
   while (s.B * s.Hkv * chunks < 4 && chunks * 2 <= std::min<int64_t>(tiles, 4)) chunks *= 2;
   return std::max<int64_t>(1, (tiles + chunks - 1) / chunks) * kTile;
-}
-
-template <class T, std::size_t R>
-std::array<int64_t, R> strides_of(const TensorView<T>& t) {
-  std::array<int64_t, R> s{};
-  for (std::size_t i = 0; i < R; ++i) s[i] = t.stride(static_cast<int>(i));
-  return s;
 }
 
 void fill4(const TensorView<float>& t, float value) {
@@ -84,7 +69,7 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);
     return;
   }
-  const kernels::BackwardFn fn = task_function(kernels::resolve_simd(options.simd));
+  const kernels::BackwardFn fn = kernels::kernel_family(kernels::resolve_simd(options.simd)).backward_task;
 
   const detail::MaskEval mask(options.mask, s);
   std::vector<detail::KeyBand> bands(static_cast<std::size_t>(s.B * s.N));
@@ -97,17 +82,14 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     return;
   }
 
-  kernels::BackwardParams p;
-  p.shape = s;
-  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.dout = dout.data(), p.out = out.data(), p.lse = lse.data();
-  p.sq = strides_of<const float, 4>(q), p.sk = strides_of<const float, 4>(k), p.sv = strides_of<const float, 4>(v);
-  p.sdo = strides_of<const float, 4>(dout), p.so = strides_of<const float, 4>(out);
-  p.sl = strides_of<const float, 3>(lse);
+  kernels::BackwardParams p(kernels::forward_params(q, k, v, s, options, mask));
+  // The forward's out and lse are inputs here: the backward only reads them.
+  p.out = const_cast<float*>(out.data()), p.out_stride = kernels::strides_of(out);
+  p.lse = const_cast<float*>(lse.data()), p.lse_stride = kernels::strides_of(lse);
+  p.dout = dout.data(), p.dout_stride = kernels::strides_of(dout);
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
-  p.sdq = strides_of<float, 4>(dq), p.sdk = strides_of<float, 4>(dk), p.sdv = strides_of<float, 4>(dv);
-  if (!dbias.empty()) p.dbias = dbias.data(), p.sdb = strides_of<float, 4>(dbias);
-  p.scale = static_cast<float>(attention_scale(options.scale, s.D));
-  p.mask = &mask;
+  p.dq_stride = kernels::strides_of(dq), p.dk_stride = kernels::strides_of(dk), p.dv_stride = kernels::strides_of(dv);
+  p.dbias = dbias.empty() ? nullptr : dbias.data(), p.dbias_stride = kernels::strides_of(dbias);
   p.bands = bands.data();
   p.single_key_shortcut = !options.partial_rows;
   p.chunk_rows = plan_chunk_rows(s);

@@ -1,15 +1,14 @@
-// The fused attention backward's internal interface: a params struct of pointers and element
-// strides, the unit of work (one chunk of query rows of one kv-head group), and one task function
-// per SIMD family (backward_avx512.cpp, backward_avx2.cpp, backward_scalar.cpp, all instantiating
-// backward_tile.h). The driver (attention/backward.cpp) plans the chunks and runs the tasks on threads.
+// The fused attention backward's internal interface (the params are in params.h): the unit of
+// work (one chunk of query rows of one kv-head group), the layout of a task's scratch, and one
+// task function per SIMD family (backward_avx512.cpp, backward_avx2.cpp, backward_scalar.cpp,
+// all instantiating backward_tile.h). The driver (attention/backward.cpp) plans the chunks and
+// runs the tasks on threads.
 #pragma once
 
 #include <array>
 #include <cstdint>
 
-#include "kernels/mask_eval.h"
-#include "qkv/attention_options.h"
-#include "qkv/interrupt.h"
+#include "kernels/params.h"
 
 namespace qkv::kernels {
 
@@ -18,28 +17,6 @@ namespace qkv::kernels {
 constexpr int64_t kBackwardTile = 64;
 // Padding of the packed rows (the widest family's lanes); scratch is sized with it.
 constexpr int64_t kBackwardPad = 16;
-
-// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], dout/out: [B,H,N,Dv], lse: [B,H,N]
-// -> dq: [B,H,N,D], dk: [B,Hkv,M,D], dv: [B,Hkv,M,Dv], dbias: [B,H,N,M] (may be null).
-// Query rows are split into `chunks` chunks of `chunk_rows` (a multiple of kBackwardTile). Chunk
-// 0 writes dk and dv; chunk c > 0 writes its partial sums to dk_part/dv_part [c-1, B, Hkv, M, D|Dv]
-// (contiguous), which the driver adds to dk/dv in chunk order.
-struct BackwardParams {
-  AttentionShape shape;
-  const float *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr, *out = nullptr, *lse = nullptr;
-  std::array<int64_t, 4> sq{}, sk{}, sv{}, sdo{}, so{}, sdq{}, sdk{}, sdv{}, sdb{};
-  std::array<int64_t, 3> sl{};
-  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
-  float *dk_part = nullptr, *dv_part = nullptr;
-  float scale = 1.0f;
-  const detail::MaskEval* mask = nullptr;
-  const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
-  int64_t chunk_rows = kBackwardTile, chunks = 1;
-  bool single_key_shortcut = true;  // off for AttentionOptions::partial_rows
-  // Checked between key tiles: a task (all keys of a head) can take seconds. A stopped task leaves
-  // its outputs partial; the caller then throws qkv::Interrupted. nullptr: never stops.
-  InterruptScope* interrupt = nullptr;
-};
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.
 struct BackwardTask {

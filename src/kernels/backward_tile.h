@@ -29,7 +29,6 @@ class BackwardChunk {
   using V = typename Ops::V;
   static constexpr int L = Ops::kLanes;
   static constexpr int64_t T = kBackwardTile;
-  static constexpr float kLog2eBwd = 1.44269504088896340736f;
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   static_assert(T % L == 0);
 
@@ -83,19 +82,19 @@ class BackwardChunk {
   void pack_chunk(int64_t h) {
     for (int64_t i = r0_; i < r1_; ++i) {
       const int64_t row = i - r0_;
-      const float* q = p_.q + b_ * p_.sq[0] + h * p_.sq[1] + i * p_.sq[2];
-      const float* dout = p_.dout + b_ * p_.sdo[0] + h * p_.sdo[1] + i * p_.sdo[2];
-      const float* out = p_.out + b_ * p_.so[0] + h * p_.so[1] + i * p_.so[2];
+      const float* q = p_.qf() + p_.q_stride.at(b_, h, i);
+      const float* dout = p_.dout + p_.dout_stride.at(b_, h, i);
+      const float* out = p_.out + p_.out_stride.at(b_, h, i);
       float* dop = dout_ + row * dvp_;
-      copy_row(q_ + row * dp_, q, p_.sq[3], s_.D, dp_);
-      copy_row(dop, dout, p_.sdo[3], s_.Dv, dvp_);
+      copy_row(q_ + row * dp_, q, p_.q_stride.col, s_.D, dp_);
+      copy_row(dop, dout, p_.dout_stride.col, s_.Dv, dvp_);
       // D in the very operations and order of the micro-kernel's dP = dout·vᵀ (one FMA per term
       // on the SIMD families, multiply-add on the scalar one): where a row sees a single key, out
       // is that key's v and dP − D must cancel to exactly 0, as the exact gradient does.
       float dot = 0.0f;
       for (int64_t e = 0; e < s_.Dv; ++e) {
-        if constexpr (L == 1) dot = Ops::fma(dop[e], out[e * p_.so[3]], dot);
-        else dot = std::fma(dop[e], out[e * p_.so[3]], dot);
+        if constexpr (L == 1) dot = Ops::fma(dop[e], out[e * p_.out_stride.col], dot);
+        else dot = std::fma(dop[e], out[e * p_.out_stride.col], dot);
       }
       row_dot_[row] = dot;
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
@@ -125,15 +124,15 @@ class BackwardChunk {
 
   // Keys [j0, j0 + cols): packs kᵀ, vᵀ and k, visits the chunk's query tiles of head h.
   void key_tile(int64_t h, int64_t j0, int64_t cols) {
-    const float* k = p_.k + b_ * p_.sk[0] + hk_ * p_.sk[1] + j0 * p_.sk[2];
-    const float* v = p_.v + b_ * p_.sv[0] + hk_ * p_.sv[1] + j0 * p_.sv[2];
-    for (int64_t c = 0; c < cols; ++c) copy_row(k_ + c * dp_, k + c * p_.sk[2], p_.sk[3], s_.D, dp_);
+    const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j0);
+    const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0);
+    for (int64_t c = 0; c < cols; ++c) copy_row(k_ + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
     for (int64_t d = 0; d < s_.D; ++d) {  // kᵀ from the packed rows, which sit in L1
       for (int64_t c = 0; c < cols; ++c) kt_[d * T + c] = k_[c * dp_ + d];
       std::fill(kt_ + d * T + cols, kt_ + (d + 1) * T, 0.0f);
     }
     for (int64_t e = 0; e < s_.Dv; ++e) {
-      for (int64_t c = 0; c < cols; ++c) vt_[e * T + c] = v[c * p_.sv[2] + e * p_.sv[3]];
+      for (int64_t c = 0; c < cols; ++c) vt_[e * T + c] = v[c * p_.v_stride.row + e * p_.v_stride.col];
       std::fill(vt_ + e * T + cols, vt_ + (e + 1) * T, 0.0f);
     }
     for (int64_t i0 = r0_; i0 < r1_; i0 += T) pair(h, i0, std::min(T, r1_ - i0), j0, cols);
@@ -147,7 +146,7 @@ class BackwardChunk {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
-      const float lse = p_.lse[b_ * p_.sl[0] + h * p_.sl[1] + i * p_.sl[2]];
+      const float lse = p_.lse[p_.lse_stride.at(b_, h, i)];
       const bool live = !band.empty() && lse != kNegInf;
       lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
       hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
@@ -222,7 +221,7 @@ class BackwardChunk {
         }
       }
     }
-    const V log2e = Ops::set1(kLog2eBwd);
+    const V log2e = Ops::set1(kLog2e);
     for (int64_t r = 0; r < rows; ++r) {
       float* st = st_ + r * T;
       const V lse = Ops::set1(lse_[r]);
@@ -249,8 +248,8 @@ class BackwardChunk {
       if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);
     if (p_.dbias != nullptr)
       for (int64_t r = 0; r < rows; ++r) {
-        float* out = p_.dbias + b_ * p_.sdb[0] + h * p_.sdb[1] + (i0 + r) * p_.sdb[2] + j0 * p_.sdb[3];
-        for (int64_t c = 0; c < cols; ++c) out[c * p_.sdb[3]] = ds_[r * T + c];
+        float* out = p_.dbias + p_.dbias_stride.at(b_, h, i0 + r) + j0 * p_.dbias_stride.col;
+        for (int64_t c = 0; c < cols; ++c) out[c * p_.dbias_stride.col] = ds_[r * T + c];
       }
     if (elementwise_ && cap_ > 0)
       for (int64_t r = 0; r < rows; ++r)
@@ -262,10 +261,10 @@ class BackwardChunk {
   void write_key_sums() {
     for (int64_t j = 0; j < s_.M; ++j) {
       if (chunk_ == 0) {
-        float* dk = p_.dk + b_ * p_.sdk[0] + hk_ * p_.sdk[1] + j * p_.sdk[2];
-        float* dv = p_.dv + b_ * p_.sdv[0] + hk_ * p_.sdv[1] + j * p_.sdv[2];
-        scale_row(dk, p_.sdk[3], dk_ + j * dp_, p_.scale, s_.D);
-        scale_row(dv, p_.sdv[3], dv_ + j * dvp_, 1.0f, s_.Dv);
+        float* dk = p_.dk + p_.dk_stride.at(b_, hk_, j);
+        float* dv = p_.dv + p_.dv_stride.at(b_, hk_, j);
+        scale_row(dk, p_.dk_stride.col, dk_ + j * dp_, p_.scale, s_.D);
+        scale_row(dv, p_.dv_stride.col, dv_ + j * dvp_, 1.0f, s_.Dv);
       } else {
         const int64_t key = ((chunk_ - 1) * s_.B + b_) * s_.Hkv * s_.M + hk_ * s_.M + j;
         scale_row(p_.dk_part + key * s_.D, 1, dk_ + j * dp_, p_.scale, s_.D);
@@ -276,8 +275,8 @@ class BackwardChunk {
 
   void write_dq(int64_t h) {
     for (int64_t i = r0_; i < r1_; ++i) {
-      float* dq = p_.dq + b_ * p_.sdq[0] + h * p_.sdq[1] + i * p_.sdq[2];
-      scale_row(dq, p_.sdq[3], dq_ + (i - r0_) * dp_, p_.scale, s_.D);
+      float* dq = p_.dq + p_.dq_stride.at(b_, h, i);
+      scale_row(dq, p_.dq_stride.col, dq_ + (i - r0_) * dp_, p_.scale, s_.D);
     }
   }
 

@@ -19,20 +19,36 @@ CpuFeatures detect() {
   return f;
 }
 
+// One row per family, best first; `runs` says whether this CPU can run it.
+struct FamilyEntry {
+  KernelFamily kernels;
+  bool (*runs)(const CpuFeatures&);
+};
+
+constexpr FamilyEntry kFamilies[] = {
+    {{Simd::avx512, &forward_tile_avx512, &backward_task_avx512, &decode_chunk_avx512, &exp2_avx512},
+     [](const CpuFeatures& f) { return f.avx512; }},
+    {{Simd::avx2, &forward_tile_avx2, &backward_task_avx2, &decode_chunk_avx2, &exp2_avx2},
+     [](const CpuFeatures& f) { return f.avx2_fma; }},
+    {{Simd::scalar, &forward_tile_scalar, &backward_task_scalar, &decode_chunk_scalar, &exp2_scalar},
+     [](const CpuFeatures&) { return true; }},
+};
+
+const FamilyEntry* find_family(Simd path) {
+  for (const FamilyEntry& e : kFamilies)
+    if (e.kernels.simd == path) return &e;
+  return nullptr;
+}
+
 bool available(Simd path) {
-  const CpuFeatures& f = cpu_features();
-  switch (path) {
-    case Simd::avx512: return f.avx512;
-    case Simd::avx2: return f.avx2_fma;
-    case Simd::scalar: return true;
-    case Simd::automatic: return true;
-  }
-  return false;
+  const FamilyEntry* e = find_family(path);
+  return e != nullptr && e->runs(cpu_features());
 }
 
 Simd best_path() {
-  const CpuFeatures& f = cpu_features();
-  return f.avx512 ? Simd::avx512 : f.avx2_fma ? Simd::avx2 : Simd::scalar;
+  for (const FamilyEntry& e : kFamilies)
+    if (e.runs(cpu_features())) return e.kernels.simd;
+  return Simd::scalar;
 }
 
 // QKV_SIMD as read once per process: the parsed path, or the message for an invalid value.
@@ -73,6 +89,12 @@ Simd resolve_simd(Simd requested) {
     throw Error(fmt::format("SIMD path {} was requested but this CPU does not support it (best here: {})",
                             simd_name(requested), simd_name(best_path())));
   return requested;
+}
+
+const KernelFamily& kernel_family(Simd path) {
+  const FamilyEntry* e = find_family(path);
+  if (e == nullptr) throw Error(fmt::format("no kernels for SIMD path {}", simd_name(path)));
+  return e->kernels;
 }
 
 }  // namespace qkv::kernels

@@ -1,6 +1,10 @@
-// Which SIMD family the fused kernels run: the CPU's features, QKV_SIMD, and the caller's choice.
+// Which SIMD family the fused kernels run: the CPU's features, QKV_SIMD, and the caller's choice;
+// and the one table of each family's kernels, so a new family is added in dispatch.cpp alone.
 #pragma once
 
+#include "kernels/backward_kernel.h"
+#include "kernels/decode_kernel.h"
+#include "kernels/fused_forward.h"
 #include "qkv/attention_options.h"
 
 namespace qkv::kernels {
@@ -17,5 +21,17 @@ const CpuFeatures& cpu_features();
 // else QKV_SIMD, else the best path the CPU has. Throws qkv::Error for a path the CPU lacks or
 // an invalid QKV_SIMD value.
 Simd resolve_simd(Simd requested);
+
+// Every kernel of one SIMD family.
+struct KernelFamily {
+  Simd simd;
+  TileFn forward_tile;
+  BackwardFn backward_task;
+  DecodeChunkFn decode_chunk;
+  Exp2Fn exp2;
+};
+
+// The kernels of a resolved path (not Simd::automatic). Thread-safe.
+const KernelFamily& kernel_family(Simd path);
 
 }  // namespace qkv::kernels

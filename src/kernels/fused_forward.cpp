@@ -27,19 +27,14 @@ void* Workspace::bytes(int slot, std::size_t count) {
 
 namespace {
 
-TileFn tile_function(Simd path) {
-  switch (path) {
-    case Simd::avx512: return &forward_tile_avx512;
-    case Simd::avx2: return &forward_tile_avx2;
-    default: return &forward_tile_scalar;
-  }
-}
-
 // Query rows per tile, from the shape alone (see ForwardParams::tile_rows). With tiles grouped
 // (plan_tile_group), 64 rows beat 32 by 5-7% on S3-S6 and 128 rows (1 thread, per CPU second,
 // BENCHMARKS.md). Short sequences get smaller tiles so two threads still have work at B·H = 1.
+constexpr int64_t kLongTileRows = 64;
+static_assert(kLongTileRows <= kMaxTileRows, "ForwardTile's per-row arrays hold kMaxTileRows rows");
+
 int64_t plan_tile_rows(const AttentionShape& s) {
-  int64_t rows = 64;
+  int64_t rows = kLongTileRows;
   while (rows > 16 && s.B * s.H * ((s.N + rows - 1) / rows) < 4) rows /= 2;
   return rows;
 }
@@ -77,7 +72,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   const int64_t heads = s.B * s.H;
   const int64_t items = heads * tiles;
   if (items == 0) return;
-  const TileFn fn = tile_function(path);
+  const TileFn fn = kernel_family(path).forward_tile;
   // Later tiles are heavier under a causal mask, so they go first; the order cannot change the
   // result because each tile is computed by one thread from start to end.
   auto task_of = [&](int64_t idx) {

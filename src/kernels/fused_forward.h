@@ -1,7 +1,7 @@
-// The fused forward kernel's internal interface: a params struct of pointers and element strides
-// (any stride order works, so [B,N,H,D] views cost nothing), the per-thread workspace, and one
-// tile function per SIMD family. The driver (fused_forward.cpp) splits the work into tiles of
-// query rows and runs them on OpenMP threads; each tile is computed by one thread, start to end.
+// The fused forward kernel's internal interface: the unit of work, the per-thread workspace, and
+// one tile function per SIMD family (the params are in params.h). The driver (fused_forward.cpp)
+// splits the work into tiles of query rows and runs them on OpenMP threads; each tile is
+// computed by one thread, start to end.
 #pragma once
 
 #include <array>
@@ -9,42 +9,15 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/mask_eval.h"
-#include "qkv/attention_options.h"
-#include "qkv/tensor.h"
+#include "kernels/params.h"
 
 namespace qkv::kernels {
 
-// Most query tiles one task runs together (ForwardParams::tile_group).
+// Most query tiles one task runs together (ForwardParams::tile_group), and most rows per tile
+// (ForwardParams::tile_rows): ForwardTile sizes its per-row arrays with it, and the planner
+// (fused_forward.cpp) asserts that it never asks for more.
 constexpr int64_t kMaxTileGroup = 16;
-
-// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv], out: [B,H,N,Dv], lse: [B,H,N] (may be null).
-// Exactly one of the fp32 or the bf16 input triples is set.
-struct ForwardParams {
-  AttentionShape shape;
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  const bf16* qb = nullptr;
-  const bf16* kb = nullptr;
-  const bf16* vb = nullptr;
-  std::array<int64_t, 4> sq{}, sk{}, sv{}, so{};
-  std::array<int64_t, 3> sl{};
-  float* out = nullptr;
-  float* lse = nullptr;
-  float scale = 1.0f;
-  const detail::MaskEval* mask = nullptr;
-  // Query rows per tile: chosen from the shape alone, never from the thread count, so the
-  // reduction order (and so every bit of the result) does not depend on the threads.
-  int64_t tile_rows = 64;
-  // Tiles per task, run block by block together so they share each K/V block in cache; also
-  // from the shape alone.
-  int64_t tile_group = 1;
-  // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
-  bool bf16_dot = false;
-
-  bool is_bf16() const { return qb != nullptr; }
-};
+constexpr int64_t kMaxTileRows = 64;
 
 // One unit of work: query rows [i0, i0 + tile_group · tile_rows) of head h of batch row b.
 struct TileTask {
@@ -72,6 +45,20 @@ class Workspace {
   std::array<std::size_t, kSlots> sizes_{};
 };
 
+// What each slot of a thread's Workspace holds during a forward task (tile_forward.h).
+namespace forward_slot {
+enum : int {
+  q_t,      // the group's packed Qᵀ tiles
+  scores,   // Sᵀ, then P, of the current key block
+  out,      // the group's O accumulators
+  v_pack,   // the block's V rows, packed (fp32, or bf16 pairs for vdpbf16ps)
+  stats,    // m, l, alpha and the band bounds of every row of the group
+  k_pack,   // the block's K rows, packed (fp32, or bf16 pairs)
+  tiles,    // the group's ForwardTile objects
+  p_pairs,  // P as bf16 pairs
+};
+}  // namespace forward_slot
+
 using TileFn = void (*)(const ForwardParams&, const TileTask&, Workspace&);
 
 // Computes one tile; every family computes the same function (only rounding differs).
@@ -80,6 +67,7 @@ void forward_tile_avx2(const ForwardParams& p, const TileTask& task, Workspace& 
 void forward_tile_scalar(const ForwardParams& p, const TileTask& task, Workspace& ws);
 
 // The vectorized 2^x of each family over n values (exposed for its accuracy test).
+using Exp2Fn = void (*)(const float* x, float* y, int64_t n);
 void exp2_avx512(const float* x, float* y, int64_t n);
 void exp2_avx2(const float* x, float* y, int64_t n);
 void exp2_scalar(const float* x, float* y, int64_t n);

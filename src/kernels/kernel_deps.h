@@ -12,10 +12,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <type_traits>
 #include <utility>
 
+#include "kernels/exp2_constants.h"
 #include "kernels/fused_forward.h"
 #include "kernels/mask_eval.h"

@@ -65,13 +65,8 @@ struct Avx512 {
     x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);  // NaN is the second operand: kept
     const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm512_sub_ps(x, n);
-    V p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    V p = _mm512_set1_ps(kExp2Poly[0]);
+    for (std::size_t i = 1; i < std::size(kExp2Poly); ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
     return _mm512_scalef_ps(p, n);
   }
 

@@ -19,9 +19,6 @@
 namespace qkv::kernels {
 namespace {
 
-constexpr float kLog2e = 1.44269504088896340736f;
-constexpr int64_t kMaxTileRows = 64;
-
 inline float widen(float x) { return x; }
 inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
 // Two bf16 as one 32-bit pair, the first in the low half (the order vdpbf16ps multiplies).
@@ -53,34 +50,34 @@ class ForwardTile {
   ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws)
       : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), h_(t.h), hk_(t.h / (p.shape.H / p.shape.Hkv)),
         i0_(t.i0 + sub * p.tile_rows) {
-    q_ = input(p.q, p.qb) + b_ * p.sq[0] + h_ * p.sq[1];
-    k_ = input(p.k, p.kb) + b_ * p.sk[0] + hk_ * p.sk[1];
-    v_ = input(p.v, p.vb) + b_ * p.sv[0] + hk_ * p.sv[1];
+    q_ = ForwardParams::typed<In>(p.q) + p.q_stride.at(b_, h_, 0);
+    k_ = ForwardParams::typed<In>(p.k) + p.k_stride.at(b_, hk_, 0);
+    v_ = ForwardParams::typed<In>(p.v) + p.v_stride.at(b_, hk_, 0);
     bq_ = p.tile_rows;
     rows_ = std::min(bq_, s_.N - i0_);
     qvecs_ = (rows_ + L - 1) / L;
     dvp_ = (s_.Dv + L - 1) / L * L;
     dk_ = Pairs ? (s_.D + 1) / 2 : s_.D;
     // Rows of K and V are used in place when their layout already is what the products read.
-    if constexpr (Pairs) k_direct_ = p.sk[3] == 1 && s_.D % 2 == 0 && p.sk[2] % 2 == 0;
+    if constexpr (Pairs) k_direct_ = p.k_stride.col == 1 && s_.D % 2 == 0 && p.k_stride.row % 2 == 0;
     else k_direct_ = std::is_same_v<In, float>;
-    v_direct_ = std::is_same_v<In, float> && p.sv[3] == 1 && dvp_ == s_.Dv;
+    v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv;
     const int64_t group = p.tile_group;
-    qt_ = ws.get<Elem>(0, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
-    st_ = ws.get<float>(1, static_cast<std::size_t>(kBc * bq_));
-    o_ = ws.get<float>(2, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
+    qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
+    st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * bq_));
+    o_ = ws.get<float>(forward_slot::out, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
     // P·V on bf16 pairs only from one full vector of outputs per row: with Dv < L (Dv = 1, 3 in
     // the tests) a row's few outputs left P's rounding no room to average out, and it exceeded
     // FlashAttention's rule against PyTorch's bf16 composite in ~1 case in 2,000; that product
     // costs next to nothing there anyway.
     pairs_pv_ = Pairs && s_.Dv >= L;
-    vpack_ = v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(3, static_cast<std::size_t>(kBc * dvp_));
+    vpack_ = v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kBc * dvp_));
     if (pairs_pv_) {
-      vpairs_ = ws.get<uint32_t>(3, static_cast<std::size_t>(kBc / 2 * dvp_));
-      ppairs_ = ws.get<uint32_t>(7, static_cast<std::size_t>(kBc / 2 * bq_));
+      vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kBc / 2 * dvp_));
+      ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kBc / 2 * bq_));
     }
-    kpack_ = k_direct_ ? nullptr : ws.get<Elem>(5, static_cast<std::size_t>(kBc * dk_));
-    float* stats = ws.get<float>(4, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
+    kpack_ = k_direct_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
+    float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
     m_ = stats;
     l_ = stats + bq_;
     alpha_ = stats + 2 * bq_;
@@ -127,11 +124,6 @@ class ForwardTile {
     return any;
   }
 
-  static const In* input(const float* f, const bf16* b) {
-    if constexpr (std::is_same_v<In, float>) return f;
-    else return b;
-  }
-
   // qt [D x bq] = Q tileᵀ (Pairs: [D/2 x bq] pairs of Q); lanes past the last row are zero. Q is
   // not scaled here: scores() scales q·k once, as PyTorch's composite does. Rounding scale·q first
   // added one rounding per term, which at scores of ~100 (q·50) made out 1.3× less accurate than
@@ -140,22 +132,22 @@ class ForwardTile {
     const int64_t lanes = qvecs_ * L;
     int64_t d0 = 0;
     if constexpr (Ops::kHasTranspose16 && std::is_same_v<In, float>) {
-      if (p_.sq[3] == 1) {
+      if (p_.q_stride.col == 1) {
         for (; d0 + 16 <= s_.D; d0 += 16)
           for (int64_t r0 = 0; r0 < lanes; r0 += 16)
-            Ops::transpose16(q_ + (i0_ + r0) * p_.sq[2] + d0, p_.sq[2], std::min<int64_t>(16, rows_ - r0),
+            Ops::transpose16(q_ + (i0_ + r0) * p_.q_stride.row + d0, p_.q_stride.row, std::min<int64_t>(16, rows_ - r0),
                              qt_ + d0 * bq_ + r0, bq_, 1.0f);
       }
     }
     for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
       Elem* qt = qt_ + d * bq_;
       for (int64_t r = 0; r < rows_; ++r) {
-        const In* q = q_ + (i0_ + r) * p_.sq[2];
+        const In* q = q_ + (i0_ + r) * p_.q_stride.row;
         if constexpr (Pairs) {
           const bool has_hi = 2 * d + 1 < s_.D;
-          qt[r] = pair_bits(q[2 * d * p_.sq[3]], has_hi ? q[(2 * d + 1) * p_.sq[3]] : bf16{});
+          qt[r] = pair_bits(q[2 * d * p_.q_stride.col], has_hi ? q[(2 * d + 1) * p_.q_stride.col] : bf16{});
         } else {
-          qt[r] = widen(q[d * p_.sq[3]]);
+          qt[r] = widen(q[d * p_.q_stride.col]);
         }
       }
       std::fill(qt + rows_, qt + lanes, Elem{});
@@ -176,23 +168,23 @@ class ForwardTile {
     g.kdim = dk_;
     if (k_direct_) {
       if constexpr (Pairs) {
-        g.a = reinterpret_cast<const uint32_t*>(k_ + j0 * p_.sk[2]);
-        g.a_row = p_.sk[2] / 2;
+        g.a = reinterpret_cast<const uint32_t*>(k_ + j0 * p_.k_stride.row);
+        g.a_row = p_.k_stride.row / 2;
         g.a_k = 1;
       } else {
-        g.a = reinterpret_cast<const float*>(k_ + j0 * p_.sk[2]);
-        g.a_row = p_.sk[2];
-        g.a_k = p_.sk[3];
+        g.a = reinterpret_cast<const float*>(k_ + j0 * p_.k_stride.row);
+        g.a_row = p_.k_stride.row;
+        g.a_k = p_.k_stride.col;
       }
     } else {
       for (int64_t jj = 0; jj < nb; ++jj) {
-        const In* k = k_ + (j0 + jj) * p_.sk[2];
+        const In* k = k_ + (j0 + jj) * p_.k_stride.row;
         for (int64_t d = 0; d < dk_; ++d) {
           if constexpr (Pairs) {
-            const bf16 hi = 2 * d + 1 < s_.D ? k[(2 * d + 1) * p_.sk[3]] : bf16{};
-            kpack_[jj * dk_ + d] = pair_bits(k[2 * d * p_.sk[3]], hi);
+            const bf16 hi = 2 * d + 1 < s_.D ? k[(2 * d + 1) * p_.k_stride.col] : bf16{};
+            kpack_[jj * dk_ + d] = pair_bits(k[2 * d * p_.k_stride.col], hi);
           } else {
-            kpack_[jj * dk_ + d] = widen(k[d * p_.sk[3]]);
+            kpack_[jj * dk_ + d] = widen(k[d * p_.k_stride.col]);
           }
         }
       }
@@ -268,7 +260,7 @@ class ForwardTile {
 
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
   void accumulate(int64_t j0, int64_t nb, bool interior) {
-    const In* v = v_ + j0 * p_.sv[2];
+    const In* v = v_ + j0 * p_.v_stride.row;
     const bool first = first_block_;
     first_block_ = false;
     if (!interior && has_nonfinite(v, nb)) {
@@ -288,7 +280,7 @@ class ForwardTile {
     g.a_k = bq_;
     if (v_direct_) {
       g.b = reinterpret_cast<const float*>(v);
-      g.ldb = p_.sv[2];
+      g.ldb = p_.v_stride.row;
     } else {
       pack_v(v, nb);
       g.b = vpack_;
@@ -309,7 +301,7 @@ class ForwardTile {
     for (int64_t k = 0; k < kp; ++k)
       for (int64_t g = 0; g < lanes; g += L)
         Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
-    const int64_t sm = p_.sv[2], se = p_.sv[3];
+    const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     const int64_t full = se == 1 ? s_.Dv / L * L : 0;
     for (int64_t k = 0; k < kp; ++k) {
       const In* lo = v + 2 * k * sm;
@@ -336,7 +328,7 @@ class ForwardTile {
 
   // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
   void pack_v(const In* v, int64_t nb) {
-    const int64_t sm = p_.sv[2], se = p_.sv[3];
+    const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     for (int64_t jj = 0; jj < nb; ++jj) {
       for (int64_t e = 0; e < s_.Dv; ++e) vpack_[jj * dvp_ + e] = widen(v[jj * sm + e * se]);
       for (int64_t e = s_.Dv; e < dvp_; ++e) vpack_[jj * dvp_ + e] = 0.0f;
@@ -352,7 +344,7 @@ class ForwardTile {
       float* o = o_ + r * dvp_;
       for (int64_t e = 0; e < s_.Dv; ++e) {
         float acc = first ? 0.0f : alpha_[r] * o[e];
-        for (int64_t jj = lo; jj < hi; ++jj) acc += st_[jj * bq_ + r] * widen(v[jj * p_.sv[2] + e * p_.sv[3]]);
+        for (int64_t jj = lo; jj < hi; ++jj) acc += st_[jj * bq_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
         o[e] = acc;
       }
     }
@@ -360,39 +352,39 @@ class ForwardTile {
 
   bool has_nonfinite(const In* v, int64_t nb) const {
     if constexpr (std::is_same_v<In, float>) {
-      if (p_.sv[3] == 1) {
+      if (p_.v_stride.col == 1) {
         V acc = Ops::zero();  // x · 0 is NaN exactly when x is Inf or NaN
         const int64_t full = s_.Dv / L * L;
         bool tail = false;
         for (int64_t jj = 0; jj < nb; ++jj) {
-          for (int64_t e = 0; e < full; e += L) acc = Ops::fma(Ops::load(v + jj * p_.sv[2] + e), Ops::zero(), acc);
-          for (int64_t e = full; e < s_.Dv; ++e) tail |= !std::isfinite(v[jj * p_.sv[2] + e]);
+          for (int64_t e = 0; e < full; e += L) acc = Ops::fma(Ops::load(v + jj * p_.v_stride.row + e), Ops::zero(), acc);
+          for (int64_t e = full; e < s_.Dv; ++e) tail |= !std::isfinite(v[jj * p_.v_stride.row + e]);
         }
         return tail || Ops::any_nan(acc);
       }
     }
     bool bad = false;
     for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t e = 0; e < s_.Dv; ++e) bad |= !std::isfinite(widen(v[jj * p_.sv[2] + e * p_.sv[3]]));
+      for (int64_t e = 0; e < s_.Dv; ++e) bad |= !std::isfinite(widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]));
     return bad;
   }
 
   void write_rows() {
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
-      float* out = p_.out + b_ * p_.so[0] + h_ * p_.so[1] + i * p_.so[2];
+      float* out = p_.out + p_.out_stride.at(b_, h_, i);
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
       const float inv = masked ? 0.0f : 1.0f / l_[r];
       const float* o = o_ + r * dvp_;
       if (masked) {
-        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.so[3]] = 0.0f;
-      } else if (p_.so[3] == 1) {  // the common layout, in a loop the compiler vectorizes
+        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = 0.0f;
+      } else if (p_.out_stride.col == 1) {  // the common layout, in a loop the compiler vectorizes
         for (int64_t e = 0; e < s_.Dv; ++e) out[e] = o[e] * inv;
       } else {
-        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.so[3]] = o[e] * inv;
+        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = o[e] * inv;
       }
       if (p_.lse != nullptr)
-        p_.lse[b_ * p_.sl[0] + h_ * p_.sl[1] + i * p_.sl[2]] =
+        p_.lse[p_.lse_stride.at(b_, h_, i)] =
             masked ? -std::numeric_limits<float>::infinity() : m_[r] + std::log(l_[r]);
     }
   }
@@ -425,7 +417,7 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
   // zero-filled on every call, which doubled the time of a 3-token call (S1).
   static_assert(std::is_trivially_destructible_v<Tile>);
   const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
-  Tile* group = ws.get<Tile>(6, static_cast<std::size_t>(tiles));
+  Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
   std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
   int64_t most = 0;
   for (int64_t t = 0; t < tiles; ++t) {

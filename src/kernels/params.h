@@ -1,0 +1,100 @@
+// The parameters of the fused kernels, as flash-attention passes them: pointers plus element
+// strides named by what they step over, so any stride order ([B,N,H,D] views included) costs
+// nothing. The backward's params extend the forward's: the same inputs, plus the gradients.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/mask_eval.h"
+#include "qkv/attention_options.h"
+#include "qkv/interrupt.h"
+#include "qkv/tensor.h"
+
+namespace qkv::kernels {
+
+// Element strides of a [batch, head, row, col] tensor (lse: [batch, head, row], col unused).
+struct Strides {
+  int64_t batch = 0, head = 0, row = 0, col = 1;
+  int64_t at(int64_t b, int64_t h, int64_t i) const { return b * batch + h * head + i * row; }
+};
+
+// The strides of a rank-3 or rank-4 view (an empty view: all zero).
+template <class T>
+Strides strides_of(const TensorView<T>& t) {
+  if (t.empty()) return Strides{0, 0, 0, 0};
+  return Strides{t.stride(0), t.stride(1), t.stride(2), t.rank() > 3 ? t.stride(3) : 1};
+}
+
+enum class InputType { f32, bf16 };
+
+// q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv] of `dtype` -> out: [B,H,N,Dv], lse: [B,H,N]
+// (lse may be null).
+struct ForwardParams {
+  AttentionShape shape;
+  InputType dtype = InputType::f32;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  Strides q_stride, k_stride, v_stride, out_stride, lse_stride;
+  float* out = nullptr;
+  float* lse = nullptr;
+  float scale = 1.0f;
+  const detail::MaskEval* mask = nullptr;
+  // Query rows per tile: chosen from the shape alone, never from the thread count, so the
+  // reduction order (and so every bit of the result) does not depend on the threads.
+  int64_t tile_rows = 64;
+  // Tiles per task, run block by block together so they share each K/V block in cache; also
+  // from the shape alone.
+  int64_t tile_group = 1;
+  // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
+  bool bf16_dot = false;
+
+  bool is_bf16() const { return dtype == InputType::bf16; }
+  template <class T>
+  static const T* typed(const void* p) {
+    return static_cast<const T*>(p);
+  }
+};
+
+// The forward's inputs with their strides, scale and mask: what the forward and the backward
+// params share. The caller sets out and lse.
+template <class T>
+ForwardParams forward_params(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                             const AttentionShape& s, const AttentionOptions& options, const detail::MaskEval& mask) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>);
+  ForwardParams p;
+  p.shape = s;
+  p.dtype = std::is_same_v<T, bf16> ? InputType::bf16 : InputType::f32;
+  p.q = q.data(), p.k = k.data(), p.v = v.data();
+  p.q_stride = strides_of(q), p.k_stride = strides_of(k), p.v_stride = strides_of(v);
+  p.scale = static_cast<float>(attention_scale(options.scale, s.D));
+  p.mask = &mask;
+  return p;
+}
+
+// The forward's params (fp32 inputs; out and lse are read, not written), plus dout -> dq: [B,H,N,D],
+// dk: [B,Hkv,M,D], dv: [B,Hkv,M,Dv], dbias: [B,H,N,M] (may be null). Query rows are split into
+// `chunks` chunks of `chunk_rows` (a multiple of kBackwardTile). Chunk 0 writes dk and dv; chunk
+// c > 0 writes its partial sums to dk_part/dv_part [c-1, B, Hkv, M, D|Dv] (contiguous), which
+// the driver adds to dk/dv in chunk order.
+struct BackwardParams : ForwardParams {
+  explicit BackwardParams(const ForwardParams& forward) : ForwardParams(forward) {}
+
+  const float* dout = nullptr;
+  Strides dout_stride, dq_stride, dk_stride, dv_stride, dbias_stride;
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
+  float *dk_part = nullptr, *dv_part = nullptr;
+  const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
+  int64_t chunk_rows = 0, chunks = 1;
+  bool single_key_shortcut = true;  // off for AttentionOptions::partial_rows
+  // Checked between key tiles: a task (all keys of a head) can take seconds. A stopped task leaves
+  // its outputs partial; the caller then throws qkv::Interrupted. nullptr: never stops.
+  InterruptScope* interrupt = nullptr;
+
+  const float* qf() const { return typed<float>(q); }
+  const float* kf() const { return typed<float>(k); }
+  const float* vf() const { return typed<float>(v); }
+};
+
+}  // namespace qkv::kernels
