@@ -38,44 +38,27 @@ py::object to_numpy(const Matrix& m) {
   return a;
 }
 
-py::dict to_dict(const qkv::Explanation& e) {
-  py::dict d;
-  d["title"] = e.title;
-  d["source"] = e.source;
-  d["style"] = e.style;
-  d["weights"] = e.weights;
-  d["tokens"] = e.tokens;
-  d["x"] = to_numpy(e.x);
-  d["w_q"] = to_numpy(e.w_q);
-  d["w_k"] = to_numpy(e.w_k);
-  d["w_v"] = to_numpy(e.w_v);
-  d["b_q"] = to_numpy(e.b_q);
-  d["b_k"] = to_numpy(e.b_k);
-  d["b_v"] = to_numpy(e.b_v);
-  d["w_o"] = to_numpy(e.w_o);
-  d["b_o"] = to_numpy(e.b_o);
-  d["parameter_free"] = e.parameter_free;
-  d["num_heads"] = e.num_heads;
-  d["num_kv_heads"] = e.num_kv_heads;
-  d["d_k"] = e.d_k;
-  py::list heads;
-  for (const qkv::HeadSteps& h : e.heads) {
-    py::dict hd;
-    hd["q"] = to_numpy(h.q);
-    hd["k"] = to_numpy(h.k);
-    hd["v"] = to_numpy(h.v);
-    hd["scores"] = to_numpy(h.scores);
-    hd["scale"] = h.scale;
-    hd["scaled_scores"] = to_numpy(h.scaled_scores);
-    hd["weights"] = to_numpy(h.weights);
-    hd["context"] = to_numpy(h.context);
-    heads.append(hd);
+// One field as Python: matrices as float64 arrays (None when empty), heads as dicts.
+struct FieldObject {
+  py::object operator()(const Matrix& m) const { return to_numpy(m); }
+  py::object operator()(const std::vector<qkv::HeadSteps>& heads) const {
+    py::list list;
+    for (const qkv::HeadSteps& h : heads) list.append(dict(h));
+    return list;
   }
-  d["heads"] = heads;
-  d["concat"] = to_numpy(e.concat);
-  d["output"] = to_numpy(e.output);
-  return d;
-}
+  template <class T>
+  py::object operator()(const T& value) const {
+    return py::cast(value);
+  }
+  template <class S>
+  py::dict dict(const S& steps) const {
+    py::dict d;
+    qkv::visit_fields(steps, [&](const char* name, const auto& value) { d[name] = (*this)(value); });
+    return d;
+  }
+};
+
+py::dict to_dict(const qkv::Explanation& e) { return FieldObject{}.dict(e); }
 
 std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
   if (!tokens.is_none()) {

@@ -69,6 +69,22 @@ struct Explanation {
   Matrix output;                    // [N, ·] final output: concat·W_o + b_o, or concat without W_o
 };
 
+// Calls f(name, value) for every field, in the order of the serialised forms (the CLI's JSON,
+// Python's dict): the one list of field names both are written from.
+template <class F>
+void visit_fields(const HeadSteps& h, F&& f) {
+  f("q", h.q), f("k", h.k), f("v", h.v), f("scores", h.scores), f("scale", h.scale);
+  f("scaled_scores", h.scaled_scores), f("weights", h.weights), f("context", h.context);
+}
+template <class F>
+void visit_fields(const Explanation& e, F&& f) {
+  f("title", e.title), f("source", e.source), f("style", e.style), f("weights", e.weights), f("tokens", e.tokens);
+  f("x", e.x), f("w_q", e.w_q), f("w_k", e.w_k), f("w_v", e.w_v), f("b_q", e.b_q), f("b_k", e.b_k), f("b_v", e.b_v);
+  f("w_o", e.w_o), f("b_o", e.b_o), f("parameter_free", e.parameter_free), f("num_heads", e.num_heads);
+  f("num_kv_heads", e.num_kv_heads), f("d_k", e.d_k), f("heads", e.heads), f("concat", e.concat);
+  f("output", e.output);
+}
+
 // Names accepted by explain_example(): "seed-003" (the default of `qkv explain`) and
 // "playing-outside" (seed 000's q/k/v vectors for "Playing Outside").
 std::vector<std::string> example_names();

@@ -213,40 +213,32 @@ std::string explanation_to_text(const Explanation& e, int precision) {
   return out;
 }
 
-std::string explanation_to_json(const Explanation& e, int indent) {
-  nlohmann::json j;
-  j["title"] = e.title;
-  j["source"] = e.source;
-  j["style"] = e.style;
-  j["weights"] = e.weights;
-  j["tokens"] = e.tokens;
-  j["x"] = detail::matrix_json(e.x);
-  j["w_q"] = detail::matrix_json(e.w_q);
-  j["w_k"] = detail::matrix_json(e.w_k);
-  j["w_v"] = detail::matrix_json(e.w_v);
-  j["b_q"] = detail::matrix_json(e.b_q);
-  j["b_k"] = detail::matrix_json(e.b_k);
-  j["b_v"] = detail::matrix_json(e.b_v);
-  j["w_o"] = detail::matrix_json(e.w_o);
-  j["b_o"] = detail::matrix_json(e.b_o);
-  j["parameter_free"] = e.parameter_free;
-  j["num_heads"] = e.num_heads;
-  j["num_kv_heads"] = e.num_kv_heads;
-  j["d_k"] = e.d_k;
-  nlohmann::json heads = nlohmann::json::array();
-  for (const HeadSteps& h : e.heads) {
-    heads.push_back({{"q", detail::matrix_json(h.q)},
-                     {"k", detail::matrix_json(h.k)},
-                     {"v", detail::matrix_json(h.v)},
-                     {"scores", detail::matrix_json(h.scores)},
-                     {"scale", h.scale},
-                     {"scaled_scores", detail::matrix_json(h.scaled_scores)},
-                     {"weights", detail::matrix_json(h.weights)},
-                     {"context", detail::matrix_json(h.context)}});
+namespace {
+
+// One field's JSON: matrices as rows of numbers (null when empty), heads as objects.
+struct FieldJson {
+  nlohmann::json operator()(const Matrix& m) const { return detail::matrix_json(m); }
+  nlohmann::json operator()(const std::vector<HeadSteps>& heads) const {
+    nlohmann::json list = nlohmann::json::array();
+    for (const HeadSteps& h : heads) list.push_back(object(h));
+    return list;
   }
-  j["heads"] = std::move(heads);
-  j["concat"] = detail::matrix_json(e.concat);
-  j["output"] = detail::matrix_json(e.output);
+  template <class T>
+  nlohmann::json operator()(const T& value) const {
+    return value;
+  }
+  template <class S>
+  nlohmann::json object(const S& steps) const {
+    nlohmann::json j = nlohmann::json::object();
+    visit_fields(steps, [&](const char* name, const auto& value) { j[name] = (*this)(value); });
+    return j;
+  }
+};
+
+}  // namespace
+
+std::string explanation_to_json(const Explanation& e, int indent) {
+  const nlohmann::json j = FieldJson{}.object(e);
   // Tokens are raw bytes from the user; invalid UTF-8 is replaced rather than refused.
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
