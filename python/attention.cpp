@@ -19,7 +19,7 @@ qkv::TensorView<const qkv::bf16> as_bf16(const qkv::TensorView<const uint16_t>& 
 // T: the numpy element type of q, k, v (float, double or uint16_t holding bf16); R: of the results.
 template <class T, class R>
 py::object forward_as(const py::array& q, const py::array& k, const py::array& v, const AttentionCall& call,
-                      bool return_lse, bool finite) {
+                      bool return_lse, bool lse64, bool finite) {
   const qkv::TensorView<const T> qv = array_view<T>(q, "q"), kv = array_view<T>(k, "k"), vv = array_view<T>(v, "v");
   if constexpr (!std::is_same_v<T, uint16_t>) {
     if (finite) {
@@ -34,37 +34,41 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
     }
   }
   py::array out = new_array<R>(call.out_shape);
-  py::array lse = new_array<R>(call.lse_shape);
+  // lse in float64 on every path (the fused kernels' m + log(l) before its rounding to fp32, which
+  // attention_backward needs to recompute P to fp32 accuracy at large scores), rounded on return
+  // unless lse64.
+  py::array lse = new_array<double>(call.lse_shape);
   const qkv::TensorView<R> ov = mutable_view<R>(out, "out").as_rank4();
-  const qkv::TensorView<R> lv = lse_view(mutable_view<R>(lse, "lse"));
+  const qkv::TensorView<double> lv = lse_view(mutable_view<double>(lse, "lse"));
   {
     InterruptibleRelease release;  // Ctrl-C stops it
     if constexpr (std::is_same_v<T, double>) {
       qkv::reference_attention_forward(ov, lv, {}, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
     } else if constexpr (std::is_same_v<T, uint16_t>) {
-      qkv::attention_forward(ov, lv, as_bf16(qv.as_rank4()), as_bf16(kv.as_rank4()), as_bf16(vv.as_rank4()),
-                             call.options);
+      qkv::attention_forward_lse64(ov, lv, as_bf16(qv.as_rank4()), as_bf16(kv.as_rank4()), as_bf16(vv.as_rank4()),
+                                   call.options);
     } else {
-      qkv::attention_forward(ov, lv, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
+      qkv::attention_forward_lse64(ov, lv, qv.as_rank4(), kv.as_rank4(), vv.as_rank4(), call.options);
     }
   }
-  if (return_lse) return py::make_tuple(out, lse);
-  return out;
+  if (!return_lse) return out;
+  if (lse64 || std::is_same_v<R, double>) return py::make_tuple(out, lse);
+  return py::make_tuple(out, lse.attr("astype")("float32"));  // the same number the fp32 kernel rounds to
 }
 
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::dict& mask,
-                const py::object& scale, bool return_lse, const std::string& kernel, int num_threads,
+                const py::object& scale, bool return_lse, bool lse64, const std::string& kernel, int num_threads,
                 const std::string& simd, bool finite) {
   const auto [q, k, v] = qkv_arrays(q_obj, k_obj, v_obj);
   const CallOptions options{.mask = mask, .scale = scale, .kernel = kernel, .num_threads = num_threads, .simd = simd};
   const AttentionCall call = prepare_call(q, k, v, options);
   switch (call.dtype) {
     case DType::f64:
-      return forward_as<double, double>(q, k, v, call, return_lse, finite);
+      return forward_as<double, double>(q, k, v, call, return_lse, lse64, finite);
     case DType::f32:
-      return forward_as<float, float>(q, k, v, call, return_lse, finite);
+      return forward_as<float, float>(q, k, v, call, return_lse, lse64, finite);
     case DType::bf16:
-      return forward_as<uint16_t, float>(q, k, v, call, return_lse, finite);
+      return forward_as<uint16_t, float>(q, k, v, call, return_lse, lse64, finite);
   }
   throw py::type_error("unreachable dtype");
 }
@@ -73,7 +77,7 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
 
 void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
-        py::arg("scale"), py::arg("return_lse"), py::arg("kernel"), py::arg("num_threads"), py::arg("simd"),
+        py::arg("scale"), py::arg("return_lse"), py::arg("lse64"), py::arg("kernel"), py::arg("num_threads"), py::arg("simd"),
         py::arg("check_finite"),
         "Core of qkv.scaled_dot_product_attention (see that function's docstring); mask is a dict of mask "
         "keyword arguments.");

@@ -10,13 +10,13 @@
 namespace qkvpy {
 namespace {
 
-// A float32 array argument that must have exactly `shape` (out or lse given back by the caller).
-qkv::TensorView<const float> given(const py::object& obj, const char* name, const std::vector<int64_t>& shape,
-                                   py::array& owner) {
-  if (dtype_of(obj, name) != DType::f32)
-    throw py::type_error(fmt::format("{} must be float32 like the forward's result", name));
+// An array argument of element type T that must have exactly `shape` (out or lse given back by
+// the caller).
+template <class T>
+qkv::TensorView<const T> given(const py::object& obj, const char* name, const std::vector<int64_t>& shape,
+                               py::array& owner) {
   owner = aligned(obj);
-  const qkv::TensorView<const float> v = array_view<float>(owner, name);
+  const qkv::TensorView<const T> v = array_view<T>(owner, name);
   qkv::require_shape(v.shape(), shape, name);
   return v;
 }
@@ -54,19 +54,31 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
     qkv::reference_attention_backward(dq, dk, dv, dbias, dout4, q4, k4, v4, call.options);
   } else {
     py::array out_owner, lse_owner;
-    qkv::Tensor<float> out_buf, lse_buf;
-    qkv::TensorView<const float> out4, lse3;
+    qkv::Tensor<float> out_buf, lse32;
+    qkv::Tensor<double> lse_buf;
+    qkv::TensorView<const float> out4;
+    qkv::TensorView<const double> lse3;
     const bool have_forward = !out_obj.is_none() && !lse_obj.is_none();
     if (have_forward) {
-      out4 = given(out_obj, "out", call.out_shape, out_owner).as_rank4();
-      lse3 = lse_view(given(lse_obj, "lse", call.lse_shape, lse_owner));
+      if (dtype_of(out_obj, "out") != DType::f32) throw py::type_error("out must be float32 like the forward's result");
+      out4 = given<float>(out_obj, "out", call.out_shape, out_owner).as_rank4();
+      // lse: the forward's float64 (exact P), or a float32 one from elsewhere, widened.
+      const DType lse_type = dtype_of(lse_obj, "lse");
+      if (lse_type == DType::f64) {
+        lse3 = lse_view(given<double>(lse_obj, "lse", call.lse_shape, lse_owner));
+      } else if (lse_type == DType::f32) {
+        lse_buf = qkv::to_contiguous<double>(given<float>(lse_obj, "lse", call.lse_shape, lse_owner));
+        lse3 = lse_view(lse_buf.cview());
+      } else {
+        throw py::type_error("lse must be float64 (or float32) like the forward's result");
+      }
     } else {
       out_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2), v4.dim(3)}, "out");
-      lse_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2)}, "lse");
+      lse_buf = qkv::Tensor<double>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2)}, "lse");
     }
     InterruptibleRelease release;  // Ctrl-C stops it
     if (!have_forward) {
-      qkv::attention_forward(out_buf.view(), lse_buf.view(), q4, k4, v4, call.options);
+      qkv::attention_forward_lse64(out_buf.view(), lse_buf.view(), q4, k4, v4, call.options);
       out4 = out_buf.cview();
       lse3 = lse_buf.cview();
     }

@@ -287,6 +287,7 @@ qkv::TensorView<T> lse_view(qkv::TensorView<T> lse) {
 template qkv::TensorView<float> lse_view(qkv::TensorView<float>);
 template qkv::TensorView<double> lse_view(qkv::TensorView<double>);
 template qkv::TensorView<const float> lse_view(qkv::TensorView<const float>);
+template qkv::TensorView<const double> lse_view(qkv::TensorView<const double>);
 
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner) {
   const DType t = dtype_of(obj, name);

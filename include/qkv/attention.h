@@ -42,6 +42,17 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
                        TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
 
+// attention_forward with lse in float64 (a name of its own, so `{}` for "no lse" stays
+// unambiguous above): the kernel's own normalizer m + log(l) with no final rounding to
+// fp32. Pass it to attention_backward: at large scores (|lse| ~ 100, one fp32 ulp = 7.6e-6) an
+// fp32 lse puts up to 3.8e-6 of relative error into every P the backward recomputes, which
+// PyTorch's fp32 composite does not have; with this one the gradients meet FlashAttention's rule.
+void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const float> q,
+                             TensorView<const float> k, TensorView<const float> v,
+                             const AttentionOptions& options = {});
+void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const bf16> q,
+                             TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
+
 // The SIMD path ("avx512", "avx2" or "scalar") the fused kernel runs for `simd` on this CPU,
 // honouring QKV_SIMD. Throws qkv::Error if that path is not available here or QKV_SIMD is invalid.
 const char* simd_path_name(Simd simd = Simd::automatic);

@@ -17,4 +17,12 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
                         TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
                         const AttentionOptions& options = {});
 
+// The same with the float64 lse of attention_forward: P is then recomputed to fp32 accuracy at any
+// score size, and the gradients meet FlashAttention's rule against PyTorch's fp32 composite with
+// q scaled by 50 (tests/large_score_test.cpp). The recommended form when the caller keeps lse.
+void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> out, TensorView<const double> lse,
+                        const AttentionOptions& options = {});
+
 }  // namespace qkv

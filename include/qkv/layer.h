@@ -35,7 +35,7 @@ struct LayerCache {
   Tensor<float> x, kv;                       // contiguous inputs; kv empty for self-attention
   Tensor<float> q, k, v;                     // [B, N, H·D], [B, M, Hkv·D], [B, M, Hkv·Dv]; empty when parameter-free
   Tensor<float> ctx;                         // attention output, heads concatenated: [B, N, H·Dv]
-  Tensor<float> lse;                         // [B, H, N]
+  Tensor<double> lse;                        // [B, H, N], float64 for the backward (attention_backward)
 };
 
 // Owns its weights (public so training, I/O and bindings reach them). forward() is const and

@@ -54,7 +54,10 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
 
     Args:
       scale: multiplies q @ k^T; default 1 / sqrt(D).
-      return_lse: also return lse [..., N], the log-sum-exp of each row of masked, scaled scores.
+      return_lse: also return lse [..., N], the log-sum-exp of each row of masked, scaled scores:
+          True gives it in the results' dtype; "float64" gives the kernel's m + log(l) before its
+          rounding to fp32, which attention_backward needs to recompute the softmax to fp32
+          accuracy when scores are large (one fp32 ulp of an lse of 100 is 7.6e-6).
       kernel: "auto" (fastest available), "reference" (float64 inside) or "fused".
       num_threads: threads for this call; 0 = qkv.default_num_threads().
       simd: "auto", "avx512", "avx2" or "scalar": forces the fused kernel's instruction set
@@ -69,8 +72,10 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
     released while computing, so other Python threads keep running.
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
-    return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, bool(return_lse), kernel, int(num_threads),
-                                             simd, bool(check_finite))
+    if return_lse not in (False, True, "float64"):
+        raise ValueError(f'return_lse must be False, True or "float64", got {return_lse!r}')
+    return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, return_lse is not False, return_lse == "float64",
+                                             kernel, int(num_threads), simd, bool(check_finite))
 
 
 scaled_dot_product_attention.__doc__ = scaled_dot_product_attention.__doc__.replace("{mask}", _MASK_DOC)
@@ -95,9 +100,10 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     q, k, v and every mask argument are as for scaled_dot_product_attention; dout has out's shape
-    [..., N, Dv] and dtype. out and lse are the forward's results for the same inputs (float32
-    only); when either is None the forward is run here first. float64 inputs use the float64
-    reference backward.
+    [..., N, Dv] and dtype. out and lse are the forward's results for the same inputs (out float32;
+    lse from return_lse="float64", or a float32 one, which at |lse| ~ 100 leaves up to 3.8e-6
+    relative error in the recomputed softmax); when either is None the forward is run here first.
+    float64 inputs use the float64 reference backward.
 
     Returns (dq, dk, dv), shaped like q, k, v (for grouped-query attention dk and dv sum over the
     query heads of each group), or (dq, dk, dv, dbias) if return_dbias. dbias = dL/dbias has the

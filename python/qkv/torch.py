@@ -136,12 +136,15 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, extras, scale, num_threads):
         mask = dict(extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
-        out, lse = _qkv.scaled_dot_product_attention(_numpy(q), _numpy(k), _numpy(v), mask, scale, True, "auto",
+        out, lse = _qkv.scaled_dot_product_attention(_numpy(q), _numpy(k), _numpy(v), mask, scale, True, True, "auto",
                                                      num_threads, "auto", False)
-        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        # The backward keeps the float64 lse (P recomputed to fp32 accuracy at large scores); the
+        # caller gets it in the dtype of the scores (float32 for bfloat16 inputs).
+        out, lse64 = torch.from_numpy(out), torch.from_numpy(lse)
+        lse = lse64 if q.dtype == torch.float64 else lse64.float()
         ctx.mark_non_differentiable(lse)
         ctx.extras, ctx.scale, ctx.num_threads = extras, scale, num_threads
-        ctx.save_for_backward(q, k, v, bias, keep, out, lse)
+        ctx.save_for_backward(q, k, v, bias, keep, out, lse64)
         if q.dtype == torch.bfloat16:
             out = out.to(torch.bfloat16)
         return out, lse

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -82,7 +83,8 @@ int default_num_threads() {
 
 namespace {
 
-void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+template <class L>
+void reference_forward_f32(TensorView<float> out, TensorView<L> lse, TensorView<const float> q,
                            TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
   Tensor<double> q64 = to_contiguous<double>(q), k64 = to_contiguous<double>(k), v64 = to_contiguous<double>(v);
   Tensor<double> out64(out.shape(), "out");
@@ -91,7 +93,7 @@ void reference_forward_f32(TensorView<float> out, TensorView<float> lse, TensorV
   const double* o = out64.data();
   for_each_element(out, [&](float& x, const auto&) { x = static_cast<float>(*o++); });
   const double* l = lse64.data();
-  if (!lse.empty()) for_each_element(lse, [&](float& x, const auto&) { x = static_cast<float>(*l++); });
+  if (!lse.empty()) for_each_element(lse, [&](L& x, const auto&) { x = static_cast<L>(*l++); });
 }
 
 }  // namespace
@@ -124,9 +126,10 @@ TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storag
   return storage.cview();
 }
 
-// q, k, v of element type T (float or bf16): checks, then the reference or the fused kernel.
-template <class T>
-void forward_any(TensorView<float> out, TensorView<float> lse, TensorView<const T> q, TensorView<const T> k,
+// q, k, v of element type T (float or bf16), lse of L (float or double): checks, then the
+// reference or the fused kernel.
+template <class T, class L>
+void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q, TensorView<const T> k,
                  TensorView<const T> v, const AttentionOptions& options) {
   const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
   if (options.kernel == Kernel::reference) {
@@ -138,7 +141,9 @@ void forward_any(TensorView<float> out, TensorView<float> lse, TensorView<const 
   const detail::MaskEval mask(options.mask, s);
   kernels::ForwardParams p = kernels::forward_params(q, k, v, s, options, mask);
   p.out = out.data(), p.out_stride = kernels::strides_of(out);
-  p.lse = lse.empty() ? nullptr : lse.data(), p.lse_stride = kernels::strides_of(lse);
+  if constexpr (std::is_same_v<L, double>) p.lse_wide = lse.empty() ? nullptr : lse.data();
+  else p.lse = lse.empty() ? nullptr : lse.data();
+  p.lse_stride = kernels::strides_of(lse);
   kernels::fused_forward(p, path, threads_for(s, options));
 }
 
@@ -151,6 +156,16 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
 
 void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
                        TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options);
+}
+
+void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const float> q,
+                             TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options);
+}
+
+void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const bf16> q,
+                             TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
   forward_any(out, lse, q, k, v, options);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "attention/backward_checks.h"
@@ -55,12 +56,12 @@ void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorVi
   }
 }
 
-}  // namespace
-
-void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
-                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
-                        TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
-                        const AttentionOptions& options) {
+// lse of L: float, or double (the forward's lse without its rounding to fp32).
+template <class L>
+void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                  TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                  TensorView<const float> v, TensorView<const float> out, TensorView<const L> lse,
+                  const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
   require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
@@ -85,7 +86,9 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   kernels::BackwardParams p(kernels::forward_params(q, k, v, s, options, mask));
   // The forward's out and lse are inputs here: the backward only reads them.
   p.out = const_cast<float*>(out.data()), p.out_stride = kernels::strides_of(out);
-  p.lse = const_cast<float*>(lse.data()), p.lse_stride = kernels::strides_of(lse);
+  if constexpr (std::is_same_v<L, double>) p.lse_wide = const_cast<double*>(lse.data());
+  else p.lse = const_cast<float*>(lse.data());
+  p.lse_stride = kernels::strides_of(lse);
   p.dout = dout.data(), p.dout_stride = kernels::strides_of(dout);
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
   p.dq_stride = kernels::strides_of(dq), p.dk_stride = kernels::strides_of(dk), p.dv_stride = kernels::strides_of(dv);
@@ -154,6 +157,22 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
     for (int64_t key = 0; key < keys; ++key) add_partials(key);
   }
   throw_if_stopped(interrupt);
+}
+
+}  // namespace
+
+void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                        const AttentionOptions& options) {
+  backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options);
+}
+
+void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                        TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                        TensorView<const float> v, TensorView<const float> out, TensorView<const double> lse,
+                        const AttentionOptions& options) {
+  backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options);
 }
 
 }  // namespace qkv

@@ -19,6 +19,8 @@
 // P carries only lse's own rounding. Folding −lse·log2(e) into one FMA (as before) rounded an
 // exponent of ~150 for scores of ~100, a 1e-5 relative error in every P that PyTorch's softmax
 // (which subtracts its max first) does not have; and a row that sees one key gets P = 1 exactly.
+// lse's own rounding to fp32 (up to 3.8e-6 at |lse| ~ 100) is the last such error: given lse in
+// float64 (BackwardParams::lse_wide), P = 2^(((S − hi) − lo)·log2e) with lse = hi + lo.
 #pragma once
 
 namespace qkv::kernels {
@@ -146,11 +148,15 @@ class BackwardChunk {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
-      const float lse = p_.lse[p_.lse_stride.at(b_, h, i)];
-      const bool live = !band.empty() && lse != kNegInf;
+      const int64_t at = p_.lse_stride.at(b_, h, i);
+      const double lse = p_.lse_wide != nullptr ? p_.lse_wide[at] : p_.lse[at];
+      const bool live = !band.empty() && lse != -std::numeric_limits<double>::infinity();
       lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
       hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
-      lse_[r] = live ? lse : 0.0f;  // dead rows: every logit is -inf, so P = 0
+      // lse as hi + lo floats (lo = 0 for an fp32 lse): S − hi is exact for the keys that matter,
+      // then − lo restores lse's bits below fp32 (dead rows: every logit is -inf, so P = 0).
+      lse_[r] = live ? static_cast<float>(lse) : 0.0f;
+      lse_lo_[r] = live ? static_cast<float>(lse - static_cast<double>(lse_[r])) : 0.0f;
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
       single_[r] = p_.single_key_shortcut && live && band.hi - band.lo == 1;
@@ -224,11 +230,11 @@ class BackwardChunk {
     const V log2e = Ops::set1(kLog2e);
     for (int64_t r = 0; r < rows; ++r) {
       float* st = st_ + r * T;
-      const V lse = Ops::set1(lse_[r]);
+      const V lse = Ops::set1(lse_[r]), lse_lo = Ops::set1(lse_lo_[r]);
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
       const bool banded = !elementwise_ && !interior_;
       for (int64_t c = 0; c < T; c += L) {
-        V x = Ops::mul(Ops::sub(Ops::load(st + c), lse), log2e);
+        V x = Ops::mul(Ops::sub(Ops::sub(Ops::load(st + c), lse), lse_lo), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
         Ops::store(st + c, Ops::exp2(x));
       }
@@ -291,7 +297,7 @@ class BackwardChunk {
   float *dk_head_, *dv_head_, *dk_sum_ = nullptr, *dv_sum_ = nullptr;  // dk_sum_, dv_sum_: the current head's
   // Band of each row of the current query tile relative to j0 (clamped), and its lse.
   std::array<int64_t, T> lo_{}, hi_{};
-  std::array<float, T> lse_{};
+  std::array<float, T> lse_{}, lse_lo_{};
   std::array<bool, T> single_{};
 };
 

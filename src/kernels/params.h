@@ -39,6 +39,10 @@ struct ForwardParams {
   Strides q_stride, k_stride, v_stride, out_stride, lse_stride;
   float* out = nullptr;
   float* lse = nullptr;
+  // lse in float64 instead of lse (exactly one is set when lse is wanted): the row's m + log(l)
+  // without a final rounding to fp32, which at |lse| ~ 100 (scores of q·50) is up to 3.8e-6 and
+  // becomes a relative error of every P the backward recomputes from it.
+  double* lse_wide = nullptr;
   float scale = 1.0f;
   const detail::MaskEval* mask = nullptr;
   // Query rows per tile: chosen from the shape alone, never from the thread count, so the
@@ -73,7 +77,7 @@ ForwardParams forward_params(TensorView<const T> q, TensorView<const T> k, Tenso
   return p;
 }
 
-// The forward's params (fp32 inputs; out and lse are read, not written), plus dout -> dq: [B,H,N,D],
+// The forward's params (fp32 inputs; out and lse or lse_wide are read, not written), plus dout -> dq: [B,H,N,D],
 // dk: [B,Hkv,M,D], dv: [B,Hkv,M,Dv], dbias: [B,H,N,M] (may be null). Query rows are split into
 // `chunks` chunks of `chunk_rows` (a multiple of kBackwardTile). Chunk 0 writes dk and dv; chunk
 // c > 0 writes its partial sums to dk_part/dv_part [c-1, B, Hkv, M, D|Dv] (contiguous), which

@@ -383,9 +383,11 @@ class ForwardTile {
       } else {
         for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = o[e] * inv;
       }
-      if (p_.lse != nullptr)
-        p_.lse[p_.lse_stride.at(b_, h_, i)] =
-            masked ? -std::numeric_limits<float>::infinity() : m_[r] + std::log(l_[r]);
+      // m + log(l) in float64, then rounded once for an fp32 lse: both forms say the same number.
+      const double lse = masked ? -std::numeric_limits<double>::infinity()
+                                : static_cast<double>(m_[r]) + std::log(static_cast<double>(l_[r]));
+      if (p_.lse != nullptr) p_.lse[p_.lse_stride.at(b_, h_, i)] = static_cast<float>(lse);
+      if (p_.lse_wide != nullptr) p_.lse_wide[p_.lse_stride.at(b_, h_, i)] = lse;
     }
   }
 

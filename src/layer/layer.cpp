@@ -151,10 +151,10 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
     v_data = c.v.data();
   }
   c.ctx = Tensor<float>({d.B, d.N, H * Dv}, "attention output");
-  c.lse = Tensor<float>({d.B, H, d.N}, "lse");
-  attention_forward(detail::head_view(c.ctx.data(), d.B, H, d.N, Dv), c.lse.view(),
-                    detail::head_view(q_data, d.B, H, d.N, D), detail::head_view(k_data, d.B, Hkv, d.M, D),
-                    detail::head_view(v_data, d.B, Hkv, d.M, Dv), options);
+  c.lse = Tensor<double>({d.B, H, d.N}, "lse");
+  attention_forward_lse64(detail::head_view(c.ctx.data(), d.B, H, d.N, Dv), c.lse.view(),
+                          detail::head_view(q_data, d.B, H, d.N, D), detail::head_view(k_data, d.B, Hkv, d.M, D),
+                          detail::head_view(v_data, d.B, Hkv, d.M, Dv), options);
 
   const int64_t out_dim = output_dim();
   Tensor<float> y = d.batched ? Tensor<float>({d.B, d.N, out_dim}, "layer output")

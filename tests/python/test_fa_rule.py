@@ -72,7 +72,7 @@ def fa_rule_ratios(q, k, v, dout, causal, softcap, simd="auto", threads=2):
     ref = composite(q, k, v, dout, causal, softcap, torch.float64)
     pt = composite(q, k, v, dout, causal, softcap, torch.float32)
     opts = dict(causal=causal, softcap=softcap or None, num_threads=threads, simd=simd)
-    out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse=True, **opts)
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse="float64", **opts)
     grads = qkv.attention_backward(q, k, v, dout, out=out, lse=lse, **opts)
     ratios = {}
     for name, got, want, peer in zip(("out", "dq", "dk", "dv"), [out, *grads], ref, pt):

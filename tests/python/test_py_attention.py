@@ -229,3 +229,18 @@ def test_docstrings():
     assert "keep_mask" in qkv.scaled_dot_product_attention.__doc__
     assert qkv.default_num_threads() >= 1
     assert BASE_SEED > 0
+
+
+def test_lse_float64_is_the_number_the_float32_lse_rounds():
+    """return_lse="float64" gives the kernel's m + log(l) unrounded; True gives it rounded once to
+    float32 (the fp32 result), for float32 and bfloat16 inputs; anything else is refused."""
+    rng = rng_for(2100)
+    q, k, v = (rng.standard_normal((2, 3, 17, 40)).astype(np.float32) * 50 for _ in range(3))
+    for arrays in ((q, k, v), tuple((a.view(np.uint32) >> 16).astype(np.uint16) for a in (q, k, v))):
+        _, lse32 = qkv.scaled_dot_product_attention(*arrays, causal=True, return_lse=True)
+        _, lse64 = qkv.scaled_dot_product_attention(*arrays, causal=True, return_lse="float64")
+        assert lse32.dtype == np.float32 and lse64.dtype == np.float64, seed_note(2100)
+        assert np.array_equal(lse64.astype(np.float32), lse32), seed_note(2100)
+        assert np.any(lse64 != lse32.astype(np.float64)), seed_note(2100)  # bits below fp32 are kept
+    with pytest.raises(ValueError, match="return_lse must be False, True or"):
+        qkv.scaled_dot_product_attention(q, k, v, return_lse="float16")

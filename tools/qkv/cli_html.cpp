@@ -85,11 +85,12 @@ std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& laye
   page.tokens = s.tokens;
   // Normalized by the fused kernel's own log-sum-exp: the page shows what the fused path computed.
   const std::array<int64_t, 2> lse_shape{p.cache.lse.dim(1), p.cache.lse.dim(2)};
+  const Tensor<float> lse = to_contiguous<float>(TensorView<const double>(p.cache.lse.data(), lse_shape));
   {
     ProgressNote note("top weights per row");
     InterruptScope scope(&ProgressNote::poll, &note);
     note.scope = &scope;
-    page.top = attention_top_k(p.q, p.k, kPageTopK, {}, TensorView<const float>(p.cache.lse.data(), lse_shape));
+    page.top = attention_top_k(p.q, p.k, kPageTopK, {}, lse.cview());
   }
   if (with_output) page.output = Matrix::from_view(p.y.cview(), "contextual vectors");
   return render_top_k_html(page);
