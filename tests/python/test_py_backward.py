@@ -63,11 +63,17 @@ def test_given_forward_results_give_the_same_gradients():
     k = rng.standard_normal((2, 2, 65, 40)).astype(np.float32)
     v = rng.standard_normal((2, 2, 65, 3)).astype(np.float32)
     dout = rng.standard_normal((2, 4, 17, 3)).astype(np.float32)
-    out, lse = qkv.scaled_dot_product_attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, causal=True, causal_align="bottom_right",
+                                                return_lse="float64")
     given = qkv.attention_backward(q, k, v, dout, out=out, lse=lse, causal=True, causal_align="bottom_right")
     computed = qkv.attention_backward(q, k, v, dout, causal=True, causal_align="bottom_right")
     for a, b in zip(given, computed):
         assert np.array_equal(a, b), seed_note(5200)
+    # The float32 lse (return_lse=True) is accepted too: P then carries lse's rounding to fp32.
+    rounded = qkv.attention_backward(q, k, v, dout, out=out, lse=lse.astype(np.float32), causal=True,
+                                     causal_align="bottom_right")
+    for a, b in zip(rounded, computed):
+        assert_close(a, b, FP32_TOL, seed_note(5200))
 
 
 def test_full_dbias_without_bias_and_fully_masked_rows():
