@@ -1,4 +1,4 @@
-// The plan and agreement of a ring call, block masks, packed shard views and transfers.
+// The plan and agreement of a ring call, packed shard views and transfers.
 #include "distributed/ring_common.h"
 
 #include <fmt/format.h>
@@ -8,8 +8,6 @@
 #include <bit>
 #include <cstring>
 #include <limits>
-
-#include "kernels/mask_eval.h"
 
 namespace qkv {
 
@@ -174,40 +172,6 @@ Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float>
     plan.max_kv_tokens = std::max(plan.max_kv_tokens, plan.kv_tokens(r));
   }
   return plan;
-}
-
-AttentionOptions block_options(const Plan& plan, const RingOptions& options, const Chunk& qc, const Chunk& kc) {
-  const Mask& g = options.attention.mask;
-  AttentionOptions o = options.attention;
-  o.partial_rows = true;
-  Mask& m = o.mask;
-  // The block keeps the global diagonal through diagonal_offsets; alignment is folded into it.
-  if (g.causal) m.causal = CausalAlign::top_left;
-  m.diagonal = CausalAlign::top_left;
-  m.key_lengths.clear();
-  m.query_lengths.clear();
-  for (int64_t b = 0; b < plan.B; ++b) {
-    const int64_t valid_keys = g.key_lengths.empty() ? plan.M : g.key_lengths[b];
-    const int64_t valid_queries = g.query_lengths.empty() ? plan.N : g.query_lengths[b];
-    const int64_t align = g.align() == CausalAlign::bottom_right ? valid_keys - valid_queries : 0;
-    m.diagonal_offsets.push_back(qc.global.begin - kc.global.begin + align);
-    if (!g.key_lengths.empty())
-      m.key_lengths.push_back(std::clamp<int64_t>(valid_keys - kc.global.begin, 0, kc.global.size()));
-    if (!g.query_lengths.empty())
-      m.query_lengths.push_back(std::clamp<int64_t>(valid_queries - qc.global.begin, 0, qc.global.size()));
-  }
-  // The block's scale must be the global default 1/sqrt(D), which it is: D is the same.
-  return o;
-}
-
-bool block_has_work(const AttentionOptions& block, const Plan& plan, const Chunk& qc, const Chunk& kc) {
-  if (qc.global.size() == 0 || kc.global.size() == 0) return false;
-  AttentionShape s{plan.B, plan.H, plan.Hkv, qc.global.size(), kc.global.size(), plan.D, plan.Dv};
-  detail::MaskEval eval(block.mask, s);
-  for (int64_t b = 0; b < plan.B; ++b)
-    for (int64_t i = 0; i < s.N; ++i)
-      if (!eval.band(b, i).empty()) return true;
-  return false;
 }
 
 namespace {

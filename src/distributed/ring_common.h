@@ -1,12 +1,13 @@
 // Pieces shared by the ring forward and backward: the validated plan of a ring call (agreed by
-// every rank), K/V shards packed for the wire, the mask of one (query chunk, key chunk) block in
-// block-local positions, and non-blocking transfers of any size.
+// every rank), K/V shards packed for the wire, the attention calls of one ring step (blocks of
+// query chunk × key chunk with the global mask in block positions), and non-blocking transfers.
 #pragma once
 
 #include <mpi.h>
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/distributed.h"
@@ -43,8 +44,37 @@ Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float>
 
 // The options of the block (query chunk qc, key chunk kc): the global mask in block positions.
 AttentionOptions block_options(const Plan& plan, const RingOptions& options, const Chunk& qc, const Chunk& kc);
-// True if the block's mask leaves at least one (query, key) pair.
-bool block_has_work(const AttentionOptions& block, const Plan& plan, const Chunk& qc, const Chunk& kc);
+
+// One attention call of a ring step: this rank's query chunks [q_first, q_end) against key chunks
+// [k_first, k_end) of the K/V shard at hand, which are the shard rows [q_offset, q_offset + n)
+// and [k_offset, k_offset + m).
+struct BlockCall {
+  int q_first = 0, q_end = 0, k_first = 0, k_end = 0;
+  int64_t q_offset = 0, n = 0, k_offset = 0, m = 0;
+  AttentionOptions options;
+};
+// The calls of the step against the K/V shard of rank src, in a fixed order: one per block whose
+// mask leaves work, except that blocks which all keep every (query, key) pair, carry no
+// position-dependent score term (ALiBi) and fill a rectangle of consecutive query and key chunks
+// run as one call without a positional mask (non-causal: every step; zigzag causal: every step
+// but the first).
+std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, int src);
+// Accumulators kept per chunk that start empty (zeros, or 0 and -inf for out and lse) and take
+// their first partial result in place: merging it into an empty accumulator would copy it bit for
+// bit, so skipping the zeroing and the merge changes no result. clear(c) empties chunk c.
+class Accumulators {
+ public:
+  Accumulators(std::size_t chunks, std::function<void(int)> clear) : written_(chunks), clear_(std::move(clear)) {}
+  // Marks chunks [first, end) written. True if none was before: the caller writes in place.
+  // Otherwise the ones that were not are cleared, and the caller merges into all of them.
+  bool claim(int first, int end);
+  // Clears the chunks never written.
+  void finish();
+
+ private:
+  std::vector<bool> written_;
+  std::function<void(int)> clear_;
+};
 
 // Views of a packed K/V shard of rank r at `base`: k or v rows [offset, offset + len).
 TensorView<float> packed_k(const Plan& plan, float* base, int r, int64_t offset, int64_t len);

@@ -3,7 +3,8 @@
 // builds the same random problem from one seed (printed by rank 0; replay with QKV_TEST_SEED),
 // computes the ring forward and backward on its shard with 1, 2 and 3 threads, and checks:
 // bitwise equality across the thread counts, out, lse, dq, dk, dv within 2e-5·(1 + max|ref|) of
-// the fused kernel and of the float64 reference, and zeros for fully masked rows. Then every
+// the fused kernel and of the float64 reference, and zeros for fully masked rows. It checks which
+// blocks of a step the ring joins into one call (ring::step_calls) and which it must not. Then every
 // failure mode a user can hit must raise the same clear qkv::Error on every rank (no hang).
 // Exit status: 0 if every check passed on every rank.
 #include <mpi.h>
@@ -21,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "distributed/ring_common.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
 #include "qkv/distributed.h"
@@ -100,15 +102,22 @@ struct RingResult {
   Tensor<float> out, lse, dq, dk, dv;
 };
 
+// A tensor full of NaN: the ring must overwrite every output element, whatever it held.
+Tensor<float> nan_tensor(std::span<const int64_t> shape) {
+  Tensor<float> t(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = std::numeric_limits<float>::quiet_NaN();
+  return t;
+}
+
 RingResult run_ring(const Case& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const Tensor<float>& dout, const qkv::RingOptions& options) {
   RingResult r;
-  r.out = Tensor<float>({c.B, c.H, q.dim(2), c.Dv});
-  r.lse = Tensor<float>({c.B, c.H, q.dim(2)});
+  r.out = nan_tensor(std::array<int64_t, 4>{c.B, c.H, q.dim(2), c.Dv});
+  r.lse = nan_tensor(std::array<int64_t, 3>{c.B, c.H, q.dim(2)});
   qkv::ring_attention_forward(MPI_COMM_WORLD, r.out.view(), r.lse.view(), q.cview(), k.cview(), v.cview(), options);
-  r.dq = Tensor<float>(q.shape());
-  r.dk = Tensor<float>(k.shape());
-  r.dv = Tensor<float>(v.shape());
+  r.dq = nan_tensor(q.shape());
+  r.dk = nan_tensor(k.shape());
+  r.dv = nan_tensor(v.shape());
   qkv::ring_attention_backward(MPI_COMM_WORLD, r.dq.view(), r.dk.view(), r.dv.view(), dout.cview(), q.cview(),
                                k.cview(), v.cview(), r.out.cview(), r.lse.cview(), options);
   return r;
@@ -223,6 +232,18 @@ std::vector<Case> cases() {
          m.softcap = 5.0f;
        }},
       {"N = 3, M = 5 (empty shards)", 1, 2, 2, 3, 5, 24, 24, Sharding::zigzag, causal},
+      // Blocks that step_calls joins into one call (see run_step_call_tests) and some it must not.
+      {"softcap plain zigzag (joined)", 1, 2, 2, 44, 44, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.softcap = 4.0f; }},
+      {"window wider than the sequence (joined)", 2, 2, 1, 35, 35, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) {
+         m.causal = CausalAlign::top_left;
+         m.window = qkv::Window{40, 0};
+       }},
+      {"ALiBi plain zigzag (not joined)", 1, 2, 2, 42, 42, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.alibi_slopes = {0.25f, 0.0625f}; }},
+      {"key length inside a chunk (not joined)", 1, 2, 2, 40, 40, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.key_lengths = {37}; }},
       {"N = 1", 1, 1, 1, 1, 1, 40, 40, Sharding::contiguous, none},
   };
 }
@@ -340,6 +361,59 @@ void run_mask_field_tests(uint64_t seed) {
   if (dq_norm() == 0) fail("partial_rows: a single-key block row got a zero gradient");
 }
 
+// Which blocks step_calls joins, on N = 40 zigzag (chunks of 10 to 5 tokens for P = 2 to 4): one
+// call per step where every block keeps every pair and no ALiBi term depends on positions;
+// separate calls where a mask cuts through a block or ALiBi is on. run_case checks the values.
+void run_step_call_tests() {
+  namespace ring = qkv::ring;
+  const int64_t N = 40, n = qkv::shard_length(N, g_ranks, g_rank, qkv::Sharding::zigzag);
+  Tensor<float> t({1, 2, n, 8});
+  // want(plan, step, src): the number of calls. Each call must be the rows of its chunks.
+  auto check = [&](const std::string& name, const std::function<void(qkv::Mask&)>& mask,
+                   const std::function<std::size_t(const ring::Plan&, int, int)>& want) {
+    qkv::RingOptions o;
+    mask(o.attention.mask);
+    const ring::Plan plan = ring::make_plan(MPI_COMM_WORLD, t.cview(), t.cview(), t.cview(), o, [](const auto&) {});
+    for (int s = 0; s < g_ranks; ++s) {
+      const int src = (g_rank - s + g_ranks) % g_ranks;
+      const std::vector<ring::BlockCall> got = ring::step_calls(plan, o, src);
+      if (got.size() != want(plan, s, src))
+        fail(fmt::format("step_calls {}: step {} makes {} calls, want {}", name, s, got.size(), want(plan, s, src)));
+      auto rows_of = [](const std::vector<ring::Chunk>& chunks, int first, int end, int64_t offset, int64_t rows) {
+        int64_t sum = 0;
+        for (int i = first; i < end; ++i) sum += chunks[i].global.size();
+        return first < end && chunks[first].offset == offset && sum == rows;
+      };
+      for (const ring::BlockCall& c : got)
+        if (!rows_of(plan.q_chunks[g_rank], c.q_first, c.q_end, c.q_offset, c.n) ||
+            !rows_of(plan.kv_chunks[src], c.k_first, c.k_end, c.k_offset, c.m))
+          fail(fmt::format("step_calls {}: step {} has a call whose rows are not those of its chunks", name, s));
+    }
+  };
+  auto one = [](const ring::Plan&, int, int) -> std::size_t { return 1; };
+  check("plain", [](qkv::Mask&) {}, one);
+  check("softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, one);
+  check("window wider than the sequence", [](qkv::Mask& m) { m.window = qkv::Window{45, 45}; }, one);
+  // Step 0: the two diagonal blocks and the one below them; later steps have no diagonal.
+  check("causal", [](qkv::Mask& m) { m.causal = qkv::CausalAlign::top_left; },
+        [](const ring::Plan&, int s, int) -> std::size_t { return s == 0 ? 3 : 1; });
+  check("ALiBi", [](qkv::Mask& m) { m.alibi_slopes = {0.5f, 0.25f}; },
+        [](const ring::Plan&, int, int) -> std::size_t { return 4; });
+  // Rank 0 holds the last chunk, [30, 40) to [35, 40): key 37 cuts it.
+  check("key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; },
+        [](const ring::Plan&, int, int src) -> std::size_t { return src == 0 ? 4 : 1; });
+  // A window of 2 cuts every block it reaches (chunks hold 5 or more tokens): one call per block
+  // holding a pair at distance <= 2.
+  check("window 2", [](qkv::Mask& m) { m.window = qkv::Window{2, 2}; },
+        [](const ring::Plan& plan, int, int src) {
+          std::size_t blocks = 0;
+          for (const ring::Chunk& qc : plan.q_chunks[plan.rank])
+            for (const ring::Chunk& kc : plan.kv_chunks[src])
+              blocks += kc.global.begin < qc.global.end + 2 && kc.global.end > qc.global.begin - 2;
+          return blocks;
+        });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -353,6 +427,7 @@ int main(int argc, char** argv) {
   if (g_rank == 0) std::printf("ring_test: %d ranks, QKV_TEST_SEED=%llu\n", g_ranks, static_cast<unsigned long long>(seed));
   run_shard_roundtrip(seed);
   run_mask_field_tests(seed);
+  run_step_call_tests();
   for (const Case& c : cases()) {
     try {
       run_case(c, seed);
