@@ -44,14 +44,15 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   const int64_t Mr = plan.kv_tokens(r);
 
   // A call may span a whole shard (coalesced blocks, see step_calls).
-  Tensor<float> dq_block({plan.B * plan.H * plan.q_tokens(r) * plan.D}, "ring attention block dq");
-  Tensor<float> dk_block({plan.B * plan.Hkv * plan.max_kv_tokens * plan.D}, "ring attention block dk");
-  Tensor<float> dv_block({plan.B * plan.Hkv * plan.max_kv_tokens * plan.Dv}, "ring attention block dv");
-  auto buffer = [&] { return Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer"); };
-  Tensor<float> kv[2] = {buffer(), buffer()};
+  const ring::Scratch dq_block(plan.B * plan.H * plan.q_tokens(r) * plan.D, "ring attention block dq");
+  const ring::Scratch dk_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.D, "ring attention block dk");
+  const ring::Scratch dv_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.Dv, "ring attention block dv");
+  const int64_t shard = plan.max_kv_floats();
+  const ring::Scratch kv[2] = {{shard, "ring attention K/V buffer"}, {shard, "ring attention K/V buffer"}};
   // Gradient sums: `local` is this step's contribution, `in` the sum arriving from the left,
   // `sending` the sum on its way to the right; they rotate so no buffer is reused in flight.
-  Tensor<float> grad_storage[3] = {buffer(), buffer(), buffer()};
+  const char* const grad_what = "ring attention dK/dV buffer";
+  const ring::Scratch grad_storage[3] = {{shard, grad_what}, {shard, grad_what}, {shard, grad_what}};
   float* local = grad_storage[0].data();
   float* in = grad_storage[1].data();
   float* sending = grad_storage[2].data();
@@ -83,7 +84,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
       const TensorView<float> dq_rows = ring::rows(dq, c.q_offset, n);
       const TensorView<float> dk_rows = local_k(c.k_offset, m), dv_rows = local_v(c.k_offset, m);
       // A first contribution goes in place, a later one to the block buffer and is added.
-      auto target = [](bool fresh, TensorView<float> place, Tensor<float>& block) {
+      auto target = [](bool fresh, TensorView<float> place, const ring::Scratch& block) {
         return fresh ? place : TensorView<float>(block.data(), place.shape());
       };
       const TensorView<float> bdq = target(dq_fresh, dq_rows, dq_block);

@@ -67,10 +67,10 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
   Tensor<float> acc_lse({plan.B, plan.H, Nr}, "ring attention lse");
   for (int64_t i = 0; i < acc_lse.numel(); ++i) acc_lse[i] = -std::numeric_limits<float>::infinity();
   // A call may span the whole shard (coalesced blocks, see step_calls).
-  Tensor<float> block_out({plan.B * plan.H * Nr * plan.Dv}, "ring attention block out");
-  Tensor<float> block_lse({plan.B * plan.H * Nr}, "ring attention block lse");
-  Tensor<float> buffers[2] = {Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer"),
-                              Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer")};
+  const ring::Scratch block_out(plan.B * plan.H * Nr * plan.Dv, "ring attention block out");
+  const ring::Scratch block_lse(plan.B * plan.H * Nr, "ring attention block lse");
+  const ring::Scratch buffers[2] = {{plan.max_kv_floats(), "ring attention K/V buffer"},
+                                    {plan.max_kv_floats(), "ring attention K/V buffer"}};
   pack_kv(plan, buffers[0].data(), k, v, threads);
 
   // Rows of out and acc_lse per query chunk; acc_lse starts at -inf, so emptying out is enough.
