@@ -1,9 +1,14 @@
 // The attention calls of one ring step. Each (query chunk, key chunk) pair is a block with the
-// global mask in block positions; blocks that the mask keeps whole and that tile one rectangle of
-// the shards run as a single call, because every call on a small block pays for partial tiles,
-// band evaluation and its own merge (S4 causal with P = 2 ran four 1024-token calls a step where
-// the single-process kernel makes one, and reached 0.86 of it).
+// global mask in block positions; the blocks of a step run as ONE call over the rectangle of their
+// chunks whenever one mask in rectangle positions gives every row exactly the keys the blocks give
+// it, because every call on a small block pays for partial tiles, band evaluation and its own
+// merge (S4 causal with P = 2 ran four 1024-token calls a step where the single-process kernel
+// makes one, and reached 0.86 of it). Zigzag makes this the common case: the shard's chunks are
+// in global order, so a non-causal step, a causal step off the diagonal (blocks fully visible or
+// empty) and even the causal diagonal step (the rectangle is causal in shard positions) are each
+// one call.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "distributed/ring_common.h"
@@ -12,33 +17,20 @@
 namespace qkv::ring {
 namespace {
 
-enum class Visibility { none, partial, full };
+using detail::KeyBand;
 
-// none: the block's mask removes every (query, key) pair; full: it keeps every pair of every
-// batch row; partial otherwise. Decided from the evaluated bands, so causal, window and both
-// lengths count alike.
-Visibility visibility(const AttentionOptions& block, const Plan& plan, const Chunk& qc, const Chunk& kc) {
-  if (qc.global.size() == 0 || kc.global.size() == 0) return Visibility::none;
+// The allowed keys of every (batch row, query) of a block under its own mask, [B][n].
+std::vector<KeyBand> block_bands(const AttentionOptions& block, const Plan& plan, const Chunk& qc, const Chunk& kc) {
   const AttentionShape s{plan.B, plan.H, plan.Hkv, qc.global.size(), kc.global.size(), plan.D, plan.Dv};
   const detail::MaskEval eval(block.mask, s);
-  bool any = false, all = true;
-  for (int64_t b = 0; b < plan.B; ++b)
-    for (int64_t i = 0; i < s.N; ++i) {
-      const detail::KeyBand band = eval.band(b, i);
-      any = any || !band.empty();
-      all = all && band.lo == 0 && band.hi == s.M;
-    }
-  return !any ? Visibility::none : all ? Visibility::full : Visibility::partial;
+  std::vector<KeyBand> bands(static_cast<std::size_t>(s.B * s.N));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.N; ++i) bands[b * s.N + i] = eval.band(b, i);
+  return bands;
 }
 
-// The options of a call over blocks that keep every pair: no positional mask is left, only the
-// elementwise softcap (keep and bias are refused by make_plan, ALiBi never coalesces).
-AttentionOptions whole_block_options(const RingOptions& options) {
-  AttentionOptions o = options.attention;
-  o.partial_rows = true;
-  o.mask = Mask{};
-  o.mask.softcap = options.attention.mask.softcap;
-  return o;
+bool has_work(const std::vector<KeyBand>& bands) {
+  return std::any_of(bands.begin(), bands.end(), [](const KeyBand& band) { return !band.empty(); });
 }
 
 // The first and one-past-last index of the used chunks if they are consecutive (then their rows
@@ -54,6 +46,60 @@ int64_t rows_of(const std::vector<Chunk>& chunks, int first, int end) {
   int64_t n = 0;
   for (int c = first; c < end; ++c) n += chunks[c].global.size();
   return n;
+}
+
+struct Block {
+  AttentionOptions options;
+  std::vector<KeyBand> bands;
+};
+
+// The keys every row of the rectangle q chunks [qf, qe) × k chunks [kf, ke) may see, in rectangle
+// positions, as the blocks give them; nullopt if some row's keys are not one contiguous run.
+std::optional<std::vector<KeyBand>> rectangle_bands(const std::vector<std::vector<Block>>& blocks, const Plan& plan,
+                                                    const std::vector<Chunk>& qcs, const std::vector<Chunk>& kcs,
+                                                    std::pair<int, int> q, std::pair<int, int> k) {
+  const int64_t n = rows_of(qcs, q.first, q.second);
+  std::vector<KeyBand> out(static_cast<std::size_t>(plan.B * n));
+  for (int64_t b = 0; b < plan.B; ++b) {
+    int64_t row = 0;
+    for (int qi = q.first; qi < q.second; ++qi)
+      for (int64_t i = 0; i < qcs[qi].global.size(); ++i, ++row) {
+        KeyBand run;
+        int64_t key = 0;  // the first key of chunk ki in the rectangle
+        for (int ki = k.first; ki < k.second; key += kcs[ki].global.size(), ++ki) {
+          const KeyBand band = blocks[qi][ki].bands[b * qcs[qi].global.size() + i];
+          if (band.empty()) continue;
+          if (!run.empty() && run.hi != key + band.lo) return std::nullopt;
+          if (run.empty()) run.lo = key + band.lo;
+          run.hi = key + band.hi;
+        }
+        out[b * n + row] = run;
+      }
+  }
+  return out;
+}
+
+// One mask over the whole rectangle: the global causal and window masks with the diagonal of the
+// block (qi, ki) moved to rectangle positions, softcap kept. The caller checks it row by row.
+AttentionOptions rectangle_options(const RingOptions& options, const Block& block, int64_t q_at, int64_t k_at) {
+  AttentionOptions o = options.attention;
+  o.partial_rows = true;
+  o.mask = Mask{};
+  o.mask.causal = block.options.mask.causal;
+  o.mask.window = block.options.mask.window;
+  o.mask.softcap = block.options.mask.softcap;
+  for (int64_t offset : block.options.mask.diagonal_offsets) o.mask.diagonal_offsets.push_back(offset + k_at - q_at);
+  return o;
+}
+
+bool same_bands(const AttentionOptions& o, const std::vector<KeyBand>& want, const Plan& plan, int64_t n, int64_t m) {
+  const detail::MaskEval eval(o.mask, AttentionShape{plan.B, plan.H, plan.Hkv, n, m, plan.D, plan.Dv});
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const KeyBand got = eval.band(b, i), w = want[b * n + i];
+      if (got.empty() != w.empty() || (!w.empty() && (got.lo != w.lo || got.hi != w.hi))) return false;
+    }
+  return true;
 }
 
 }  // namespace
@@ -86,28 +132,33 @@ std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, 
   const std::vector<Chunk>& qcs = plan.q_chunks[plan.rank];
   const std::vector<Chunk>& kcs = plan.kv_chunks[src];
   std::vector<BlockCall> calls;
+  std::vector<std::vector<Block>> blocks(qcs.size());
   std::vector<bool> q_used(qcs.size()), k_used(kcs.size());
-  // ALiBi depends on the distance to the diagonal, which differs from block to block.
-  bool whole = options.attention.mask.alibi_slopes.empty();
+  std::pair<int, int> first_block;
   for (int qi = 0; qi < static_cast<int>(qcs.size()); ++qi)
     for (int ki = 0; ki < static_cast<int>(kcs.size()); ++ki) {
       const Chunk &qc = qcs[qi], &kc = kcs[ki];
-      AttentionOptions block = block_options(plan, options, qc, kc);
-      const Visibility vis = visibility(block, plan, qc, kc);
-      if (vis == Visibility::none) continue;
-      whole = whole && vis == Visibility::full;
+      Block& block = blocks[qi].emplace_back();
+      block.options = block_options(plan, options, qc, kc);
+      block.bands = block_bands(block.options, plan, qc, kc);
+      if (!has_work(block.bands)) continue;
+      if (calls.empty()) first_block = {qi, ki};
       q_used[qi] = k_used[ki] = true;
-      calls.push_back({qi, qi + 1, ki, ki + 1, qc.offset, qc.global.size(), kc.offset, kc.global.size(), block});
+      calls.push_back(
+          {qi, qi + 1, ki, ki + 1, qc.offset, qc.global.size(), kc.offset, kc.global.size(), block.options});
     }
-  if (!whole || calls.empty()) return calls;
-  // One call over the rectangle, if the blocks fill it: used query chunks × used key chunks.
-  const auto [q_first, q_end] = consecutive(q_used);
-  const auto [k_first, k_end] = consecutive(k_used);
-  if (q_first == q_end || k_first == k_end ||
-      static_cast<int64_t>(calls.size()) != int64_t{q_end - q_first} * (k_end - k_first))
-    return calls;
-  return {{q_first, q_end, k_first, k_end, qcs[q_first].offset, rows_of(qcs, q_first, q_end), kcs[k_first].offset,
-           rows_of(kcs, k_first, k_end), whole_block_options(options)}};
+  // ALiBi depends on the distance to the diagonal, which rectangle positions do not keep.
+  if (calls.size() < 2 || !options.attention.mask.alibi_slopes.empty()) return calls;
+  const std::pair<int, int> q = consecutive(q_used), k = consecutive(k_used);
+  if (q.first == q.second || k.first == k.second) return calls;
+  const std::optional<std::vector<KeyBand>> want = rectangle_bands(blocks, plan, qcs, kcs, q, k);
+  if (!want) return calls;
+  const int64_t n = rows_of(qcs, q.first, q.second), m = rows_of(kcs, k.first, k.second);
+  const auto [fq, fk] = first_block;
+  const AttentionOptions joined = rectangle_options(options, blocks[fq][fk], rows_of(qcs, q.first, fq),
+                                                    rows_of(kcs, k.first, fk));
+  if (!same_bands(joined, *want, plan, n, m)) return calls;
+  return {{q.first, q.second, k.first, k.second, qcs[q.first].offset, n, kcs[k.first].offset, m, joined}};
 }
 
 bool Accumulators::claim(int first, int end) {

@@ -55,11 +55,12 @@ struct BlockCall {
   int64_t q_offset = 0, n = 0, k_offset = 0, m = 0;
   AttentionOptions options;
 };
-// The calls of the step against the K/V shard of rank src, in a fixed order: one per block whose
-// mask leaves work, except that blocks which all keep every (query, key) pair, carry no
-// position-dependent score term (ALiBi) and fill a rectangle of consecutive query and key chunks
-// run as one call without a positional mask (non-causal: every step; zigzag causal: every step
-// but the first).
+// The calls of the step against the K/V shard of rank src, in a fixed order: one call over the
+// rectangle of the chunks with work when they are consecutive, no ALiBi term is on (it depends on
+// distances that rectangle positions do not keep) and one causal/window mask in rectangle
+// positions gives every row exactly the keys its blocks give it (checked on the evaluated bands,
+// so key and query lengths count too); else one call per block with work. Zigzag without ALiBi
+// or lengths: one call per step, causal or not.
 std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, int src);
 // Accumulators kept per chunk that start empty (zeros, or 0 and -inf for out and lse) and take
 // their first partial result in place: merging it into an empty accumulator would copy it bit for

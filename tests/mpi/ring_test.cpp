@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "distributed/ring_common.h"
+#include "kernels/mask_eval.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
 #include "qkv/distributed.h"
@@ -361,57 +362,77 @@ void run_mask_field_tests(uint64_t seed) {
   if (dq_norm() == 0) fail("partial_rows: a single-key block row got a zero gradient");
 }
 
-// Which blocks step_calls joins, on N = 40 zigzag (chunks of 10 to 5 tokens for P = 2 to 4): one
-// call per step where every block keeps every pair and no ALiBi term depends on positions;
-// separate calls where a mask cuts through a block or ALiBi is on. run_case checks the values.
+// Which blocks step_calls joins, on N = 40 zigzag (chunks of 10 to 5 tokens for P = 2 to 4).
+// Every call's mask must give each of its (query, key) pairs the global mask's verdict, and every
+// pair the global mask allows must be in exactly one call; the number of calls per step shows
+// the joining (one call where a single mask in the calls' positions reproduces the blocks, per
+// block where key lengths cut a chunk or ALiBi is on). run_case checks the values.
 void run_step_call_tests() {
   namespace ring = qkv::ring;
   const int64_t N = 40, n = qkv::shard_length(N, g_ranks, g_rank, qkv::Sharding::zigzag);
+  constexpr std::size_t kAny = std::size_t(-1);
   Tensor<float> t({1, 2, n, 8});
-  // want(plan, step, src): the number of calls. Each call must be the rows of its chunks.
-  auto check = [&](const std::string& name, const std::function<void(qkv::Mask&)>& mask,
-                   const std::function<std::size_t(const ring::Plan&, int, int)>& want) {
+  // Global position of row x of a shard.
+  auto global = [](const std::vector<ring::Chunk>& chunks, int64_t x) {
+    for (const ring::Chunk& c : chunks)
+      if (x >= c.offset && x < c.offset + c.global.size()) return c.global.begin + (x - c.offset);
+    return int64_t{-1};
+  };
+  auto shape = [](int64_t rows, int64_t keys) { return qkv::AttentionShape{1, 2, 2, rows, keys, 8, 8}; };
+  auto check = [&](const std::string& name, const std::function<void(qkv::Mask&)>& mask, std::size_t want0,
+                   std::size_t want_src0, std::size_t want) {
     qkv::RingOptions o;
     mask(o.attention.mask);
     const ring::Plan plan = ring::make_plan(MPI_COMM_WORLD, t.cview(), t.cview(), t.cview(), o, [](const auto&) {});
+    const qkv::detail::MaskEval whole(o.attention.mask, shape(N, N));
     for (int s = 0; s < g_ranks; ++s) {
       const int src = (g_rank - s + g_ranks) % g_ranks;
       const std::vector<ring::BlockCall> got = ring::step_calls(plan, o, src);
-      if (got.size() != want(plan, s, src))
-        fail(fmt::format("step_calls {}: step {} makes {} calls, want {}", name, s, got.size(), want(plan, s, src)));
-      auto rows_of = [](const std::vector<ring::Chunk>& chunks, int first, int end, int64_t offset, int64_t rows) {
-        int64_t sum = 0;
-        for (int i = first; i < end; ++i) sum += chunks[i].global.size();
-        return first < end && chunks[first].offset == offset && sum == rows;
-      };
-      for (const ring::BlockCall& c : got)
-        if (!rows_of(plan.q_chunks[g_rank], c.q_first, c.q_end, c.q_offset, c.n) ||
-            !rows_of(plan.kv_chunks[src], c.k_first, c.k_end, c.k_offset, c.m))
-          fail(fmt::format("step_calls {}: step {} has a call whose rows are not those of its chunks", name, s));
+      const std::size_t expect = s == 0 ? want0 : src == 0 ? want_src0 : want;
+      if (expect != kAny && got.size() != expect)
+        fail(fmt::format("step_calls {}: step {} makes {} calls, want {}", name, s, got.size(), expect));
+      const int64_t m = plan.kv_tokens(src);
+      std::vector<int> covered(static_cast<std::size_t>(n * m));
+      for (const ring::BlockCall& c : got) {
+        const qkv::detail::MaskEval call(c.options.mask, shape(c.n, c.m));
+        for (int64_t u = 0; u < c.n; ++u)
+          for (int64_t w = 0; w < c.m; ++w) {
+            const qkv::detail::KeyBand mine = call.band(0, u);
+            const qkv::detail::KeyBand all = whole.band(0, global(plan.q_chunks[g_rank], c.q_offset + u));
+            const int64_t j = global(plan.kv_chunks[src], c.k_offset + w);
+            const bool allowed = mine.lo <= w && w < mine.hi;
+            if (allowed != (all.lo <= j && j < all.hi))
+              return fail(fmt::format("step_calls {}: step {} masks a pair unlike the global mask", name, s));
+            covered[(c.q_offset + u) * m + c.k_offset + w] += allowed;
+          }
+      }
+      for (int64_t x = 0; x < n; ++x)
+        for (int64_t y = 0; y < m; ++y) {
+          const qkv::detail::KeyBand all = whole.band(0, global(plan.q_chunks[g_rank], x));
+          const int64_t j = global(plan.kv_chunks[src], y);
+          if (covered[x * m + y] != int(all.lo <= j && j < all.hi))
+            return fail(fmt::format("step_calls {}: step {} covers a pair {} times", name, s, covered[x * m + y]));
+        }
     }
   };
-  auto one = [](const ring::Plan&, int, int) -> std::size_t { return 1; };
-  check("plain", [](qkv::Mask&) {}, one);
-  check("softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, one);
-  check("window wider than the sequence", [](qkv::Mask& m) { m.window = qkv::Window{45, 45}; }, one);
-  // Step 0: the two diagonal blocks and the one below them; later steps have no diagonal.
-  check("causal", [](qkv::Mask& m) { m.causal = qkv::CausalAlign::top_left; },
-        [](const ring::Plan&, int s, int) -> std::size_t { return s == 0 ? 3 : 1; });
-  check("ALiBi", [](qkv::Mask& m) { m.alibi_slopes = {0.5f, 0.25f}; },
-        [](const ring::Plan&, int, int) -> std::size_t { return 4; });
+  auto causal = [](qkv::Mask& m) { m.causal = qkv::CausalAlign::top_left; };
+  check("plain", [](qkv::Mask&) {}, 1, 1, 1);
+  check("softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, 1, 1, 1);
+  check("window wider than the sequence", [](qkv::Mask& m) { m.window = qkv::Window{45, 45}; }, 1, 1, 1);
+  // Even the diagonal step: the shard's chunks are in global order, so it is causal in shard rows.
+  check("causal", causal, 1, 1, 1);
+  check("ALiBi", [](qkv::Mask& m) { m.alibi_slopes = {0.5f, 0.25f}; }, 4, 4, 4);
   // Rank 0 holds the last chunk, [30, 40) to [35, 40): key 37 cuts it.
-  check("key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; },
-        [](const ring::Plan&, int, int src) -> std::size_t { return src == 0 ? 4 : 1; });
-  // A window of 2 cuts every block it reaches (chunks hold 5 or more tokens): one call per block
-  // holding a pair at distance <= 2.
-  check("window 2", [](qkv::Mask& m) { m.window = qkv::Window{2, 2}; },
-        [](const ring::Plan& plan, int, int src) {
-          std::size_t blocks = 0;
-          for (const ring::Chunk& qc : plan.q_chunks[plan.rank])
-            for (const ring::Chunk& kc : plan.kv_chunks[src])
-              blocks += kc.global.begin < qc.global.end + 2 && kc.global.end > qc.global.begin - 2;
-          return blocks;
-        });
+  check("key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; }, g_rank == 0 ? 4 : 1, 4, 1);
+  check("causal key length 37", [](qkv::Mask& m) {
+    m.causal = qkv::CausalAlign::top_left;
+    m.key_lengths = {37};
+  }, kAny, kAny, kAny);
+  check("window 2", [](qkv::Mask& m) { m.window = qkv::Window{2, 2}; }, kAny, kAny, kAny);
+  check("causal window 7", [](qkv::Mask& m) {
+    m.causal = qkv::CausalAlign::top_left;
+    m.window = qkv::Window{7, -1};
+  }, kAny, kAny, kAny);
 }
 
 }  // namespace
