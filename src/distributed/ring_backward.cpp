@@ -70,6 +70,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     if (s + 1 < P) {
       kv_transfers.recv(kv[(s + 1) % 2].data(), plan.kv_floats((r - s - 1 + P) % P), left, kTagKV, comm.get());
       kv_transfers.send(current, plan.kv_floats(src), right, kTagKV, comm.get());
+      kv_transfers.poll(ring::kPollSeconds);
     }
     auto local_k = [&](int64_t offset, int64_t m) { return ring::packed_k(plan, local, src, offset, m); };
     auto local_v = [&](int64_t offset, int64_t m) { return ring::packed_v(plan, local, src, offset, m); };

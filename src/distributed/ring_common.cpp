@@ -265,6 +265,17 @@ void Transfers::wait() {
   check_mpi(rc, "MPI_Waitall");
 }
 
+void Transfers::poll(double seconds) {
+  const double until = MPI_Wtime() + seconds;
+  int done = 0;
+  while (!requests_.empty() && !done) {
+    check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    if (done) requests_.clear();
+    if (MPI_Wtime() > until) break;
+  }
+}
+
 Transfers::~Transfers() {
   // Only reached with requests outstanding when an exception unwinds; the buffers die with us.
   for (MPI_Request& r : requests_) {

@@ -115,12 +115,20 @@ void copy_into(TensorView<float> dst, TensorView<const float> src, int threads);
 void add_into(TensorView<float> dst, TensorView<const float> src, int threads);
 void fill_zero(TensorView<float> dst, int threads);
 
+// How long a step polls its K/V transfers after posting them (ranks start a step nearly together,
+// so the neighbour's message is usually there within this time).
+constexpr double kPollSeconds = 0.002;
+
 // Outstanding non-blocking transfers; messages above 2^30 floats go in several parts.
 class Transfers {
  public:
   void send(const float* data, int64_t count, int to, int tag, MPI_Comm comm);
   void recv(float* data, int64_t count, int from, int tag, MPI_Comm comm);
   void wait();
+  // Drives the transfers for at most `seconds` or until they complete. Open MPI moves a large
+  // message only inside MPI calls (the receiver copies it), so without this the copy waits for
+  // the end of the step and the sender spins there until its partner gets to it.
+  void poll(double seconds);
   ~Transfers();
 
  private:

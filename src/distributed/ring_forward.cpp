@@ -86,6 +86,7 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
       const int next_src = (r - s - 1 + P) % P;
       transfers.recv(buffers[(s + 1) % 2].data(), plan.kv_floats(next_src), (r - 1 + P) % P, kTagKV, comm.get());
       transfers.send(current, plan.kv_floats(src), (r + 1) % P, kTagKV, comm.get());
+      transfers.poll(ring::kPollSeconds);
     }
     for (const ring::BlockCall& c : ring::step_calls(plan, options, src)) {
       const TensorView<float> acc_out = ring::rows(out, c.q_offset, c.n);
