@@ -1,12 +1,12 @@
 // Ring attention backward (as ring-flash-attention does it): the K/V shards travel the ring as in
 // the forward, and with each shard travels the running sum of its dK/dV. At step s rank r holds
 // the K/V of rank src = (r - s) mod P, computes the fused backward of its query chunks against it
-// (P recomputed from the forward's lse), adds dq into its own dq, then adds its dK/dV to the sum
-// received from r - 1 and sends it on to r + 1; after P steps each sum reaches its owner. Every
-// sum is taken in ring order, fixed for a given P, so results do not depend on threads or timing.
+// (the calls of ring::step_calls; P recomputed from the forward's lse), adds dq into its own dq,
+// then adds its dK/dV to the sum received from r - 1 and sends it on to r + 1; after P steps each
+// sum reaches its owner. Every sum is taken in ring order, fixed for a given P, so results do not
+// depend on threads or timing. A first contribution is written in place (adding it to 0 copies it).
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <utility>
 
 #include "attention/backward_checks.h"
@@ -22,13 +22,6 @@ constexpr int kTagGrad = 0x6447;
 void add_flat(float* dst, const float* src, int64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-int64_t max_chunk(const std::vector<std::vector<ring::Chunk>>& all) {
-  int64_t n = 0;
-  for (const auto& chunks : all)
-    for (const ring::Chunk& c : chunks) n = std::max(n, c.global.size());
-  return n;
 }
 
 }  // namespace
@@ -50,21 +43,25 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   const int threads = options.attention.num_threads > 0 ? options.attention.num_threads : default_num_threads();
   const int64_t Mr = plan.kv_tokens(r);
 
-  ring::fill_zero(dq, threads);
-  const int64_t qmax = max_chunk(plan.q_chunks), kmax = max_chunk(plan.kv_chunks);
-  Tensor<float> dq_block({plan.B * plan.H * qmax * plan.D}, "ring attention block dq");
-  Tensor<float> dk_block({plan.B * plan.Hkv * kmax * plan.D}, "ring attention block dk");
-  Tensor<float> dv_block({plan.B * plan.Hkv * kmax * plan.Dv}, "ring attention block dv");
-  auto buffer = [&] { return Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer"); };
-  Tensor<float> kv[2] = {buffer(), buffer()};
+  // A call may span a whole shard (coalesced blocks, see step_calls).
+  const ring::Scratch dq_block(plan.B * plan.H * plan.q_tokens(r) * plan.D, "ring attention block dq");
+  const ring::Scratch dk_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.D, "ring attention block dk");
+  const ring::Scratch dv_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.Dv, "ring attention block dv");
+  const int64_t shard = plan.max_kv_floats();
+  const ring::Scratch kv[2] = {{shard, "ring attention K/V buffer"}, {shard, "ring attention K/V buffer"}};
   // Gradient sums: `local` is this step's contribution, `in` the sum arriving from the left,
   // `sending` the sum on its way to the right; they rotate so no buffer is reused in flight.
-  Tensor<float> grad_storage[3] = {buffer(), buffer(), buffer()};
+  const char* const grad_what = "ring attention dK/dV buffer";
+  const ring::Scratch grad_storage[3] = {{shard, grad_what}, {shard, grad_what}, {shard, grad_what}};
   float* local = grad_storage[0].data();
   float* in = grad_storage[1].data();
   float* sending = grad_storage[2].data();
   ring::copy_into(ring::packed_k(plan, kv[0].data(), r, 0, Mr), k, threads);
   ring::copy_into(ring::packed_v(plan, kv[0].data(), r, 0, Mr), v, threads);
+  ring::Accumulators dq_acc(plan.q_chunks[r].size(), [&](int c) {
+    const ring::Chunk& chunk = plan.q_chunks[r][c];
+    ring::fill_zero(ring::rows(dq, chunk.offset, chunk.global.size()), threads);
+  });
 
   ring::Transfers kv_transfers, grad_in, grad_out;
   for (int s = 0; s < P; ++s) {
@@ -73,25 +70,37 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     if (s + 1 < P) {
       kv_transfers.recv(kv[(s + 1) % 2].data(), plan.kv_floats((r - s - 1 + P) % P), left, kTagKV, comm.get());
       kv_transfers.send(current, plan.kv_floats(src), right, kTagKV, comm.get());
+      kv_transfers.poll(ring::kPollSeconds);
     }
-    std::fill_n(local, plan.kv_floats(src), 0.0f);
-    for (const ring::Chunk& qc : plan.q_chunks[r]) {
-      for (const ring::Chunk& kc : plan.kv_chunks[src]) {
-        const AttentionOptions block = ring::block_options(plan, options, qc, kc);
-        if (!ring::block_has_work(block, plan, qc, kc)) continue;
-        const int64_t n = qc.global.size(), m = kc.global.size();
-        TensorView<float> bdq(dq_block.data(), {plan.B, plan.H, n, plan.D});
-        TensorView<float> bdk(dk_block.data(), {plan.B, plan.Hkv, m, plan.D});
-        TensorView<float> bdv(dv_block.data(), {plan.B, plan.Hkv, m, plan.Dv});
-        attention_backward(bdq, bdk, bdv, TensorView<float>(), ring::rows(dout, qc.offset, n),
-                           ring::rows(q, qc.offset, n), ring::packed_k(plan, current, src, kc.offset, m),
-                           ring::packed_v(plan, current, src, kc.offset, m), ring::rows(out, qc.offset, n),
-                           ring::rows(lse, qc.offset, n), block);
-        ring::add_into(ring::rows(dq, qc.offset, n), bdq, threads);
-        ring::add_into(ring::packed_k(plan, local, src, kc.offset, m), bdk, threads);
-        ring::add_into(ring::packed_v(plan, local, src, kc.offset, m), bdv, threads);
+    auto local_k = [&](int64_t offset, int64_t m) { return ring::packed_k(plan, local, src, offset, m); };
+    auto local_v = [&](int64_t offset, int64_t m) { return ring::packed_v(plan, local, src, offset, m); };
+    ring::Accumulators local_acc(plan.kv_chunks[src].size(), [&](int c) {
+      const ring::Chunk& chunk = plan.kv_chunks[src][c];
+      ring::fill_zero(local_k(chunk.offset, chunk.global.size()), threads);
+      ring::fill_zero(local_v(chunk.offset, chunk.global.size()), threads);
+    });
+    for (const ring::BlockCall& c : ring::step_calls(plan, options, src)) {
+      const int64_t n = c.n, m = c.m;
+      const bool dq_fresh = dq_acc.claim(c.q_first, c.q_end), dkv_fresh = local_acc.claim(c.k_first, c.k_end);
+      const TensorView<float> dq_rows = ring::rows(dq, c.q_offset, n);
+      const TensorView<float> dk_rows = local_k(c.k_offset, m), dv_rows = local_v(c.k_offset, m);
+      // A first contribution goes in place, a later one to the block buffer and is added.
+      auto target = [](bool fresh, TensorView<float> place, const ring::Scratch& block) {
+        return fresh ? place : TensorView<float>(block.data(), place.shape());
+      };
+      const TensorView<float> bdq = target(dq_fresh, dq_rows, dq_block);
+      const TensorView<float> bdk = target(dkv_fresh, dk_rows, dk_block), bdv = target(dkv_fresh, dv_rows, dv_block);
+      attention_backward(bdq, bdk, bdv, TensorView<float>(), ring::rows(dout, c.q_offset, n),
+                         ring::rows(q, c.q_offset, n), ring::packed_k(plan, current, src, c.k_offset, m),
+                         ring::packed_v(plan, current, src, c.k_offset, m), ring::rows(out, c.q_offset, n),
+                         ring::rows(lse, c.q_offset, n), c.options);
+      if (!dq_fresh) ring::add_into(dq_rows, bdq, threads);
+      if (!dkv_fresh) {
+        ring::add_into(dk_rows, bdk, threads);
+        ring::add_into(dv_rows, bdv, threads);
       }
     }
+    local_acc.finish();
     if (P > 1) {
       // The sum for src so far (ranks src .. r-1) plus this rank's part, always in that order.
       if (s > 0) {
@@ -107,6 +116,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     }
     kv_transfers.wait();
   }
+  dq_acc.finish();
   grad_in.wait();
   grad_out.wait();
   float* finished = P > 1 ? in : local;

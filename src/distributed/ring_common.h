@@ -1,12 +1,15 @@
 // Pieces shared by the ring forward and backward: the validated plan of a ring call (agreed by
-// every rank), K/V shards packed for the wire, the mask of one (query chunk, key chunk) block in
-// block-local positions, and non-blocking transfers of any size.
+// every rank), K/V shards packed for the wire, the attention calls of one ring step (blocks of
+// query chunk × key chunk with the global mask in block positions), and non-blocking transfers.
 #pragma once
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/distributed.h"
@@ -43,8 +46,38 @@ Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float>
 
 // The options of the block (query chunk qc, key chunk kc): the global mask in block positions.
 AttentionOptions block_options(const Plan& plan, const RingOptions& options, const Chunk& qc, const Chunk& kc);
-// True if the block's mask leaves at least one (query, key) pair.
-bool block_has_work(const AttentionOptions& block, const Plan& plan, const Chunk& qc, const Chunk& kc);
+
+// One attention call of a ring step: this rank's query chunks [q_first, q_end) against key chunks
+// [k_first, k_end) of the K/V shard at hand, which are the shard rows [q_offset, q_offset + n)
+// and [k_offset, k_offset + m).
+struct BlockCall {
+  int q_first = 0, q_end = 0, k_first = 0, k_end = 0;
+  int64_t q_offset = 0, n = 0, k_offset = 0, m = 0;
+  AttentionOptions options;
+};
+// The calls of the step against the K/V shard of rank src, in a fixed order: one call over the
+// rectangle of the chunks with work when they are consecutive, no ALiBi term is on (it depends on
+// distances that rectangle positions do not keep) and one causal/window mask in rectangle
+// positions gives every row exactly the keys its blocks give it (checked on the evaluated bands,
+// so key and query lengths count too); else one call per block with work. Zigzag without ALiBi
+// or lengths: one call per step, causal or not.
+std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, int src);
+// Accumulators kept per chunk that start empty (zeros, or 0 and -inf for out and lse) and take
+// their first partial result in place: merging it into an empty accumulator would copy it bit for
+// bit, so skipping the zeroing and the merge changes no result. clear(c) empties chunk c.
+class Accumulators {
+ public:
+  Accumulators(std::size_t chunks, std::function<void(int)> clear) : written_(chunks), clear_(std::move(clear)) {}
+  // Marks chunks [first, end) written. True if none was before: the caller writes in place.
+  // Otherwise the ones that were not are cleared, and the caller merges into all of them.
+  bool claim(int first, int end);
+  // Clears the chunks never written.
+  void finish();
+
+ private:
+  std::vector<bool> written_;
+  std::function<void(int)> clear_;
+};
 
 // Views of a packed K/V shard of rank r at `base`: k or v rows [offset, offset + len).
 TensorView<float> packed_k(const Plan& plan, float* base, int r, int64_t offset, int64_t len);
@@ -60,11 +93,31 @@ TensorView<T> rows(TensorView<T> t, int64_t begin, int64_t len) {
                        std::span<const int64_t>(strides.data(), n));
 }
 
+// Floats the ring always writes before it reads them (K/V and gradient buffers, block results).
+// Unlike a Tensor they are not zeroed: zeroing faulted in and wrote every page of up to eight
+// shard-sized buffers per call, and a buffer a call never touches (a block buffer when every
+// partial goes in place) now costs no memory traffic at all.
+class Scratch {
+ public:
+  Scratch(int64_t floats, const char* what);
+  float* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+};
+
 // dst (rank 4, any strides) = src or += src, elementwise; threads split the first two dims, so
 // the result does not depend on the thread count.
 void copy_into(TensorView<float> dst, TensorView<const float> src, int threads);
 void add_into(TensorView<float> dst, TensorView<const float> src, int threads);
 void fill_zero(TensorView<float> dst, int threads);
+
+// How long a step polls its K/V transfers after posting them (ranks start a step nearly together,
+// so the neighbour's message is usually there within this time).
+constexpr double kPollSeconds = 0.002;
 
 // Outstanding non-blocking transfers; messages above 2^30 floats go in several parts.
 class Transfers {
@@ -72,6 +125,10 @@ class Transfers {
   void send(const float* data, int64_t count, int to, int tag, MPI_Comm comm);
   void recv(float* data, int64_t count, int from, int tag, MPI_Comm comm);
   void wait();
+  // Drives the transfers for at most `seconds` or until they complete. Open MPI moves a large
+  // message only inside MPI calls (the receiver copies it), so without this the copy waits for
+  // the end of the step and the sender spins there until its partner gets to it.
+  void poll(double seconds);
   ~Transfers();
 
  private:

@@ -1,8 +1,9 @@
 // Ring attention forward. Rank r holds its query shard; at step s it holds the K/V shard of rank
 // (r - s) mod P, receives the next one from r - 1 and sends the current one to r + 1 while it
-// computes the fused attention of its query chunks against the current K/V chunks. The partial
-// (out, lse) of each block merges into the running result by log-sum-exp in fp32, in ring order,
-// which is fixed for a given P: the result does not depend on threads or message timing.
+// computes the fused attention of its query chunks against the current K/V chunks (the calls of
+// ring::step_calls). The partial (out, lse) of each call merges into the running result by
+// log-sum-exp in fp32, in ring order, which is fixed for a given P: the result does not depend on
+// threads or message timing. A row's first partial is written in place (merging it would copy it).
 
 #include <fmt/format.h>
 
@@ -65,15 +66,18 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
 
   Tensor<float> acc_lse({plan.B, plan.H, Nr}, "ring attention lse");
   for (int64_t i = 0; i < acc_lse.numel(); ++i) acc_lse[i] = -std::numeric_limits<float>::infinity();
-  ring::fill_zero(out, threads);
-  int64_t max_chunk = 0;
-  for (const ring::Chunk& c : plan.q_chunks[r]) max_chunk = std::max(max_chunk, c.global.size());
-  Tensor<float> block_out({plan.B * plan.H * max_chunk * plan.Dv}, "ring attention block out");
-  Tensor<float> block_lse({plan.B * plan.H * max_chunk}, "ring attention block lse");
-  Tensor<float> buffers[2] = {Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer"),
-                              Tensor<float>({plan.max_kv_floats()}, "ring attention K/V buffer")};
+  // A call may span the whole shard (coalesced blocks, see step_calls).
+  const ring::Scratch block_out(plan.B * plan.H * Nr * plan.Dv, "ring attention block out");
+  const ring::Scratch block_lse(plan.B * plan.H * Nr, "ring attention block lse");
+  const ring::Scratch buffers[2] = {{plan.max_kv_floats(), "ring attention K/V buffer"},
+                                    {plan.max_kv_floats(), "ring attention K/V buffer"}};
   pack_kv(plan, buffers[0].data(), k, v, threads);
 
+  // Rows of out and acc_lse per query chunk; acc_lse starts at -inf, so emptying out is enough.
+  ring::Accumulators acc(plan.q_chunks[r].size(), [&](int c) {
+    const ring::Chunk& chunk = plan.q_chunks[r][c];
+    ring::fill_zero(ring::rows(out, chunk.offset, chunk.global.size()), threads);
+  });
   ring::Transfers transfers;
   for (int s = 0; s < P; ++s) {
     const int src = (r - s + P) % P;
@@ -82,22 +86,25 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
       const int next_src = (r - s - 1 + P) % P;
       transfers.recv(buffers[(s + 1) % 2].data(), plan.kv_floats(next_src), (r - 1 + P) % P, kTagKV, comm.get());
       transfers.send(current, plan.kv_floats(src), (r + 1) % P, kTagKV, comm.get());
+      transfers.poll(ring::kPollSeconds);
     }
-    for (const ring::Chunk& qc : plan.q_chunks[r]) {
-      for (const ring::Chunk& kc : plan.kv_chunks[src]) {
-        const AttentionOptions block = ring::block_options(plan, options, qc, kc);
-        if (!ring::block_has_work(block, plan, qc, kc)) continue;
-        const int64_t n = qc.global.size();
-        TensorView<float> bo(block_out.data(), {plan.B, plan.H, n, plan.Dv});
-        TensorView<float> bl(block_lse.data(), {plan.B, plan.H, n});
-        attention_forward(bo, bl, ring::rows(q, qc.offset, n),
-                          ring::packed_k(plan, current, src, kc.offset, kc.global.size()),
-                          ring::packed_v(plan, current, src, kc.offset, kc.global.size()), block);
-        merge_block(ring::rows(out, qc.offset, n), ring::rows(acc_lse.view(), qc.offset, n), bo, bl, threads);
+    for (const ring::BlockCall& c : ring::step_calls(plan, options, src)) {
+      const TensorView<float> acc_out = ring::rows(out, c.q_offset, c.n);
+      const TensorView<float> acc_l = ring::rows(acc_lse.view(), c.q_offset, c.n);
+      const TensorView<const float> kc = ring::packed_k(plan, current, src, c.k_offset, c.m);
+      const TensorView<const float> vc = ring::packed_v(plan, current, src, c.k_offset, c.m);
+      if (acc.claim(c.q_first, c.q_end)) {
+        attention_forward(acc_out, acc_l, ring::rows(q, c.q_offset, c.n), kc, vc, c.options);
+        continue;
       }
+      TensorView<float> bo(block_out.data(), {plan.B, plan.H, c.n, plan.Dv});
+      TensorView<float> bl(block_lse.data(), {plan.B, plan.H, c.n});
+      attention_forward(bo, bl, ring::rows(q, c.q_offset, c.n), kc, vc, c.options);
+      merge_block(acc_out, acc_l, bo, bl, threads);
     }
     transfers.wait();
   }
+  acc.finish();
   if (!lse.empty()) {
     const std::array<int64_t, 4> shape4{plan.B, plan.H, Nr, 1};
     const std::array<int64_t, 4> lse_strides{lse.stride(0), lse.stride(1), lse.stride(2), 1};

@@ -3,7 +3,8 @@
 // builds the same random problem from one seed (printed by rank 0; replay with QKV_TEST_SEED),
 // computes the ring forward and backward on its shard with 1, 2 and 3 threads, and checks:
 // bitwise equality across the thread counts, out, lse, dq, dk, dv within 2e-5·(1 + max|ref|) of
-// the fused kernel and of the float64 reference, and zeros for fully masked rows. Then every
+// the fused kernel and of the float64 reference, and zeros for fully masked rows. It checks which
+// blocks of a step the ring joins into one call (ring::step_calls) and which it must not. Then every
 // failure mode a user can hit must raise the same clear qkv::Error on every rank (no hang).
 // Exit status: 0 if every check passed on every rank.
 #include <mpi.h>
@@ -21,6 +22,8 @@
 
 #include <fmt/format.h>
 
+#include "distributed/ring_common.h"
+#include "kernels/mask_eval.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
 #include "qkv/distributed.h"
@@ -100,15 +103,22 @@ struct RingResult {
   Tensor<float> out, lse, dq, dk, dv;
 };
 
+// A tensor full of NaN: the ring must overwrite every output element, whatever it held.
+Tensor<float> nan_tensor(std::span<const int64_t> shape) {
+  Tensor<float> t(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = std::numeric_limits<float>::quiet_NaN();
+  return t;
+}
+
 RingResult run_ring(const Case& c, const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                     const Tensor<float>& dout, const qkv::RingOptions& options) {
   RingResult r;
-  r.out = Tensor<float>({c.B, c.H, q.dim(2), c.Dv});
-  r.lse = Tensor<float>({c.B, c.H, q.dim(2)});
+  r.out = nan_tensor(std::array<int64_t, 4>{c.B, c.H, q.dim(2), c.Dv});
+  r.lse = nan_tensor(std::array<int64_t, 3>{c.B, c.H, q.dim(2)});
   qkv::ring_attention_forward(MPI_COMM_WORLD, r.out.view(), r.lse.view(), q.cview(), k.cview(), v.cview(), options);
-  r.dq = Tensor<float>(q.shape());
-  r.dk = Tensor<float>(k.shape());
-  r.dv = Tensor<float>(v.shape());
+  r.dq = nan_tensor(q.shape());
+  r.dk = nan_tensor(k.shape());
+  r.dv = nan_tensor(v.shape());
   qkv::ring_attention_backward(MPI_COMM_WORLD, r.dq.view(), r.dk.view(), r.dv.view(), dout.cview(), q.cview(),
                                k.cview(), v.cview(), r.out.cview(), r.lse.cview(), options);
   return r;
@@ -223,6 +233,18 @@ std::vector<Case> cases() {
          m.softcap = 5.0f;
        }},
       {"N = 3, M = 5 (empty shards)", 1, 2, 2, 3, 5, 24, 24, Sharding::zigzag, causal},
+      // Blocks that step_calls joins into one call (see run_step_call_tests) and some it must not.
+      {"softcap plain zigzag (joined)", 1, 2, 2, 44, 44, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.softcap = 4.0f; }},
+      {"window wider than the sequence (joined)", 2, 2, 1, 35, 35, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) {
+         m.causal = CausalAlign::top_left;
+         m.window = qkv::Window{40, 0};
+       }},
+      {"ALiBi plain zigzag (not joined)", 1, 2, 2, 42, 42, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.alibi_slopes = {0.25f, 0.0625f}; }},
+      {"key length inside a chunk (not joined)", 1, 2, 2, 40, 40, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) { m.key_lengths = {37}; }},
       {"N = 1", 1, 1, 1, 1, 1, 40, 40, Sharding::contiguous, none},
   };
 }
@@ -340,6 +362,79 @@ void run_mask_field_tests(uint64_t seed) {
   if (dq_norm() == 0) fail("partial_rows: a single-key block row got a zero gradient");
 }
 
+// Which blocks step_calls joins, on N = 40 zigzag (chunks of 10 to 5 tokens for P = 2 to 4).
+// Every call's mask must give each of its (query, key) pairs the global mask's verdict, and every
+// pair the global mask allows must be in exactly one call; the number of calls per step shows
+// the joining (one call where a single mask in the calls' positions reproduces the blocks, per
+// block where key lengths cut a chunk or ALiBi is on). run_case checks the values.
+void run_step_call_tests() {
+  namespace ring = qkv::ring;
+  const int64_t N = 40, n = qkv::shard_length(N, g_ranks, g_rank, qkv::Sharding::zigzag);
+  constexpr std::size_t kAny = std::size_t(-1);
+  Tensor<float> t({1, 2, n, 8});
+  // Global position of row x of a shard.
+  auto global = [](const std::vector<ring::Chunk>& chunks, int64_t x) {
+    for (const ring::Chunk& c : chunks)
+      if (x >= c.offset && x < c.offset + c.global.size()) return c.global.begin + (x - c.offset);
+    return int64_t{-1};
+  };
+  auto shape = [](int64_t rows, int64_t keys) { return qkv::AttentionShape{1, 2, 2, rows, keys, 8, 8}; };
+  auto check = [&](const std::string& name, const std::function<void(qkv::Mask&)>& mask, std::size_t want0,
+                   std::size_t want_src0, std::size_t want) {
+    qkv::RingOptions o;
+    mask(o.attention.mask);
+    const ring::Plan plan = ring::make_plan(MPI_COMM_WORLD, t.cview(), t.cview(), t.cview(), o, [](const auto&) {});
+    const qkv::detail::MaskEval whole(o.attention.mask, shape(N, N));
+    for (int s = 0; s < g_ranks; ++s) {
+      const int src = (g_rank - s + g_ranks) % g_ranks;
+      const std::vector<ring::BlockCall> got = ring::step_calls(plan, o, src);
+      const std::size_t expect = s == 0 ? want0 : src == 0 ? want_src0 : want;
+      if (expect != kAny && got.size() != expect)
+        fail(fmt::format("step_calls {}: step {} makes {} calls, want {}", name, s, got.size(), expect));
+      const int64_t m = plan.kv_tokens(src);
+      std::vector<int> covered(static_cast<std::size_t>(n * m));
+      for (const ring::BlockCall& c : got) {
+        const qkv::detail::MaskEval call(c.options.mask, shape(c.n, c.m));
+        for (int64_t u = 0; u < c.n; ++u)
+          for (int64_t w = 0; w < c.m; ++w) {
+            const qkv::detail::KeyBand mine = call.band(0, u);
+            const qkv::detail::KeyBand all = whole.band(0, global(plan.q_chunks[g_rank], c.q_offset + u));
+            const int64_t j = global(plan.kv_chunks[src], c.k_offset + w);
+            const bool allowed = mine.lo <= w && w < mine.hi;
+            if (allowed != (all.lo <= j && j < all.hi))
+              return fail(fmt::format("step_calls {}: step {} masks a pair unlike the global mask", name, s));
+            covered[(c.q_offset + u) * m + c.k_offset + w] += allowed;
+          }
+      }
+      for (int64_t x = 0; x < n; ++x)
+        for (int64_t y = 0; y < m; ++y) {
+          const qkv::detail::KeyBand all = whole.band(0, global(plan.q_chunks[g_rank], x));
+          const int64_t j = global(plan.kv_chunks[src], y);
+          if (covered[x * m + y] != int(all.lo <= j && j < all.hi))
+            return fail(fmt::format("step_calls {}: step {} covers a pair {} times", name, s, covered[x * m + y]));
+        }
+    }
+  };
+  auto causal = [](qkv::Mask& m) { m.causal = qkv::CausalAlign::top_left; };
+  check("plain", [](qkv::Mask&) {}, 1, 1, 1);
+  check("softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, 1, 1, 1);
+  check("window wider than the sequence", [](qkv::Mask& m) { m.window = qkv::Window{45, 45}; }, 1, 1, 1);
+  // Even the diagonal step: the shard's chunks are in global order, so it is causal in shard rows.
+  check("causal", causal, 1, 1, 1);
+  check("ALiBi", [](qkv::Mask& m) { m.alibi_slopes = {0.5f, 0.25f}; }, 4, 4, 4);
+  // Rank 0 holds the last chunk, [30, 40) to [35, 40): key 37 cuts it.
+  check("key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; }, g_rank == 0 ? 4 : 1, 4, 1);
+  check("causal key length 37", [](qkv::Mask& m) {
+    m.causal = qkv::CausalAlign::top_left;
+    m.key_lengths = {37};
+  }, kAny, kAny, kAny);
+  check("window 2", [](qkv::Mask& m) { m.window = qkv::Window{2, 2}; }, kAny, kAny, kAny);
+  check("causal window 7", [](qkv::Mask& m) {
+    m.causal = qkv::CausalAlign::top_left;
+    m.window = qkv::Window{7, -1};
+  }, kAny, kAny, kAny);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -353,6 +448,7 @@ int main(int argc, char** argv) {
   if (g_rank == 0) std::printf("ring_test: %d ranks, QKV_TEST_SEED=%llu\n", g_ranks, static_cast<unsigned long long>(seed));
   run_shard_roundtrip(seed);
   run_mask_field_tests(seed);
+  run_step_call_tests();
   for (const Case& c : cases()) {
     try {
       run_case(c, seed);
