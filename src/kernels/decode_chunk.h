@@ -118,45 +118,91 @@ class DecodeChunk {
     }
   }
 
-  // Keys of the block starting at j: up to kNb, within the chunk and within j's page.
-  int64_t block_size(int64_t j) const {
-    const int64_t page_end = (j / p_.page_tokens + 1) * p_.page_tokens;
-    return std::min({kNb, t_.j1 - j, page_end - j});
+  // Keys of the block starting at j: up to kNb, within the chunk (a block may span pages: small
+  // pages would otherwise make short blocks, each paying the softmax and O update).
+  int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
+
+  // Asks for the first keys of the page kPrefetchKeys on: the hardware prefetcher follows the
+  // rows within a page but cannot guess the block table's next page (paged D2 took 1.3x the CPU
+  // time of contiguous caches without this). Prefetching every block instead (4 ahead) waited
+  // on the line fill buffers (~14-20% of the samples in perf) and took 20-25% more CPU time with
+  // the data in L3.
+  // always_inline: as a separate function GCC found it free of side effects (prefetches count as
+  // none) and deleted every call, so no prefetch was ever issued.
+  __attribute__((always_inline)) void prefetch_page_ahead(int64_t j) const {
+    const int64_t pt = p_.page_tokens;
+    const int64_t j_next = (j / pt + std::max<int64_t>(1, kPrefetchKeys / pt)) * pt;
+    if (j_next >= t_.j1) return;
+    const int64_t row0 = pool_row(j_next), nb = std::min({kNb, pt, t_.j1 - j_next});
+    auto lines = [](const char* p, int64_t bytes) __attribute__((always_inline)) {
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+    };
+    lines(p_.k + row0 * p_.D * eb_, nb * p_.D * eb_);
+    lines(p_.v + row0 * p_.Dv * eb_, nb * p_.Dv * eb_);
+    if (p_.k_scale != nullptr) {
+      lines(reinterpret_cast<const char*>(p_.k_scale + row0), nb * 4);
+      lines(reinterpret_cast<const char*>(p_.v_scale + row0), nb * 4);
+    }
   }
 
-  // No software prefetch: prefetcht1 of the next blocks' lines waited on the line fill buffers
-  // (~14-20% of the samples in perf); without it the kernel took 20-25% less CPU time with the
-  // data in L3 (M = 4096) and the same within noise at M = 32768 (BENCHMARKS.md).
-
-  // Pool row of sequence token j (all tokens of a block share its page, in consecutive slots).
+  // Pool row of sequence token j.
   int64_t pool_row(int64_t j) const {
     const int64_t page = p_.block_table[t_.b * p_.max_blocks + j / p_.page_tokens];
     return (page * p_.Hkv + t_.g) * p_.page_tokens + j % p_.page_tokens;
   }
 
-  // Rows [row0, row0 + nb) of a pool as fp32 with row stride `npad` (int8: the stored integers,
-  // unscaled): the fallback for head dims that are not a multiple of L.
-  void widen_rows(const char* pool, int64_t row0, int64_t nb, int64_t n, int64_t npad, float* buf) const {
-    for (int64_t jj = 0; jj < nb; ++jj)
-      widen_row<Ops>(p_.dtype, pool + (row0 + jj) * n * eb_, n, 1.0f, buf + jj * npad, npad);
+  // A block's rows: row jj at base + jj · stride bytes (one page, or the widened buffers), or
+  // at rows[jj] (a block spanning pages; tables for every block cost 7-10% at one page).
+  struct Strided {
+    const char* base;
+    int64_t stride;
+    const char* operator[](int64_t jj) const { return base + jj * stride; }
+  };
+  struct Table {
+    const char* const* rows;
+    const char* operator[](int64_t jj) const { return rows[jj]; }
+  };
+
+  // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers
+  // (int8: the stored integers, unscaled).
+  void block(int64_t j0, int64_t nb, bool first) {
+    const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
+    int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
+    if (off == 0) prefetch_page_ahead(j0);
+    if (!buffered && off + nb <= p_.page_tokens) {
+      const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
+      return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);
+    }
+    for (int64_t jj = 0; jj < nb; ++jj, ++off, ++row) {
+      if (off == p_.page_tokens) {  // divisions once per page, not per key
+        off = 0;
+        prefetch_page_ahead(j0 + jj);
+        row = pool_row(j0 + jj);
+      }
+      krow_[jj] = p_.k + row * p_.D * eb_;
+      vrow_[jj] = p_.v + row * p_.Dv * eb_;
+      if (i8) ksc_[jj] = p_.k_scale[row], vsc_[jj] = p_.v_scale[row];
+      if (buffered) {
+        widen_row<Ops>(p_.dtype, krow_[jj], p_.D, 1.0f, kb_ + jj * dp_, dp_);
+        widen_row<Ops>(p_.dtype, vrow_[jj], p_.Dv, 1.0f, vb_ + jj * p_.dvp, p_.dvp);
+      }
+    }
+    const float* ksc = i8 ? ksc_ : nullptr;
+    const float* vsc = i8 ? vsc_ : nullptr;
+    if (buffered) {
+      const Strided k{reinterpret_cast<const char*>(kb_), dp_ * 4}, v{reinterpret_cast<const char*>(vb_), p_.dvp * 4};
+      return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.dvp, j0, nb, first);
+    }
+    typed(Table{krow_}, Table{vrow_}, ksc, vsc, j0, nb, first);
   }
 
-  void block(int64_t j0, int64_t nb, bool first) {
-    const int64_t row0 = pool_row(j0);
-    const char* k = p_.k + row0 * p_.D * eb_;
-    const char* v = p_.v + row0 * p_.Dv * eb_;
-    if (p_.D % L != 0 || p_.Dv % L != 0) {
-      widen_rows(p_.k, row0, nb, p_.D, dp_, kb_);
-      widen_rows(p_.v, row0, nb, p_.Dv, p_.dvp, vb_);
-      block_typed<KVDtype::f32>(reinterpret_cast<const char*>(kb_), dp_, reinterpret_cast<const char*>(vb_), p_.dvp,
-                                p_.dvp, row0, j0, nb, first);
-      return;
-    }
+  template <class Rows>
+  void typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t j0, int64_t nb, bool first) {
     switch (p_.dtype) {
-      case KVDtype::f32: return block_typed<KVDtype::f32>(k, p_.D, v, p_.Dv, p_.Dv, row0, j0, nb, first);
-      case KVDtype::bf16: return block_typed<KVDtype::bf16>(k, p_.D, v, p_.Dv, p_.Dv, row0, j0, nb, first);
-      case KVDtype::f16: return block_typed<KVDtype::f16>(k, p_.D, v, p_.Dv, p_.Dv, row0, j0, nb, first);
-      case KVDtype::i8: return block_typed<KVDtype::i8>(k, p_.D, v, p_.Dv, p_.Dv, row0, j0, nb, first);
+      case KVDtype::f32: return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::bf16: return block_typed<KVDtype::bf16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::f16: return block_typed<KVDtype::f16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::i8: return block_typed<KVDtype::i8>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
     }
   }
 
@@ -169,19 +215,16 @@ class DecodeChunk {
     else return Ops::load_i8(reinterpret_cast<const int8_t*>(row) + e);
   }
 
-  // k, v: the block's rows of type kDt with strides ks, vs elements; O gets columns [0, ve).
-  // int8 scales are folded in: s = k_scale · (q · k_int), and p · v_scale multiplies v_int.
-  template <KVDtype kDt>
-  void block_typed(const char* k, int64_t ks, const char* v, int64_t vs, int64_t ve, int64_t row0, int64_t j0,
-                   int64_t nb, bool first) {
-    const int64_t eb = kDt == KVDtype::f32 ? 4 : eb_;  // the fallback passes widened fp32 rows
-    for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, ks * eb, r0, nb); });
-    const bool i8 = p_.dtype == KVDtype::i8;
-    const float* ksc = i8 ? p_.k_scale + row0 : nullptr;
-    const float* vsc = i8 ? p_.v_scale + row0 : nullptr;
+  // The block's rows k, v hold type kDt; O gets columns [0, ve). The int8 scales (ksc, vsc per
+  // key, else null) are folded in: s = k_scale · (q · k_int), and p · v_scale multiplies v_int.
+  template <KVDtype kDt, class Rows>
+  void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb,
+                   bool first) {
+    for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, r0, nb); });
+    const int64_t nbp = (nb + L - 1) / L * L;  // small pages make short blocks
     for (int64_t r = 0; r < rows_; ++r) {
-      finish_scores(r, j0, nb, ksc);
-      softmax_row(r);
+      finish_scores(r, j0, nb, nbp, ksc);
+      softmax_row(r, nbp);
       if (vsc != nullptr) {
         float* s = sb_ + r * kNb;
         for (int64_t jj = 0; jj < nb; ++jj) s[jj] *= vsc[jj];
@@ -190,8 +233,8 @@ class DecodeChunk {
     for_row_tiles([&]<int R>(int64_t r0) {
       constexpr int64_t C = std::max<int64_t>(1, std::min<int64_t>(8, 16 / R));
       int64_t e = 0;
-      for (; e + C * L <= ve; e += C * L) pv_tile<kDt, R, C>(v, vs * eb, r0, e, nb, first);
-      for (; e < ve; e += L) pv_tile<kDt, R, 1>(v, vs * eb, r0, e, nb, first);
+      for (; e + C * L <= ve; e += C * L) pv_tile<kDt, R, C>(v, r0, e, nb, first);
+      for (; e < ve; e += L) pv_tile<kDt, R, 1>(v, r0, e, nb, first);
     });
   }
 
@@ -213,13 +256,13 @@ class DecodeChunk {
   // (and widened) once for the R rows; X = L / R keys at a time keep R·X = L accumulators in
   // registers, reduced by one transposing reduction (Ops::reduce_lanes). Keys past nb reread
   // the last key (in bounds); finish_scores overwrites them.
-  template <KVDtype kDt, int R>
-  void scores_tile(const char* k, int64_t kstride, int64_t r0, int64_t nb) {
+  template <KVDtype kDt, int R, class Rows>
+  void scores_tile(Rows k, int64_t r0, int64_t nb) {
     constexpr int64_t X = L / R;
     const float* q = qb_ + r0 * dp_;
     for (int64_t j = 0; j < nb; j += X) {
       const char* kr[X];
-      for (int64_t x = 0; x < X; ++x) kr[x] = k + std::min(j + x, nb - 1) * kstride;
+      for (int64_t x = 0; x < X; ++x) kr[x] = k[std::min(j + x, nb - 1)];
       V acc[L];
       for (int64_t i = 0; i < L; ++i) acc[i] = Ops::zero();
       for (int64_t d = 0; d < dp_; d += L) {
@@ -237,11 +280,11 @@ class DecodeChunk {
     }
   }
 
-  // Row r of sb: the logits of the block's keys, -inf where masked and past nb.
-  void finish_scores(int64_t r, int64_t j0, int64_t nb, const float* k_scale) {
+  // Row r of sb: the logits of the block's keys, -inf where masked and in [nb, nbp).
+  void finish_scores(int64_t r, int64_t j0, int64_t nb, int64_t nbp, const float* k_scale) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     float* s = sb_ + r * kNb;
-    std::fill(s + nb, s + kNb, kNegInf);
+    std::fill(s + nb, s + nbp, kNegInf);
     if (!row_sees(r, j0, j0 + nb)) {
       std::fill(s, s + nb, kNegInf);
       return;
@@ -258,8 +301,8 @@ class DecodeChunk {
 
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with
   // the R·C accumulators in registers and each V vector loaded (and widened) once for the R rows.
-  template <KVDtype kDt, int R, int64_t C>
-  void pv_tile(const char* v, int64_t vstride, int64_t r0, int64_t e, int64_t nb, bool first) {
+  template <KVDtype kDt, int R, int64_t C, class Rows>
+  void pv_tile(Rows v, int64_t r0, int64_t e, int64_t nb, bool first) {
     V acc[R][C];
     for (int64_t r = 0; r < R; ++r) {
       float* o = t_.o + (r0 + r) * p_.dvp + e;
@@ -268,7 +311,7 @@ class DecodeChunk {
     }
     const float* pr = sb_ + r0 * kNb;
     for (int64_t jj = 0; jj < nb; ++jj) {
-      const char* vr = v + jj * vstride;
+      const char* vr = v[jj];
       V vv[C];
       for (int64_t c = 0; c < C; ++c) vv[c] = load_kv<kDt>(vr, e + c * L);
       for (int64_t r = 0; r < R; ++r) {
@@ -280,11 +323,11 @@ class DecodeChunk {
       for (int64_t c = 0; c < C; ++c) Ops::store(t_.o + (r0 + r) * p_.dvp + e + c * L, acc[r][c]);
   }
 
-  // Turns row r of sb into P and updates m, l and alpha (the factor for the row of O).
-  void softmax_row(int64_t r) {
+  // Turns row r of sb [0, nbp) into P and updates m, l and alpha (the factor for the row of O).
+  void softmax_row(int64_t r, int64_t nbp) {
     float* s = sb_ + r * kNb;
     V mx = Ops::set1(t_.m[r]);
-    for (int64_t jj = 0; jj < kNb; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
+    for (int64_t jj = 0; jj < nbp; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
     float m_new = t_.m[r];
     alignas(64) float lanes[L];
     Ops::store(lanes, mx);
@@ -293,7 +336,7 @@ class DecodeChunk {
     const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
     const V mv = Ops::set1(m_use), log2e = Ops::set1(kDecodeLog2e);
     V sum = Ops::zero();
-    for (int64_t jj = 0; jj < kNb; jj += L) {
+    for (int64_t jj = 0; jj < nbp; jj += L) {
       const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(s + jj), mv), log2e));
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
@@ -309,6 +352,12 @@ class DecodeChunk {
   int64_t rows_, dp_, eb_;
   float *qb_, *kb_, *vb_, *sb_, *alpha_;
   int64_t* band_;
+  // A block's K and V rows and int8 scales when it spans pages (kPrefetchKeys: see
+  // prefetch_page_ahead).
+  const char* krow_[kNb];
+  const char* vrow_[kNb];
+  float ksc_[kNb], vsc_[kNb];
+  static constexpr int64_t kPrefetchKeys = 2 * kNb;
 };
 
 template <class Ops>
