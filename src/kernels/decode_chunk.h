@@ -20,19 +20,19 @@ namespace {
 
 constexpr float kDecodeLog2e = 1.44269504088896340736f;
 
-inline float widen_one(KVDtype dtype, const char* src, int64_t e, float scale) {
+inline float widen_one(KVDtype dtype, const char* src, int64_t e) {
   switch (dtype) {
     case KVDtype::f32: return reinterpret_cast<const float*>(src)[e];
     case KVDtype::bf16: return std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[e]) << 16);
     case KVDtype::f16: return detail::half_to_float(reinterpret_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]) * scale;
+    case KVDtype::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]);
   }
   return 0.0f;
 }
 
-// dst[0, n) = the n stored values at src as fp32, dst[n, npad) = 0.
+// dst[0, n) = the n stored values at src as fp32 (int8: the integers, unscaled), dst[n, npad) = 0.
 template <class Ops>
-void widen_row(KVDtype dtype, const char* src, int64_t n, float scale, float* dst, int64_t npad) {
+void widen_row(KVDtype dtype, const char* src, int64_t n, float* dst, int64_t npad) {
   constexpr int64_t L = Ops::kLanes;
   int64_t e = 0;
   if (dtype == KVDtype::f32) {
@@ -42,10 +42,9 @@ void widen_row(KVDtype dtype, const char* src, int64_t n, float scale, float* ds
   } else if (dtype == KVDtype::f16) {
     for (; e + L <= n; e += L) Ops::store(dst + e, Ops::load_f16(reinterpret_cast<const uint16_t*>(src) + e));
   } else {
-    const typename Ops::V s = Ops::set1(scale);
-    for (; e + L <= n; e += L) Ops::store(dst + e, Ops::mul(Ops::load_i8(reinterpret_cast<const int8_t*>(src) + e), s));
+    for (; e + L <= n; e += L) Ops::store(dst + e, Ops::load_i8(reinterpret_cast<const int8_t*>(src) + e));
   }
-  for (; e < n; ++e) dst[e] = widen_one(dtype, src, e, scale);
+  for (; e < n; ++e) dst[e] = widen_one(dtype, src, e);
   for (; e < npad; ++e) dst[e] = 0.0f;
 }
 
@@ -163,8 +162,7 @@ class DecodeChunk {
     const char* operator[](int64_t jj) const { return rows[jj]; }
   };
 
-  // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers
-  // (int8: the stored integers, unscaled).
+  // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers.
   void block(int64_t j0, int64_t nb, bool first) {
     const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
     int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
@@ -183,8 +181,8 @@ class DecodeChunk {
       vrow_[jj] = p_.v + row * p_.Dv * eb_;
       if (i8) ksc_[jj] = p_.k_scale[row], vsc_[jj] = p_.v_scale[row];
       if (buffered) {
-        widen_row<Ops>(p_.dtype, krow_[jj], p_.D, 1.0f, kb_ + jj * dp_, dp_);
-        widen_row<Ops>(p_.dtype, vrow_[jj], p_.Dv, 1.0f, vb_ + jj * p_.dvp, p_.dvp);
+        widen_row<Ops>(p_.dtype, krow_[jj], p_.D, kb_ + jj * dp_, dp_);
+        widen_row<Ops>(p_.dtype, vrow_[jj], p_.Dv, vb_ + jj * p_.dvp, p_.dvp);
       }
     }
     const float* ksc = i8 ? ksc_ : nullptr;
