@@ -8,7 +8,6 @@
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
 
 #include "kernels/simd_avx2.h"
-#include "kernels/microkernel.h"
 
 namespace qkv::kernels {
 namespace {

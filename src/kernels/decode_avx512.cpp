@@ -11,7 +11,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2")
 
 #include "kernels/simd_avx512.h"
-#include "kernels/microkernel.h"
 
 namespace qkv::kernels {
 namespace {

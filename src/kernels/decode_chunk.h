@@ -1,14 +1,17 @@
 // One decode task, written once for every SIMD family: the keys [j0, j1) of one sequence and KV
 // head against the G·N query rows of that head's GQA group. Include only after kernel_deps.h,
-// the family's target pragma, its simd_*.h, microkernel.h, and its Decode ops (decode_*.cpp:
-// Ops plus hsum, reduce_lanes and the widening loads load_f16, load_bf16, load_i8).
+// the family's target pragma, its simd_*.h and its Decode ops (decode_*.cpp: Ops plus hsum,
+// reduce_lanes and the widening loads load_f16, load_bf16, load_i8).
 //
-// The keys go in blocks of at most kDecodeBlock within one page. Each block is read from the pool
-// once and widened to fp32 into L1-resident buffers (int8: float(q) · scale, the exact value the
-// cache stands for), then used by every row:
-//   S [rows x nb] = (scale·Q) · Kᵀ   lanes along D, L keys reduced together (Ops::reduce_lanes)
+// The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
+// is loaded from the pool and widened to fp32 in registers once, and used there by a tile of up
+// to 8 rows (a buffer re-read per row cost ~20% of the cycles in perf):
+//   S [rows x nb] = (scale·Q) · Kᵀ   lanes along D, R rows x L/R keys reduced together
 //   online softmax per row (base 2, running max in natural units, as tile_forward.h)
-//   O [rows x dvp] = alpha ⊙ O + P · V   through the shared micro-kernel (microkernel.h)
+//   O [rows x dvp] = alpha ⊙ O + P · V   R rows x C vectors of O in registers
+// int8 is widened as the stored integers; its scales act once per key and row instead of on
+// the 2·D elements: s = k_scale · (q · k_int), o += (p · v_scale) · v_int.
+// Head dims that are not a multiple of L take a fallback: rows widened into zero-padded buffers.
 // The result is unnormalized (o, m, l): decode.cpp merges the chunks in a fixed order.
 #pragma once
 
@@ -17,19 +20,19 @@ namespace {
 
 constexpr float kDecodeLog2e = 1.44269504088896340736f;
 
-inline float widen_one(KVDtype dtype, const char* src, int64_t e, float scale) {
+inline float widen_one(KVDtype dtype, const char* src, int64_t e) {
   switch (dtype) {
     case KVDtype::f32: return reinterpret_cast<const float*>(src)[e];
     case KVDtype::bf16: return std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[e]) << 16);
     case KVDtype::f16: return detail::half_to_float(reinterpret_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]) * scale;
+    case KVDtype::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]);
   }
   return 0.0f;
 }
 
-// dst[0, n) = the n stored values at src as fp32, dst[n, npad) = 0.
+// dst[0, n) = the n stored values at src as fp32 (int8: the integers, unscaled), dst[n, npad) = 0.
 template <class Ops>
-void widen_row(KVDtype dtype, const char* src, int64_t n, float scale, float* dst, int64_t npad) {
+void widen_row(KVDtype dtype, const char* src, int64_t n, float* dst, int64_t npad) {
   constexpr int64_t L = Ops::kLanes;
   int64_t e = 0;
   if (dtype == KVDtype::f32) {
@@ -39,10 +42,9 @@ void widen_row(KVDtype dtype, const char* src, int64_t n, float scale, float* ds
   } else if (dtype == KVDtype::f16) {
     for (; e + L <= n; e += L) Ops::store(dst + e, Ops::load_f16(reinterpret_cast<const uint16_t*>(src) + e));
   } else {
-    const typename Ops::V s = Ops::set1(scale);
-    for (; e + L <= n; e += L) Ops::store(dst + e, Ops::mul(Ops::load_i8(reinterpret_cast<const int8_t*>(src) + e), s));
+    for (; e + L <= n; e += L) Ops::store(dst + e, Ops::load_i8(reinterpret_cast<const int8_t*>(src) + e));
   }
-  for (; e < n; ++e) dst[e] = widen_one(dtype, src, e, scale);
+  for (; e < n; ++e) dst[e] = widen_one(dtype, src, e);
   for (; e < npad; ++e) dst[e] = 0.0f;
 }
 
@@ -68,13 +70,11 @@ class DecodeChunk {
     std::fill(t_.m, t_.m + rows_, -std::numeric_limits<float>::infinity());
     std::fill(t_.l, t_.l + rows_, 0.0f);
     if (!find_bands()) return;
-    for (int64_t b = 0; b < 4; ++b) prefetch_block(t_.j0 + b * kNb);
     pack_q();
     bool first = true;
     for (int64_t j = t_.j0; j < t_.j1;) {
       const int64_t nb = block_size(j);
       if (any_row_sees(j, j + nb)) {
-        prefetch_block(j + 4 * nb);
         block(j, nb, first);
         first = false;
       }
@@ -117,20 +117,22 @@ class DecodeChunk {
     }
   }
 
-  // Keys of the block starting at j: up to kNb, within the chunk and within j's page.
-  int64_t block_size(int64_t j) const {
-    const int64_t page_end = (j / p_.page_tokens + 1) * p_.page_tokens;
-    return std::min({kNb, t_.j1 - j, page_end - j});
-  }
+  // Keys of the block starting at j: up to kNb, within the chunk (a block may span pages: small
+  // pages would otherwise make short blocks, each paying the softmax and O update).
+  int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
 
-  // Asks for the K and V rows (and scales) of the block at j while the current block computes:
-  // the hardware prefetcher alone left the loads of each block waiting on DRAM (the widening
-  // loads took ~60% of the kernel's samples in perf).
+  // Asks for the first keys of the page kPrefetchKeys on: the hardware prefetcher follows the
+  // rows within a page but cannot guess the block table's next page (paged D2 took 1.3x the CPU
+  // time of contiguous caches without this). Prefetching every block instead (4 ahead) waited
+  // on the line fill buffers (~14-20% of the samples in perf) and took 20-25% more CPU time with
+  // the data in L3.
   // always_inline: as a separate function GCC found it free of side effects (prefetches count as
   // none) and deleted every call, so no prefetch was ever issued.
-  __attribute__((always_inline)) void prefetch_block(int64_t j) const {
-    if (j >= t_.j1) return;
-    const int64_t row0 = pool_row(j), nb = block_size(j);
+  __attribute__((always_inline)) void prefetch_page_ahead(int64_t j) const {
+    const int64_t pt = p_.page_tokens;
+    const int64_t j_next = (j / pt + std::max<int64_t>(1, kPrefetchKeys / pt)) * pt;
+    if (j_next >= t_.j1) return;
+    const int64_t row0 = pool_row(j_next), nb = std::min({kNb, pt, t_.j1 - j_next});
     auto lines = [](const char* p, int64_t bytes) __attribute__((always_inline)) {
       for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
     };
@@ -142,92 +144,188 @@ class DecodeChunk {
     }
   }
 
-  // Pool row of sequence token j (all tokens of a block share its page, in consecutive slots).
+  // Pool row of sequence token j.
   int64_t pool_row(int64_t j) const {
     const int64_t page = p_.block_table[t_.b * p_.max_blocks + j / p_.page_tokens];
     return (page * p_.Hkv + t_.g) * p_.page_tokens + j % p_.page_tokens;
   }
 
-  // Rows [row0, row0 + nb) of a pool as fp32 with row stride `npad`: in place for fp32 rows
-  // that already have that stride, else widened into buf.
-  const float* rows_fp32(const char* pool, const float* scales, int64_t row0, int64_t nb, int64_t n, int64_t npad,
-                         float* buf) const {
-    if (p_.dtype == KVDtype::f32 && n == npad) return reinterpret_cast<const float*>(pool) + row0 * n;
-    for (int64_t jj = 0; jj < nb; ++jj)
-      widen_row<Ops>(p_.dtype, pool + (row0 + jj) * n * eb_, n, scales ? scales[row0 + jj] : 0.0f, buf + jj * npad, npad);
-    return buf;
-  }
+  // A block's rows: row jj at base + jj · stride bytes (one page, or the widened buffers), or
+  // at rows[jj] (a block spanning pages; tables for every block cost 7-10% at one page).
+  struct Strided {
+    const char* base;
+    int64_t stride;
+    const char* operator[](int64_t jj) const { return base + jj * stride; }
+  };
+  struct Table {
+    const char* const* rows;
+    const char* operator[](int64_t jj) const { return rows[jj]; }
+  };
 
+  // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers.
   void block(int64_t j0, int64_t nb, bool first) {
-    const int64_t row0 = pool_row(j0);
-    const float* k = rows_fp32(p_.k, p_.k_scale, row0, nb, p_.D, dp_, kb_);
-    const float* v = rows_fp32(p_.v, p_.v_scale, row0, nb, p_.Dv, p_.dvp, vb_);
-    scores(k, j0, nb);
-    for (int64_t r = 0; r < rows_; ++r) softmax_row(r);
-    GemmArgs<float, float> g;
-    g.kdim = nb;
-    g.a = sb_;
-    g.a_row = kNb;
-    g.a_k = 1;
-    g.b = v;
-    g.ldb = p_.dvp;
-    g.c = t_.o;
-    g.ldc = p_.dvp;
-    g.alpha = first ? nullptr : alpha_;  // the first block writes O
-    gemm_blocked<Ops>(g, rows_, p_.dvp / L);
+    const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
+    int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
+    if (off == 0) prefetch_page_ahead(j0);
+    if (!buffered && off + nb <= p_.page_tokens) {
+      const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
+      return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);
+    }
+    for (int64_t jj = 0; jj < nb; ++jj, ++off, ++row) {
+      if (off == p_.page_tokens) {  // divisions once per page, not per key
+        off = 0;
+        prefetch_page_ahead(j0 + jj);
+        row = pool_row(j0 + jj);
+      }
+      krow_[jj] = p_.k + row * p_.D * eb_;
+      vrow_[jj] = p_.v + row * p_.Dv * eb_;
+      if (i8) ksc_[jj] = p_.k_scale[row], vsc_[jj] = p_.v_scale[row];
+      if (buffered) {
+        widen_row<Ops>(p_.dtype, krow_[jj], p_.D, kb_ + jj * dp_, dp_);
+        widen_row<Ops>(p_.dtype, vrow_[jj], p_.Dv, vb_ + jj * p_.dvp, p_.dvp);
+      }
+    }
+    const float* ksc = i8 ? ksc_ : nullptr;
+    const float* vsc = i8 ? vsc_ : nullptr;
+    if (buffered) {
+      const Strided k{reinterpret_cast<const char*>(kb_), dp_ * 4}, v{reinterpret_cast<const char*>(vb_), p_.dvp * 4};
+      return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.dvp, j0, nb, first);
+    }
+    typed(Table{krow_}, Table{vrow_}, ksc, vsc, j0, nb, first);
   }
 
-  // sb [rows x kNb]: logits of the block's keys, -inf where masked and past nb.
-  void scores(const float* k, int64_t j0, int64_t nb) {
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    for (int64_t r = 0; r < rows_; ++r) {
-      float* s = sb_ + r * kNb;
-      if (!row_sees(r, j0, j0 + nb)) {
-        std::fill(s, s + kNb, kNegInf);
-        continue;
-      }
-      // L keys at a time: one accumulator per key, then one transposing reduction gives the L
-      // scores as a vector (~3 instructions per key instead of a horizontal sum each). Lanes past
-      // nb reread the last key (in bounds) and are overwritten with -inf.
-      const float* q = qb_ + r * dp_;
-      for (int64_t j = 0; j < nb; j += L) {
-        V acc[L];
-        for (int64_t x = 0; x < L; ++x) acc[x] = Ops::zero();
-        if (j + L <= nb) {
-          // One pointer stepping down the rows: 16 row addresses kept apart were spilled (and
-          // the accumulators with them), which made this loop the kernel's hot spot.
-          for (int64_t d = 0; d < dp_; d += L) {
-            const V qv = Ops::load(q + d);
-            const float* kr = k + j * dp_ + d;
-#pragma GCC unroll 16
-            for (int64_t x = 0; x < L; ++x) {
-              acc[x] = Ops::fma(qv, Ops::load(kr), acc[x]);
-              kr += dp_;
-            }
-          }
-        } else {
-          for (int64_t x = 0; x < L; ++x) {
-            const float* kr = k + std::min(j + x, nb - 1) * dp_;
-            for (int64_t d = 0; d < dp_; d += L) acc[x] = Ops::fma(Ops::load(q + d), Ops::load(kr + d), acc[x]);
-          }
-        }
-        Ops::store(s + j, Ops::reduce_lanes(acc));
-      }
-      std::fill(s + nb, s + kNb, kNegInf);
-      if (!row_sees_all(r, j0, j0 + nb))
-        for (int64_t jj = 0; jj < nb; ++jj)
-          if (!allowed(r, j0 + jj)) s[jj] = kNegInf;
-      if (mask_.has_elementwise())
-        for (int64_t jj = 0; jj < nb; ++jj)
-          if (s[jj] != kNegInf) s[jj] = mask_.adjust(s[jj], t_.b, head(r), query(r), j0 + jj);
+  template <class Rows>
+  void typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t j0, int64_t nb, bool first) {
+    switch (p_.dtype) {
+      case KVDtype::f32: return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::bf16: return block_typed<KVDtype::bf16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::f16: return block_typed<KVDtype::f16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::i8: return block_typed<KVDtype::i8>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
     }
   }
 
-  // Turns row r of sb into P and updates m, l and alpha (the factor for the row of O).
-  void softmax_row(int64_t r) {
+  // L values of type kDt at element e of row `row` (bytes), widened to fp32 in registers.
+  template <KVDtype kDt>
+  static V load_kv(const char* row, int64_t e) {
+    if constexpr (kDt == KVDtype::f32) return Ops::load(reinterpret_cast<const float*>(row) + e);
+    else if constexpr (kDt == KVDtype::bf16) return Ops::load_bf16(reinterpret_cast<const uint16_t*>(row) + e);
+    else if constexpr (kDt == KVDtype::f16) return Ops::load_f16(reinterpret_cast<const uint16_t*>(row) + e);
+    else return Ops::load_i8(reinterpret_cast<const int8_t*>(row) + e);
+  }
+
+  // The block's rows k, v hold type kDt; O gets columns [0, ve). The int8 scales (ksc, vsc per
+  // key, else null) are folded in: s = k_scale · (q · k_int), and p · v_scale multiplies v_int.
+  template <KVDtype kDt, class Rows>
+  void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb,
+                   bool first) {
+    for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, r0, nb); });
+    const int64_t nbp = (nb + L - 1) / L * L;  // small pages make short blocks
+    for (int64_t r = 0; r < rows_; ++r) {
+      finish_scores(r, j0, nb, nbp, ksc);
+      softmax_row(r, nbp);
+      if (vsc != nullptr) {
+        float* s = sb_ + r * kNb;
+        for (int64_t jj = 0; jj < nb; ++jj) s[jj] *= vsc[jj];
+      }
+    }
+    for_row_tiles([&]<int R>(int64_t r0) {
+      constexpr int64_t C = std::max<int64_t>(1, std::min<int64_t>(8, 16 / R));
+      int64_t e = 0;
+      for (; e + C * L <= ve; e += C * L) pv_tile<kDt, R, C>(v, r0, e, nb, first);
+      for (; e < ve; e += L) pv_tile<kDt, R, 1>(v, r0, e, nb, first);
+    });
+  }
+
+  // Calls f.template operator()<R>(r0) over tiles of R rows covering [0, rows): R = 8, 4, 2, 1,
+  // at most L (one reduction of L accumulators gives a tile's scores of L / R keys).
+  template <class F>
+  void for_row_tiles(const F& f) const {
+    int64_t r0 = 0;
+    if constexpr (L >= 8)
+      for (; r0 + 8 <= rows_; r0 += 8) f.template operator()<8>(r0);
+    if constexpr (L >= 4)
+      for (; r0 + 4 <= rows_; r0 += 4) f.template operator()<4>(r0);
+    if constexpr (L >= 2)
+      for (; r0 + 2 <= rows_; r0 += 2) f.template operator()<2>(r0);
+    for (; r0 < rows_; ++r0) f.template operator()<1>(r0);
+  }
+
+  // sb rows [r0, r0 + R), keys [0, nb): the raw dot products q · k. Each key vector is loaded
+  // (and widened) once for the R rows; X = L / R keys at a time keep R·X = L accumulators in
+  // registers, reduced by one transposing reduction (Ops::reduce_lanes). Keys past nb reread
+  // the last key (in bounds); finish_scores overwrites them.
+  template <KVDtype kDt, int R, class Rows>
+  void scores_tile(Rows k, int64_t r0, int64_t nb) {
+    constexpr int64_t X = L / R;
+    const float* q = qb_ + r0 * dp_;
+    for (int64_t j = 0; j < nb; j += X) {
+      const char* kr[X];
+      for (int64_t x = 0; x < X; ++x) kr[x] = k[std::min(j + x, nb - 1)];
+      V acc[L];
+      for (int64_t i = 0; i < L; ++i) acc[i] = Ops::zero();
+      for (int64_t d = 0; d < dp_; d += L) {
+        V kv[X];
+        for (int64_t x = 0; x < X; ++x) kv[x] = load_kv<kDt>(kr[x], d);
+        for (int64_t r = 0; r < R; ++r) {
+          const V qv = Ops::load(q + r * dp_ + d);
+          for (int64_t x = 0; x < X; ++x) acc[r * X + x] = Ops::fma(qv, kv[x], acc[r * X + x]);
+        }
+      }
+      alignas(64) float lanes[L];
+      Ops::store(lanes, Ops::reduce_lanes(acc));
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t x = 0; x < X; ++x) sb_[(r0 + r) * kNb + j + x] = lanes[r * X + x];
+    }
+  }
+
+  // Row r of sb: the logits of the block's keys, -inf where masked and in [nb, nbp).
+  void finish_scores(int64_t r, int64_t j0, int64_t nb, int64_t nbp, const float* k_scale) {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    float* s = sb_ + r * kNb;
+    std::fill(s + nb, s + nbp, kNegInf);
+    if (!row_sees(r, j0, j0 + nb)) {
+      std::fill(s, s + nb, kNegInf);
+      return;
+    }
+    if (k_scale != nullptr)
+      for (int64_t jj = 0; jj < nb; ++jj) s[jj] *= k_scale[jj];
+    if (!row_sees_all(r, j0, j0 + nb))
+      for (int64_t jj = 0; jj < nb; ++jj)
+        if (!allowed(r, j0 + jj)) s[jj] = kNegInf;
+    if (mask_.has_elementwise())
+      for (int64_t jj = 0; jj < nb; ++jj)
+        if (s[jj] != kNegInf) s[jj] = mask_.adjust(s[jj], t_.b, head(r), query(r), j0 + jj);
+  }
+
+  // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with
+  // the R·C accumulators in registers and each V vector loaded (and widened) once for the R rows.
+  template <KVDtype kDt, int R, int64_t C, class Rows>
+  void pv_tile(Rows v, int64_t r0, int64_t e, int64_t nb, bool first) {
+    V acc[R][C];
+    for (int64_t r = 0; r < R; ++r) {
+      float* o = t_.o + (r0 + r) * p_.dvp + e;
+      const V a = Ops::set1(alpha_[r0 + r]);
+      for (int64_t c = 0; c < C; ++c) acc[r][c] = first ? Ops::zero() : Ops::mul(a, Ops::load(o + c * L));
+    }
+    const float* pr = sb_ + r0 * kNb;
+    for (int64_t jj = 0; jj < nb; ++jj) {
+      const char* vr = v[jj];
+      V vv[C];
+      for (int64_t c = 0; c < C; ++c) vv[c] = load_kv<kDt>(vr, e + c * L);
+      for (int64_t r = 0; r < R; ++r) {
+        const V pb = Ops::set1(pr[r * kNb + jj]);
+        for (int64_t c = 0; c < C; ++c) acc[r][c] = Ops::fma(pb, vv[c], acc[r][c]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) Ops::store(t_.o + (r0 + r) * p_.dvp + e + c * L, acc[r][c]);
+  }
+
+  // Turns row r of sb [0, nbp) into P and updates m, l and alpha (the factor for the row of O).
+  void softmax_row(int64_t r, int64_t nbp) {
     float* s = sb_ + r * kNb;
     V mx = Ops::set1(t_.m[r]);
-    for (int64_t jj = 0; jj < kNb; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
+    for (int64_t jj = 0; jj < nbp; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
     float m_new = t_.m[r];
     alignas(64) float lanes[L];
     Ops::store(lanes, mx);
@@ -236,7 +334,7 @@ class DecodeChunk {
     const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
     const V mv = Ops::set1(m_use), log2e = Ops::set1(kDecodeLog2e);
     V sum = Ops::zero();
-    for (int64_t jj = 0; jj < kNb; jj += L) {
+    for (int64_t jj = 0; jj < nbp; jj += L) {
       const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(s + jj), mv), log2e));
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
@@ -252,6 +350,12 @@ class DecodeChunk {
   int64_t rows_, dp_, eb_;
   float *qb_, *kb_, *vb_, *sb_, *alpha_;
   int64_t* band_;
+  // A block's K and V rows and int8 scales when it spans pages (kPrefetchKeys: see
+  // prefetch_page_ahead).
+  const char* krow_[kNb];
+  const char* vrow_[kNb];
+  float ksc_[kNb], vsc_[kNb];
+  static constexpr int64_t kPrefetchKeys = 2 * kNb;
 };
 
 template <class Ops>

@@ -14,7 +14,7 @@
 namespace qkv::kernels {
 
 // Keys a chunk task reads between the scores and the P·V product, within one page.
-constexpr int64_t kDecodeBlock = 32;
+constexpr int64_t kDecodeBlock = 64;
 
 // q: [B,H,N,D] (strides sq); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
 // G = H/Hkv query heads h of KV head g and the N queries i.

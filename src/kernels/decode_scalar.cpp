@@ -4,7 +4,6 @@
 #include "core/half.h"
 
 #include "kernels/simd_scalar.h"
-#include "kernels/microkernel.h"
 
 namespace qkv::kernels {
 namespace {
