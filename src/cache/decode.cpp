@@ -38,14 +38,6 @@ ChunkPlan plan_chunks(int64_t len) {
   return {chunk, (len + chunk - 1) / chunk};
 }
 
-kernels::DecodeChunkFn chunk_function(Simd path) {
-  switch (path) {
-    case Simd::avx512: return &kernels::decode_chunk_avx512;
-    case Simd::avx2: return &kernels::decode_chunk_avx2;
-    default: return &kernels::decode_chunk_scalar;
-  }
-}
-
 void check_paged(const PagedKV& kv) {
   if (kv.Hkv <= 0 || kv.D <= 0 || kv.Dv <= 0 || kv.page_tokens <= 0 || kv.num_pages <= 0)
     throw Error(fmt::format("decode_attention: the cache's Hkv, D, Dv, page_tokens and num_pages must be positive, "
@@ -155,7 +147,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   p.max_blocks = kv.max_blocks;
   p.block_table = kv.block_table.data();
   p.q = q.data();
-  for (int i = 0; i < 4; ++i) p.sq[i] = q.stride(i);
+  p.q_stride = kernels::strides_of(q);
   p.scale = static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D))));
   p.mask = &eval;
   p.sink_tokens = options.sink_tokens;
@@ -181,7 +173,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
                       base + rows * (p.dvp + 1)};
   };
   const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
-  const kernels::DecodeChunkFn fn = chunk_function(path);
+  const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
   parallel_for(tasks, threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
 
   // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double.

@@ -18,7 +18,6 @@
 namespace qkv::kernels {
 namespace {
 
-constexpr float kDecodeLog2e = 1.44269504088896340736f;
 
 inline float widen_one(KVDtype dtype, const char* src, int64_t e) {
   switch (dtype) {
@@ -58,12 +57,12 @@ class DecodeChunk {
   DecodeChunk(const DecodeParams& p, const DecodeTask& t, Workspace& ws)
       : p_(p), t_(t), mask_(*p.mask), rows_(p.G * p.N), dp_((p.D + L - 1) / L * L),
         eb_(kv_dtype_bytes(p.dtype)) {
-    qb_ = ws.get<float>(0, static_cast<std::size_t>(rows_ * dp_));
-    kb_ = ws.get<float>(1, static_cast<std::size_t>(kNb * dp_));
-    vb_ = ws.get<float>(2, static_cast<std::size_t>(kNb * p.dvp));
-    sb_ = ws.get<float>(3, static_cast<std::size_t>(rows_ * kNb));
-    band_ = ws.get<int64_t>(4, static_cast<std::size_t>(3 * rows_));
-    alpha_ = ws.get<float>(5, static_cast<std::size_t>(rows_));
+    qb_ = ws.get<float>(decode_slot::q, static_cast<std::size_t>(rows_ * dp_));
+    kb_ = ws.get<float>(decode_slot::k_wide, static_cast<std::size_t>(kNb * dp_));
+    vb_ = ws.get<float>(decode_slot::v_wide, static_cast<std::size_t>(kNb * p.dvp));
+    sb_ = ws.get<float>(decode_slot::scores, static_cast<std::size_t>(rows_ * kNb));
+    band_ = ws.get<int64_t>(decode_slot::bands, static_cast<std::size_t>(3 * rows_));
+    alpha_ = ws.get<float>(decode_slot::alpha, static_cast<std::size_t>(rows_));
   }
 
   void run() {
@@ -110,9 +109,9 @@ class DecodeChunk {
 
   void pack_q() {
     for (int64_t r = 0; r < rows_; ++r) {
-      const float* q = p_.q + t_.b * p_.sq[0] + head(r) * p_.sq[1] + query(r) * p_.sq[2];
+      const float* q = p_.q + p_.q_stride.at(t_.b, head(r), query(r));
       float* dst = qb_ + r * dp_;
-      for (int64_t d = 0; d < p_.D; ++d) dst[d] = q[d * p_.sq[3]] * p_.scale;
+      for (int64_t d = 0; d < p_.D; ++d) dst[d] = q[d * p_.q_stride.col] * p_.scale;
       std::fill(dst + p_.D, dst + dp_, 0.0f);
     }
   }
@@ -332,14 +331,14 @@ class DecodeChunk {
     for (int64_t e = 0; e < L; ++e) m_new = std::max(m_new, lanes[e]);
     // A row with no allowed key yet uses 0 as its max, so every p (and alpha) is 0.
     const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
-    const V mv = Ops::set1(m_use), log2e = Ops::set1(kDecodeLog2e);
+    const V mv = Ops::set1(m_use), log2e = Ops::set1(kLog2e);
     V sum = Ops::zero();
     for (int64_t jj = 0; jj < nbp; jj += L) {
       const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(s + jj), mv), log2e));
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
     }
-    alpha_[r] = std::exp2((t_.m[r] - m_use) * kDecodeLog2e);
+    alpha_[r] = std::exp2((t_.m[r] - m_use) * kLog2e);
     t_.l[r] = alpha_[r] * t_.l[r] + Ops::hsum(sum);
     t_.m[r] = m_new;
   }

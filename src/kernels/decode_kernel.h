@@ -16,7 +16,7 @@ namespace qkv::kernels {
 // Keys a chunk task reads between the scores and the P·V product, within one page.
 constexpr int64_t kDecodeBlock = 64;
 
-// q: [B,H,N,D] (strides sq); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
+// q: [B,H,N,D] (strides q_stride); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
 // G = H/Hkv query heads h of KV head g and the N queries i.
 struct DecodeParams {
   int64_t B = 0, H = 0, Hkv = 0, N = 0, D = 0, Dv = 0, G = 0;
@@ -28,7 +28,7 @@ struct DecodeParams {
   int64_t page_tokens = 0, max_blocks = 0;
   const int32_t* block_table = nullptr;
   const float* q = nullptr;
-  std::array<int64_t, 4> sq{};
+  Strides q_stride;
   float scale = 1.0f;
   const detail::MaskEval* mask = nullptr;
   int64_t sink_tokens = 0;
@@ -44,6 +44,18 @@ struct DecodeTask {
   float* m = nullptr;
   float* l = nullptr;
 };
+
+// What each slot of a thread's Workspace holds during a decode task (decode_chunk.h).
+namespace decode_slot {
+enum : int {
+  q,       // the task's query rows, scaled
+  k_wide,  // a block's K rows widened to fp32 (only when D or Dv is not a multiple of the lanes)
+  v_wide,  // a block's V rows widened to fp32
+  scores,  // S, then P, of the current block
+  bands,   // each row's key band and StreamingLLM prefix
+  alpha,   // each row's rescaling factor for O
+};
+}  // namespace decode_slot
 
 using DecodeChunkFn = void (*)(const DecodeParams&, const DecodeTask&, Workspace&);
 
