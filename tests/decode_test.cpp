@@ -408,6 +408,64 @@ TEST(Decode, WeightsReproduceTheOutput) {
   EXPECT_THROW(decode_attention_weights(wrong.view(), q.cview(), kv, {}, c.options), Error);
 }
 
+// The top-k weights are the largest entries of the full weights (ties to the lower key), -1/0
+// past a row's allowed keys; bad k and shapes are refused by name.
+TEST(Decode, TopKWeightsAreTheLargestOfTheFullRow) {
+  test::Rng rng("Decode.TopK");
+  Case c;
+  c.dtype = KVDtype::i8;
+  c.Hkv = 2, c.G = 2, c.N = 2, c.D = 40, c.Dv = 8, c.page_tokens = 16;
+  c.lens = {97, 3};
+  c.options.mask.causal = CausalAlign::bottom_right;
+  c.options.mask.window = Window{40, -1};
+  const Filled f = fill(rng, c);
+  const Tensor<float> q = rng.normal32({2, 4, 2, 40});
+  const PagedKV kv = f.cache.paged(f.ids);
+  Tensor<float> full({2, 4, 2, 97});
+  decode_attention_weights(full.view(), q.cview(), kv, {}, c.options);
+  constexpr int64_t K = 8;
+  Tensor<float> values({2, 4, 2, K});
+  Tensor<int64_t> indices({2, 4, 2, K});
+  decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, {}, K, c.options);
+  for (int64_t row = 0; row < 2 * 4 * 2; ++row) {
+    const float* w = &full[row * 97];
+    std::vector<int64_t> want(97);
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [w](int64_t x, int64_t y) { return w[x] > w[y]; });
+    for (int64_t t = 0; t < K; ++t) {
+      const int64_t got = indices[row * K + t];
+      if (w[want[t]] == 0.0f) {  // fewer allowed keys than K (sequence 1 has 3 tokens)
+        EXPECT_EQ(got, -1) << row << " " << t;
+        EXPECT_EQ(values[row * K + t], 0.0f);
+        continue;
+      }
+      EXPECT_EQ(got, want[t]) << row << " " << t;
+      EXPECT_EQ(values[row * K + t], w[want[t]]) << row << " " << t;
+    }
+  }
+  Tensor<float> small({2, 4, 2, K - 1});
+  EXPECT_THROW(
+      {
+        try {
+          decode_attention_top_k(small.view(), indices.view(), q.cview(), kv, {}, K, c.options);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("must have one shape"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(
+      {
+        try {
+          decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, {}, 0, c.options);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("top_k must be at least 1"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
 TEST(Decode, RefusesBadInputByName) {
   test::Rng rng("Decode.Errors");
   Case c;

@@ -76,4 +76,13 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
 void decode_attention_weights(TensorView<float> weights, TensorView<const float> q, const PagedKV& kv,
                               TensorView<const float> lse, const DecodeOptions& options = {});
 
+// The top_k largest of those weights per row, without the [B,H,N,max len] matrix (O(max len)
+// memory): values [B,H,N,top_k] (largest first; ties: the lower key first) and indices
+// [B,H,N,top_k] (key positions in the sequence; past a row's allowed keys, value 0 and index -1).
+// Throws qkv::Error for top_k < 1, mismatched output shapes, and as decode_attention_weights.
+// Thread-safe for distinct outputs; single-threaded.
+void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
+                            const PagedKV& kv, TensorView<const float> lse, int64_t top_k,
+                            const DecodeOptions& options = {});
+
 }  // namespace qkv

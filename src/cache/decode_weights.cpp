@@ -1,7 +1,10 @@
 // decode_attention_weights: per-key softmax weights of the new queries, recomputed in float64
 // from the cache with the decode kernel's mask definitions (MaskEval plus the StreamingLLM prefix).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -27,63 +30,112 @@ double stored(const PagedKV& kv, bool values, int64_t row, int64_t e) {
   return 0.0;
 }
 
-}  // namespace
-
-void decode_attention_weights(TensorView<float> weights, TensorView<const float> q, const PagedKV& kv,
-                              TensorView<const float> lse, const DecodeOptions& options) {
-  // decode_attention's own checks, by running it once into scratch: one decode step's cost,
-  // small next to the float64 scores below.
-  const int64_t B = q.rank() == 4 ? q.dim(0) : 0, H = q.rank() == 4 ? q.dim(1) : 0, N = q.rank() == 4 ? q.dim(2) : 0;
-  int64_t M = 0;
-  for (int64_t len : kv.seq_lens) M = std::max(M, len);
-  const std::array<int64_t, 4> want{B, H, N, M};
-  if (!std::ranges::equal(weights.shape(), want))
-    throw Error(fmt::format("decode_attention_weights: weights has shape {}, expected [B, H, N, max len] = {}",
-                            shape_string(weights.shape()), shape_string(want)));
-  {
+// Shapes checked, then each row's weights in float64, one row at a time (O(max len) memory).
+class DecodeRows {
+ public:
+  DecodeRows(const char* who, std::span<const int64_t> out_shape, int64_t last_dim, TensorView<const float> q,
+             const PagedKV& kv, TensorView<const float> lse, const DecodeOptions& options)
+      : q_(q), kv_(kv), lse_(lse), options_(options) {
+    B = q.rank() == 4 ? q.dim(0) : 0, H = q.rank() == 4 ? q.dim(1) : 0, N = q.rank() == 4 ? q.dim(2) : 0;
+    for (int64_t len : kv.seq_lens) M = std::max(M, len);
+    const std::array<int64_t, 4> want{B, H, N, last_dim < 0 ? M : last_dim};
+    if (!std::ranges::equal(out_shape, want))
+      throw Error(fmt::format("{}: output has shape {}, expected {}", who, shape_string(out_shape), shape_string(want)));
+    // decode_attention's own checks, by running it once into scratch: one decode step's cost,
+    // small next to the float64 scores below.
     DecodeOptions check = options;
     check.num_threads = 1;
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
     std::vector<float> scratch(static_cast<std::size_t>(B * H * N * kv.Dv));
     decode_attention(TensorView<float>(scratch.data(), oshape), TensorView<float>(), q, kv, check);
+    mask_ = options.mask;
+    mask_.key_lengths = kv.seq_lens;
+    eval_.emplace(mask_, AttentionShape{B, H, kv.Hkv, N, M, kv.D, kv.Dv});  // keeps a reference to mask_
+    scale_ = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(kv.D)));
+    score_.resize(static_cast<std::size_t>(M));
   }
-  const AttentionShape s{B, H, kv.Hkv, N, M, kv.D, kv.Dv};
-  Mask mask = options.mask;
-  mask.key_lengths = kv.seq_lens;
-  const detail::MaskEval eval(mask, s);
-  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(kv.D)));
-  std::vector<double> score(static_cast<std::size_t>(M));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < N; ++i) {
-        const detail::KeyBand band = eval.band(b, i);
-        const int64_t prefix = std::min(options.sink_tokens, band.hi);
-        const int64_t g = h / (H / kv.Hkv);
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < M; ++j) {
-          score[j] = -std::numeric_limits<double>::infinity();
-          if (j >= kv.seq_lens[b] || !((band.lo <= j && j < band.hi) || j < prefix)) continue;
-          const int64_t page = kv.block_table[b * kv.max_blocks + j / kv.page_tokens];
-          const int64_t row = (page * kv.Hkv + g) * kv.page_tokens + j % kv.page_tokens;
-          double dot = 0;
-          for (int64_t d = 0; d < kv.D; ++d) dot += static_cast<double>(q(b, h, i, d)) * stored(kv, false, row, d);
-          score[j] = eval.adjust(dot * scale, b, h, i, j);
-          mx = std::max(mx, score[j]);
+
+  int64_t B = 0, H = 0, N = 0, M = 0;
+
+  // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M.
+  const std::vector<double>& row(int64_t b, int64_t h, int64_t i) {
+    const detail::KeyBand band = eval_->band(b, i);
+    const int64_t prefix = std::min(options_.sink_tokens, band.hi);
+    const int64_t g = h / (H / kv_.Hkv);
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < M; ++j) {
+      score_[j] = -std::numeric_limits<double>::infinity();
+      if (j >= kv_.seq_lens[b] || !((band.lo <= j && j < band.hi) || j < prefix)) continue;
+      const int64_t page = kv_.block_table[b * kv_.max_blocks + j / kv_.page_tokens];
+      const int64_t at = (page * kv_.Hkv + g) * kv_.page_tokens + j % kv_.page_tokens;
+      double dot = 0;
+      for (int64_t d = 0; d < kv_.D; ++d) dot += static_cast<double>(q_(b, h, i, d)) * stored(kv_, false, at, d);
+      score_[j] = eval_->adjust(dot * scale_, b, h, i, j);
+      mx = std::max(mx, score_[j]);
+    }
+    double row_lse = -std::numeric_limits<double>::infinity();
+    if (mx > -std::numeric_limits<double>::infinity()) {
+      if (!lse_.empty()) {
+        row_lse = lse_(b, h, i);
+      } else {
+        const double sink = options_.sinks.empty() ? -std::numeric_limits<double>::infinity() : options_.sinks[h];
+        const double m = std::max(mx, sink);
+        double sum = std::exp(sink - m);
+        for (int64_t j = 0; j < M; ++j) sum += std::exp(score_[j] - m);
+        row_lse = m + std::log(sum);
+      }
+    }
+    for (int64_t j = 0; j < M; ++j) score_[j] = std::isinf(row_lse) ? 0.0 : std::exp(score_[j] - row_lse);
+    return score_;
+  }
+
+ private:
+  TensorView<const float> q_;
+  const PagedKV& kv_;
+  TensorView<const float> lse_;
+  const DecodeOptions& options_;
+  Mask mask_;
+  std::optional<detail::MaskEval> eval_;
+  double scale_ = 1.0;
+  std::vector<double> score_;
+};
+
+}  // namespace
+
+void decode_attention_weights(TensorView<float> weights, TensorView<const float> q, const PagedKV& kv,
+                              TensorView<const float> lse, const DecodeOptions& options) {
+  DecodeRows rows("decode_attention_weights", weights.shape(), -1, q, kv, lse, options);
+  for (int64_t b = 0; b < rows.B; ++b)
+    for (int64_t h = 0; h < rows.H; ++h)
+      for (int64_t i = 0; i < rows.N; ++i) {
+        const std::vector<double>& w = rows.row(b, h, i);
+        for (int64_t j = 0; j < rows.M; ++j) weights(b, h, i, j) = static_cast<float>(w[j]);
+      }
+}
+
+void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
+                            const PagedKV& kv, TensorView<const float> lse, int64_t top_k,
+                            const DecodeOptions& options) {
+  if (top_k < 1) throw Error(fmt::format("decode_attention_top_k: top_k must be at least 1, got {}", top_k));
+  if (!std::ranges::equal(values.shape(), indices.shape()))
+    throw Error(fmt::format("decode_attention_top_k: values {} and indices {} must have one shape",
+                            shape_string(values.shape()), shape_string(indices.shape())));
+  DecodeRows rows("decode_attention_top_k", values.shape(), top_k, q, kv, lse, options);
+  std::vector<int64_t> order(static_cast<std::size_t>(rows.M));
+  for (int64_t b = 0; b < rows.B; ++b)
+    for (int64_t h = 0; h < rows.H; ++h)
+      for (int64_t i = 0; i < rows.N; ++i) {
+        const std::vector<double>& w = rows.row(b, h, i);
+        std::iota(order.begin(), order.end(), 0);
+        const int64_t k = std::min(top_k, rows.M);
+        // Largest first, ties to the lower key: the order attention_top_k gives for prefill.
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&w](int64_t x, int64_t y) { return w[x] > w[y] || (w[x] == w[y] && x < y); });
+        for (int64_t t = 0; t < top_k; ++t) {
+          const bool real = t < k && w[order[t]] > 0.0;
+          values(b, h, i, t) = real ? static_cast<float>(w[order[t]]) : 0.0f;
+          indices(b, h, i, t) = real ? order[t] : -1;
         }
-        double row_lse = -std::numeric_limits<double>::infinity();
-        if (mx > -std::numeric_limits<double>::infinity()) {
-          if (!lse.empty()) {
-            row_lse = lse(b, h, i);
-          } else {
-            const double sink = options.sinks.empty() ? -std::numeric_limits<double>::infinity() : options.sinks[h];
-            const double m = std::max(mx, sink);
-            double sum = std::exp(sink - m);
-            for (int64_t j = 0; j < M; ++j) sum += std::exp(score[j] - m);
-            row_lse = m + std::log(sum);
-          }
-        }
-        for (int64_t j = 0; j < M; ++j)
-          weights(b, h, i, j) = std::isinf(row_lse) ? 0.0f : static_cast<float>(std::exp(score[j] - row_lse));
       }
 }
 
