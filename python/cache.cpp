@@ -80,33 +80,75 @@ py::object raw_scales(const py::object& self, bool values) {
   return pool_view(self, scales, py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
 }
 
+// What decode_attention and its weights share: q as float32 [B, H, N, D], the sequences' pages,
+// and the options (causal bottom-right unless the mask dict says otherwise).
+struct DecodeCall {
+  py::array owner;
+  qkv::TensorView<const float> q;
+  qkv::PagedKV kv;
+  qkv::DecodeOptions options;
+};
+
+DecodeCall decode_call(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
+                       const py::dict& mask, const py::object& scale, const std::vector<float>& sinks,
+                       int64_t sink_tokens, int num_threads, const std::string& simd) {
+  DecodeCall c;
+  c.q = float32_view(q_obj, "q", c.owner);
+  if (c.q.rank() != 4)
+    throw py::value_error(fmt::format("q must be [B, H, N, D], got {}", qkv::shape_string(c.q.shape())));
+  c.kv = cache.paged(seq_ids);
+  int64_t M = 0;
+  for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
+  py::dict m = mask;
+  if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
+  c.options.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
+  if (!scale.is_none()) c.options.scale = scale.cast<double>();
+  c.options.sinks = sinks;
+  c.options.sink_tokens = sink_tokens;
+  c.options.num_threads = num_threads;
+  c.options.simd = qkv::parse_simd(simd);
+  return c;
+}
+
 py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
                   const py::dict& mask, const py::object& scale, const std::vector<float>& sinks, int64_t sink_tokens,
                   bool return_lse, int num_threads, const std::string& simd) {
-  py::array owner;
-  const qkv::TensorView<const float> q = float32_view(q_obj, "q", owner);
-  if (q.rank() != 4) throw py::value_error(fmt::format("q must be [B, H, N, D], got {}", qkv::shape_string(q.shape())));
-  const qkv::PagedKV kv = cache.paged(seq_ids);
-  int64_t M = 0;
-  for (int64_t len : kv.seq_lens) M = std::max(M, len);
-  py::dict m = mask;
-  if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
-  const MaskArgs margs = parse_mask(m, q.dim(0), q.dim(1), q.dim(2), M);
-  qkv::DecodeOptions o;
-  o.mask = margs.mask;
-  if (!scale.is_none()) o.scale = scale.cast<double>();
-  o.sinks = sinks;
-  o.sink_tokens = sink_tokens;
-  o.num_threads = num_threads;
-  o.simd = qkv::parse_simd(simd);
-  py::array out = new_array<float>({q.dim(0), q.dim(1), q.dim(2), cache.config().Dv});
-  py::array lse = new_array<float>({q.dim(0), q.dim(1), q.dim(2)});
+  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, num_threads, simd);
+  py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), cache.config().Dv});
+  py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
     py::gil_scoped_release release;
-    qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), q, kv, o);
+    qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), c.q, c.kv, c.options);
   }
   if (return_lse) return py::make_tuple(out, lse);
   return out;
+}
+
+// Full rows [B, H, N, max len], or the top_k largest as (values, indices) [B, H, N, top_k].
+py::object decode_weights(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
+                          const py::dict& mask, const py::object& scale, const std::vector<float>& sinks,
+                          int64_t sink_tokens, const py::object& top_k) {
+  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, 1, "auto");
+  const int64_t B = c.q.dim(0), H = c.q.dim(1), N = c.q.dim(2);
+  if (top_k.is_none()) {
+    int64_t M = 0;
+    for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
+    py::array w = new_array<float>({B, H, N, M});
+    {
+      py::gil_scoped_release release;
+      qkv::decode_attention_weights(mutable_view<float>(w, "weights"), c.q, c.kv, {}, c.options);
+    }
+    return w;
+  }
+  const int64_t k = index_arg(top_k, "top_k");
+  py::array values = new_array<float>({B, H, N, k});
+  py::array indices = new_array<int64_t>({B, H, N, k});
+  {
+    py::gil_scoped_release release;
+    qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
+                                c.kv, {}, k, c.options);
+  }
+  return py::make_tuple(values, indices);
 }
 
 }  // namespace
@@ -157,6 +199,9 @@ void bind_cache(py::module_& m) {
   m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("seq_ids"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("return_lse"), py::arg("num_threads"),
         py::arg("simd"), "Core of qkv.decode_attention; mask is a dict of mask keyword arguments.");
+  m.def("decode_attention_weights", &decode_weights, py::arg("q"), py::arg("cache"), py::arg("seq_ids"),
+        py::arg("mask"), py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("top_k"),
+        "Core of qkv.decode_attention_weights.");
 }
 
 }  // namespace qkvpy

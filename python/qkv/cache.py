@@ -17,8 +17,31 @@ def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slope
     first sink_tokens keys stay visible in addition to the window. Rows with no allowed key are 0.
     Bitwise the same result for any num_threads.
     """
-    mask = {"causal": bool(causal), "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
+    return _qkv.decode_attention(q, cache, [int(s) for s in seq_ids], _mask(causal, window, alibi_slopes, softcap,
+                                 query_lengths), scale, _sinks(sinks), int(sink_tokens), bool(return_lse),
+                                 int(num_threads), simd)
+
+
+def decode_attention_weights(q, cache, seq_ids, *, top_k=None, causal=True, window=None, alibi_slopes=None,
+                             softcap=None, query_lengths=None, sinks=None, sink_tokens=0, scale=None):
+    """The exact softmax weights of decode_attention's rows over each sequence's cached keys
+    (float64 scores from the stored values, rounded to float32), for explain tooling and KV
+    eviction policies (H2O-style heavy hitters need per-key attention mass).
+
+    Same arguments as decode_attention. Returns weights [B, H, N, max length] (0 for keys a row
+    does not see or past its sequence; with sinks a row sums to 1 - exp(sink - lse)); with
+    top_k, (values, indices) [B, H, N, top_k] of each row's largest weights, largest first (ties:
+    the lower key), index -1 and value 0 past the keys a row sees. Memory O(max length) per row
+    besides the result.
+    """
+    return _qkv.decode_attention_weights(q, cache, [int(s) for s in seq_ids], _mask(causal, window, alibi_slopes,
+                                         softcap, query_lengths), scale, _sinks(sinks), int(sink_tokens), top_k)
+
+
+def _mask(causal, window, alibi_slopes, softcap, query_lengths):
+    return {"causal": bool(causal), "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
             "query_lengths": query_lengths}
-    return _qkv.decode_attention(q, cache, [int(s) for s in seq_ids], mask, scale,
-                                 [] if sinks is None else [float(s) for s in sinks], int(sink_tokens),
-                                 bool(return_lse), int(num_threads), simd)
+
+
+def _sinks(sinks):
+    return [] if sinks is None else [float(s) for s in sinks]

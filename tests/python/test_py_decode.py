@@ -124,3 +124,43 @@ def test_rotary_on_append_matches_formula(seed):
     want[:, 1::2] = x0 * np.sin(angle) + x1 * np.cos(angle)
     np.testing.assert_allclose(cache.keys(s)[0], want, atol=1e-5)
     np.testing.assert_array_equal(cache.values(s)[0], k[:, 0])
+
+
+def test_decode_weights_and_top_k_match_the_reference(seed):
+    """Per-key weights reproduce the float64 reference's softmax; top_k are their largest entries,
+    largest first, -1 past the allowed keys; bad top_k is refused by name."""
+    rng = np.random.default_rng(seed)
+    note = f"seed {seed} (QKV_TEST_SEED={seed})"
+    Hkv, G, N, D = 2, 2, 2, 24
+    cache = qkv.KVCache(num_pages=32, page_tokens=8, kv_heads=Hkv, head_dim=D, dtype="f16")
+    ids = []
+    for L in (61, 3):
+        s = cache.create()
+        cache.append(s, rng.standard_normal((L, Hkv, D), dtype=np.float32),
+                     rng.standard_normal((L, Hkv, D), dtype=np.float32))
+        ids.append(s)
+    q = rng.standard_normal((2, Hkv * G, N, D), dtype=np.float32)
+    w = qkv.decode_attention_weights(q, cache, ids, window=(20, None))
+    assert w.shape == (2, Hkv * G, N, 61) and w.dtype == np.float32, note
+    for b, s in enumerate(ids):
+        k = cache.keys(s).astype(np.float64)
+        L = k.shape[1]
+        for h in range(Hkv * G):
+            scores = q[b, h].astype(np.float64) @ k[h // G].T / np.sqrt(D)
+            for i in range(N):
+                diag = i + L - N
+                j = np.arange(L)
+                allowed = (j <= diag) & (j >= diag - 20)
+                p = np.where(allowed, np.exp(scores[i] - scores[i][allowed].max()), 0.0)
+                want = np.zeros(61)
+                want[:L] = p / p.sum()
+                assert np.abs(w[b, h, i] - want).max() <= 1e-6, note
+    values, indices = qkv.decode_attention_weights(q, cache, ids, window=(20, None), top_k=5)
+    assert values.shape == indices.shape == (2, Hkv * G, N, 5) and indices.dtype == np.int64, note
+    order = np.argsort(-w, axis=-1, kind="stable")[..., :5]
+    taken = np.take_along_axis(w, order, axis=-1)
+    assert np.array_equal(np.where(taken > 0, order, -1), indices), note
+    assert np.array_equal(np.where(taken > 0, taken, 0), values), note
+    assert np.all(indices[1, :, :, 3:] == -1), note  # the 3-token sequence
+    with pytest.raises(ValueError, match="top_k"):
+        qkv.decode_attention_weights(q, cache, ids, top_k=0)
