@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke check-long package
+.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke arm64 check-long package
 
 all: build
 
@@ -37,11 +37,12 @@ $(DEMO_LAYER): $(BUILD)/data/words.txt
 	$(BUILD)/qkv train --task masked-word --steps 1500 --seed 1 --threads 1 --save $@ \
 	  --loss-csv $(BUILD)/data/masked-word-loss.csv --loss-svg $(BUILD)/data/masked-word-loss.svg
 
-# ctest (with a 1,000-case property slice), then sanitizers and a fuzz smoke run (TESTING.md).
+# ctest (with a 1,000-case property slice), then sanitizers, a fuzz smoke run and the kernels on
+# ARM64 under qemu (TESTING.md).
 test: build
 	cmake --build $(BUILD) --target embeddings
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
-	$(MAKE) sanitize fuzz-smoke
+	$(MAKE) sanitize fuzz-smoke arm64
 
 FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 20
@@ -57,6 +58,11 @@ fuzz:
 
 fuzz-smoke:
 	JOBS=$(JOBS) scripts/fuzz.sh smoke $(FUZZ_SMOKE_SECONDS)
+
+# The kernels cross-built for aarch64 (build-arm64) and checked under qemu-aarch64; correctness
+# only. Skips, saying why, without g++-aarch64-linux-gnu or qemu-user.
+arm64:
+	JOBS=$(JOBS) scripts/arm64.sh
 
 # CHECK_LONG_CASES random problems of the fused forward and backward kernels vs the float64 reference.
 check-long: build

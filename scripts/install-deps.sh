@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
   pkg-config dpkg-dev file
+  g++-aarch64-linux-gnu qemu-user
   python3-gensim dict-gcide wordnet-base
 )
 missing=()

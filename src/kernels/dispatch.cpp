@@ -10,26 +10,31 @@ namespace {
 
 CpuFeatures detect() {
   CpuFeatures f;
+#if defined(__x86_64__)
   __builtin_cpu_init();
   f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   // GCC 12's __builtin_cpu_supports knows avx512bf16.
   f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
   return f;
 }
 
-// One row per family, best first; `runs` says whether this CPU can run it.
+// One row per family, best first; `runs` says whether this CPU can run it. Only the families
+// compiled for this architecture are listed (the x86 ones are not built elsewhere).
 struct FamilyEntry {
   KernelFamily kernels;
   bool (*runs)(const CpuFeatures&);
 };
 
 constexpr FamilyEntry kFamilies[] = {
+#if defined(__x86_64__)
     {{Simd::avx512, &forward_tile_avx512, &backward_task_avx512, &decode_chunk_avx512, &exp2_avx512},
      [](const CpuFeatures& f) { return f.avx512; }},
     {{Simd::avx2, &forward_tile_avx2, &backward_task_avx2, &decode_chunk_avx2, &exp2_avx2},
      [](const CpuFeatures& f) { return f.avx2_fma; }},
+#endif
     {{Simd::scalar, &forward_tile_scalar, &backward_task_scalar, &decode_chunk_scalar, &exp2_scalar},
      [](const CpuFeatures&) { return true; }},
 };

@@ -4,7 +4,9 @@
 // baseline ISA, or the linker could pick an AVX-512 copy of an inline function for every caller.
 #pragma once
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>
