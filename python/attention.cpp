@@ -85,7 +85,7 @@ void bind_attention(py::module_& m) {
         "Threads a call uses when num_threads=0: QKV_NUM_THREADS if set to a positive integer, else OpenMP's default.");
   m.def("simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(qkv::parse_simd(simd))); },
         py::arg("simd") = "auto",
-        "The SIMD path ('avx512', 'avx2' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
+        "The SIMD path ('avx512', 'avx2', 'neon' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
         "the QKV_SIMD environment variable. ValueError if that path is not available here.");
 }
 

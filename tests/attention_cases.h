@@ -195,7 +195,7 @@ inline void run_fused(Problem& p, Simd simd, int threads) {
 // The SIMD paths this CPU can run (the scalar one always).
 inline std::vector<Simd> available_paths() {
   std::vector<Simd> paths;
-  for (Simd s : {Simd::avx512, Simd::avx2, Simd::scalar}) {
+  for (Simd s : {Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar}) {
     try {
       simd_path_name(s);
       paths.push_back(s);

@@ -157,7 +157,7 @@ TEST(FusedForward, RejectsABadOutputShape) {
 
 TEST(Dispatch, AutomaticPicksTheBestPathTheCpuHas) {
   const kernels::CpuFeatures& f = kernels::cpu_features();
-  const std::string best = f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : "scalar";
+  const std::string best = f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : f.neon ? "neon" : "scalar";
   if (std::getenv("QKV_SIMD") == nullptr) {
     EXPECT_EQ(simd_path_name(), best);
   }
@@ -173,13 +173,13 @@ TEST(Dispatch, ParsesTheNamesUsersType) {
   EXPECT_EQ(parse_simd("automatic", "QKV_SIMD"), Simd::automatic);
   EXPECT_EQ(parse_kernel("auto"), Kernel::automatic);
   EXPECT_EQ(parse_kernel("fused"), Kernel::fused);
-  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::scalar}) EXPECT_EQ(parse_simd(simd_name(s)), s);
+  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar}) EXPECT_EQ(parse_simd(simd_name(s)), s);
   for (Kernel k : {Kernel::automatic, Kernel::reference, Kernel::fused}) EXPECT_EQ(parse_kernel(kernel_name(k)), k);
   try {
     parse_simd("sse9", "QKV_SIMD");
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "QKV_SIMD must be 'auto', 'avx512', 'avx2' or 'scalar', got 'sse9'");
+    EXPECT_STREQ(e.what(), "QKV_SIMD must be 'auto', 'avx512', 'avx2', 'neon' or 'scalar', got 'sse9'");
   }
   try {
     parse_kernel("gpu", "--kernel");

@@ -53,7 +53,7 @@ void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, Tens
 void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const bf16> q,
                              TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
 
-// The SIMD path ("avx512", "avx2" or "scalar") the fused kernel runs for `simd` on this CPU,
+// The SIMD path ("avx512", "avx2", "neon" or "scalar") the fused kernel runs for `simd` on this CPU,
 // honouring QKV_SIMD. Throws qkv::Error if that path is not available here or QKV_SIMD is invalid.
 const char* simd_path_name(Simd simd = Simd::automatic);
 

@@ -17,7 +17,7 @@ enum class Kernel { automatic, reference, fused };
 
 // The instruction set of the fused kernel. automatic takes the best the CPU has, unless the
 // environment variable QKV_SIMD (read once per process, parsed by parse_simd) asks for another.
-enum class Simd { automatic, avx512, avx2, scalar };
+enum class Simd { automatic, avx512, avx2, scalar, neon };
 
 struct AttentionOptions {
   // Multiplies q·k; unset means 1/sqrt(D) (attention_scale).
@@ -46,7 +46,7 @@ double attention_scale(const std::optional<double>& scale, int64_t D);
 
 // The names users type for kernels and SIMD paths, for the CLI, Python and QKV_SIMD alike.
 // Kernel: "auto" (or "automatic"), "reference", "fused". Simd: "auto" (or "automatic" or ""),
-// "avx512", "avx2", "scalar". Throws qkv::Error "<what> must be 'auto', ..., got '<text>'".
+// "avx512", "avx2", "neon", "scalar". Throws qkv::Error "<what> must be 'auto', ..., got '<text>'".
 Kernel parse_kernel(std::string_view text, std::string_view what = "kernel");
 Simd parse_simd(std::string_view text, std::string_view what = "simd");
 

@@ -60,7 +60,7 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
           accuracy when scores are large (one fp32 ulp of an lse of 100 is 7.6e-6).
       kernel: "auto" (fastest available), "reference" (float64 inside) or "fused".
       num_threads: threads for this call; 0 = qkv.default_num_threads().
-      simd: "auto", "avx512", "avx2" or "scalar": forces the fused kernel's instruction set
+      simd: "auto", "avx512", "avx2", "neon" or "scalar": forces the fused kernel's instruction set
           (ValueError if this CPU lacks it); qkv.simd_path() tells which one "auto" runs.
       check_finite: if True, a NaN or infinity in q, k or v raises ValueError naming the tensor
           and the index; if False, non-finite values propagate as IEEE arithmetic says.

@@ -20,10 +20,10 @@ Kernel parse_kernel(std::string_view text, std::string_view what) {
 }
 
 Simd parse_simd(std::string_view text, std::string_view what) {
-  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::scalar})
+  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar})
     if (text == simd_name(s)) return s;
   if (text == "automatic" || text.empty()) return Simd::automatic;
-  throw Error(fmt::format("{} must be 'auto', 'avx512', 'avx2' or 'scalar', got '{}'", what, text));
+  throw Error(fmt::format("{} must be 'auto', 'avx512', 'avx2', 'neon' or 'scalar', got '{}'", what, text));
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -41,6 +41,7 @@ const char* simd_name(Simd simd) {
     case Simd::avx512: return "avx512";
     case Simd::avx2: return "avx2";
     case Simd::scalar: return "scalar";
+    case Simd::neon: return "neon";
   }
   return "unknown";
 }

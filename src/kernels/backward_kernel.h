@@ -64,5 +64,6 @@ using BackwardFn = void (*)(const BackwardParams&, const BackwardTask&, float* s
 void backward_task_avx512(const BackwardParams& p, const BackwardTask& task, float* scratch);
 void backward_task_avx2(const BackwardParams& p, const BackwardTask& task, float* scratch);
 void backward_task_scalar(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_task_neon(const BackwardParams& p, const BackwardTask& task, float* scratch);  // AArch64 only
 
 }  // namespace qkv::kernels

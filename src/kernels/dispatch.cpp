@@ -6,6 +6,13 @@
 #include <fmt/format.h>
 
 namespace qkv::kernels {
+
+#if defined(__aarch64__)
+// decode_neon.cpp's kernel, declared here rather than in decode_kernel.h while that header is
+// being reworked; it belongs next to decode_chunk_scalar there.
+void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+#endif
+
 namespace {
 
 CpuFeatures detect() {
@@ -17,6 +24,8 @@ CpuFeatures detect() {
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   // GCC 12's __builtin_cpu_supports knows avx512bf16.
   f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#elif defined(__aarch64__)
+  f.neon = true;
 #endif
   return f;
 }
@@ -34,6 +43,9 @@ constexpr FamilyEntry kFamilies[] = {
      [](const CpuFeatures& f) { return f.avx512; }},
     {{Simd::avx2, &forward_tile_avx2, &backward_task_avx2, &decode_chunk_avx2, &exp2_avx2},
      [](const CpuFeatures& f) { return f.avx2_fma; }},
+#elif defined(__aarch64__)
+    {{Simd::neon, &forward_tile_neon, &backward_task_neon, &decode_chunk_neon, &exp2_neon},
+     [](const CpuFeatures& f) { return f.neon; }},
 #endif
     {{Simd::scalar, &forward_tile_scalar, &backward_task_scalar, &decode_chunk_scalar, &exp2_scalar},
      [](const CpuFeatures&) { return true; }},

@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx2_fma = false;
   bool avx512 = false;       // F, BW, DQ, VL
   bool avx512_bf16 = false;  // vdpbf16ps
+  bool neon = false;         // AArch64's Advanced SIMD (every AArch64 CPU)
 };
 const CpuFeatures& cpu_features();
 

@@ -65,12 +65,14 @@ using TileFn = void (*)(const ForwardParams&, const TileTask&, Workspace&);
 void forward_tile_avx512(const ForwardParams& p, const TileTask& task, Workspace& ws);
 void forward_tile_avx2(const ForwardParams& p, const TileTask& task, Workspace& ws);
 void forward_tile_scalar(const ForwardParams& p, const TileTask& task, Workspace& ws);
+void forward_tile_neon(const ForwardParams& p, const TileTask& task, Workspace& ws);  // AArch64 only
 
 // The vectorized 2^x of each family over n values (exposed for its accuracy test).
 using Exp2Fn = void (*)(const float* x, float* y, int64_t n);
 void exp2_avx512(const float* x, float* y, int64_t n);
 void exp2_avx2(const float* x, float* y, int64_t n);
 void exp2_scalar(const float* x, float* y, int64_t n);
+void exp2_neon(const float* x, float* y, int64_t n);
 
 // Runs the whole forward pass on `num_threads` threads with the given SIMD family.
 void fused_forward(const ForwardParams& p, Simd path, int num_threads);

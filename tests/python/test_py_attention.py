@@ -1,5 +1,7 @@
 """qkv.scaled_dot_product_attention against PyTorch (float64 oracle in py_oracle.py)."""
 
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -154,7 +156,7 @@ BF16_TOL = 4e-3
 
 def _simd_paths():
     paths = []
-    for name in ("avx512", "avx2", "scalar"):
+    for name in ("avx512", "avx2", "neon", "scalar"):
         try:
             paths.append(qkv.simd_path(name))
         except ValueError:
@@ -187,7 +189,14 @@ def test_every_simd_path_matches_torch(simd):
 
 
 def test_unknown_simd_is_refused():
-    with pytest.raises(ValueError, match="simd must be 'auto', 'avx512', 'avx2' or 'scalar', got 'neon'"):
+    with pytest.raises(ValueError, match="simd must be 'auto', 'avx512', 'avx2', 'neon' or 'scalar', got 'sse9'"):
+        qkv.scaled_dot_product_attention(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32),
+                                         np.ones((2, 2), np.float32), simd="sse9")
+
+
+@pytest.mark.skipif(platform.machine() in ("aarch64", "arm64"), reason="NEON runs here")
+def test_neon_is_refused_off_arm():
+    with pytest.raises(ValueError, match="SIMD path neon was requested but this CPU does not support it"):
         qkv.scaled_dot_product_attention(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32),
                                          np.ones((2, 2), np.float32), simd="neon")
 

@@ -132,7 +132,7 @@ int run_bench(const BenchArgs& a) {
     Simd simd;
   };
   std::vector<Path> paths;
-  for (Simd simd : {Simd::avx512, Simd::avx2, Simd::scalar}) {
+  for (Simd simd : {Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar}) {
     try {
       paths.push_back({simd_path_name(simd), Kernel::fused, simd});
     } catch (const Error&) {  // this CPU lacks it
