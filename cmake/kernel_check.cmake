@@ -1,4 +1,4 @@
-# QKV_KERNEL_CHECK: the layers core, kernels and attention and one test binary, qkv_kernel_check,
+# QKV_KERNEL_CHECK: the layers core, kernels, attention and cache and one test binary, qkv_kernel_check,
 # for a cross build (scripts/arm64.sh: aarch64, run under qemu-user). Included from the top-level
 # CMakeLists.txt after OpenMP is found (gcc-aarch64 ships its own libgomp); nothing here needs a
 # library of the target architecture that Debian's cross compiler lacks:
@@ -31,6 +31,7 @@ include(cmake/qkv_layer.cmake)
 add_subdirectory(src/core)
 add_subdirectory(src/kernels)
 add_subdirectory(src/attention)
+add_subdirectory(src/cache)
 
 set(_qkv_gtest /usr/src/googletest/googletest)
 if(NOT EXISTS ${_qkv_gtest}/src/gtest-all.cc)
@@ -40,9 +41,10 @@ add_library(qkv_check_gtest STATIC ${_qkv_gtest}/src/gtest-all.cc)
 target_include_directories(qkv_check_gtest SYSTEM PUBLIC ${_qkv_gtest}/include PRIVATE ${_qkv_gtest})
 target_link_libraries(qkv_check_gtest PUBLIC Threads::Threads)
 
-# The fused forward's and backward's property cases and thread-count tests, as in qkv_tests.
+# The fused forward's and backward's property cases, the decode kernel's tests and their
+# thread-count tests, as in qkv_tests.
 add_executable(qkv_kernel_check tests/kernel_check/main.cpp tests/property_test.cpp tests/fused_test.cpp
-  tests/fused_threads_test.cpp tests/backward_test.cpp)
+  tests/fused_threads_test.cpp tests/backward_test.cpp tests/decode_test.cpp)
 target_include_directories(qkv_kernel_check PRIVATE tests)
-target_link_libraries(qkv_kernel_check PRIVATE qkv_attention qkv_kernels qkv_core qkv_check_gtest fmt::fmt
+target_link_libraries(qkv_kernel_check PRIVATE qkv_cache qkv_attention qkv_kernels qkv_core qkv_check_gtest fmt::fmt
   OpenMP::OpenMP_CXX Threads::Threads ${CMAKE_DL_LIBS})

@@ -5,7 +5,6 @@
 #include "core/half.h"
 
 #include "kernels/simd_neon.h"
-#include "kernels/microkernel.h"
 
 namespace qkv::kernels {
 namespace {
