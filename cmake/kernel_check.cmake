@@ -1,5 +1,5 @@
-# QKV_KERNEL_CHECK: the layers core, kernels, attention and cache and one test binary, qkv_kernel_check,
-# for a cross build (scripts/arm64.sh: aarch64, run under qemu-user). Included from the top-level
+# QKV_KERNEL_CHECK: the layers core, kernels, attention and cache and one test binary,
+# qkv_kernel_check, for a cross build (scripts/arm64.sh: aarch64, run under qemu-user). Included from the top-level
 # CMakeLists.txt after OpenMP is found (gcc-aarch64 ships its own libgomp); nothing here needs a
 # library of the target architecture that Debian's cross compiler lacks:
 # - fmt is used header-only (FMT_HEADER_ONLY) from the host's libfmt-dev headers, which are the
