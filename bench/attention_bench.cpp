@@ -98,15 +98,16 @@ void register_group(int threads) {
                                  for (auto _ : state) flops = fma_peak_work(threads, kIterations);
                                  set_cpu_counter(state, cpu, threads);
                                  state.counters["flops_per_iter"] = flops;
-                                 state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+                                 state.counters["FLOPS"] =
+                                     benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
                                })
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(5)
       ->ReportAggregatesOnly(true);
   auto add = [threads](const Shape& shape, bool use_bf16) {
-    const std::string name = std::string("attention/") + shape.name + (use_bf16 ? "/bf16" : "/fp32") +
-                             "/threads:" + std::to_string(threads);
+    const std::string name =
+        std::string("attention/") + shape.name + (use_bf16 ? "/bf16" : "/fp32") + "/threads:" + std::to_string(threads);
     benchmark::RegisterBenchmark(name.c_str(),
                                  [shape, use_bf16, threads](benchmark::State& state) {
                                    Inputs& in = inputs_of(shape);
@@ -115,8 +116,8 @@ void register_group(int threads) {
                                    for (auto _ : state) run_once(shape, in, use_bf16, threads);
                                    set_cpu_counter(state, cpu, threads);
                                    state.counters["flops_per_iter"] = flops_of(shape);
-                                   state.counters["FLOPS"] =
-                                       benchmark::Counter(flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
+                                   state.counters["FLOPS"] = benchmark::Counter(
+                                       flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
                                  })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
@@ -150,9 +151,10 @@ int peak_memory() {
   run_once(s6, in, false, 2);
   const long after = status_kb("VmHWM:");
   const double io_mb = (in.q.size() * 4.0 * 4 + in.lse.size() * 4.0) / (1 << 20);
-  std::printf("{\"shape\": \"S6\", \"threads\": 2, \"reset_ok\": %s, \"rss_before_mb\": %.1f, "
-              "\"peak_growth_mb\": %.2f, \"inputs_outputs_mb\": %.1f}\n",
-              reset ? "true" : "false", before / 1024.0, (after - before) / 1024.0, io_mb);
+  std::printf(
+      "{\"shape\": \"S6\", \"threads\": 2, \"reset_ok\": %s, \"rss_before_mb\": %.1f, "
+      "\"peak_growth_mb\": %.2f, \"inputs_outputs_mb\": %.1f}\n",
+      reset ? "true" : "false", before / 1024.0, (after - before) / 1024.0, io_mb);
   return reset ? 0 : 1;
 }
 

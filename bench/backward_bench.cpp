@@ -84,10 +84,9 @@ void run_once(const Shape& s, Problem& p, int threads) {
 }
 
 void register_group(int threads) {
-  benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(),
-                               [threads](benchmark::State& state) {
-                                 measure(state, [threads] { return fma_peak_work(threads, 20'000'000); });
-                               })
+  benchmark::RegisterBenchmark(
+      ("fma_peak/threads:" + std::to_string(threads)).c_str(),
+      [threads](benchmark::State& state) { measure(state, [threads] { return fma_peak_work(threads, 20'000'000); }); })
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(5)

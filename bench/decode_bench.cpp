@@ -32,8 +32,8 @@ namespace {
 constexpr int kThreads = 2;
 constexpr int64_t kH = 32, kHkv = 8, kD = 128;
 
-double g_read_bandwidth = 0;  // bytes/s, set by the bandwidth benchmark
-double g_fma_peak = 0;        // flop/s
+double g_read_bandwidth = 0;      // bytes/s, set by the bandwidth benchmark
+double g_fma_peak = 0;            // flop/s
 double g_cpu_read_bandwidth = 0;  // the same per CPU second of each thread
 double g_cpu_fma_peak = 0;
 
@@ -146,7 +146,8 @@ Setup make_cache(KVDtype dtype, const std::vector<int64_t>& lens, int64_t page_t
       const int64_t T = std::min(kPiece, len - t);
       for (float& x : k) x = draw();
       for (float& x : v) x = draw();
-      s.cache->append(id, TensorView<const float>(k.data(), {T, kHkv, kD}), TensorView<const float>(v.data(), {T, kHkv, kD}));
+      s.cache->append(id, TensorView<const float>(k.data(), {T, kHkv, kD}),
+                      TensorView<const float>(v.data(), {T, kHkv, kD}));
     }
     s.tokens += len;
   }
@@ -194,16 +195,16 @@ void register_all() {
   add("fma_peak/threads:2", fma_peak);
   for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
     for (int64_t M : {4096, 16384, 32768}) {
-      const std::string name = std::string("decode/D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M) + "/threads:2";
+      const std::string name =
+          std::string("decode/D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M) + "/threads:2";
       add(name, [dtype, M](benchmark::State& state) {
         const Setup s = make_cache(dtype, {M}, M, false);  // contiguous: one page
         run_decode(state, s);
       });
     }
   const std::vector<int64_t> d2{1024, 2048, 4096, 6144, 8192, 16384, 24576, 32768};
-  add("decode/D2/f16/paged16_shuffled/threads:2", [d2](benchmark::State& state) {
-    run_decode(state, make_cache(KVDtype::f16, d2, 16, true));
-  });
+  add("decode/D2/f16/paged16_shuffled/threads:2",
+      [d2](benchmark::State& state) { run_decode(state, make_cache(KVDtype::f16, d2, 16, true)); });
   add("decode/D2/f16/contiguous/threads:2", [d2](benchmark::State& state) {
     // One page per sequence; the pool is mapped lazily, so only the filled part is resident.
     run_decode(state, make_cache(KVDtype::f16, d2, 32768, false));

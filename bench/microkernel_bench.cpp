@@ -29,7 +29,7 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
   kernels::GemmArgs<float, float> g;
   g.kdim = scores ? d : 64;
   g.a = a.data();
-  g.a_row = scores ? d : 1;   // rows of K, or P read transposed
+  g.a_row = scores ? d : 1;  // rows of K, or P read transposed
   g.a_k = scores ? 1 : 64;
   g.b = b.data();
   g.ldb = 64;

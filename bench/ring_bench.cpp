@@ -92,8 +92,10 @@ void run_shape(const Shape& s, bool causal, bool ring) {
   o.attention.num_threads = g_threads;
   if (causal) o.attention.mask.causal = qkv::CausalAlign::top_left;
   auto forward = [&] {
-    if (ring) qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o);
-    else qkv::attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o.attention);
+    if (ring)
+      qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o);
+    else
+      qkv::attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o.attention);
   };
   auto backward = [&] {
     if (ring)
@@ -112,14 +114,14 @@ void bandwidth() {
   const int64_t count = 16 << 20;  // 64 MB of floats
   std::vector<float> buf(count, 1.0f);
   const double seconds = median_seconds([&] {
-    if (g_rank == 0) {
-      MPI_Send(buf.data(), count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
-      MPI_Recv(buf.data(), count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else if (g_rank == 1) {
-      MPI_Recv(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      MPI_Send(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
-    }
-  }).wall;
+                           if (g_rank == 0) {
+                             MPI_Send(buf.data(), count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
+                             MPI_Recv(buf.data(), count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                           } else if (g_rank == 1) {
+                             MPI_Recv(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                             MPI_Send(buf.data(), count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+                           }
+                         }).wall;
   if (g_rank == 0) std::printf("bandwidth bytes=%ld GB/s=%.2f\n", long(count * 4), 2.0 * count * 4 / seconds * 1e-9);
 }
 

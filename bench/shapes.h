@@ -13,8 +13,8 @@ struct Shape {
 };
 
 inline constexpr Shape kShapes[] = {
-    {"S1", 1, 1, 3, 4, false},      {"S2", 8, 12, 128, 64, false},  {"S3", 1, 12, 1024, 64, false},
-    {"S4", 1, 8, 4096, 64, false},  {"S5", 1, 8, 4096, 64, true},   {"S6", 1, 1, 16384, 128, false},
+    {"S1", 1, 1, 3, 4, false},     {"S2", 8, 12, 128, 64, false}, {"S3", 1, 12, 1024, 64, false},
+    {"S4", 1, 8, 4096, 64, false}, {"S5", 1, 8, 4096, 64, true},  {"S6", 1, 1, 16384, 128, false},
 };
 
 // flops_per_product · B·H·N²·D (4 for the forward, 10 for the backward), half of it under a causal

@@ -28,9 +28,12 @@ using qkv::TensorView;
 
 int64_t fuzz_dim(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 15)) {
-    case 0: return in.ConsumeIntegralInRange<int64_t>(0, int64_t{1} << 62);  // absurd
-    case 1: return in.ConsumeIntegralInRange<int64_t>(0, 200);
-    default: return in.ConsumeIntegralInRange<int64_t>(0, 6);
+    case 0:
+      return in.ConsumeIntegralInRange<int64_t>(0, int64_t{1} << 62);  // absurd
+    case 1:
+      return in.ConsumeIntegralInRange<int64_t>(0, 200);
+    default:
+      return in.ConsumeIntegralInRange<int64_t>(0, 6);
   }
 }
 
@@ -131,7 +134,8 @@ void run_kernels(FuzzedDataProvider& in, const qkv::AttentionShape& s, qkv::Atte
   for (int64_t i = 0; i < out.numel(); ++i) {
     const float a = out[i], b = ref_out[i];
     if (std::isnan(a) || std::isnan(b)) qkv::fuzz::invariant_failed("NaN output for finite inputs");
-    if (std::abs(a - b) > 1e-4f * (1 + std::abs(b))) qkv::fuzz::invariant_failed("fused output differs from the reference");
+    if (std::abs(a - b) > 1e-4f * (1 + std::abs(b)))
+      qkv::fuzz::invariant_failed("fused output differs from the reference");
   }
   Tensor<float> dq(qs), dk(ks), dv(vs);
   qkv::attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
@@ -151,11 +155,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::array<int64_t, 4> q4 = as_rank4(q), k4 = as_rank4(k), v4 = as_rank4(v);
   qkv::AttentionOptions options;
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: options.scale = in.ConsumeFloatingPoint<double>(); break;
-    case 1: options.scale = NAN; break;
-    case 2: options.scale = -INFINITY; break;
-    case 3: options.scale = in.ConsumeIntegralInRange(-64, 64) / 8.0; break;
-    default: break;
+    case 0:
+      options.scale = in.ConsumeFloatingPoint<double>();
+      break;
+    case 1:
+      options.scale = NAN;
+      break;
+    case 2:
+      options.scale = -INFINITY;
+      break;
+    case 3:
+      options.scale = in.ConsumeIntegralInRange(-64, 64) / 8.0;
+      break;
+    default:
+      break;
   }
   qkv::AttentionShape s;
   try {

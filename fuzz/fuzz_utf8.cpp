@@ -47,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto b = static_cast<unsigned char>(s[i]);
     const int n = b < 0x80 ? 0 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
     uint32_t cp = n == 0 ? b : b & (0x3Fu >> n);
-    for (int k = 1; k <= n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]) & 0x3Fu);
+    for (int k = 1; k <= n; ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]) & 0x3Fu);
     if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) qkv::fuzz::invariant_failed("a surrogate or >U+10FFFF passed");
     again += encode(cp);
     i += static_cast<std::size_t>(n) + 1;

@@ -17,7 +17,8 @@ namespace qkv::fuzz {
 
 // A file path unique to this process (and `tag`) on tmpfs, or in $TMPDIR if /dev/shm is absent.
 inline std::string scratch_path(const char* tag) {
-  const char* dir = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+  const char* dir =
+      ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
   return std::string(dir) + "/qkv_fuzz_" + tag + "_" + std::to_string(::getpid());
 }
 

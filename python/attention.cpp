@@ -77,16 +77,17 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
 
 void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
-        py::arg("scale"), py::arg("return_lse"), py::arg("lse64"), py::arg("kernel"), py::arg("num_threads"), py::arg("simd"),
-        py::arg("check_finite"),
+        py::arg("scale"), py::arg("return_lse"), py::arg("lse64"), py::arg("kernel"), py::arg("num_threads"),
+        py::arg("simd"), py::arg("check_finite"),
         "Core of qkv.scaled_dot_product_attention (see that function's docstring); mask is a dict of mask "
         "keyword arguments.");
   m.def("default_num_threads", &qkv::default_num_threads,
         "Threads a call uses when num_threads=0: QKV_NUM_THREADS if set to a positive integer, else OpenMP's default.");
-  m.def("simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(qkv::parse_simd(simd))); },
-        py::arg("simd") = "auto",
-        "The SIMD path ('avx512', 'avx2', 'neon' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
-        "the QKV_SIMD environment variable. ValueError if that path is not available here.");
+  m.def(
+      "simd_path", [](const std::string& simd) { return std::string(qkv::simd_path_name(qkv::parse_simd(simd))); },
+      py::arg("simd") = "auto",
+      "The SIMD path ('avx512', 'avx2', 'neon' or 'scalar') the fused kernel runs for `simd` on this CPU, honouring "
+      "the QKV_SIMD environment variable. ValueError if that path is not available here.");
 }
 
 }  // namespace qkvpy

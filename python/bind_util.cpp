@@ -10,20 +10,24 @@ namespace qkvpy {
 
 DType dtype_of(const py::handle& obj, const char* name) {
   if (!py::isinstance<py::array>(obj))
-    throw py::type_error(fmt::format("{} must be a numpy array, got {}", name, std::string(py::str(obj.get_type().attr("__name__")))));
+    throw py::type_error(
+        fmt::format("{} must be a numpy array, got {}", name, std::string(py::str(obj.get_type().attr("__name__")))));
   if (py::isinstance<py::array_t<float>>(obj)) return DType::f32;
   if (py::isinstance<py::array_t<double>>(obj)) return DType::f64;
   if (py::isinstance<py::array_t<uint16_t>>(obj)) return DType::bf16;
   const std::string got = py::str(py::reinterpret_borrow<py::array>(obj).dtype());
-  throw py::type_error(fmt::format("{}: dtype {} is not supported; use float32, float64, or uint16 holding bfloat16 bits",
-                                   name, got));
+  throw py::type_error(
+      fmt::format("{}: dtype {} is not supported; use float32, float64, or uint16 holding bfloat16 bits", name, got));
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::bf16: return "uint16 (bfloat16)";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::bf16:
+      return "uint16 (bfloat16)";
   }
   return "?";
 }
@@ -45,14 +49,16 @@ namespace {
 template <class T>
 std::array<int64_t, 4> element_strides(const py::array& a, const char* name) {
   if (a.ndim() > 4)
-    throw py::value_error(fmt::format("{}: rank {} is above 4 (shape {})", name, a.ndim(), qkv::shape_string(shape_of(a))));
+    throw py::value_error(
+        fmt::format("{}: rank {} is above 4 (shape {})", name, a.ndim(), qkv::shape_string(shape_of(a))));
   std::array<int64_t, 4> strides{};
   for (py::ssize_t i = 0; i < a.ndim(); ++i) {
     const py::ssize_t bytes = a.strides(i);
     if (bytes % static_cast<py::ssize_t>(sizeof(T)) != 0)
-      throw py::value_error(fmt::format("{}: stride of {} bytes in dim {} is not a multiple of the element size {}; "
-                                        "pass np.ascontiguousarray({})",
-                                        name, bytes, i, sizeof(T), name));
+      throw py::value_error(
+          fmt::format("{}: stride of {} bytes in dim {} is not a multiple of the element size {}; "
+                      "pass np.ascontiguousarray({})",
+                      name, bytes, i, sizeof(T), name));
     strides[static_cast<std::size_t>(i)] = bytes / static_cast<py::ssize_t>(sizeof(T));
   }
   return strides;
@@ -90,8 +96,8 @@ void check_finite(qkv::TensorView<const T> v, const char* name) {
     if (std::isfinite(x)) return;
     std::string where;
     for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
-    throw py::value_error(fmt::format("{} contains {} at index ({})", name, std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"),
-                                      where));
+    throw py::value_error(
+        fmt::format("{} contains {} at index ({})", name, std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), where));
   });
 }
 
@@ -133,8 +139,8 @@ void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v
       throw py::value_error(fmt::format("k {} and v {} must agree on every dim but the last", sk, sv));
   if (lq.B != lk.B) throw py::value_error(fmt::format("q {} and k {} have different batch sizes", sq, sk));
   if (lk.H <= 0 || lq.H % lk.H != 0)
-    throw py::value_error(fmt::format("q {} has {} heads, which is not a multiple of k's {} heads (k {})", sq, lq.H,
-                                      lk.H, sk));
+    throw py::value_error(
+        fmt::format("q {} has {} heads, which is not a multiple of k's {} heads (k {})", sq, lq.H, lk.H, sk));
   if (q.shape(r - 1) == 0) throw py::value_error(fmt::format("q {}: head dim D must be at least 1", sq));
   if (v.shape(r - 1) == 0) throw py::value_error(fmt::format("v {}: value head dim Dv must be at least 1", sv));
 }
@@ -204,8 +210,7 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   qkv::Mask& mask = out.mask;
   const qkv::CausalAlign align = parse_align(get("causal_align"));
   const py::object causal = get("causal");
-  if (!causal.is_none() && !py::isinstance<py::bool_>(causal))
-    throw py::type_error("causal must be True or False");
+  if (!causal.is_none() && !py::isinstance<py::bool_>(causal)) throw py::type_error("causal must be True or False");
   if (!causal.is_none() && causal.cast<bool>()) mask.causal = align;
   mask.diagonal = align;
   mask.window = parse_window(get("window"));
@@ -214,8 +219,9 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
 
   if (const py::object keep = get("keep_mask"); !keep.is_none()) {
     if (!py::isinstance<py::array_t<bool>>(keep) && !py::isinstance<py::array_t<uint8_t>>(keep))
-      throw py::type_error("keep_mask must be a numpy bool (or uint8) array, True = may attend; pass an additive "
-                           "float mask as bias=");
+      throw py::type_error(
+          "keep_mask must be a numpy bool (or uint8) array, True = may attend; pass an additive "
+          "float mask as bias=");
     out.keep_owner = py::reinterpret_borrow<py::array>(keep);
     mask.keep = qkv::broadcast_mask(array_view<uint8_t>(out.keep_owner, "keep_mask"), B, H, N, M, "keep_mask");
   }
@@ -257,8 +263,8 @@ template py::array_t<double> tensor_to_numpy(qkv::Tensor<double>&&);
 std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, const py::object& v) {
   const DType tq = dtype_of(q, "q"), tk = dtype_of(k, "k"), tv = dtype_of(v, "v");
   if (tk != tq || tv != tq)
-    throw py::type_error(fmt::format("q, k and v must share a dtype, got {}, {} and {}", dtype_name(tq),
-                                     dtype_name(tk), dtype_name(tv)));
+    throw py::type_error(fmt::format("q, k and v must share a dtype, got {}, {} and {}", dtype_name(tq), dtype_name(tk),
+                                     dtype_name(tv)));
   return {aligned(q), aligned(k), aligned(v)};
 }
 
@@ -291,14 +297,15 @@ template qkv::TensorView<const double> lse_view(qkv::TensorView<const double>);
 
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner) {
   const DType t = dtype_of(obj, name);
-  if (t == DType::bf16) throw py::type_error(fmt::format("{}: pass float32 or float64 (uint16/bfloat16 is only for attention)", name));
+  if (t == DType::bf16)
+    throw py::type_error(fmt::format("{}: pass float32 or float64 (uint16/bfloat16 is only for attention)", name));
   owner = t == DType::f32 ? aligned(obj) : py::array(py::array_t<float>::ensure(obj));
   return array_view<float>(owner, name);
 }
 
 CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
-  static const char* const kMaskKeys[] = {"causal", "causal_align", "key_lengths", "query_lengths", "window",
-                                          "keep_mask", "bias", "alibi_slopes", "softcap"};
+  static const char* const kMaskKeys[] = {"causal",    "causal_align", "key_lengths",  "query_lengths", "window",
+                                          "keep_mask", "bias",         "alibi_slopes", "softcap"};
   CallOptions call;
   for (const auto& [key_obj, value] : kwargs) {
     const std::string key = py::cast<std::string>(key_obj);
@@ -346,8 +353,8 @@ qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
   const qkv::TensorView<const uint16_t> bits = array_view<uint16_t>(a, name);
   // bf16 is a struct of its 16 bits, so the same memory read as bf16 widens exactly.
   static_assert(sizeof(qkv::bf16) == sizeof(uint16_t));
-  return qkv::to_contiguous<float>(qkv::TensorView<const qkv::bf16>(reinterpret_cast<const qkv::bf16*>(bits.data()),
-                                                                     bits.shape(), bits.strides()));
+  return qkv::to_contiguous<float>(
+      qkv::TensorView<const qkv::bf16>(reinterpret_cast<const qkv::bf16*>(bits.data()), bits.shape(), bits.strides()));
 }
 
 namespace {

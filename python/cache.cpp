@@ -21,16 +21,20 @@ qkv::KVDtype parse_dtype(const std::string& name) {
 
 std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
   if (rotary.is_none()) return std::nullopt;
-  if (!py::isinstance<py::dict>(rotary)) throw py::type_error("rotary must be None or a dict(layout=, theta=, rotary_dim=)");
+  if (!py::isinstance<py::dict>(rotary))
+    throw py::type_error("rotary must be None or a dict(layout=, theta=, rotary_dim=)");
   const py::dict d = rotary.cast<py::dict>();
   qkv::RotaryOptions o;
   for (const auto& [key_obj, value] : d) {
     const std::string key = py::cast<std::string>(key_obj);
     if (key == "layout") {
       const std::string layout = py::cast<std::string>(value);
-      if (layout == "interleaved") o.layout = qkv::RotaryLayout::interleaved;
-      else if (layout == "half_split") o.layout = qkv::RotaryLayout::half_split;
-      else throw py::value_error(fmt::format("rotary layout must be 'interleaved' or 'half_split', got '{}'", layout));
+      if (layout == "interleaved")
+        o.layout = qkv::RotaryLayout::interleaved;
+      else if (layout == "half_split")
+        o.layout = qkv::RotaryLayout::half_split;
+      else
+        throw py::value_error(fmt::format("rotary layout must be 'interleaved' or 'half_split', got '{}'", layout));
     } else if (key == "theta") {
       o.theta = py::cast<double>(value);
     } else if (key == "rotary_dim") {
@@ -57,10 +61,13 @@ py::array pool_view(const py::object& owner, const void* data, py::dtype dtype, 
 
 py::dtype storage_dtype(qkv::KVDtype d) {
   switch (d) {
-    case qkv::KVDtype::f32: return py::dtype::of<float>();
+    case qkv::KVDtype::f32:
+      return py::dtype::of<float>();
     case qkv::KVDtype::bf16:
-    case qkv::KVDtype::f16: return py::dtype::of<uint16_t>();  // bf16 bits; fp16 bits (view as np.float16)
-    case qkv::KVDtype::i8: return py::dtype::of<int8_t>();
+    case qkv::KVDtype::f16:
+      return py::dtype::of<uint16_t>();  // bf16 bits; fp16 bits (view as np.float16)
+    case qkv::KVDtype::i8:
+      return py::dtype::of<int8_t>();
   }
   return py::dtype::of<float>();
 }
@@ -180,21 +187,28 @@ void bind_cache(py::module_& m) {
       .def("fork", &qkv::KVCache::fork, py::arg("seq"), "A new sequence sharing seq's pages; returns its id.")
       .def("free", &qkv::KVCache::free, py::arg("seq"))
       .def("length", &qkv::KVCache::length, py::arg("seq"))
-      .def("pages", [](const qkv::KVCache& c, int64_t seq) {
-        const auto p = c.pages(seq);
-        return std::vector<int32_t>(p.begin(), p.end());
-      }, py::arg("seq"))
+      .def(
+          "pages",
+          [](const qkv::KVCache& c, int64_t seq) {
+            const auto p = c.pages(seq);
+            return std::vector<int32_t>(p.begin(), p.end());
+          },
+          py::arg("seq"))
       .def_property_readonly("free_pages", &qkv::KVCache::free_pages)
       .def_property_readonly("pool_bytes", &qkv::KVCache::pool_bytes)
-      .def("keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
-           "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
-      .def("values", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.values(seq)); }, py::arg("seq"))
-      .def_property_readonly("k_pool", [](const py::object& self) { return raw_pool(self, false); },
-                             "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim] "
-                             "(float32, uint16 bits of bf16 or fp16, or int8).")
+      .def(
+          "keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
+          "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
+      .def(
+          "values", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.values(seq)); }, py::arg("seq"))
+      .def_property_readonly(
+          "k_pool", [](const py::object& self) { return raw_pool(self, false); },
+          "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim] "
+          "(float32, uint16 bits of bf16 or fp16, or int8).")
       .def_property_readonly("v_pool", [](const py::object& self) { return raw_pool(self, true); })
-      .def_property_readonly("k_scales", [](const py::object& self) { return raw_scales(self, false); },
-                             "i8 only: read-only view of the key scales [num_pages, kv_heads, page_tokens]; else None.")
+      .def_property_readonly(
+          "k_scales", [](const py::object& self) { return raw_scales(self, false); },
+          "i8 only: read-only view of the key scales [num_pages, kv_heads, page_tokens]; else None.")
       .def_property_readonly("v_scales", [](const py::object& self) { return raw_scales(self, true); });
   m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("seq_ids"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("return_lse"), py::arg("num_threads"),

@@ -19,7 +19,8 @@ using Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 qkv::TensorView<const float> view(const Array& a, const char* name) {
   if (a.ndim() != 4) throw qkv::Error(std::string(name) + ": expected a 4-D [B, H, n, D] array");
-  return qkv::TensorView<const float>(a.data(), std::span<const int64_t>(reinterpret_cast<const int64_t*>(a.shape()), 4));
+  return qkv::TensorView<const float>(a.data(),
+                                      std::span<const int64_t>(reinterpret_cast<const int64_t*>(a.shape()), 4));
 }
 
 Array new_array(std::vector<int64_t> shape) { return Array(std::vector<py::ssize_t>(shape.begin(), shape.end())); }

@@ -65,9 +65,10 @@ void check_words_are_utf8(const Embeddings& e, const std::string& path) {
     if (bad == std::string_view::npos) continue;
     const int64_t line = line_of_word(path, w);
     const std::string where = line > 0 ? fmt::format("word {} (line {})", i + 1, line) : fmt::format("word {}", i + 1);
-    throw qkv::Error(fmt::format("{}: {}: the word {} is not valid UTF-8 (byte {} is 0x{:02x}); Python words are str: "
-                                 "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
-                                 path, where, escaped(w), bad + 1, static_cast<unsigned char>(w[bad])));
+    throw qkv::Error(
+        fmt::format("{}: {}: the word {} is not valid UTF-8 (byte {} is 0x{:02x}); Python words are str: "
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                    path, where, escaped(w), bad + 1, static_cast<unsigned char>(w[bad])));
   }
 }
 
@@ -127,11 +128,15 @@ void bind_embeddings(py::module_& m) {
   cls.def_property_readonly("words", &words_of, "The vocabulary as a list of V words, in file order.");
   cls.def_property_readonly("dim", &Embeddings::dim, "E, the width of each vector.");
   cls.def("__len__", &Embeddings::size, "V, the number of words.");
-  cls.def("find", [](const Embeddings& e, const std::string& w) { return e.find(w); }, py::arg("word"),
-          "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");
-  cls.def("__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"),
-          "True if find(word) finds it.");
-  cls.def("vector", [](const py::object& self, const std::string& w) -> py::object {
+  cls.def(
+      "find", [](const Embeddings& e, const std::string& w) { return e.find(w); }, py::arg("word"),
+      "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");
+  cls.def(
+      "__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"),
+      "True if find(word) finds it.");
+  cls.def(
+      "vector",
+      [](const py::object& self, const std::string& w) -> py::object {
         const int64_t i = self.cast<const Embeddings&>().find(w);
         if (i < 0) throw py::key_error(fmt::format("'{}' is not in the vocabulary", w));
         return matrix_view(self)[py::int_(i)];
@@ -145,7 +150,9 @@ oov: "error" raises ValueError listing every missing word; "zero" gives them a z
 drops them. ValueError if the sentence has no tokens or none remain.)");
   cls.def("__repr__", [](const Embeddings& e) { return fmt::format("Embeddings(V={}, E={})", e.size(), e.dim()); });
 
-  m.def("load_embeddings", [](const std::string& path, const std::string& format) {
+  m.def(
+      "load_embeddings",
+      [](const std::string& path, const std::string& format) {
         const std::shared_ptr<Embeddings> e = load(path, format);
         return py::make_tuple(words_of(*e), matrix_view(py::cast(e)));
       },

@@ -102,7 +102,8 @@ qkv::Explanation build(const ExplainArgs& a) {
   if (!a.layer.is_none()) {
     py::array owner;
     const qkv::TensorView<const float> x = float32_view(a.x, "x", owner);
-    if (x.rank() != 2) throw py::value_error(fmt::format("x: expected [N, E], got shape {}", qkv::shape_string(x.shape())));
+    if (x.rank() != 2)
+      throw py::value_error(fmt::format("x: expected [N, E], got shape {}", qkv::shape_string(x.shape())));
     const auto& layer = a.layer.cast<const PyLayer&>().layer;
     return qkv::explain_layer(tokens_for(a.tokens, x.dim(0)), x, layer);
   }
@@ -136,15 +137,15 @@ scale, scaled_scores, weights, context}; "text" returns the readable step-by-ste
 (`precision` decimals); "json" returns the JSON the CLI writes.
 Raises ValueError for inconsistent shapes or an unknown example name.)";
 
-py::object explain(const py::object& example, const py::object& tokens, const py::object& x,
-                   const py::object& layer, const py::object& q, const py::object& k, const py::object& v,
-                   const py::object& w_q, const py::object& w_k, const py::object& w_v, const py::object& b_q,
-                   const py::object& b_k, const py::object& b_v, const py::object& w_o, const py::object& b_o,
-                   int64_t num_heads, std::optional<int64_t> num_kv_heads, const std::string& format, int precision) {
+py::object explain(const py::object& example, const py::object& tokens, const py::object& x, const py::object& layer,
+                   const py::object& q, const py::object& k, const py::object& v, const py::object& w_q,
+                   const py::object& w_k, const py::object& w_v, const py::object& b_q, const py::object& b_k,
+                   const py::object& b_v, const py::object& w_o, const py::object& b_o, int64_t num_heads,
+                   std::optional<int64_t> num_kv_heads, const std::string& format, int precision) {
   if (format != "dict" && format != "text" && format != "json")
     throw py::value_error(fmt::format("format must be 'dict', 'text' or 'json', got '{}'", format));
-  const ExplainArgs args{example, tokens, x, layer, q, k, v, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o,
-                         num_heads, num_kv_heads};
+  const ExplainArgs args{example, tokens, x,   layer, q,   k,   v,         w_q,         w_k,
+                         w_v,     b_q,    b_k, b_v,   w_o, b_o, num_heads, num_kv_heads};
   qkv::Explanation e;
   try {
     e = build(args);
@@ -163,12 +164,11 @@ py::object explain(const py::object& example, const py::object& tokens, const py
 
 void bind_explain(py::module_& m) {
   m.def("explain", &explain, py::arg("example") = py::none(), py::kw_only(), py::arg("tokens") = py::none(),
-        py::arg("x") = py::none(), py::arg("layer") = py::none(), py::arg("q") = py::none(),
-        py::arg("k") = py::none(), py::arg("v") = py::none(), py::arg("w_q") = py::none(),
-        py::arg("w_k") = py::none(), py::arg("w_v") = py::none(), py::arg("b_q") = py::none(),
-        py::arg("b_k") = py::none(), py::arg("b_v") = py::none(), py::arg("w_o") = py::none(),
-        py::arg("b_o") = py::none(), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
-        py::arg("format") = "dict", py::arg("precision") = 8, kExplainDoc);
+        py::arg("x") = py::none(), py::arg("layer") = py::none(), py::arg("q") = py::none(), py::arg("k") = py::none(),
+        py::arg("v") = py::none(), py::arg("w_q") = py::none(), py::arg("w_k") = py::none(),
+        py::arg("w_v") = py::none(), py::arg("b_q") = py::none(), py::arg("b_k") = py::none(),
+        py::arg("b_v") = py::none(), py::arg("w_o") = py::none(), py::arg("b_o") = py::none(), py::arg("num_heads") = 1,
+        py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict", py::arg("precision") = 8, kExplainDoc);
   m.def("explain_examples", &qkv::example_names, "Names of the built-in worked examples qkv.explain() accepts.");
 }
 

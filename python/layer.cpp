@@ -38,20 +38,23 @@ py::object get_parameter(py::object self, const std::string& name) {
 void set_parameter(PyLayer& layer, const std::string& name, const py::object& value) {
   qkv::Tensor<float>& t = parameter(layer, name);
   if (t.rank() == 0)
-    throw py::value_error(fmt::format("this layer has no {} (see its config: bias, output_projection, "
-                                      "parameter_free)", name));
+    throw py::value_error(
+        fmt::format("this layer has no {} (see its config: bias, output_projection, "
+                    "parameter_free)",
+                    name));
   py::array owner;
   const qkv::TensorView<const float> v = float32_view(value, name.c_str(), owner);
   qkv::require_shape(v.shape(), t.shape(), name);
   const qkv::Tensor<float> copy = qkv::to_contiguous<float>(v);
   for (int64_t i = 0; i < copy.numel(); ++i)
-    if (!std::isfinite(copy[i])) throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));
+    if (!std::isfinite(copy[i]))
+      throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));
   std::copy(copy.data(), copy.data() + copy.numel(), t.data());
 }
 
 PyLayer make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
-                              std::optional<int64_t> head_dim, std::optional<int64_t> value_dim, bool bias,
-                              bool output_projection, bool parameter_free, uint64_t seed) {
+                   std::optional<int64_t> head_dim, std::optional<int64_t> value_dim, bool bias, bool output_projection,
+                   bool parameter_free, uint64_t seed) {
   qkv::LayerConfig c;
   c.embed_dim = embed_dim;
   c.num_heads = num_heads;
@@ -94,8 +97,8 @@ py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_o
   if (x.rank() != 2 && x.rank() != 3)
     throw py::value_error(fmt::format("x: expected [N, E] or [B, N, E], got shape {}", qkv::shape_string(x.shape())));
   if (!kv.empty() && kv.rank() != x.rank())
-    throw py::value_error(fmt::format("kv {} must have the rank of x {}", qkv::shape_string(kv.shape()),
-                                      qkv::shape_string(x.shape())));
+    throw py::value_error(
+        fmt::format("kv {} must have the rank of x {}", qkv::shape_string(kv.shape()), qkv::shape_string(x.shape())));
   const int64_t B = x.rank() == 3 ? x.dim(0) : 1, N = x.dim(x.rank() - 2);
   const int64_t M = kv.empty() ? N : kv.dim(kv.rank() - 2);
   if (call.check_finite) {
@@ -206,17 +209,21 @@ void bind_layer(py::module_& m) {
   cls.def_readwrite("training", &PyLayer::training,
                     "If True (the default), forward() keeps what backward() needs (inputs, projections, lse) "
                     "until the next forward(); set False for inference to keep no activations.");
-  cls.def("save", [](const PyLayer& l, const std::string& path) { l.layer.save(path); }, py::arg("path"),
-          "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).",
-          py::call_guard<py::gil_scoped_release>());
-  cls.def_static("load", [](const std::string& path) { return PyLayer(MultiHeadAttention::load(path)); },
-                 py::arg("path"),
-                 "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
-                 "malformed file, a wrong shape or a non-finite weight.",
-                 py::call_guard<py::gil_scoped_release>());
-  cls.def("parameters", [](py::object self) {
+  cls.def(
+      "save", [](const PyLayer& l, const std::string& path) { l.layer.save(path); }, py::arg("path"),
+      "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).",
+      py::call_guard<py::gil_scoped_release>());
+  cls.def_static(
+      "load", [](const std::string& path) { return PyLayer(MultiHeadAttention::load(path)); }, py::arg("path"),
+      "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
+      "malformed file, a wrong shape or a non-finite weight.",
+      py::call_guard<py::gil_scoped_release>());
+  cls.def(
+      "parameters",
+      [](py::object self) {
         py::dict out;
-        for (const auto& [name, t] : self.cast<PyLayer&>().layer.parameters()) out[py::str(name)] = get_parameter(self, name);
+        for (const auto& [name, t] : self.cast<PyLayer&>().layer.parameters())
+          out[py::str(name)] = get_parameter(self, name);
         return out;
       },
       "The parameters this layer has, as {name: float32 view}, in a fixed order (w_q, w_k, w_v, w_o, b_q, ...).");
@@ -225,34 +232,40 @@ void bind_layer(py::module_& m) {
   docs.reserve(std::size(kParameterNames));
   for (const char* name : kParameterNames) {
     const std::string n = name;
-    docs.push_back(fmt::format("{} as a float32 view of the layer's memory (None if the config has none); "
-                               "assign an array of the same shape to replace it.", name));
+    docs.push_back(
+        fmt::format("{} as a float32 view of the layer's memory (None if the config has none); "
+                    "assign an array of the same shape to replace it.",
+                    name));
     cls.def_property(
         name, [n](py::object self) { return get_parameter(self, n); },
         [n](PyLayer& layer, const py::object& value) { set_parameter(layer, n, value); }, docs.back().c_str());
   }
   auto config_int = [&](const char* name, int64_t qkv::LayerConfig::*field, const char* doc) {
-    cls.def_property_readonly(name, [field](const PyLayer& l) { return l.layer.config().*field; }, doc);
+    cls.def_property_readonly(
+        name, [field](const PyLayer& l) { return l.layer.config().*field; }, doc);
   };
   config_int("embed_dim", &qkv::LayerConfig::embed_dim, "E, the width of the input rows.");
   config_int("num_heads", &qkv::LayerConfig::num_heads, "H, query heads.");
   config_int("num_kv_heads", &qkv::LayerConfig::num_kv_heads, "Hkv, key/value heads.");
   config_int("head_dim", &qkv::LayerConfig::head_dim, "D, the query/key head width.");
   config_int("value_dim", &qkv::LayerConfig::value_dim, "Dv, the value head width.");
-  cls.def_property_readonly("bias", [](const PyLayer& l) { return l.layer.config().bias; }, "Has biases.");
-  cls.def_property_readonly("output_projection", [](const PyLayer& l) { return l.layer.config().output_projection; },
-                            "Has W_o.");
-  cls.def_property_readonly("parameter_free", [](const PyLayer& l) { return l.layer.config().parameter_free; },
-                            "Q = K = V = X.");
-  cls.def_property_readonly("seed", [](const PyLayer& l) { return l.layer.config().seed; }, "Init seed.");
-  cls.def_property_readonly("output_dim", [](const PyLayer& l) { return l.layer.output_dim(); },
-                            "Width of each output row.");
+  cls.def_property_readonly(
+      "bias", [](const PyLayer& l) { return l.layer.config().bias; }, "Has biases.");
+  cls.def_property_readonly(
+      "output_projection", [](const PyLayer& l) { return l.layer.config().output_projection; }, "Has W_o.");
+  cls.def_property_readonly(
+      "parameter_free", [](const PyLayer& l) { return l.layer.config().parameter_free; }, "Q = K = V = X.");
+  cls.def_property_readonly(
+      "seed", [](const PyLayer& l) { return l.layer.config().seed; }, "Init seed.");
+  cls.def_property_readonly(
+      "output_dim", [](const PyLayer& l) { return l.layer.output_dim(); }, "Width of each output row.");
   cls.def("__repr__", [](const PyLayer& l) {
     const qkv::LayerConfig& c = l.layer.config();
-    return fmt::format("MultiHeadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, head_dim={}, value_dim={}, "
-                       "bias={}, output_projection={}, parameter_free={})",
-                       c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim, c.bias ? "True" : "False",
-                       c.output_projection ? "True" : "False", c.parameter_free ? "True" : "False");
+    return fmt::format(
+        "MultiHeadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, head_dim={}, value_dim={}, "
+        "bias={}, output_projection={}, parameter_free={})",
+        c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim, c.bias ? "True" : "False",
+        c.output_projection ? "True" : "False", c.parameter_free ? "True" : "False");
   });
 }
 

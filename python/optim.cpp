@@ -35,9 +35,12 @@ qkv::TensorMap grads_from_dict(const py::dict& grads) {
 PyOptimizer make_optimizer(PyLayer& layer, const std::string& kind, double lr, double momentum,
                            std::pair<double, double> betas, double eps, double weight_decay) {
   qkv::OptimizerConfig c;
-  if (kind == "sgd") c.kind = qkv::OptimizerKind::sgd;
-  else if (kind == "adamw") c.kind = qkv::OptimizerKind::adamw;
-  else throw py::value_error(fmt::format("kind must be 'sgd' or 'adamw', got '{}'", kind));
+  if (kind == "sgd")
+    c.kind = qkv::OptimizerKind::sgd;
+  else if (kind == "adamw")
+    c.kind = qkv::OptimizerKind::adamw;
+  else
+    throw py::value_error(fmt::format("kind must be 'sgd' or 'adamw', got '{}'", kind));
   if (!(lr >= 0.0)) throw py::value_error(fmt::format("lr must be >= 0, got {}", lr));
   c.momentum = momentum;
   c.beta1 = betas.first;
@@ -87,19 +90,24 @@ void bind_optim(py::module_& m) {
           "backward()); lr: this step's rate (default: the optimizer's lr). ValueError for a missing or "
           "misshapen gradient, before anything changes.");
   cls.def_readwrite("lr", &PyOptimizer::lr, "The learning rate step() uses by default.");
-  cls.def_property_readonly("step_count", [](const PyOptimizer& o) { return o.optimizer.step_count(); },
-                            "Updates done so far.");
+  cls.def_property_readonly(
+      "step_count", [](const PyOptimizer& o) { return o.optimizer.step_count(); }, "Updates done so far.");
   cls.def("state", &state_of, "The optimizer state as {name: float32 array} (copies), e.g. 'adamw.m.w_q'.");
-  cls.def("load_state", [](PyOptimizer& o, const py::dict& tensors, int64_t step_count) {
+  cls.def(
+      "load_state",
+      [](PyOptimizer& o, const py::dict& tensors, int64_t step_count) {
         o.optimizer.load_state(grads_from_dict(tensors), step_count);
       },
       py::arg("state"), py::arg("step_count"), "Restores what state() returned and the step count.");
 
-  m.def("clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads(), max_norm); },
-        py::arg("layer"), py::arg("max_norm"),
-        "Scales layer.grads (the last backward()'s gradients) so their global L2 norm is at most max_norm "
-        "(max_norm <= 0: never). Returns the norm before clipping.");
-  m.def("lr_at", [](int64_t step, double base, double min_lr, int64_t warmup, int64_t total) {
+  m.def(
+      "clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads(), max_norm); },
+      py::arg("layer"), py::arg("max_norm"),
+      "Scales layer.grads (the last backward()'s gradients) so their global L2 norm is at most max_norm "
+      "(max_norm <= 0: never). Returns the norm before clipping.");
+  m.def(
+      "lr_at",
+      [](int64_t step, double base, double min_lr, int64_t warmup, int64_t total) {
         return qkv::LrSchedule{base, min_lr, warmup, total}.at(step);
       },
       py::arg("step"), py::arg("base") = 1e-3, py::arg("min_lr") = 0.0, py::arg("warmup") = 0, py::arg("total") = 1,

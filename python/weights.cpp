@@ -22,7 +22,8 @@ std::vector<int64_t> parse_rows(const py::object& rows, int64_t N) {
   };
   if (PyIndex_Check(rows.ptr()) && !py::isinstance<py::array>(rows)) {
     add(rows);
-  } else if (py::isinstance<py::str>(rows) || !(py::isinstance<py::sequence>(rows) || py::isinstance<py::array>(rows))) {
+  } else if (py::isinstance<py::str>(rows) ||
+             !(py::isinstance<py::sequence>(rows) || py::isinstance<py::array>(rows))) {
     throw py::type_error("rows must be an int or a sequence of ints");
   } else {
     for (const py::handle item : rows) add(item);
@@ -73,7 +74,8 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   return py::make_tuple(values, indices);
 }
 
-constexpr const char* kWeightsDoc = R"(attention_weights(q, k, *, rows=None, top_k=None, lse=None, <mask keywords>, scale=None, num_threads=0)
+constexpr const char* kWeightsDoc =
+    R"(attention_weights(q, k, *, rows=None, top_k=None, lse=None, <mask keywords>, scale=None, num_threads=0)
 
 Exact softmax weights of chosen query rows, recomputed from q and k (scores in float64 from the
 float32 inputs; float64 q, k are rounded to float32 first), without forming the full N x M

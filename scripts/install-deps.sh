@@ -9,7 +9,7 @@ packages=(
   python3-setuptools python3-pip python3-venv python3-wheel ccache
   libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
-  pkg-config dpkg-dev file
+  pkg-config dpkg-dev file clang-format-14
   g++-aarch64-linux-gnu qemu-user
   python3-gensim dict-gcide wordnet-base
 )

@@ -89,7 +89,8 @@ TEST(AtomicFile, FailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
   struct rlimit small = saved;
   small.rlim_cur = 4096;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  expect_error([&] { write_file_atomically(path, random_bytes(rng, 100000)); }, {"cannot write", path, "File too large"});
+  expect_error([&] { write_file_atomically(path, random_bytes(rng, 100000)); },
+               {"cannot write", path, "File too large"});
   ::setrlimit(RLIMIT_FSIZE, &saved);
   ::signal(SIGXFSZ, old_handler);
 

@@ -119,7 +119,8 @@ inline Problem random_problem(Rng& rng, double budget = 4e6) {
   if (kinds & 32) {  // bias broadcast over batch, with a few -inf
     p.bias = Tensor<float>({s.H, s.N, s.M});
     for (int64_t i = 0; i < p.bias.numel(); ++i)
-      p.bias[i] = rng.uniform(0, 1) < 0.05 ? -std::numeric_limits<float>::infinity() : static_cast<float>(rng.uniform(-2, 2));
+      p.bias[i] =
+          rng.uniform(0, 1) < 0.05 ? -std::numeric_limits<float>::infinity() : static_cast<float>(rng.uniform(-2, 2));
     m.bias = broadcast_mask(p.bias.cview(), s.B, s.H, s.N, s.M, "bias");
     masks += " bias";
   }
@@ -221,7 +222,8 @@ inline double score_bound(const test::Problem& p) {
     return m;
   };
   const double scale = p.options.scale ? std::abs(*p.options.scale) : 1.0 / std::sqrt(static_cast<double>(s.D));
-  double bound = scale * max_row_norm(TensorView<const float>(p.q.view)) * max_row_norm(TensorView<const float>(p.k.view));
+  double bound =
+      scale * max_row_norm(TensorView<const float>(p.q.view)) * max_row_norm(TensorView<const float>(p.k.view));
   const Mask& m = p.options.mask;
   if (m.softcap > 0) bound = std::min<double>(bound, m.softcap);
   double bias = 0;

@@ -28,11 +28,12 @@ struct Case {
   Tensor<float> bias;
   std::string describe() const {
     const Mask& m = options.mask;
-    return fmt::format("B={} H={} Hkv={} N={} M={} D={} Dv={} causal={} window=[{}, {}] keys={} queries={} keep={} bias={} "
-                       "alibi={} softcap={}",
-                       s.B, s.H, s.Hkv, s.N, s.M, s.D, s.Dv, m.causal ? int(*m.causal) : -1, m.window ? m.window->left : -9, m.window ? m.window->right : -9,
-                       !m.key_lengths.empty(), !m.query_lengths.empty(), !m.keep.empty(), !m.bias.empty(),
-                       !m.alibi_slopes.empty(), m.softcap);
+    return fmt::format(
+        "B={} H={} Hkv={} N={} M={} D={} Dv={} causal={} window=[{}, {}] keys={} queries={} keep={} bias={} "
+        "alibi={} softcap={}",
+        s.B, s.H, s.Hkv, s.N, s.M, s.D, s.Dv, m.causal ? int(*m.causal) : -1, m.window ? m.window->left : -9,
+        m.window ? m.window->right : -9, !m.key_lengths.empty(), !m.query_lengths.empty(), !m.keep.empty(),
+        !m.bias.empty(), !m.alibi_slopes.empty(), m.softcap);
   }
 };
 
@@ -63,7 +64,8 @@ Case random_case(test::Rng& rng, int64_t max_len, bool all_masks = false) {
   }
   if (pick()) {
     c.bias = Tensor<float>({c.s.H, c.s.N, c.s.M});
-    for (int64_t i = 0; i < c.bias.numel(); ++i) c.bias[i] = static_cast<float>(std::ldexp(rng.uniform_int(-256, 256), -8));
+    for (int64_t i = 0; i < c.bias.numel(); ++i)
+      c.bias[i] = static_cast<float>(std::ldexp(rng.uniform_int(-256, 256), -8));
     m.bias = broadcast_mask(c.bias.cview(), c.s.B, c.s.H, c.s.N, c.s.M, "bias");
   }
   if (pick())
@@ -182,8 +184,9 @@ void compare_fp32_with_reference(test::Rng& rng, const Case& c, int trial, Simd 
   Tensor<float> dq_store({s.B, s.N, s.H, s.D}), dk({s.B, s.Hkv, s.M, s.D}), dv({s.B, s.Hkv, s.M, s.Dv});
   Tensor<float> dbias({s.B, s.H, s.N, s.M});
   const bool want_bias = coin();
-  attention_backward(dq_store.view().transposed(1, 2), dk.view(), dv.view(), want_bias ? dbias.view() : TensorView<float>{},
-                     dout32.cview(), q32.cview(), k32.cview(), v32.cview(), out.cview(), lse.cview(), options);
+  attention_backward(dq_store.view().transposed(1, 2), dk.view(), dv.view(),
+                     want_bias ? dbias.view() : TensorView<float>{}, dout32.cview(), q32.cview(), k32.cview(),
+                     v32.cview(), out.cview(), lse.cview(), options);
   Tensor<double> rq({s.B, s.H, s.N, s.D}), rk({s.B, s.Hkv, s.M, s.D}), rv({s.B, s.Hkv, s.M, s.Dv});
   Tensor<double> rbias({s.B, s.H, s.N, s.M});
   reference_attention_backward(rq.view(), rk.view(), rv.view(), rbias.view(), dout64.cview(), q64.cview(), k64.cview(),
@@ -289,8 +292,8 @@ TEST(Backward, ReferenceKernelIsTheRoundedOracle) {
         dbias({s.B, s.H, s.N, s.M});
     reference_attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout64.cview(), q64.cview(),
                                  k64.cview(), v64.cview(), c.options);
-    for (auto [g, want] : {std::pair{&got.dq, &dq}, std::pair{&got.dk, &dk}, std::pair{&got.dv, &dv},
-                           std::pair{&got.dbias, &dbias}})
+    for (auto [g, want] :
+         {std::pair{&got.dq, &dq}, std::pair{&got.dk, &dk}, std::pair{&got.dv, &dv}, std::pair{&got.dbias, &dbias}})
       for (int64_t i = 0; i < g->numel(); ++i)
         ASSERT_EQ((*g)[i], static_cast<float>((*want)[i])) << "element " << i << ", " << c.describe();
   }
@@ -380,8 +383,10 @@ TEST(Backward, SingleKeyRowsGiveExactlyZeroQueryAndKeyGradients) {
       Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
       Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
       const Grads g = run_fp32(c, q, k, v, dout, 2, simd);
-      for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_EQ(g.dq[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
-      for (int64_t i = 0; i < g.dk.numel(); ++i) ASSERT_EQ(g.dk[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
+      for (int64_t i = 0; i < g.dq.numel(); ++i)
+        ASSERT_EQ(g.dq[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
+      for (int64_t i = 0; i < g.dk.numel(); ++i)
+        ASSERT_EQ(g.dk[i], 0.0f) << simd_path_name(simd) << " " << c.describe();
       double dv_norm = 0.0;
       for (int64_t i = 0; i < g.dv.numel(); ++i) dv_norm += std::abs(g.dv[i]);
       EXPECT_GT(dv_norm, 0.0) << simd_path_name(simd) << " " << c.describe();
@@ -391,7 +396,8 @@ TEST(Backward, SingleKeyRowsGiveExactlyZeroQueryAndKeyGradients) {
 
 TEST(Backward, RefusesBadShapes) {
   test::Rng rng("Backward.BadShapes");
-  Tensor<float> q = rng.normal32(dims4(1, 2, 3, 4)), k = rng.normal32(dims4(1, 2, 5, 4)), v = rng.normal32(dims4(1, 2, 5, 4));
+  Tensor<float> q = rng.normal32(dims4(1, 2, 3, 4)), k = rng.normal32(dims4(1, 2, 5, 4)),
+                v = rng.normal32(dims4(1, 2, 5, 4));
   Tensor<float> out({1, 2, 3, 4}), lse({1, 2, 3}), dq({1, 2, 3, 4}), dk({1, 2, 5, 4}), dv({1, 2, 5, 4});
   Tensor<float> bad({1, 2, 3, 5}), dbias({1, 1, 3, 5});
   auto expect = [](const std::function<void()>& f, const std::string& needle) {
@@ -402,20 +408,32 @@ TEST(Backward, RefusesBadShapes) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect([&] { attention_backward(bad.view(), dk.view(), dv.view(), {}, out.cview(), q.cview(), k.cview(), v.cview(),
-                                  out.cview(), lse.cview()); },
-         "dq: shape [1, 2, 3, 5] must be [1, 2, 3, 4]");
-  expect([&] { attention_backward(dq.view(), dk.view(), dv.view(), {}, bad.cview(), q.cview(), k.cview(), v.cview(),
-                                  out.cview(), lse.cview()); },
-         "dout: shape [1, 2, 3, 5] must be [1, 2, 3, 4]");
+  expect(
+      [&] {
+        attention_backward(bad.view(), dk.view(), dv.view(), {}, out.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), lse.cview());
+      },
+      "dq: shape [1, 2, 3, 5] must be [1, 2, 3, 4]");
+  expect(
+      [&] {
+        attention_backward(dq.view(), dk.view(), dv.view(), {}, bad.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), lse.cview());
+      },
+      "dout: shape [1, 2, 3, 5] must be [1, 2, 3, 4]");
   const std::array<int64_t, 4> shape{1, 2, 3, 5}, strides{15, 0, 5, 1};
   const TensorView<float> broadcast(dbias.data(), shape, strides);
-  expect([&] { attention_backward(dq.view(), dk.view(), dv.view(), broadcast, out.cview(), q.cview(), k.cview(),
-                                  v.cview(), out.cview(), lse.cview()); },
-         "dbias: dimension 1 has stride 0");
-  expect([&] { attention_backward(dq.view(), dk.view(), dv.view(), {}, out.cview(), q.cview(), k.cview(), v.cview(),
-                                  out.cview(), out.cview()); },
-         "lse: shape [1, 2, 3, 4] must be [1, 2, 3]");
+  expect(
+      [&] {
+        attention_backward(dq.view(), dk.view(), dv.view(), broadcast, out.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), lse.cview());
+      },
+      "dbias: dimension 1 has stride 0");
+  expect(
+      [&] {
+        attention_backward(dq.view(), dk.view(), dv.view(), {}, out.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), out.cview());
+      },
+      "lse: shape [1, 2, 3, 4] must be [1, 2, 3]");
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ Filled fill(test::Rng& rng, const Case& c, double outlier = 0) {
       const int64_t T = std::min(left, rng.uniform_int(1, 40));
       const float* kp = f.k[s].data() + done[s] * c.Hkv * c.D;
       const float* vp = f.v[s].data() + done[s] * c.Hkv * c.Dv;
-      f.cache.append(f.ids[s], TensorView<const float>(kp, {T, c.Hkv, c.D}), TensorView<const float>(vp, {T, c.Hkv, c.Dv}));
+      f.cache.append(f.ids[s], TensorView<const float>(kp, {T, c.Hkv, c.D}),
+                     TensorView<const float>(vp, {T, c.Hkv, c.Dv}));
       done[s] += T;
       more = true;
     }
@@ -102,7 +103,8 @@ void reference(const Case& c, const Tensor<float>& q, const std::vector<Tensor<f
           if (j < o.sink_tokens && (!m.causal.has_value() || j <= diag)) in = true;
           if (!in) continue;
           double dot = 0;
-          for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(q[((b * H + h) * c.N + i) * c.D + d]) * kat(g, j, d);
+          for (int64_t d = 0; d < c.D; ++d)
+            dot += static_cast<double>(q[((b * H + h) * c.N + i) * c.D + d]) * kat(g, j, d);
           double x = dot * scale;
           if (m.softcap > 0) x = m.softcap * std::tanh(x / m.softcap);
           if (!m.alibi_slopes.empty()) x -= m.alibi_slopes[h] * std::fabs(static_cast<double>(j - diag));
@@ -177,7 +179,8 @@ Tensor<float> run_prefill(const Case& c, const Filled& f, const Tensor<float>& q
     const float* qb = q.data() + b * H * c.N * c.D;
     float* ob = out.data() + b * H * c.N * c.Dv;
     Tensor<float> lse({1, H, c.N});
-    attention_forward(TensorView<float>(ob, {1, H, c.N, c.Dv}), lse.view(), TensorView<const float>(qb, {1, H, c.N, c.D}),
+    attention_forward(TensorView<float>(ob, {1, H, c.N, c.Dv}), lse.view(),
+                      TensorView<const float>(qb, {1, H, c.N, c.D}),
                       TensorView<const float>(k.data(), {1, c.Hkv, len, c.D}),
                       TensorView<const float>(v.data(), {1, c.Hkv, len, c.Dv}), o);
     if (!c.options.sinks.empty())
@@ -226,8 +229,9 @@ std::string describe(const Case& c) {
   for (int64_t l : c.lens) lens += std::to_string(l) + " ";
   return std::string(kv_dtype_name(c.dtype)) + " Hkv " + std::to_string(c.Hkv) + " G " + std::to_string(c.G) + " N " +
          std::to_string(c.N) + " D " + std::to_string(c.D) + " Dv " + std::to_string(c.Dv) + " page " +
-         std::to_string(c.page_tokens) + " lens " + lens + "causal " + std::to_string(c.options.mask.causal.has_value()) +
-         " sinks " + std::to_string(c.options.sinks.size()) + " sink_tokens " + std::to_string(c.options.sink_tokens);
+         std::to_string(c.page_tokens) + " lens " + lens + "causal " +
+         std::to_string(c.options.mask.causal.has_value()) + " sinks " + std::to_string(c.options.sinks.size()) +
+         " sink_tokens " + std::to_string(c.options.sink_tokens);
 }
 
 TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
@@ -332,8 +336,9 @@ TEST(Decode, Int8WithinTheBoundOfItsQuantizationStep) {
     const Result r = run_decode(c, f, q, Simd::automatic, 2);
     const double err = max_diff(r.out, ref);
     EXPECT_LE(err, bound) << "outlier " << outlier;
-    std::printf("[ int8     ] outlier %g: max error %.3g, bound %.3g (logit shift %.3g <= %.3g a priori, v error %.3g)\n",
-                outlier, err, bound, delta, prior, eps);
+    std::printf(
+        "[ int8     ] outlier %g: max error %.3g, bound %.3g (logit shift %.3g <= %.3g a priori, v error %.3g)\n",
+        outlier, err, bound, delta, prior, eps);
   }
 }
 
@@ -474,13 +479,15 @@ TEST(Decode, RefusesBadInputByName) {
   const Filled f = fill(rng, c);
   const Tensor<float> q = rng.normal32({1, 4, 1, 8});
   Tensor<float> out({1, 4, 1, 8});
-  auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o, const std::string& text) {
+  auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o,
+                          const std::string& text) {
     test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv, o); }, text);
   };
   const PagedKV good = f.cache.paged(f.ids);
   PagedKV bad = good;
   bad.block_table[1] = static_cast<int32_t>(good.num_pages);
-  expect_error(bad, q.cview(), {}, "block_table[0, 1] = " + std::to_string(good.num_pages) + " points outside the pool");
+  expect_error(bad, q.cview(), {},
+               "block_table[0, 1] = " + std::to_string(good.num_pages) + " points outside the pool");
   bad = good;
   bad.block_table[0] = -1;
   expect_error(bad, q.cview(), {}, "block_table[0, 0] = -1 points outside the pool");

@@ -17,9 +17,13 @@ TEST(Tokenize, LowercasesAndSplitsOnWhitespaceAndPunctuation) {
   EXPECT_EQ(tokenize("  I went\tto the BANK,\nto deposit-money!  "),
             (Tokens{"i", "went", "to", "the", "bank", "to", "deposit", "money"}));
   EXPECT_EQ(tokenize("r2d2 (1999)...x"), (Tokens{"r2d2", "1999", "x"}));
-  EXPECT_EQ(tokenize("Caf\xc3\xa9 na\xc3\xafve"), (Tokens{"caf\xc3\xa9", "na\xc3\xafve"}));  // UTF-8 kept, not lowercased
+  EXPECT_EQ(tokenize("Caf\xc3\xa9 na\xc3\xafve"),
+            (Tokens{"caf\xc3\xa9", "na\xc3\xafve"}));  // UTF-8 kept, not lowercased
   EXPECT_EQ(tokenize("\xe6\x97\xa5\xe6\x9c\xac"), (Tokens{"\xe6\x97\xa5\xe6\x9c\xac"}));
-  EXPECT_EQ(tokenize("a\x01" "b\x7f" "c"), (Tokens{"a", "b", "c"}));
+  EXPECT_EQ(tokenize("a\x01"
+                     "b\x7f"
+                     "c"),
+            (Tokens{"a", "b", "c"}));
   EXPECT_TRUE(tokenize("").empty());
   EXPECT_TRUE(tokenize(" .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~` ").empty());
 }

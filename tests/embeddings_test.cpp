@@ -214,10 +214,12 @@ TEST(Embeddings, MalformedBinaryIsRefusedWithTheEntry) {
   std::size_t third = good.find("third ") + 6;
   std::memcpy(nan_file.data() + third + 4, &nan, 4);
   std::vector<BadFile> cases = {
-      {"truncated", good.substr(0, good.size() - 7),
+      {"truncated",
+       good.substr(0, good.size() - 7),
        {"word 5 of 5", "truncated word2vec binary file: the vector needs 16 bytes but 10 remain"}},
       {"inside_word", good.substr(0, good.find(v.words[4]) + 30), {"word 5 of 5", "it ends inside the word"}},
-      {"huge_rows", "1000000000000 4\n" + good.substr(good.find('\n') + 1),
+      {"huge_rows",
+       "1000000000000 4\n" + good.substr(good.find('\n') + 1),
        {"declares 1000000000000 words of 4 floats (at least 18000000000000 bytes)"}},
       {"huge_dim", "5 1000000000\n" + good.substr(good.find('\n') + 1), {"declares 5 words of 1000000000 floats"}},
       {"trailing", good + "extra 12345678901234567", {"bytes of data follow the 5 words the header declares"}},
@@ -328,7 +330,8 @@ TEST(Embeddings, TextLinesUpToOneMebibyteLoadAndLongerOnesAreRefused) {
 TEST(Embeddings, DISABLED_LoadTimeAndPeakMemory) {
   const char* path = std::getenv("QKV_EMBEDDINGS_BENCH");
   if (path == nullptr) GTEST_SKIP() << "set QKV_EMBEDDINGS_BENCH to an embeddings file";
-  struct rusage before {}, after {};
+  struct rusage before {
+  }, after{};
   ::getrusage(RUSAGE_SELF, &before);
   auto start = std::chrono::steady_clock::now();
   Embeddings emb = Embeddings::load(path);

@@ -97,8 +97,9 @@ TEST(Explain, MultiHeadGqaWithBiasesMatchesReference) {
   test::Rng rng("Explain.MultiHeadGqaWithBiasesMatchesReference");
   const int64_t N = 3, E = 7, H = 4, Hkv = 2, D = 3, Dv = 5, Eo = 6;
   Matrix x = random_matrix(rng, N, E), w_q = random_matrix(rng, E, H * D), w_k = random_matrix(rng, E, Hkv * D),
-         w_v = random_matrix(rng, E, Hkv * Dv), b_q = random_matrix(rng, 1, H * D), b_k = random_matrix(rng, 1, Hkv * D),
-         b_v = random_matrix(rng, 1, Hkv * Dv), w_o = random_matrix(rng, H * Dv, Eo), b_o = random_matrix(rng, 1, Eo);
+         w_v = random_matrix(rng, E, Hkv * Dv), b_q = random_matrix(rng, 1, H * D),
+         b_k = random_matrix(rng, 1, Hkv * D), b_v = random_matrix(rng, 1, Hkv * Dv),
+         w_o = random_matrix(rng, H * Dv, Eo), b_o = random_matrix(rng, 1, Eo);
   const Explanation e = explain_projections({"a", "b", "c"}, x, w_q, w_k, w_v, H, Hkv, b_q, b_k, b_v, w_o, b_o);
   ASSERT_EQ(e.heads.size(), static_cast<std::size_t>(H));
   ASSERT_EQ(e.output.rows, N);
@@ -177,15 +178,16 @@ TEST(Explain, LayerExplanationAgreesWithLayerForward) {
   const Explanation ef = explain_layer({"a", "b", "c", "d", "e"}, x.cview(), free_layer);
   EXPECT_TRUE(ef.parameter_free);
   for (int64_t i = 0; i < N; ++i)
-    for (int64_t j = 0; j < 7; ++j) EXPECT_NEAR(ef.output(i, j), yf.cview()(i, j), 1e-5 * (1.0 + std::abs(yf.cview()(i, j))));
+    for (int64_t j = 0; j < 7; ++j)
+      EXPECT_NEAR(ef.output(i, j), yf.cview()(i, j), 1e-5 * (1.0 + std::abs(yf.cview()(i, j))));
 }
 
 TEST(Explain, TextUsesTheSeedsStepsAndNumbers) {
   const std::string text = explanation_to_text(explain_example("seed-003"));
-  for (const char* want : {"Project inputs to queries, keys, and values", "scores = Q @ K.T", "np.sqrt(d_k)",
-                           "Apply the softmax function", "Compute the weighted sum of values", "Attention weights:",
-                           "Self-attention output:", "0.31359894", "0.35006362", "0.33633743", "0.31093940",
-                           "0.25997455", "0.27228657", "0.44092668"})
+  for (const char* want :
+       {"Project inputs to queries, keys, and values", "scores = Q @ K.T", "np.sqrt(d_k)", "Apply the softmax function",
+        "Compute the weighted sum of values", "Attention weights:", "Self-attention output:", "0.31359894",
+        "0.35006362", "0.33633743", "0.31093940", "0.25997455", "0.27228657", "0.44092668"})
     EXPECT_NE(text.find(want), std::string::npos) << "missing: " << want << "\n" << text;
 
   const Explanation p = explain_example("playing-outside");
@@ -233,7 +235,7 @@ TEST(Explain, RefusesBadInput) {
   EXPECT_THROW(explain_projections({"a", "b"}, x, w_bad, w, w, 1, 1), Error);  // W_q rows != E
   EXPECT_THROW(explain_projections({"a", "b"}, x, w, w, w, 3, 1), Error);      // 4 columns, 3 heads
   EXPECT_THROW(explain_projections({"a"}, x, w, w, w, 1, 1), Error);           // tokens != rows
-  EXPECT_THROW(explain_qkv({}, Matrix(), Matrix(), Matrix()), Error);         // nothing to explain
+  EXPECT_THROW(explain_qkv({}, Matrix(), Matrix(), Matrix()), Error);          // nothing to explain
   EXPECT_THROW(Matrix::from_rows({{1.0, 2.0}, {3.0}}), Error);
 }
 

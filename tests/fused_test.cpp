@@ -127,8 +127,8 @@ TEST(FusedForward, HugeWindowBoundsMeanUnbounded) {
   const int64_t N = 37, M = 53, D = 16;
   Tensor<float> q = rng.normal32({1, 2, N, D}), k = rng.normal32({1, 2, M, D}), v = rng.normal32({1, 2, M, D});
   constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
-  const std::pair<Window, Window> same[] = {{{0, kHuge}, {0, -1}}, {{kHuge, 0}, {-1, 0}}, {{kHuge, kHuge}, {-1, -1}},
-                                            {{kHuge - 1, 3}, {-1, 3}}};
+  const std::pair<Window, Window> same[] = {
+      {{0, kHuge}, {0, -1}}, {{kHuge, 0}, {-1, 0}}, {{kHuge, kHuge}, {-1, -1}}, {{kHuge - 1, 3}, {-1, 3}}};
   for (const CausalAlign align : {CausalAlign::top_left, CausalAlign::bottom_right})
     for (const Kernel kernel : {Kernel::fused, Kernel::reference})
       for (const auto& [huge, plain] : same) {
@@ -173,7 +173,8 @@ TEST(Dispatch, ParsesTheNamesUsersType) {
   EXPECT_EQ(parse_simd("automatic", "QKV_SIMD"), Simd::automatic);
   EXPECT_EQ(parse_kernel("auto"), Kernel::automatic);
   EXPECT_EQ(parse_kernel("fused"), Kernel::fused);
-  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar}) EXPECT_EQ(parse_simd(simd_name(s)), s);
+  for (Simd s : {Simd::automatic, Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar})
+    EXPECT_EQ(parse_simd(simd_name(s)), s);
   for (Kernel k : {Kernel::automatic, Kernel::reference, Kernel::fused}) EXPECT_EQ(parse_kernel(kernel_name(k)), k);
   try {
     parse_simd("sse9", "QKV_SIMD");

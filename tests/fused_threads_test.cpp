@@ -54,7 +54,8 @@ TEST(FusedThreads, OutputsAreBitwiseEqualFor1_2_3Threads) {
 // result must still not depend on the thread count.
 TEST(FusedThreads, SingleHeadShortSequenceIsDeterministic) {
   test::Rng rng("FusedThreads.SingleHead");
-  Tensor<float> q = rng.normal32({1, 1, 70, 128}), k = rng.normal32({1, 1, 900, 128}), v = rng.normal32({1, 1, 900, 128});
+  Tensor<float> q = rng.normal32({1, 1, 70, 128}), k = rng.normal32({1, 1, 900, 128}),
+                v = rng.normal32({1, 1, 900, 128});
   Tensor<float> out1({1, 1, 70, 128}), out3({1, 1, 70, 128});
   AttentionOptions options;
   options.num_threads = 1;
@@ -66,7 +67,8 @@ TEST(FusedThreads, SingleHeadShortSequenceIsDeterministic) {
 
 TEST(FusedThreads, Bf16OutputsAreBitwiseEqualFor1_2_3Threads) {
   test::Rng rng("FusedThreads.Bf16");
-  Tensor<float> q32 = rng.normal32({1, 3, 200, 64}), k32 = rng.normal32({1, 3, 190, 64}), v32 = rng.normal32({1, 3, 190, 59});
+  Tensor<float> q32 = rng.normal32({1, 3, 200, 64}), k32 = rng.normal32({1, 3, 190, 64}),
+                v32 = rng.normal32({1, 3, 190, 59});
   auto round = [](const Tensor<float>& t) {
     Tensor<bf16> b(t.shape());
     for (int64_t i = 0; i < t.numel(); ++i) b[i] = float_to_bf16(t[i]);

@@ -21,7 +21,6 @@
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
-
 namespace qkv {
 namespace {
 
@@ -50,14 +49,16 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
   const uint64_t bytes_n = ram / 2;                  // uint8 values read as float32: 2x RAM
   const uint64_t words = ram / 32 + 1;               // one-float word2vec words: 36 bytes each
   const std::vector<Case> cases = {
-      {"f4.npy", test::npy_header("<f4", fmt::format("({},)", n)), 4 * n, [](const std::string& p) { load_npy<float>(p); }, 4 * n},
-      {"u1_as_double.npy", test::npy_header("|u1", fmt::format("({},)", n / 2)), n / 2, [](const std::string& p) { load_npy<double>(p); }, 4 * n},
-      {"f32.safetensors", safetensors_header("F32", n, 4 * n), 4 * n,
-       [](const std::string& p) { load_safetensors(p); }, 4 * n},
+      {"f4.npy", test::npy_header("<f4", fmt::format("({},)", n)), 4 * n,
+       [](const std::string& p) { load_npy<float>(p); }, 4 * n},
+      {"u1_as_double.npy", test::npy_header("|u1", fmt::format("({},)", n / 2)), n / 2,
+       [](const std::string& p) { load_npy<double>(p); }, 4 * n},
+      {"f32.safetensors", safetensors_header("F32", n, 4 * n), 4 * n, [](const std::string& p) { load_safetensors(p); },
+       4 * n},
       {"u8.safetensors", safetensors_header("U8", bytes_n, bytes_n), bytes_n,
        [](const std::string& p) { load_safetensors(p); }, 4 * bytes_n},
-      {"w2v.bin", fmt::format("{} 1\n", words), 6 * words,
-       [](const std::string& p) { Embeddings::load(p); }, words * (4 + sizeof(std::string))},
+      {"w2v.bin", fmt::format("{} 1\n", words), 6 * words, [](const std::string& p) { Embeddings::load(p); },
+       words * (4 + sizeof(std::string))},
   };
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (const Case& c : cases) {
@@ -66,9 +67,10 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
     test::write_raw(path, c.head);
     ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(c.head.size() + c.file_size)), 0) << path;  // sparse
     const uint64_t cap = c.head.size() + c.file_size + (uint64_t{4} << 30);  // the mapping plus 4 GiB
-    const std::string pattern = fmt::format("qkv_io_memory_.*{}: needs {} bytes \\(.* GiB\\) of memory, more than the {} "
-                                            "bytes \\(.* GiB\\) of physical memory on this machine",
-                                            c.name, c.need, ram);
+    const std::string pattern = fmt::format(
+        "qkv_io_memory_.*{}: needs {} bytes \\(.* GiB\\) of memory, more than the {} "
+        "bytes \\(.* GiB\\) of physical memory on this machine",
+        c.name, c.need, ram);
     EXPECT_EXIT(test::load_with_capped_memory([&] { c.load(path); }, cap, path), ::testing::ExitedWithCode(0), pattern);
     std::remove(path.c_str());
   }

@@ -90,7 +90,8 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
     ADD_FAILURE() << "expected qkv::Error containing \"" << (parts.empty() ? "" : parts[0]) << "\"";
   } catch (const qkv::Error& e) {
     std::string what = e.what();
-    for (const std::string& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
+    for (const std::string& p : parts)
+      EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
     EXPECT_EQ(what.find('\n'), std::string::npos) << "the message should be one line: " << what;
   }
 }

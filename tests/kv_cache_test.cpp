@@ -26,10 +26,14 @@ KVCacheConfig config(KVDtype dtype, int64_t pages = 8, int64_t page_tokens = 4, 
 // The largest error a stored value may have: half an ulp of bf16/fp16, half a step of int8.
 double storage_error(KVDtype dtype, double x, double amax) {
   switch (dtype) {
-    case KVDtype::f32: return 0.0;
-    case KVDtype::bf16: return std::fabs(x) * std::ldexp(1.0, -8);
-    case KVDtype::f16: return std::max(std::fabs(x) * std::ldexp(1.0, -11), std::ldexp(1.0, -25));
-    case KVDtype::i8: return amax / 127.0 / 2.0 * (1 + 1e-6) + 1e-30;
+    case KVDtype::f32:
+      return 0.0;
+    case KVDtype::bf16:
+      return std::fabs(x) * std::ldexp(1.0, -8);
+    case KVDtype::f16:
+      return std::max(std::fabs(x) * std::ldexp(1.0, -11), std::ldexp(1.0, -25));
+    case KVDtype::i8:
+      return amax / 127.0 / 2.0 * (1 + 1e-6) + 1e-30;
   }
   return 0.0;
 }
@@ -61,7 +65,8 @@ TEST(KVCache, StoresAppendedTokensAcrossPagesForEveryDtype) {
     // Interleaved appends of two sequences, so their pages interleave in the pool.
     cache.append(a, TensorView<const float>(ka.data(), {3, 2, 5}), TensorView<const float>(va.data(), {3, 2, 3}));
     cache.append(b, kb.cview(), vb.cview());
-    cache.append(a, TensorView<const float>(ka.data() + 30, {8, 2, 5}), TensorView<const float>(va.data() + 18, {8, 2, 3}));
+    cache.append(a, TensorView<const float>(ka.data() + 30, {8, 2, 5}),
+                 TensorView<const float>(va.data() + 18, {8, 2, 3}));
     EXPECT_EQ(cache.length(a), 11);
     EXPECT_EQ(cache.pages(a).size(), 3u);
     EXPECT_EQ(cache.free_pages(), 8 - 3 - 2);
@@ -134,26 +139,39 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
   const Tensor<float> before = cache.keys(s);
   using test::expect_error;
   Tensor<float> big_k = rng.normal32({6, 2, 5}), big_v = rng.normal32({6, 2, 3});
-  expect_error([&] { cache.append(s, big_k.cview(), big_v.cview()); }, "6 tokens need 2 free pages, the pool of 2 has 1 left");
+  expect_error([&] { cache.append(s, big_k.cview(), big_v.cview()); },
+               "6 tokens need 2 free pages, the pool of 2 has 1 left");
   expect_error([&] { cache.append(42, k.cview(), v.cview()); }, "unknown sequence id 42");
   expect_error([&] { cache.fork(42); }, "unknown sequence id 42");
   expect_error([&] { cache.free(42); }, "unknown sequence id 42");
   expect_error([&] { cache.length(-1); }, "unknown sequence id -1");
   Tensor<float> k_wrong = rng.normal32({1, 2, 4});
-  expect_error([&] { cache.append(s, k_wrong.cview(), TensorView<const float>(v.data(), {1, 2, 3})); },
-               "k has shape [1, 2, 4], expected [T, Hkv = 2, D = 5]");
-  expect_error([&] { cache.append(s, TensorView<const float>(k.data(), {1, 2, 5}), TensorView<const float>(v.data(), {1, 1, 3})); },
-               "v has shape [1, 1, 3], expected [T = 1, Hkv = 2, Dv = 3]");
+  expect_error(
+      [&] {
+        cache.append(s, k_wrong.cview(), TensorView<const float>(v.data(), {1, 2, 3}));
+      },
+      "k has shape [1, 2, 4], expected [T, Hkv = 2, D = 5]");
+  expect_error(
+      [&] {
+        cache.append(s, TensorView<const float>(k.data(), {1, 2, 5}), TensorView<const float>(v.data(), {1, 1, 3}));
+      },
+      "v has shape [1, 1, 3], expected [T = 1, Hkv = 2, Dv = 3]");
   Tensor<float> k_nan = rng.normal32({2, 2, 5});
   k_nan[13] = std::nanf("");
-  expect_error([&] { cache.append(s, k_nan.cview(), TensorView<const float>(v.data(), {2, 2, 3})); },
-               "k[1, 0, 3] = nan cannot be stored as i8");
+  expect_error(
+      [&] {
+        cache.append(s, k_nan.cview(), TensorView<const float>(v.data(), {2, 2, 3}));
+      },
+      "k[1, 0, 3] = nan cannot be stored as i8");
   KVCache half(config(KVDtype::f16));
   const int64_t hs = half.create();
   Tensor<float> k_big = rng.normal32({1, 2, 5});
   k_big[2] = 70000.0f;
-  expect_error([&] { half.append(hs, k_big.cview(), TensorView<const float>(v.data(), {1, 2, 3})); },
-               "k[0, 0, 2] = 70000 cannot be stored as f16");
+  expect_error(
+      [&] {
+        half.append(hs, k_big.cview(), TensorView<const float>(v.data(), {1, 2, 3}));
+      },
+      "k[0, 0, 2] = 70000 cannot be stored as f16");
   EXPECT_EQ(half.length(hs), 0);
   // After every refusal the sequence is as it was.
   EXPECT_EQ(cache.length(s), 3);

@@ -52,13 +52,13 @@ struct QkvRun {
 };
 
 QkvRun run_qkv(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v, const Tensor<float>& dout,
-            AttentionOptions options, Simd simd, int threads) {
+               AttentionOptions options, Simd simd, int threads) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), D = q.dim(3), Hkv = k.dim(1), M = k.dim(2), Dv = v.dim(3);
   options.kernel = Kernel::fused;
   options.simd = simd;
   options.num_threads = threads;
   QkvRun r{Tensor<float>({B, H, N, Dv}), Tensor<double>({B, H, N}), Tensor<float>({B, H, N, D}),
-            Tensor<float>({B, Hkv, M, D}), Tensor<float>({B, Hkv, M, Dv})};
+           Tensor<float>({B, Hkv, M, D}), Tensor<float>({B, Hkv, M, Dv})};
   attention_forward_lse64(r.out.view(), r.lse.view(), q.cview(), k.cview(), v.cview(), options);
   attention_backward(r.dq.view(), r.dk.view(), r.dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
                      r.out.cview(), r.lse.cview(), options);
@@ -96,10 +96,9 @@ TEST(LargeScores, FlashAttentionRuleOnEveryPathAndThreadCount) {
     reference_attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), {}, dout64.cview(), q64.cview(),
                                  k64.cview(), v64.cview(), options);
     const test::Composite32 pt = test::composite32(q, k, v, dout, scale, softcap, causal);
-    const double bound[4] = {kOutSlack * (2 * max_err(pt.out, out_ref) + 1e-5),
-                             kDqSlack * (2 * max_err(pt.dq, dq_ref) + 1e-5),
-                             kDkSlack * (2 * max_err(pt.dk, dk_ref) + 1e-5),
-                             kDvSlack * (2 * max_err(pt.dv, dv_ref) + 1e-5)};
+    const double bound[4] = {
+        kOutSlack * (2 * max_err(pt.out, out_ref) + 1e-5), kDqSlack * (2 * max_err(pt.dq, dq_ref) + 1e-5),
+        kDkSlack * (2 * max_err(pt.dk, dk_ref) + 1e-5), kDvSlack * (2 * max_err(pt.dv, dv_ref) + 1e-5)};
     for (Simd simd : test::available_paths()) {
       const QkvRun one = run_qkv(q, k, v, dout, options, simd, 1);
       const double err[4] = {max_err(one.out, out_ref), max_err(one.dq, dq_ref), max_err(one.dk, dk_ref),

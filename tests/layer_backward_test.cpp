@@ -29,8 +29,8 @@ double derivative(double* x, const std::function<double()>& f) {
 
 // Checks an fp32 gradient against finite differences of f over the float64 values `x`: error
 // relative to max |fd| (floored at 0.1, where cancellation makes the exact gradient ~0).
-void check_gradient(const std::string& name, const float* got, std::vector<double>& x,
-                    const std::function<double()>& f, const std::string& note) {
+void check_gradient(const std::string& name, const float* got, std::vector<double>& x, const std::function<double()>& f,
+                    const std::string& note) {
   std::vector<double> fd(x.size());
   double scale = 0.1;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -38,8 +38,8 @@ void check_gradient(const std::string& name, const float* got, std::vector<doubl
     scale = std::max(scale, std::abs(fd[i]));
   }
   for (std::size_t i = 0; i < x.size(); ++i)
-    ASSERT_LE(std::abs(got[i] - fd[i]) / scale, 2e-4) << name << "[" << i << "]: " << got[i] << " vs " << fd[i] << " "
-                                                      << note;
+    ASSERT_LE(std::abs(got[i] - fd[i]) / scale, 2e-4)
+        << name << "[" << i << "]: " << got[i] << " vs " << fd[i] << " " << note;
 }
 
 TEST(LayerBackward, MatchesFiniteDifferences) {
@@ -61,7 +61,8 @@ TEST(LayerBackward, MatchesFiniteDifferences) {
     for (auto& [name, t] : layer.parameters())
       for (int64_t i = 0; i < t->numel(); ++i) (*t)[i] = static_cast<float>(rng.uniform(-1.0, 1.0));
     const bool batched = rng.uniform_int(0, 1), cross = rng.uniform_int(0, 1);
-    const int64_t B = batched ? rng.uniform_int(1, 2) : 1, N = rng.uniform_int(1, 4), M = cross ? rng.uniform_int(1, 5) : N;
+    const int64_t B = batched ? rng.uniform_int(1, 2) : 1, N = rng.uniform_int(1, 4),
+                  M = cross ? rng.uniform_int(1, 5) : N;
     const int64_t E = c.embed_dim;
     auto shape = [&](int64_t rows) {
       return batched ? std::vector<int64_t>{B, rows, E} : std::vector<int64_t>{rows, E};
@@ -80,10 +81,10 @@ TEST(LayerBackward, MatchesFiniteDifferences) {
     Tensor<float> dx, dkv;
     layer.backward(cache, dy.cview(), options, &grads, &dx, &dkv);
 
-    const std::string note = fmt::format("trial {} E={} H={} Hkv={} D={} Dv={} bias={} wo={} free={} B={} N={} M={} cross={}",
-                                         trial, E, layer.config().num_heads, layer.config().num_kv_heads,
-                                         layer.config().head_dim, layer.config().value_dim, c.bias,
-                                         layer.config().output_projection, c.parameter_free, B, N, M, cross);
+    const std::string note = fmt::format(
+        "trial {} E={} H={} Hkv={} D={} Dv={} bias={} wo={} free={} B={} N={} M={} cross={}", trial, E,
+        layer.config().num_heads, layer.config().num_kv_heads, layer.config().head_dim, layer.config().value_dim,
+        c.bias, layer.config().output_projection, c.parameter_free, B, N, M, cross);
     test::Weights64 w = test::weights64(layer);
     std::vector<double> x64(x.data(), x.data() + x.numel()), kv64(kv.data(), kv.data() + kv.numel());
     auto loss = [&] {

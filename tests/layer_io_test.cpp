@@ -31,13 +31,14 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 }
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("qkv_layer_test_" + std::to_string(::getpid()) + "_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("qkv_layer_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
 
 TEST(LayerIo, SaveLoadRoundTrip) {
   test::Rng rng("Layer.SaveLoad");
-  LayerConfig c{.embed_dim = 12, .num_heads = 4, .num_kv_heads = 2, .head_dim = 5, .value_dim = 7, .bias = true,
-                .seed = 9};
+  LayerConfig c{
+      .embed_dim = 12, .num_heads = 4, .num_kv_heads = 2, .head_dim = 5, .value_dim = 7, .bias = true, .seed = 9};
   MultiHeadAttention layer(c);
   randomize_biases(layer, rng);
   const std::string path = temp_path("roundtrip.safetensors");
@@ -50,7 +51,8 @@ TEST(LayerIo, SaveLoadRoundTrip) {
   auto pa = layer.parameters(), pb = loaded.parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (std::size_t p = 0; p < pa.size(); ++p)
-    for (int64_t i = 0; i < pa[p].second->numel(); ++i) ASSERT_EQ((*pa[p].second)[i], (*pb[p].second)[i]) << pa[p].first;
+    for (int64_t i = 0; i < pa[p].second->numel(); ++i)
+      ASSERT_EQ((*pa[p].second)[i], (*pb[p].second)[i]) << pa[p].first;
   Tensor<float> x = rng.normal32(std::array<int64_t, 3>{2, 3, 12});
   Tensor<float> ya = layer.forward(x.cview()), yb = loaded.forward(x.cview());
   for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya[i], yb[i]);
@@ -79,7 +81,8 @@ TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
 
   Tensor<float> wrong({6, 5});
   save_npy<float>((dir / "w_v.npy").string(), wrong.cview());
-  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "tensor w_v has shape [6, 5] but the config needs [6, 2]");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); },
+               "tensor w_v has shape [6, 5] but the config needs [6, 2]");
   std::filesystem::remove(dir / "w_v.npy");
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "missing tensor w_v");
   std::filesystem::remove(dir / "qkv_layer.json");
@@ -96,8 +99,10 @@ TEST(LayerIo, LoadRefusesMissingAndMisshapenTensors) {
   auto write_without = [&](const std::string& skip, const Tensor<float>* replacement) {
     std::vector<std::pair<std::string, TensorView<const float>>> list;
     for (const auto& [name, t] : tensors)
-      if (name != skip) list.emplace_back(name, t.view());
-      else if (replacement) list.emplace_back(name, replacement->view());
+      if (name != skip)
+        list.emplace_back(name, t.view());
+      else if (replacement)
+        list.emplace_back(name, replacement->view());
     save_safetensors(bad, list, meta);
   };
   write_without("w_k", nullptr);

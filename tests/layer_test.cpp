@@ -57,8 +57,10 @@ TEST(Layer, ForwardMatchesFloat64Recomputation) {
     const bool batched = rng.uniform_int(0, 1), cross = rng.uniform_int(0, 1);
     const int64_t B = batched ? rng.uniform_int(1, 3) : 1, N = rng.uniform_int(1, 9);
     const int64_t M = cross ? rng.uniform_int(1, 11) : N, E = c.embed_dim;
-    Tensor<float> x = batched ? rng.normal32(std::array<int64_t, 3>{B, N, E}) : rng.normal32(std::array<int64_t, 2>{N, E});
-    Tensor<float> kv = batched ? rng.normal32(std::array<int64_t, 3>{B, M, E}) : rng.normal32(std::array<int64_t, 2>{M, E});
+    Tensor<float> x =
+        batched ? rng.normal32(std::array<int64_t, 3>{B, N, E}) : rng.normal32(std::array<int64_t, 2>{N, E});
+    Tensor<float> kv =
+        batched ? rng.normal32(std::array<int64_t, 3>{B, M, E}) : rng.normal32(std::array<int64_t, 2>{M, E});
     AttentionOptions options;
     if (rng.uniform_int(0, 2) == 0) options.mask.causal = CausalAlign::bottom_right;
     Tensor<float> y = layer.forward(x.cview(), cross ? kv.cview() : TensorView<const float>{}, options);
@@ -75,7 +77,7 @@ TEST(Layer, StridedInputEqualsContiguous) {
   LayerConfig c{.embed_dim = 6, .num_heads = 2, .seed = 7};
   MultiHeadAttention layer(c);
   Tensor<float> x = rng.normal32(std::array<int64_t, 3>{4, 2, 6});  // stored [N, B, E]
-  TensorView<const float> strided = x.cview().transposed(0, 1);   // seen as [B, N, E]
+  TensorView<const float> strided = x.cview().transposed(0, 1);     // seen as [B, N, E]
   Tensor<float> copy = to_contiguous<float>(strided);
   Tensor<float> a = layer.forward(strided), b = layer.forward(copy.cview());
   for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a[i], b[i]);

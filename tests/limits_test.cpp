@@ -23,7 +23,6 @@
 #include "qkv/io.h"
 #include "test_util.h"
 
-
 #ifdef QKV_TEST_UNDER_ASAN
 // ASan aborts on an allocation above 1 TB unless told to return null like malloc does; the code
 // under test handles a null allocation, which is what these tests exercise.
@@ -138,8 +137,11 @@ TEST(Limits, ShapesThatOverflowSizeTAreRefused) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error([] { Tensor<float>({int64_t{1} << 40, int64_t{1} << 40}, "huge"); },
-               "huge: shape [1099511627776, 1099511627776] is too large to address");
+  expect_error(
+      [] {
+        Tensor<float>({int64_t{1} << 40, int64_t{1} << 40}, "huge");
+      },
+      "huge: shape [1099511627776, 1099511627776] is too large to address");
   expect_error([] { Tensor<double>({int64_t{1} << 60}, "big"); }, "big: shape [1152921504606846976] is too large");
   expect_error([] { Tensor<float>({3, -1}, "neg"); }, "neg: negative dimension in shape [3, -1]");
   const std::array<int64_t, 4> shape{int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31, 2};
@@ -175,7 +177,8 @@ void expect_paths_match_reference(const Tensor<float>& q, const Tensor<float>& k
     double max_out = 0;
     for (int64_t i = 0; i < want.out.numel(); ++i) max_out = std::max(max_out, std::abs(double{want.out[i]}));
     for (int64_t i = 0; i < want.out.numel(); ++i)
-      ASSERT_NEAR(got.out[i], want.out[i], tol * (1 + max_out)) << what << " " << simd_path_name(simd) << " out[" << i << "]";
+      ASSERT_NEAR(got.out[i], want.out[i], tol * (1 + max_out))
+          << what << " " << simd_path_name(simd) << " out[" << i << "]";
     for (int64_t i = 0; i < want.lse.numel(); ++i) {
       if (std::isinf(want.lse[i])) {
         ASSERT_EQ(got.lse[i], want.lse[i]) << what << " " << simd_path_name(simd) << " lse[" << i << "]";
@@ -238,14 +241,14 @@ TEST(Limits, NonPositiveScaleWithCausalMaskGivesTheReferenceGradients) {
     Tensor<double> rq({1, 1, N, D}), rk({1, 1, M, D}), rv({1, 1, M, D});
     const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
     const Tensor<double> v64 = to_contiguous<double>(v.cview()), d64 = to_contiguous<double>(dout.cview());
-    reference_attention_backward(rq.view(), rk.view(), rv.view(), {}, d64.cview(), q64.cview(), k64.cview(), v64.cview(),
-                                 options);
+    reference_attention_backward(rq.view(), rk.view(), rv.view(), {}, d64.cview(), q64.cview(), k64.cview(),
+                                 v64.cview(), options);
     for (Simd simd : test::available_paths()) {
       options.simd = simd;
       Tensor<float> out({1, 1, N, D}), lse({1, 1, N}), dq({1, 1, N, D}), dk({1, 1, M, D}), dv({1, 1, M, D});
       attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
-      attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(), out.cview(),
-                         lse.cview(), options);
+      attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
+                         out.cview(), lse.cview(), options);
       for (const auto& [got, want] : {std::pair{&dq, &rq}, std::pair{&dk, &rk}, std::pair{&dv, &rv}})
         for (int64_t i = 0; i < got->numel(); ++i)
           ASSERT_NEAR((*got)[i], (*want)[i], 1e-4 * (1 + std::abs((*want)[i])))

@@ -71,7 +71,8 @@ TEST(MaskedWord, ReadoutLossRanksAndGradient) {
         y.view()(b, t, e) = static_cast<float>(saved - h);
         const double down = reference_loss(y, batch, table);
         y.view()(b, t, e) = saved;
-        ASSERT_NEAR(dy.cview()(b, t, e), (up - down) / (2 * h), 2e-3) << "seed " << rng.seed() << " at " << b << "," << e;
+        ASSERT_NEAR(dy.cview()(b, t, e), (up - down) / (2 * h), 2e-3)
+            << "seed " << rng.seed() << " at " << b << "," << e;
       }
 }
 

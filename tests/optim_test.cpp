@@ -93,8 +93,8 @@ TEST(Optim, WarmupCosineSchedule) {
   const LrSchedule s{.base = 1.0, .min_lr = 0.1, .warmup = 4, .total = 14};
   EXPECT_DOUBLE_EQ(s.at(0), 0.25);
   EXPECT_DOUBLE_EQ(s.at(3), 1.0);
-  EXPECT_DOUBLE_EQ(s.at(4), 1.0);                 // cosine starts at base
-  EXPECT_NEAR(s.at(9), 0.1 + 0.45, 1e-12);        // halfway: cos(pi/2) = 0
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);           // cosine starts at base
+  EXPECT_NEAR(s.at(9), 0.1 + 0.45, 1e-12);  // halfway: cos(pi/2) = 0
   EXPECT_DOUBLE_EQ(s.at(14), 0.1);
   EXPECT_DOUBLE_EQ(s.at(100), 0.1);
   for (int64_t t = 4; t < 14; ++t) EXPECT_GE(s.at(t), s.at(t + 1));

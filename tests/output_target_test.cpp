@@ -49,7 +49,8 @@ TEST(OutputTarget, DanglingSymlinkCreatesItsTargetOrIsRefused) {
   ASSERT_EQ(::symlink(dir.file("missing/x.bin").c_str(), dir.file("b").c_str()), 0);
   expect_error([&] { write_file_atomically(dir.file("b"), "x"); }, {dir.file("b"), "missing does not exist"});
   ASSERT_EQ(::symlink("loop", dir.file("loop").c_str()), 0);
-  expect_error([&] { write_file_atomically(dir.file("loop"), "x"); }, {dir.file("loop"), "more than 40 symbolic links"});
+  expect_error([&] { write_file_atomically(dir.file("loop"), "x"); },
+               {dir.file("loop"), "more than 40 symbolic links"});
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a", "b", "loop", "made.bin"}));
 }
 

@@ -40,7 +40,8 @@ TEST(Positions, AddedOncePerSentenceRoundedOnce) {
       for (int64_t n = 0; n < N; ++n)
         for (int64_t e = 0; e < E; ++e) {
           const double want = static_cast<double>(before.cview()(b, n, e)) + static_cast<double>(paper_pe(n, e, E));
-          ASSERT_EQ(x.cview()(b, n, e), static_cast<float>(want)) << "seed " << rng.seed() << " at " << b << "," << n << "," << e;
+          ASSERT_EQ(x.cview()(b, n, e), static_cast<float>(want))
+              << "seed " << rng.seed() << " at " << b << "," << n << "," << e;
         }
     // [N, E]: the same positions as one sentence of the batch.
     Tensor<float> one({N, E});

@@ -54,8 +54,8 @@ std::vector<std::string> categories(const test::Problem& p) {
 
 struct Worst {
   int64_t cases = 0;
-  double err = 0;  // |got − ref| / (1 + max|ref|) for outputs, / max(1, max|ref|) for gradients
-  double lse = 0;  // |got − ref| / (1 + |ref|)
+  double err = 0;    // |got − ref| / (1 + max|ref|) for outputs, / max(1, max|ref|) for gradients
+  double lse = 0;    // |got − ref| / (1 + |ref|)
   double ratio = 0;  // the largest error / tolerance
   std::string where;
 };
@@ -97,7 +97,8 @@ Errors forward_errors(const test::Problem& p, const test::Expected& e) {
         if (std::isnan(got)) r.lse = INFINITY;
         for (int64_t d = 0; d < s.Dv; ++d) {
           const double o = p.out.view(b, h, i, d);
-          const double err = masked ? (o == 0.0 ? 0.0 : INFINITY) : std::abs(o - e.out.cview()(b, h, i, d)) / (1 + max_ref);
+          const double err =
+              masked ? (o == 0.0 ? 0.0 : INFINITY) : std::abs(o - e.out.cview()(b, h, i, d)) / (1 + max_ref);
           r.out = std::isnan(err) ? INFINITY : std::max(r.out, err);
         }
       }
@@ -142,7 +143,8 @@ TEST(Property, FusedForwardMatchesReferenceOnEveryPath) {
       const int threads = static_cast<int>(rng.uniform_int(1, 4));
       test::run_fused(p, simd, threads);
       const Errors e = forward_errors(p, want);
-      const std::string where = fmt::format("trial {} {} threads {}: {}", trial, simd_path_name(simd), threads, p.describe);
+      const std::string where =
+          fmt::format("trial {} {} threads {}: {}", trial, simd_path_name(simd), threads, p.describe);
       std::vector<std::string> cats = categories(p);
       cats.push_back(fmt::format("simd {}", simd_path_name(simd)));
       cats.push_back(fmt::format("threads {}", threads));
@@ -154,7 +156,8 @@ TEST(Property, FusedForwardMatchesReferenceOnEveryPath) {
                       << ") at " << where;
     }
   }
-  print(table, fmt::format("fused forward vs float64 reference: {} problems x {} SIMD paths", cases, paths.size()).c_str(),
+  print(table,
+        fmt::format("fused forward vs float64 reference: {} problems x {} SIMD paths", cases, paths.size()).c_str(),
         "out err");
   std::printf("  worst overall at %s\n", table["all"].where.c_str());
   EXPECT_EQ(table["all"].cases, cases * static_cast<int64_t>(paths.size()));
@@ -210,7 +213,8 @@ TEST(Property, BackwardMatchesReference) {
     if (want_bias) rbias = Tensor<double>({s.B, s.H, s.N, s.M});
     reference_attention_backward(rq.view(), rk.view(), rv.view(), rbias.view(), dout64.cview(), q.cview(), k.cview(),
                                  v.cview(), p.options);
-    double err = std::max({gradient_error(dq.cview(), rq), gradient_error(dk.cview(), rk), gradient_error(dv.cview(), rv)});
+    double err =
+        std::max({gradient_error(dq.cview(), rq), gradient_error(dk.cview(), rk), gradient_error(dv.cview(), rv)});
     if (want_bias) err = std::max(err, gradient_error(dbias.cview(), rbias));
     const std::string where = fmt::format("trial {} threads {} dbias {}: {}", trial, threads, want_bias, p.describe);
     std::vector<std::string> cats = categories(p);
@@ -220,7 +224,8 @@ TEST(Property, BackwardMatchesReference) {
     // As for the forward: the rounding of scores of magnitude S shifts each weight by ~eps32·S.
     const double tol = kBackwardTolerance + 4 * kEps32 * test::score_bound(p);
     for (const std::string& c : cats) record(table, c, err, 0, err / tol, where);
-    if (!(err <= tol) && ++failures <= 5) ADD_FAILURE() << "gradient err " << err << " (tol " << tol << ") at " << where;
+    if (!(err <= tol) && ++failures <= 5)
+      ADD_FAILURE() << "gradient err " << err << " (tol " << tol << ") at " << where;
   }
   print(table, fmt::format("attention_backward vs float64 reference: {} problems", cases).c_str(), "grad err");
   std::printf("  worst overall at %s\n", table["all"].where.c_str());

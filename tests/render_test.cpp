@@ -18,8 +18,8 @@
 namespace qkv {
 namespace {
 
-const std::vector<std::string> kNastyTokens = {"<script>alert(1)</script>", "\"quoted\"", "it's", "a&b",
-                                               "</script><b>x</b>", "\xE2\x80\xA8line"};
+const std::vector<std::string> kNastyTokens = {"<script>alert(1)</script>", "\"quoted\"",      "it's", "a&b",
+                                               "</script><b>x</b>",         "\xE2\x80\xA8line"};
 
 Matrix random_matrix(test::Rng& rng, int64_t rows, int64_t cols) {
   Matrix m(rows, cols);
@@ -32,9 +32,9 @@ Explanation random_explanation(test::Rng& rng, int64_t n, int64_t heads, int64_t
   std::vector<std::string> tokens;
   for (int64_t i = 0; i < n; ++i) tokens.push_back(kNastyTokens[static_cast<std::size_t>(i) % kNastyTokens.size()]);
   const int64_t E = 5, D = 3;
-  Explanation e = explain_projections(tokens, random_matrix(rng, n, E), random_matrix(rng, E, heads * D),
-                                      random_matrix(rng, E, kv_heads * D), random_matrix(rng, E, kv_heads * 2), heads,
-                                      kv_heads);
+  Explanation e =
+      explain_projections(tokens, random_matrix(rng, n, E), random_matrix(rng, E, heads * D),
+                          random_matrix(rng, E, kv_heads * D), random_matrix(rng, E, kv_heads * 2), heads, kv_heads);
   e.title = "test <title> & \"more\"";
   return e;
 }
@@ -95,7 +95,8 @@ TEST(Render, HtmlEscapeLeavesNoMarkup) {
 TEST(Render, JsonForScriptCannotEndTheScript) {
   const std::string text = "</script><script>alert(1)</script> & \xE2\x80\xA8 \xE2\x80\xA9 >";
   const std::string safe = json_for_script(nlohmann::json(text).dump());
-  for (const char* bad : {"<", ">", "&", "\xE2\x80\xA8", "\xE2\x80\xA9"}) EXPECT_EQ(safe.find(bad), std::string::npos) << bad;
+  for (const char* bad : {"<", ">", "&", "\xE2\x80\xA8", "\xE2\x80\xA9"})
+    EXPECT_EQ(safe.find(bad), std::string::npos) << bad;
   EXPECT_EQ(nlohmann::json::parse(safe).get<std::string>(), text);
 }
 
@@ -111,7 +112,8 @@ TEST(Render, PageEscapesTokensAndEmbedsExactWeights) {
     EXPECT_NE(page.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
     EXPECT_NE(page.find("<h1>test &lt;title&gt; &amp; &quot;more&quot;</h1>"), std::string::npos);
     // Nothing to fetch: the only URL is the SVG namespace name, which is never loaded.
-    EXPECT_EQ(count(page, "http:") + count(page, "https:"), count(page, "http://www.w3.org/2000/svg")) << "a page must not load anything";
+    EXPECT_EQ(count(page, "http:") + count(page, "https:"), count(page, "http://www.w3.org/2000/svg"))
+        << "a page must not load anything";
     EXPECT_EQ(page.find(" src="), std::string::npos);
     const nlohmann::json d = page_data(page);
     EXPECT_EQ(d["kind"], "explain");
@@ -291,7 +293,8 @@ TEST(Render, TopKRefusesBadArguments) {
     return std::string("no error");
   };
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k.cview(), 0); }), "top-k: k must be at least 1, got 0");
-  EXPECT_EQ(message([&] { attention_top_k(q.cview(), bad.cview(), 2); }), "attention rows: q has D = 4 but k has D = 3");
+  EXPECT_EQ(message([&] { attention_top_k(q.cview(), bad.cview(), 2); }),
+            "attention rows: q has D = 4 but k has D = 3");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k3.cview(), 2); }),
             "attention rows: H = 2 is not a multiple of Hkv = 3");
   EXPECT_EQ(message([&] { attention_row(q.cview(), k.cview(), 2, 0); }),

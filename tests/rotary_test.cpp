@@ -77,7 +77,8 @@ TEST(Rotary, AppendRotatesKeysAtTheSequencePositions) {
   RotaryOptions o;
   o.layout = RotaryLayout::interleaved;
   cache.append(s, TensorView<const float>(k.data(), {3, 2, 16}), TensorView<const float>(v.data(), {3, 2, 16}), &o);
-  cache.append(s, TensorView<const float>(k.data() + 96, {7, 2, 16}), TensorView<const float>(v.data() + 96, {7, 2, 16}), &o);
+  cache.append(s, TensorView<const float>(k.data() + 96, {7, 2, 16}),
+               TensorView<const float>(v.data() + 96, {7, 2, 16}), &o);
   Tensor<float> khnd({1, 2, 10, 16});  // [1, Hkv, T, D] for the formula, positions 0..9
   for (int64_t t = 0; t < 10; ++t)
     for (int64_t h = 0; h < 2; ++h)

@@ -21,8 +21,10 @@ class Rng {
  public:
   explicit Rng(const std::string& name) {
     uint64_t base = 0;
-    if (const char* env = std::getenv("QKV_TEST_SEED")) base = std::strtoull(env, nullptr, 10);
-    else base = static_cast<uint64_t>(std::random_device{}());
+    if (const char* env = std::getenv("QKV_TEST_SEED"))
+      base = std::strtoull(env, nullptr, 10);
+    else
+      base = static_cast<uint64_t>(std::random_device{}());
     seed_ = base;
     engine_.seed(base ^ std::hash<std::string>{}(name));
     ::testing::Test::RecordProperty("seed", std::to_string(base));

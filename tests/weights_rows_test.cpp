@@ -56,14 +56,12 @@ TEST(WeightsRows, MatchTheReferenceWeights) {
             // 4·eps·(a bound of |score|) absolutely (as in property_test), and every weight
             // exp(s - lse) inherits that relatively; float64 lse almost none. (4e-6·(1 + |lse|)
             // alone failed on QKV_TEST_SEED=1881185729: |lse| 0.006 from scores of size ~200.)
-            const double tol = given_lse && std::isfinite(lse)
-                                   ? 4e-6 * (1 + std::abs(lse)) + score_error
-                                   : 1e-6;
+            const double tol = given_lse && std::isfinite(lse) ? 4e-6 * (1 + std::abs(lse)) + score_error : 1e-6;
             for (int64_t j = 0; j < s.M; ++j) {
               const double ref = want.view()(b, h, rows[r], j);
               ASSERT_NEAR(w.view()(b, h, r, j), ref, tol * std::max(ref, 1e-30) + 1e-7)
-                  << "trial " << trial << " row " << rows[r] << " key " << j << " lse " << (given_lse ? "given" : "recomputed")
-                  << ": " << p.describe;
+                  << "trial " << trial << " row " << rows[r] << " key " << j << " lse "
+                  << (given_lse ? "given" : "recomputed") << ": " << p.describe;
             }
           }
     }
@@ -131,8 +129,9 @@ TEST(WeightsRows, RejectsBadArguments) {
             "weights: shape [1, 2, 3, 7] must be [1, 2, 2, 7]");
   Tensor<float> values({1, 2, 2, 1});
   Tensor<int64_t> indices({1, 2, 2, 1});
-  EXPECT_EQ(message([&] { attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), {}, ok_rows, 0); }),
-            "topk must be at least 1, got 0");
+  EXPECT_EQ(
+      message([&] { attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), {}, ok_rows, 0); }),
+      "topk must be at least 1, got 0");
 }
 
 }  // namespace

@@ -39,8 +39,8 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
 // PyTorch's composite softmax(q·kᵀ·scale [+ mask])·v run on bf16 tensors (measured: at most 0.6 of
 // that bound on the property cases; about 5e-4 relative to 1 + max|out| for N(0, 1) inputs).
 // Kernel::reference widens the inputs and runs the float64 reference.
-void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
-                       TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q, TensorView<const bf16> k,
+                       TensorView<const bf16> v, const AttentionOptions& options = {});
 
 // attention_forward with lse in float64 (a name of its own, so `{}` for "no lse" stays
 // unambiguous above): the kernel's own normalizer m + log(l) with no final rounding to

@@ -25,7 +25,8 @@ inline constexpr const char* kChecksumKey = "qkv.checksum";
 // `path` is first kept as `path`.prev (a hard link, or a copy where links are unsupported).
 // Tensor names must be unique; any strides. Throws qkv::Error if anything cannot be written, in
 // which case `path` is unchanged.
-void save_checkpoint(const std::string& path, const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+void save_checkpoint(const std::string& path,
+                     const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                      const std::map<std::string, std::string>& metadata);
 
 // Reads a checkpoint and verifies its checksum. Throws qkv::Error naming `path` for a missing,

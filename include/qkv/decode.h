@@ -21,8 +21,8 @@ namespace qkv {
 struct PagedKV {
   KVDtype dtype = KVDtype::f32;
   int64_t num_pages = 0, page_tokens = 0, Hkv = 0, D = 0, Dv = 0;
-  const void* k = nullptr;  // [num_pages, Hkv, page_tokens, D] of dtype
-  const void* v = nullptr;  // [num_pages, Hkv, page_tokens, Dv] of dtype
+  const void* k = nullptr;         // [num_pages, Hkv, page_tokens, D] of dtype
+  const void* v = nullptr;         // [num_pages, Hkv, page_tokens, Dv] of dtype
   const float* k_scale = nullptr;  // i8 only: [num_pages, Hkv, page_tokens]
   const float* v_scale = nullptr;
   // Tokens of each sequence (size B); a sequence's token t lives in page

@@ -68,9 +68,9 @@ std::vector<std::string> tokenize(std::string_view sentence);
 enum class OovPolicy { error, zero, skip };
 
 struct EmbeddedSentence {
-  std::vector<std::string> tokens;  // the tokens kept, in order
-  Tensor<float> x;                  // [N, E], one row per kept token
-  std::vector<std::string> missing; // out-of-vocabulary tokens (zeroed or skipped)
+  std::vector<std::string> tokens;   // the tokens kept, in order
+  Tensor<float> x;                   // [N, E], one row per kept token
+  std::vector<std::string> missing;  // out-of-vocabulary tokens (zeroed or skipped)
 };
 
 // Tokenizes and looks up a sentence (with Embeddings::find). error: throws qkv::Error listing

@@ -48,9 +48,9 @@ struct HeadSteps {
 // a worked example from X and W's has x and w_*; seed 000's example starts from q/k/v (x empty);
 // the parameter-free mode (seed 002) has x but no W's (Q = K = V = X).
 struct Explanation {
-  std::string title;                // one line: what is being explained
-  std::string source;               // where the inputs came from (seed, file, random seed)
-  std::string style;                // "seed003", "seed000" or "sentence": the wording of the text
+  std::string title;   // one line: what is being explained
+  std::string source;  // where the inputs came from (seed, file, random seed)
+  std::string style;   // "seed003", "seed000" or "sentence": the wording of the text
   // Where W_q, W_k, W_v come from, shown next to them: "learned (file)" only for loaded or trained
   // weights, "random (seed S)" for a seeded initialization, "given by ..." for a worked example.
   // Empty: no claim is made.

@@ -19,7 +19,7 @@
 namespace qkv {
 
 struct KVCacheConfig {
-  int64_t num_pages = 0;    // pool size; the cache holds at most num_pages * page_tokens tokens
+  int64_t num_pages = 0;     // pool size; the cache holds at most num_pages * page_tokens tokens
   int64_t page_tokens = 16;  // tokens per page
   int64_t Hkv = 0, D = 0, Dv = 0;
   KVDtype dtype = KVDtype::f32;

@@ -15,16 +15,16 @@
 namespace qkv {
 
 struct LayerConfig {
-  int64_t embed_dim = 0;     // E, width of the input rows
-  int64_t num_heads = 1;     // H
-  int64_t num_kv_heads = 0;  // Hkv; 0 means H
-  int64_t head_dim = 0;      // D; 0 means E / H
-  int64_t value_dim = 0;     // Dv; 0 means D
-  bool bias = false;         // b_q, b_k, b_v (and b_o if output_projection)
+  int64_t embed_dim = 0;          // E, width of the input rows
+  int64_t num_heads = 1;          // H
+  int64_t num_kv_heads = 0;       // Hkv; 0 means H
+  int64_t head_dim = 0;           // D; 0 means E / H
+  int64_t value_dim = 0;          // Dv; 0 means D
+  bool bias = false;              // b_q, b_k, b_v (and b_o if output_projection)
   bool output_projection = true;  // W_o [H·Dv, E]; without it the output is [.., H·Dv]
   // Q = K = V = X (seed 002): no parameters; requires H = 1 and D = Dv = E.
   bool parameter_free = false;
-  uint64_t seed = 0;         // initialization: uniform ±1/sqrt(fan_in), biases 0
+  uint64_t seed = 0;  // initialization: uniform ±1/sqrt(fan_in), biases 0
 };
 
 // What forward() keeps for a later backward pass (training). Filled by forward(.., cache).
@@ -63,8 +63,8 @@ class MultiHeadAttention {
   // (w_q, ..., b_o: the names and shapes of parameters(); replaced if present), and, when not null,
   // dx = dL/dx (x's shape) and dkv = dL/dkv (kv's shape; cross-attention only). Throws qkv::Error
   // on shapes. Thread-safe like forward().
-  void backward(const LayerCache& cache, TensorView<const float> dy, const AttentionOptions& options,
-                TensorMap* grads, Tensor<float>* dx = nullptr, Tensor<float>* dkv = nullptr) const;
+  void backward(const LayerCache& cache, TensorView<const float> dy, const AttentionOptions& options, TensorMap* grads,
+                Tensor<float>* dx = nullptr, Tensor<float>* dkv = nullptr) const;
 
   // The parameters the config has, by name (w_q, w_k, w_v, w_o, b_q, ...), in a fixed order.
   std::vector<std::pair<std::string, Tensor<float>*>> parameters();
@@ -72,8 +72,8 @@ class MultiHeadAttention {
 
   // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
   // config in the metadata; if `path` is an existing directory, as one <name>.npy per tensor
-  // plus the same config in qkv_layer.json (each file written atomically). load() throws qkv::Error on a missing tensor, a wrong shape, a
-  // non-finite weight or a parameter the config does not have; other tensor names are ignored
+  // plus the same config in qkv_layer.json (each file written atomically). load() throws qkv::Error on a missing
+  // tensor, a wrong shape, a non-finite weight or a parameter the config does not have; other tensor names are ignored
   // (so a training checkpoint loads as a layer).
   void save(const std::string& path) const;
   static MultiHeadAttention load(const std::string& path);

@@ -16,27 +16,27 @@
 namespace qkv {
 
 struct LookupConfig {
-  int64_t pairs = 8;          // P key→value pairs per example (at most num_keys)
-  int64_t num_keys = 32;      // key vocabulary
-  int64_t num_values = 32;    // value vocabulary
-  int64_t embed_dim = 64;     // E
-  int64_t heads = 4;          // H
-  int64_t head_dim = 0;       // D; 0 means E / H
-  int64_t batch = 64;         // examples per step
+  int64_t pairs = 8;        // P key→value pairs per example (at most num_keys)
+  int64_t num_keys = 32;    // key vocabulary
+  int64_t num_values = 32;  // value vocabulary
+  int64_t embed_dim = 64;   // E
+  int64_t heads = 4;        // H
+  int64_t head_dim = 0;     // D; 0 means E / H
+  int64_t batch = 64;       // examples per step
   int64_t steps = 1500;
-  double lr = 3e-3;           // peak learning rate
-  int64_t warmup = 100;       // warm-up steps
+  double lr = 3e-3;      // peak learning rate
+  int64_t warmup = 100;  // warm-up steps
   double weight_decay = 0.0;
-  double clip = 1.0;          // global gradient norm limit; 0 = off
-  uint64_t seed = 1;          // embeddings, initial weights, training and held-out examples
+  double clip = 1.0;  // global gradient norm limit; 0 = off
+  uint64_t seed = 1;  // embeddings, initial weights, training and held-out examples
   // Threads for attention and OpenBLAS; 0 = default_num_threads(). The default problem is so
   // small (2 ms a step) that one thread is fastest; more only pay off for large E and batch.
   int threads = 1;
   int64_t eval_examples = 2000;  // held-out examples (drawn from a separate stream)
-  std::string checkpoint;     // checkpoint file; empty = none
+  std::string checkpoint;        // checkpoint file; empty = none
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end, if checkpoint is set)
-  bool resume = false;        // continue from `checkpoint` (bitwise as if never interrupted)
-  std::string save;           // write the trained layer here (MultiHeadAttention::save); empty = don't
+  bool resume = false;           // continue from `checkpoint` (bitwise as if never interrupted)
+  std::string save;              // write the trained layer here (MultiHeadAttention::save); empty = don't
 };
 
 struct LookupResult {

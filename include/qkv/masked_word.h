@@ -17,23 +17,23 @@
 namespace qkv {
 
 struct MaskedWordConfig {
-  std::string embeddings;     // word vectors (GloVe / word2vec); their width is the layer's E
-  std::string sentences;      // text, one sentence per line (tokenized as qkv's tokenize())
-  int64_t heads = 2;          // H
-  int64_t head_dim = 0;       // D; 0 means E / H
+  std::string embeddings;                   // word vectors (GloVe / word2vec); their width is the layer's E
+  std::string sentences;                    // text, one sentence per line (tokenized as qkv's tokenize())
+  int64_t heads = 2;                        // H
+  int64_t head_dim = 0;                     // D; 0 means E / H
   int64_t min_length = 4, max_length = 16;  // sentences of other lengths are not used
-  int64_t max_sentences = 0;  // read at most this many lines (0: all)
-  int64_t batch = 64;         // sentences per step (all of one length)
+  int64_t max_sentences = 0;                // read at most this many lines (0: all)
+  int64_t batch = 64;                       // sentences per step (all of one length)
   int64_t steps = 3000;
-  double lr = 3e-3;           // peak learning rate
+  double lr = 3e-3;  // peak learning rate
   int64_t warmup = 100;
   double weight_decay = 0.0;
-  double clip = 1.0;          // global gradient norm limit; 0 = off
-  bool positions = false;     // add sinusoidal positional encodings (qkv/positions.h) to the input rows
-  uint64_t seed = 1;          // initial weights, training batches and held-out hidden positions
-  int threads = 1;            // attention and OpenBLAS threads; 0 = default_num_threads()
+  double clip = 1.0;             // global gradient norm limit; 0 = off
+  bool positions = false;        // add sinusoidal positional encodings (qkv/positions.h) to the input rows
+  uint64_t seed = 1;             // initial weights, training batches and held-out hidden positions
+  int threads = 1;               // attention and OpenBLAS threads; 0 = default_num_threads()
   int64_t eval_examples = 2000;  // held-out sentences (one sentence in 20, fixed by line number)
-  std::string save;           // write the trained layer here (MultiHeadAttention::save); empty = don't
+  std::string save;              // write the trained layer here (MultiHeadAttention::save); empty = don't
 };
 
 // Held-out accuracy of one predictor: the hidden word is the best-scoring word / among the 10 best.

@@ -9,8 +9,8 @@ namespace qkv {
 // row of scores at a time. out [B,H,N,Dv] is written; lse [B,H,N] and weights [B,H,N,M] are
 // written unless empty. Fully masked rows: out 0, weights 0, lse -inf. options.kernel is ignored.
 void reference_attention_forward(TensorView<double> out, TensorView<double> lse, TensorView<double> weights,
-                                 TensorView<const double> q, TensorView<const double> k,
-                                 TensorView<const double> v, const AttentionOptions& options = {});
+                                 TensorView<const double> q, TensorView<const double> k, TensorView<const double> v,
+                                 const AttentionOptions& options = {});
 
 // The float64 oracle of attention_backward (backward.h): recomputes everything from q, k, v in
 // float64. options.kernel is ignored.

@@ -21,7 +21,7 @@ namespace qkv {
 inline constexpr int64_t kMaxHeatmapTokens = 512;
 
 struct HtmlOptions {
-  int precision = 4;      // decimals shown in tables and labels (exact values are in the data)
+  int precision = 4;           // decimals shown in tables and labels (exact values are in the data)
   bool context_first = false;  // `qkv context`: the contextual vectors lead the page
 };
 

@@ -19,7 +19,8 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
 // Writes named float32 tensors (any strides) and string metadata as .safetensors, atomically:
 // F32, names sorted, header padded with spaces to a multiple of 8 bytes. Names must be distinct
 // UTF-8 and not "__metadata__".
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace qkv

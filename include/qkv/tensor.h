@@ -147,7 +147,8 @@ template <class T>
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(std::span<const int64_t> shape, const std::string& what = "tensor") : rank_(static_cast<int>(shape.size())) {
+  explicit Tensor(std::span<const int64_t> shape, const std::string& what = "tensor")
+      : rank_(static_cast<int>(shape.size())) {
     if (rank_ > kMaxRank) throw Error(what + ": rank above 4");
     numel_ = checked_numel(shape, sizeof(T), what);
     for (int i = 0; i < rank_; ++i) shape_[i] = shape[i];
@@ -198,8 +199,10 @@ void for_each_element(const TensorView<T>& view, F&& f) {
 // Converts one element; bf16 widens exactly to float first.
 template <class To, class From>
 To element_cast(From x) {
-  if constexpr (std::is_same_v<std::remove_cv_t<From>, bf16>) return static_cast<To>(bf16_to_float(x));
-  else return static_cast<To>(x);
+  if constexpr (std::is_same_v<std::remove_cv_t<From>, bf16>)
+    return static_cast<To>(bf16_to_float(x));
+  else
+    return static_cast<To>(x);
 }
 
 // Copies any view (any strides) into a new contiguous tensor of element type To.

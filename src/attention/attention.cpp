@@ -31,8 +31,7 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   AttentionShape s{q[0], q[1], k[1], q[2], k[2], q[3], v[3]};
   if (k[0] != s.B || v[0] != s.B)
     throw Error(fmt::format("batch sizes differ: q {}, k {}, v {}", shape_string(q), shape_string(k), shape_string(v)));
-  if (k[3] != s.D)
-    throw Error(fmt::format("head dims differ: q has D = {} but k has D = {}", s.D, k[3]));
+  if (k[3] != s.D) throw Error(fmt::format("head dims differ: q has D = {} but k has D = {}", s.D, k[3]));
   if (v[1] != s.Hkv || v[2] != s.M)
     throw Error(fmt::format("k {} and v {} must agree on [B, Hkv, M]", shape_string(k), shape_string(v)));
   if (s.D <= 0) throw Error("head dim D must be at least 1, got 0");
@@ -109,7 +108,6 @@ int threads_for(const AttentionShape& s, const AttentionOptions& options) {
   return options.num_threads > 0 ? options.num_threads : default_num_threads();
 }
 
-
 AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,
                              std::span<const int64_t> k, std::span<const int64_t> v, bool has_lse,
                              const AttentionOptions& options) {
@@ -131,7 +129,8 @@ TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storag
 template <class T, class L>
 void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q, TensorView<const T> k,
                  TensorView<const T> v, const AttentionOptions& options) {
-  const AttentionShape s = check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  const AttentionShape s =
+      check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
   if (options.kernel == Kernel::reference) {
     Tensor<float> q32, k32, v32;
     reference_forward_f32(out, lse, as_float(q, q32), as_float(k, k32), as_float(v, v32), options);
@@ -141,8 +140,10 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   const detail::MaskEval mask(options.mask, s);
   kernels::ForwardParams p = kernels::forward_params(q, k, v, s, options, mask);
   p.out = out.data(), p.out_stride = kernels::strides_of(out);
-  if constexpr (std::is_same_v<L, double>) p.lse_wide = lse.empty() ? nullptr : lse.data();
-  else p.lse = lse.empty() ? nullptr : lse.data();
+  if constexpr (std::is_same_v<L, double>)
+    p.lse_wide = lse.empty() ? nullptr : lse.data();
+  else
+    p.lse = lse.empty() ? nullptr : lse.data();
   p.lse_stride = kernels::strides_of(lse);
   kernels::fused_forward(p, path, threads_for(s, options));
 }
@@ -154,8 +155,8 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
   forward_any(out, lse, q, k, v, options);
 }
 
-void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q,
-                       TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
+void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<const bf16> q, TensorView<const bf16> k,
+                       TensorView<const bf16> v, const AttentionOptions& options) {
   forward_any(out, lse, q, k, v, options);
 }
 

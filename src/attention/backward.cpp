@@ -45,8 +45,9 @@ void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorVi
                        dout64 = to_contiguous<double>(dout);
   Tensor<double> dq64(dq.shape(), "dq"), dk64(dk.shape(), "dk"), dv64(dv.shape(), "dv"), dbias64;
   if (!dbias.empty()) dbias64 = Tensor<double>(dbias.shape(), "dbias");
-  reference_attention_backward(dq64.view(), dk64.view(), dv64.view(), dbias.empty() ? TensorView<double>() : dbias64.view(),
-                               dout64.cview(), q64.cview(), k64.cview(), v64.cview(), options);
+  reference_attention_backward(dq64.view(), dk64.view(), dv64.view(),
+                               dbias.empty() ? TensorView<double>() : dbias64.view(), dout64.cview(), q64.cview(),
+                               k64.cview(), v64.cview(), options);
   const std::pair<TensorView<float>, const Tensor<double>*> outputs[] = {
       {dq, &dq64}, {dk, &dk64}, {dv, &dv64}, {dbias, &dbias64}};
   for (const auto& [to, from] : outputs) {
@@ -77,7 +78,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < s.N; ++i) bands[b * s.N + i] = mask.band(b, i);
   if (!dbias.empty()) fill4(dbias, 0.0f);  // tile pairs that no query can see are never visited
-  if (s.N == 0) {  // no query: nothing depends on k or v
+  if (s.N == 0) {                          // no query: nothing depends on k or v
     fill4(dk, 0.0f);
     fill4(dv, 0.0f);
     return;
@@ -86,8 +87,10 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   kernels::BackwardParams p(kernels::forward_params(q, k, v, s, options, mask));
   // The forward's out and lse are inputs here: the backward only reads them.
   p.out = const_cast<float*>(out.data()), p.out_stride = kernels::strides_of(out);
-  if constexpr (std::is_same_v<L, double>) p.lse_wide = const_cast<double*>(lse.data());
-  else p.lse = const_cast<float*>(lse.data());
+  if constexpr (std::is_same_v<L, double>)
+    p.lse_wide = const_cast<double*>(lse.data());
+  else
+    p.lse = const_cast<float*>(lse.data());
   p.lse_stride = kernels::strides_of(lse);
   p.dout = dout.data(), p.dout_stride = kernels::strides_of(dout);
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
@@ -110,7 +113,8 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   const int threads = static_cast<int>(std::min<int64_t>(std::max(requested, 1), tasks));
   const int64_t scratch_floats = kernels::BackwardLayout(p).total;
   std::vector<Tensor<float>> scratch;
-  for (int t = 0; t < threads; ++t) scratch.emplace_back(std::array<int64_t, 1>{scratch_floats}, "attention_backward scratch");
+  for (int t = 0; t < threads; ++t)
+    scratch.emplace_back(std::array<int64_t, 1>{scratch_floats}, "attention_backward scratch");
 
   // Later chunks are heavier under a causal mask, so they go first; the order cannot change the
   // result because each task is computed by one thread from start to end.

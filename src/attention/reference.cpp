@@ -12,8 +12,8 @@ namespace qkv {
 // q: [B, H, N, D], k: [B, Hkv, M, D], v: [B, Hkv, M, Dv] -> out: [B, H, N, Dv], lse: [B, H, N],
 // weights: [B, H, N, M]. One row of scores at a time, in float64, in a fixed order.
 void reference_attention_forward(TensorView<double> out, TensorView<double> lse, TensorView<double> weights,
-                                 TensorView<const double> q, TensorView<const double> k,
-                                 TensorView<const double> v, const AttentionOptions& options) {
+                                 TensorView<const double> q, TensorView<const double> k, TensorView<const double> v,
+                                 const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);

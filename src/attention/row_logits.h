@@ -14,8 +14,8 @@
 namespace qkv::detail {
 
 struct RowLogits {
-  KeyBand band;       // keys outside it are masked
-  double max = 0.0;   // the largest logit; NaN if any logit is NaN (a NaN is never masked away)
+  KeyBand band;        // keys outside it are masked
+  double max = 0.0;    // the largest logit; NaN if any logit is NaN (a NaN is never masked away)
   bool masked = true;  // no allowed key: the row's output, weights and gradients are 0
 };
 

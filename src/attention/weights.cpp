@@ -55,9 +55,8 @@ double dot_row(const float* q, const float* k, int64_t D, int64_t q_step, int64_
 // Fills w[j] (j in [0, M)) with the masked, scaled logits of query row i of (b, h) and returns
 // the row's log-sum-exp (the given lse, else computed); -inf if the row is fully masked (then w
 // is all 0). Weights are exp(w[j] - lse): callers exponentiate only the entries they keep.
-double row_logits(std::vector<double>& w, const RowProblem& p, const detail::MaskEval& mask,
-                  TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, int64_t b,
-                  int64_t h, int64_t i) {
+double row_logits(std::vector<double>& w, const RowProblem& p, const detail::MaskEval& mask, TensorView<const float> q,
+                  TensorView<const float> k, TensorView<const float> lse, int64_t b, int64_t h, int64_t i) {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::fill(w.begin(), w.end(), kNegInf);
   const detail::KeyBand band = mask.band(b, i);
@@ -93,7 +92,7 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
   const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
   InterruptScope* const interrupt = InterruptScope::current();  // skips the remaining rows
   if (interrupt != nullptr) interrupt->set_total(items);
-#pragma omp parallel num_threads(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items))))
+#pragma omp parallel num_threads(static_cast <int>(std::max <int64_t>(1, std::min <int64_t>(threads, items))))
   {
     std::vector<double> w(static_cast<std::size_t>(p.s.M));
 #pragma omp for schedule(dynamic, 4)
@@ -115,13 +114,12 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
   const RowProblem p = check(q, k, lse, rows, options);
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(weights.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, p.s.M}, "weights");
-  for_each_row(p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w,
-                                                double row_lse) {
-    for (int64_t j = 0; j < p.s.M; ++j)
-      weights(b, h, r, j) = row_lse == -std::numeric_limits<double>::infinity()
-                                ? 0.0f
-                                : static_cast<float>(std::exp(w[j] - row_lse));
-  });
+  for_each_row(
+      p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
+        for (int64_t j = 0; j < p.s.M; ++j)
+          weights(b, h, r, j) =
+              row_lse == -std::numeric_limits<double>::infinity() ? 0.0f : static_cast<float>(std::exp(w[j] - row_lse));
+      });
 }
 
 void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
@@ -135,23 +133,22 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,
                [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
-    const bool live = row_lse != -std::numeric_limits<double>::infinity();
-    const int64_t i = rows[r];
-    const detail::KeyBand band = mask.band(b, i);
-    // Allowed keys: the band minus keys the keep-mask or a -inf bias removes (adjust(0) = -inf),
-    // so a weight that merely underflowed to 0 still counts as allowed.
-    std::vector<int64_t> keys;
-    for (int64_t j = band.lo; live && j < band.hi; ++j)
-      if (std::isfinite(mask.adjust(0.0, b, h, i, j))) keys.push_back(j);
-    const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(keys.size()));
-    std::partial_sort(keys.begin(), keys.begin() + n, keys.end(), [&](int64_t x, int64_t y) {
-      return w[x] > w[y] || (w[x] == w[y] && x < y);
-    });
-    for (int64_t t = 0; t < topk; ++t) {
-      values(b, h, r, t) = t < n ? static_cast<float>(std::exp(w[keys[t]] - row_lse)) : 0.0f;
-      indices(b, h, r, t) = t < n ? keys[t] : -1;
-    }
-  });
+                 const bool live = row_lse != -std::numeric_limits<double>::infinity();
+                 const int64_t i = rows[r];
+                 const detail::KeyBand band = mask.band(b, i);
+                 // Allowed keys: the band minus keys the keep-mask or a -inf bias removes (adjust(0) = -inf),
+                 // so a weight that merely underflowed to 0 still counts as allowed.
+                 std::vector<int64_t> keys;
+                 for (int64_t j = band.lo; live && j < band.hi; ++j)
+                   if (std::isfinite(mask.adjust(0.0, b, h, i, j))) keys.push_back(j);
+                 const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(keys.size()));
+                 std::partial_sort(keys.begin(), keys.begin() + n, keys.end(),
+                                   [&](int64_t x, int64_t y) { return w[x] > w[y] || (w[x] == w[y] && x < y); });
+                 for (int64_t t = 0; t < topk; ++t) {
+                   values(b, h, r, t) = t < n ? static_cast<float>(std::exp(w[keys[t]] - row_lse)) : 0.0f;
+                   indices(b, h, r, t) = t < n ? keys[t] : -1;
+                 }
+               });
 }
 
 }  // namespace qkv

@@ -17,7 +17,8 @@ namespace {
 
 // [X, Y, Z] -> [1, X, Y, Z]: the batch of one that weights.h takes.
 TensorView<const float> batch_of_one(TensorView<const float> t) {
-  const std::array<int64_t, 4> shape{1, t.dim(0), t.dim(1), t.dim(2)}, strides{0, t.stride(0), t.stride(1), t.stride(2)};
+  const std::array<int64_t, 4> shape{1, t.dim(0), t.dim(1), t.dim(2)},
+      strides{0, t.stride(0), t.stride(1), t.stride(2)};
   return TensorView<const float>(t.data(), shape, strides);
 }
 
@@ -25,7 +26,8 @@ void check_rows(TensorView<const float> q, TensorView<const float> k) {
   if (q.rank() != 3 || k.rank() != 3)
     throw Error(fmt::format("attention rows: q must be [H, N, D] and k [Hkv, M, D], got {} and {}",
                             shape_string(q.shape()), shape_string(k.shape())));
-  if (k.dim(2) != q.dim(2)) throw Error(fmt::format("attention rows: q has D = {} but k has D = {}", q.dim(2), k.dim(2)));
+  if (k.dim(2) != q.dim(2))
+    throw Error(fmt::format("attention rows: q has D = {} but k has D = {}", q.dim(2), k.dim(2)));
   if (k.dim(0) == 0 || q.dim(0) % k.dim(0) != 0)
     throw Error(fmt::format("attention rows: H = {} is not a multiple of Hkv = {}", q.dim(0), k.dim(0)));
   if (k.dim(1) == 0) throw Error("attention rows: no keys");

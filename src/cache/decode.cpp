@@ -40,9 +40,12 @@ ChunkPlan plan_chunks(int64_t len) {
 
 void check_paged(const PagedKV& kv) {
   if (kv.Hkv <= 0 || kv.D <= 0 || kv.Dv <= 0 || kv.page_tokens <= 0 || kv.num_pages <= 0)
-    throw Error(fmt::format("decode_attention: the cache's Hkv, D, Dv, page_tokens and num_pages must be positive, "
-                            "got {}, {}, {}, {}, {}", kv.Hkv, kv.D, kv.Dv, kv.page_tokens, kv.num_pages));
-  if (kv.k == nullptr || kv.v == nullptr || (kv.dtype == KVDtype::i8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)))
+    throw Error(
+        fmt::format("decode_attention: the cache's Hkv, D, Dv, page_tokens and num_pages must be positive, "
+                    "got {}, {}, {}, {}, {}",
+                    kv.Hkv, kv.D, kv.Dv, kv.page_tokens, kv.num_pages));
+  if (kv.k == nullptr || kv.v == nullptr ||
+      (kv.dtype == KVDtype::i8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)))
     throw Error("decode_attention: the cache's pools (and i8 scales) must be set");
   const int64_t B = kv.batch();
   if (kv.max_blocks < 0 || static_cast<int64_t>(kv.block_table.size()) != B * kv.max_blocks)
@@ -67,7 +70,8 @@ void check_paged(const PagedKV& kv) {
 AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, TensorView<const float> q, const PagedKV& kv,
                             const DecodeOptions& o) {
   check_paged(kv);
-  if (q.rank() != 4) throw Error(fmt::format("decode_attention: q must be [B, H, N, D], got {}", shape_string(q.shape())));
+  if (q.rank() != 4)
+    throw Error(fmt::format("decode_attention: q must be [B, H, N, D], got {}", shape_string(q.shape())));
   if (q.dim(0) != kv.batch())
     throw Error(fmt::format("decode_attention: q has B = {} but {} sequences were given", q.dim(0), kv.batch()));
   if (q.dim(3) != kv.D)
@@ -163,14 +167,15 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   }
   const int64_t tasks = first_task[s.B], rows = p.G * s.N;
   const int64_t task_floats = rows * (p.dvp + 2);
-  float* partial = partial_workspace().get<float>(0, static_cast<std::size_t>(std::max<int64_t>(tasks * task_floats, 1)));
+  float* partial =
+      partial_workspace().get<float>(0, static_cast<std::size_t>(std::max<int64_t>(tasks * task_floats, 1)));
   auto task_of = [&](int64_t t) {
     const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
     const int64_t c = (t - first_task[b]) / s.Hkv, g = (t - first_task[b]) % s.Hkv;
     float* base = partial + t * task_floats;
     const int64_t j0 = c * plans[b].chunk;
-    return DecodeTask{b, g, j0, std::min(j0 + plans[b].chunk, kv.seq_lens[b]), base, base + rows * p.dvp,
-                      base + rows * (p.dvp + 1)};
+    return DecodeTask{
+        b, g, j0, std::min(j0 + plans[b].chunk, kv.seq_lens[b]), base, base + rows * p.dvp, base + rows * (p.dvp + 1)};
   };
   const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;

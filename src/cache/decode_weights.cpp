@@ -21,9 +21,12 @@ double stored(const PagedKV& kv, bool values, int64_t row, int64_t e) {
   const auto* pool = static_cast<const char*>(values ? kv.v : kv.k);
   const int64_t at = row * n + e;
   switch (kv.dtype) {
-    case KVDtype::f32: return reinterpret_cast<const float*>(pool)[at];
-    case KVDtype::bf16: return bf16_to_float(reinterpret_cast<const bf16*>(pool)[at]);
-    case KVDtype::f16: return detail::half_to_float(reinterpret_cast<const uint16_t*>(pool)[at]);
+    case KVDtype::f32:
+      return reinterpret_cast<const float*>(pool)[at];
+    case KVDtype::bf16:
+      return bf16_to_float(reinterpret_cast<const bf16*>(pool)[at]);
+    case KVDtype::f16:
+      return detail::half_to_float(reinterpret_cast<const uint16_t*>(pool)[at]);
     case KVDtype::i8:
       return static_cast<float>(reinterpret_cast<const int8_t*>(pool)[at]) * (values ? kv.v_scale : kv.k_scale)[row];
   }
@@ -40,7 +43,8 @@ class DecodeRows {
     for (int64_t len : kv.seq_lens) M = std::max(M, len);
     const std::array<int64_t, 4> want{B, H, N, last_dim < 0 ? M : last_dim};
     if (!std::ranges::equal(out_shape, want))
-      throw Error(fmt::format("{}: output has shape {}, expected {}", who, shape_string(out_shape), shape_string(want)));
+      throw Error(
+          fmt::format("{}: output has shape {}, expected {}", who, shape_string(out_shape), shape_string(want)));
     // decode_attention's own checks, by running it once into scratch: one decode step's cost,
     // small next to the float64 scores below.
     DecodeOptions check = options;

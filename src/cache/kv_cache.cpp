@@ -94,10 +94,14 @@ void store_row(KVDtype dtype, const float* x, int64_t sx, int64_t n, void* dst, 
 
 float load_element(KVDtype dtype, const void* src, int64_t e, const float* scale) {
   switch (dtype) {
-    case KVDtype::f32: return static_cast<const float*>(src)[e];
-    case KVDtype::bf16: return bf16_to_float(static_cast<const bf16*>(src)[e]);
-    case KVDtype::f16: return detail::half_to_float(static_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8: return static_cast<float>(static_cast<const int8_t*>(src)[e]) * *scale;
+    case KVDtype::f32:
+      return static_cast<const float*>(src)[e];
+    case KVDtype::bf16:
+      return bf16_to_float(static_cast<const bf16*>(src)[e]);
+    case KVDtype::f16:
+      return detail::half_to_float(static_cast<const uint16_t*>(src)[e]);
+    case KVDtype::i8:
+      return static_cast<float>(static_cast<const int8_t*>(src)[e]) * *scale;
   }
   return 0.0f;
 }
@@ -117,8 +121,10 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
 }  // namespace
 
 void KVCache::Free::operator()(void* p) const {
-  if (mapped > 0) ::munmap(p, mapped);
-  else std::free(p);
+  if (mapped > 0)
+    ::munmap(p, mapped);
+  else
+    std::free(p);
 }
 
 KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
@@ -138,7 +144,8 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   }
   refcount_.assign(static_cast<std::size_t>(c.num_pages), 0);
   free_.resize(static_cast<std::size_t>(c.num_pages));
-  for (int64_t p = 0; p < c.num_pages; ++p) free_[static_cast<std::size_t>(p)] = static_cast<int32_t>(c.num_pages - 1 - p);
+  for (int64_t p = 0; p < c.num_pages; ++p)
+    free_[static_cast<std::size_t>(p)] = static_cast<int32_t>(c.num_pages - 1 - p);
 }
 
 KVCache::~KVCache() = default;
@@ -151,9 +158,7 @@ int64_t KVCache::pool_bytes() const {
   return slots * (c.D + c.Dv) * kv_dtype_bytes(c.dtype) + (c.dtype == KVDtype::i8 ? 2 * slots * 4 : 0);
 }
 
-KVCache::Sequence& KVCache::find(int64_t seq) {
-  return const_cast<Sequence&>(std::as_const(*this).find(seq));
-}
+KVCache::Sequence& KVCache::find(int64_t seq) { return const_cast<Sequence&>(std::as_const(*this).find(seq)); }
 
 const KVCache::Sequence& KVCache::find(int64_t seq) const {
   const auto it = sequences_.find(seq);
@@ -228,7 +233,8 @@ void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const fl
     for (int64_t h = 0; h < c.Hkv; ++h) {
       const int64_t row = (page * c.Hkv + h) * c.page_tokens + slot;
       store_row(c.dtype, &k(t, h, 0), k.stride(2), c.D, kp + row * c.D * eb, k_scale_ ? k_scale_.get() + row : nullptr);
-      store_row(c.dtype, &v(t, h, 0), v.stride(2), c.Dv, vp + row * c.Dv * eb, v_scale_ ? v_scale_.get() + row : nullptr);
+      store_row(c.dtype, &v(t, h, 0), v.stride(2), c.Dv, vp + row * c.Dv * eb,
+                v_scale_ ? v_scale_.get() + row : nullptr);
     }
   }
   s.length += T;
@@ -261,7 +267,8 @@ PagedKV KVCache::paged(std::span<const int64_t> seq_ids) const {
   kv.v = v_.get();
   kv.k_scale = k_scale_.get();
   kv.v_scale = v_scale_.get();
-  for (int64_t id : seq_ids) kv.max_blocks = std::max<int64_t>(kv.max_blocks, static_cast<int64_t>(find(id).pages.size()));
+  for (int64_t id : seq_ids)
+    kv.max_blocks = std::max<int64_t>(kv.max_blocks, static_cast<int64_t>(find(id).pages.size()));
   kv.block_table.assign(seq_ids.size() * static_cast<std::size_t>(kv.max_blocks), 0);
   for (std::size_t b = 0; b < seq_ids.size(); ++b) {
     const Sequence& s = find(seq_ids[b]);
@@ -282,7 +289,8 @@ Tensor<float> KVCache::read(int64_t seq, bool values) const {
     for (int64_t t = 0; t < s.length; ++t) {
       const int64_t row = (s.pages[t / c.page_tokens] * c.Hkv + h) * c.page_tokens + t % c.page_tokens;
       for (int64_t e = 0; e < dim; ++e)
-        out[(h * s.length + t) * dim + e] = load_element(c.dtype, pool + row * dim * eb, e, scales ? scales + row : nullptr);
+        out[(h * s.length + t) * dim + e] =
+            load_element(c.dtype, pool + row * dim * eb, e, scales ? scales + row : nullptr);
     }
   return out;
 }

@@ -14,7 +14,8 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > D)
     throw Error(fmt::format("apply_rotary: rotary_dim = {} must be even and in [2, D = {}]", rd, D));
-  if (!(o.theta > 0) || !std::isfinite(o.theta)) throw Error(fmt::format("apply_rotary: theta = {} must be positive", o.theta));
+  if (!(o.theta > 0) || !std::isfinite(o.theta))
+    throw Error(fmt::format("apply_rotary: theta = {} must be positive", o.theta));
   if (!offsets.empty() && static_cast<int64_t>(offsets.size()) != B)
     throw Error(fmt::format("apply_rotary: {} offsets for B = {} batch rows", offsets.size(), B));
   const int64_t pairs = rd / 2;
@@ -22,7 +23,8 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   const int64_t first_step = o.layout == RotaryLayout::interleaved ? 2 : 1;
   const int64_t second_gap = o.layout == RotaryLayout::interleaved ? 1 : pairs;
   std::vector<double> inv_freq(static_cast<std::size_t>(pairs));
-  for (int64_t p = 0; p < pairs; ++p) inv_freq[p] = std::pow(o.theta, -2.0 * static_cast<double>(p) / static_cast<double>(rd));
+  for (int64_t p = 0; p < pairs; ++p)
+    inv_freq[p] = std::pow(o.theta, -2.0 * static_cast<double>(p) / static_cast<double>(rd));
   std::vector<float> cs(static_cast<std::size_t>(2 * pairs));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t offset = offsets.empty() ? 0 : offsets[b];

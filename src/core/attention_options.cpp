@@ -28,20 +28,28 @@ Simd parse_simd(std::string_view text, std::string_view what) {
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::automatic: return "auto";
-    case Kernel::reference: return "reference";
-    case Kernel::fused: return "fused";
+    case Kernel::automatic:
+      return "auto";
+    case Kernel::reference:
+      return "reference";
+    case Kernel::fused:
+      return "fused";
   }
   return "unknown";
 }
 
 const char* simd_name(Simd simd) {
   switch (simd) {
-    case Simd::automatic: return "auto";
-    case Simd::avx512: return "avx512";
-    case Simd::avx2: return "avx2";
-    case Simd::scalar: return "scalar";
-    case Simd::neon: return "neon";
+    case Simd::automatic:
+      return "auto";
+    case Simd::avx512:
+      return "avx512";
+    case Simd::avx2:
+      return "avx2";
+    case Simd::scalar:
+      return "scalar";
+    case Simd::neon:
+      return "neon";
   }
   return "unknown";
 }

@@ -26,7 +26,8 @@ TensorView<T> broadcast_mask(TensorView<T> view, int64_t B, int64_t H, int64_t N
   return TensorView<T>(view.data(), target, strides);
 }
 
-template TensorView<const float> broadcast_mask(TensorView<const float>, int64_t, int64_t, int64_t, int64_t, const char*);
+template TensorView<const float> broadcast_mask(TensorView<const float>, int64_t, int64_t, int64_t, int64_t,
+                                                const char*);
 template TensorView<const uint8_t> broadcast_mask(TensorView<const uint8_t>, int64_t, int64_t, int64_t, int64_t,
                                                   const char*);
 

@@ -12,9 +12,7 @@
 
 namespace qkv {
 
-float bf16_to_float(bf16 x) {
-  return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16);
-}
+float bf16_to_float(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
 
 bf16 float_to_bf16(float x) {
   uint32_t u = std::bit_cast<uint32_t>(x);
@@ -44,9 +42,7 @@ void require_shape(std::span<const int64_t> got, std::span<const int64_t> want, 
   if (!same) throw Error(fmt::format("{}: shape {} must be {}", name, shape_string(got), shape_string(want)));
 }
 
-std::string shape_string(std::span<const int64_t> shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
+std::string shape_string(std::span<const int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 namespace detail {
 

@@ -34,8 +34,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), TensorView<float>(), dout.shape());
     require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "ring attention backward: out");
     if (lse.empty() && s.N > 0) throw Error("ring attention backward: lse is required (the forward's lse)");
-    if (!lse.empty())
-      require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "ring attention backward: lse");
+    if (!lse.empty()) require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "ring attention backward: lse");
   });
   ring::CommDup comm(user_comm);
   const int P = plan.ranks, r = plan.rank;

@@ -155,8 +155,8 @@ std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, 
   if (!want) return calls;
   const int64_t n = rows_of(qcs, q.first, q.second), m = rows_of(kcs, k.first, k.second);
   const auto [fq, fk] = first_block;
-  const AttentionOptions joined = rectangle_options(options, blocks[fq][fk], rows_of(qcs, q.first, fq),
-                                                    rows_of(kcs, k.first, fk));
+  const AttentionOptions joined =
+      rectangle_options(options, blocks[fq][fk], rows_of(qcs, q.first, fq), rows_of(kcs, k.first, fk));
   if (!same_bands(joined, *want, plan, n, m)) return calls;
   return {{q.first, q.second, k.first, k.second, qcs[q.first].offset, n, kcs[k.first].offset, m, joined}};
 }

@@ -102,9 +102,10 @@ void check_table(const std::vector<int64_t>& table, int ranks, const RingOptions
       throw Error(fmt::format("ring attention: rank {} has [B, H, Hkv, D, Dv] = [{}] but rank 0 has [{}]", r,
                               fmt::join(row(r), row(r) + 5, ", "), fmt::join(row(0), row(0) + 5, ", ")));
     if (row(r)[7] != row(0)[7])
-      throw Error(fmt::format("ring attention: rank {} was called with other options (mask, scale, kernel or "
-                              "sharding) than rank 0",
-                              r));
+      throw Error(
+          fmt::format("ring attention: rank {} was called with other options (mask, scale, kernel or "
+                      "sharding) than rank 0",
+                      r));
   }
   for (int r = 0; r < ranks; ++r) plan.N += row(r)[5], plan.M += row(r)[6];
   const char* name = options.sharding == Sharding::zigzag ? "zigzag" : "contiguous";
@@ -112,15 +113,16 @@ void check_table(const std::vector<int64_t>& table, int ranks, const RingOptions
     const int64_t nr = shard_length(plan.N, ranks, r, options.sharding);
     const int64_t mr = shard_length(plan.M, ranks, r, options.sharding);
     if (row(r)[5] != nr || row(r)[6] != mr)
-      throw Error(fmt::format("ring attention: rank {} holds {} query and {} key tokens, but the {} layout of N = {} "
-                              "and M = {} over {} ranks gives it {} and {} (see shard_ranges)",
-                              r, row(r)[5], row(r)[6], name, plan.N, plan.M, ranks, nr, mr));
+      throw Error(
+          fmt::format("ring attention: rank {} holds {} query and {} key tokens, but the {} layout of N = {} "
+                      "and M = {} over {} ranks gives it {} and {} (see shard_ranges)",
+                      r, row(r)[5], row(r)[6], name, plan.N, plan.M, ranks, nr, mr));
   }
   auto check_lengths = [](const std::vector<int64_t>& lengths, int64_t limit, const char* what) {
     for (std::size_t b = 0; b < lengths.size(); ++b)
       if (lengths[b] < 0 || lengths[b] > limit)
-        throw Error(fmt::format("ring attention: {}[{}] = {} is outside [0, {}] (global length)", what, b, lengths[b],
-                                limit));
+        throw Error(
+            fmt::format("ring attention: {}[{}] = {} is outside [0, {}] (global length)", what, b, lengths[b], limit));
   };
   check_lengths(options.attention.mask.key_lengths, plan.M, "key_lengths");
   check_lengths(options.attention.mask.query_lengths, plan.N, "query_lengths");
@@ -247,9 +249,8 @@ void post_chunks(std::vector<MPI_Request>& requests, int64_t count, const char* 
 }  // namespace
 
 void Transfers::send(const float* data, int64_t count, int to, int tag, MPI_Comm comm) {
-  post_chunks(requests_, count, "MPI_Isend", [&](int64_t at, int n, MPI_Request* r) {
-    return MPI_Isend(data + at, n, MPI_FLOAT, to, tag, comm, r);
-  });
+  post_chunks(requests_, count, "MPI_Isend",
+              [&](int64_t at, int n, MPI_Request* r) { return MPI_Isend(data + at, n, MPI_FLOAT, to, tag, comm, r); });
 }
 
 void Transfers::recv(float* data, int64_t count, int from, int tag, MPI_Comm comm) {

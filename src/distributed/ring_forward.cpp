@@ -48,9 +48,8 @@ void pack_kv(const ring::Plan& plan, float* buffer, TensorView<const float> k, T
 
 }  // namespace
 
-void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorView<float> lse,
-                            TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
-                            const RingOptions& options) {
+void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                            TensorView<const float> k, TensorView<const float> v, const RingOptions& options) {
   const ring::Plan plan = ring::make_plan(user_comm, q, k, v, options, [&](const AttentionShape& s) {
     const std::array<int64_t, 4> want_out{s.B, s.H, s.N, s.Dv};
     if (!std::ranges::equal(out.shape(), want_out))

@@ -30,8 +30,8 @@ void copy_rows(TensorView<Dst> dst, int64_t dst_row, TensorView<Src> src, int64_
 
 void check_pair(std::span<const int64_t> shard, std::span<const int64_t> full, int64_t want, const char* what) {
   if (shard.size() != 4 || full.size() != 4)
-    throw Error(fmt::format("{}: shard {} and sequence {} must both be rank 4 [A0, A1, L, C]", what, shape_string(shard),
-                            shape_string(full)));
+    throw Error(fmt::format("{}: shard {} and sequence {} must both be rank 4 [A0, A1, L, C]", what,
+                            shape_string(shard), shape_string(full)));
   if (shard[0] != full[0] || shard[1] != full[1] || shard[3] != full[3] || shard[2] != want)
     throw Error(fmt::format("{}: shard {} does not fit sequence {} (this rank holds {} of its {} tokens)", what,
                             shape_string(shard), shape_string(full), want, full[2]));

@@ -30,7 +30,8 @@ Matrix Matrix::from_view(TensorView<const float> view, const std::string& what) 
     for (int64_t j = 0; j < m.cols; ++j) m(0, j) = view(j);
     return m;
   }
-  if (view.rank() != 2) throw Error(fmt::format("{}: expected a matrix, got shape {}", what, shape_string(view.shape())));
+  if (view.rank() != 2)
+    throw Error(fmt::format("{}: expected a matrix, got shape {}", what, shape_string(view.shape())));
   Matrix m(view.dim(0), view.dim(1));
   for (int64_t i = 0; i < m.rows; ++i)
     for (int64_t j = 0; j < m.cols; ++j) m(i, j) = view(i, j);
@@ -99,8 +100,8 @@ void check_tokens(const std::vector<std::string>& tokens, int64_t rows, const ch
 }  // namespace
 
 Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, Matrix w_k, Matrix w_v,
-                                int64_t num_heads, int64_t num_kv_heads, Matrix b_q, Matrix b_k, Matrix b_v,
-                                Matrix w_o, Matrix b_o) {
+                                int64_t num_heads, int64_t num_kv_heads, Matrix b_q, Matrix b_k, Matrix b_v, Matrix w_o,
+                                Matrix b_o) {
   check_tokens(tokens, x.rows, "X");
   const int64_t E = x.cols;
   if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0)
@@ -201,9 +202,12 @@ Explanation explain_example(std::string_view name) {
   if (name == "seed-003") {
     // Seed 003, "How Self-Attention Is Calculated": 3 words, embedding size 4, W's 4 -> 4.
     Matrix x = Matrix::from_rows({{1.0, 0.0, 1.0, 0.0}, {0.0, 2.0, 0.0, 2.0}, {1.0, 1.0, 1.0, 1.0}});
-    Matrix w_q = Matrix::from_rows({{0.1, 0.2, 0.0, 0.0}, {0.0, 0.1, 0.3, 0.0}, {0.1, 0.0, 0.0, 0.2}, {0.0, 0.0, 0.2, 0.3}});
-    Matrix w_k = Matrix::from_rows({{0.2, 0.0, 0.1, 0.0}, {0.0, 0.1, 0.0, 0.3}, {0.1, 0.0, 0.2, 0.0}, {0.0, 0.2, 0.0, 0.1}});
-    Matrix w_v = Matrix::from_rows({{0.0, 0.1, 0.0, 0.2}, {0.2, 0.0, 0.2, 0.0}, {0.0, 0.3, 0.1, 0.0}, {0.1, 0.0, 0.0, 0.3}});
+    Matrix w_q =
+        Matrix::from_rows({{0.1, 0.2, 0.0, 0.0}, {0.0, 0.1, 0.3, 0.0}, {0.1, 0.0, 0.0, 0.2}, {0.0, 0.0, 0.2, 0.3}});
+    Matrix w_k =
+        Matrix::from_rows({{0.2, 0.0, 0.1, 0.0}, {0.0, 0.1, 0.0, 0.3}, {0.1, 0.0, 0.2, 0.0}, {0.0, 0.2, 0.0, 0.1}});
+    Matrix w_v =
+        Matrix::from_rows({{0.0, 0.1, 0.0, 0.2}, {0.2, 0.0, 0.2, 0.0}, {0.0, 0.3, 0.1, 0.0}, {0.1, 0.0, 0.0, 0.3}});
     Explanation e = explain_projections({"word 1", "word 2", "word 3"}, std::move(x), std::move(w_q), std::move(w_k),
                                         std::move(w_v), 1, 1);
     e.title = "How Self-Attention Is Calculated: 3 words, embedding size 4";

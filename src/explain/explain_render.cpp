@@ -53,7 +53,8 @@ void matrix_block(std::string& out, const std::string& name, const Matrix& m, co
   out += fmt::format("  {} [{} x {}]:\n", name, m.rows, m.cols);
   const bool labelled = static_cast<int64_t>(labels.size()) == m.rows;
   const std::size_t lw = labelled ? label_width(labels) : 0;
-  const bool headed = static_cast<int64_t>(columns.size()) == m.cols && m.cols <= kMaxCols && label_width(columns) <= 16;
+  const bool headed =
+      static_cast<int64_t>(columns.size()) == m.cols && m.cols <= kMaxCols && label_width(columns) <= 16;
   const std::size_t nw = std::max(number_width(m, precision), headed ? label_width(columns) : 0);
   if (headed) {
     out += fmt::format("    {:<{}}{} ", "", lw, labelled ? "  " : "");
@@ -107,17 +108,20 @@ void seed003_head(std::string& out, const Explanation& e, const HeadSteps& h, in
   matrix_block(out, "Q (queries)", h.q, t, precision);
   matrix_block(out, "K (keys)", h.k, t, precision);
   matrix_block(out, "V (values)", h.v, t, precision);
-  out += "\nStep 2. Compute attention scores: scores = Q @ K.T, the similarity between each query and all keys\n"
-         "        (row = the word asking, column = the word answered)\n";
+  out +=
+      "\nStep 2. Compute attention scores: scores = Q @ K.T, the similarity between each query and all keys\n"
+      "        (row = the word asking, column = the word answered)\n";
   // Sentences name the key columns; the seeds' examples keep the tutorials' layout.
   const std::vector<std::string> keys = e.style == "sentence" ? t : std::vector<std::string>{};
   matrix_block(out, "scores", h.scores, t, precision, keys);
-  out += fmt::format("\nStep 3. Scale the scores: scaled_scores = scores / np.sqrt(d_k), d_k = {}, so each score is "
-                     "multiplied by {}\n",
-                     h.q.cols, number(h.scale, precision));
+  out += fmt::format(
+      "\nStep 3. Scale the scores: scaled_scores = scores / np.sqrt(d_k), d_k = {}, so each score is "
+      "multiplied by {}\n",
+      h.q.cols, number(h.scale, precision));
   matrix_block(out, "scaled_scores", h.scaled_scores, t, precision, keys);
-  out += "\nStep 4. Apply the softmax function: attention_weights = softmax(scaled_scores), positive and each row "
-         "sums to 1\n";
+  out +=
+      "\nStep 4. Apply the softmax function: attention_weights = softmax(scaled_scores), positive and each row "
+      "sums to 1\n";
   out += "Attention weights:\n";
   matrix_block(out, "attention_weights", h.weights, t, precision, keys);
   out += "\nStep 5. Compute the weighted sum of values: output = attention_weights @ V\n";
@@ -144,9 +148,10 @@ void seed000_head(std::string& out, const Explanation& e, const HeadSteps& h, in
     out += fmt::format("    k{} = {}\n", i + 1, row_text(h.k, r, precision, number_width(h.k, precision)));
     out += fmt::format("    v{} = {}\n", i + 1, row_text(h.v, r, precision, number_width(h.v, precision)));
   }
-  out += fmt::format("\nStep 2 : Calculate Scaled-Dot Product Attention: score(t, j) = q_t · k_j / sqrt(d_k), "
-                     "d_k = {}\n",
-                     h.q.cols);
+  out += fmt::format(
+      "\nStep 2 : Calculate Scaled-Dot Product Attention: score(t, j) = q_t · k_j / sqrt(d_k), "
+      "d_k = {}\n",
+      h.q.cols);
   for (int64_t i = 0; i < h.scores.rows; ++i)
     for (int64_t j = 0; j < h.scores.cols; ++j)
       out += fmt::format("  q{} · k{} = {}   / sqrt({}) = {}\n", i + 1, j + 1, number(h.scores(i, j), precision),
@@ -165,7 +170,6 @@ void seed000_head(std::string& out, const Explanation& e, const HeadSteps& h, in
                        row_text(h.context, i, precision, number_width(h.context, precision)));
   }
 }
-
 
 }  // namespace
 
@@ -196,8 +200,10 @@ std::string explanation_to_text(const Explanation& e, int precision) {
     if (e.heads.size() > 1)
       out += fmt::format("=== Head {} of {} (columns {}..{} of Q; key/value head {}) ===\n", h + 1, e.heads.size(),
                          h * e.d_k, (h + 1) * e.d_k - 1, h / (e.num_heads / e.num_kv_heads) + 1);
-    if (e.style == "seed000") seed000_head(out, e, e.heads[h], precision);
-    else seed003_head(out, e, e.heads[h], precision);
+    if (e.style == "seed000")
+      seed000_head(out, e, e.heads[h], precision);
+    else
+      seed003_head(out, e, e.heads[h], precision);
     out += "\n";
   }
   if (e.heads.size() > 1) {

@@ -77,7 +77,7 @@ std::string prev_hint(const std::string& path) {
   std::error_code ec;
   const std::string prev = path + ".prev";
   return std::filesystem::is_regular_file(prev, ec) ? fmt::format(" (the previous checkpoint {} is still there)", prev)
-                                                     : std::string();
+                                                    : std::string();
 }
 
 }  // namespace

@@ -29,9 +29,10 @@ void check_fits_in_memory(unsigned __int128 bytes, const std::string& what) {
   if (bytes <= physical) return;
   const uint64_t shown = static_cast<uint64_t>(std::min<unsigned __int128>(bytes, UINT64_MAX));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  throw Error(fmt::format("{}: needs {} bytes ({:.1f} GiB) of memory, more than the {} bytes ({:.1f} GiB) of "
-                          "physical memory on this machine",
-                          what, shown, static_cast<double>(shown) / kGiB, physical, static_cast<double>(physical) / kGiB));
+  throw Error(
+      fmt::format("{}: needs {} bytes ({:.1f} GiB) of memory, more than the {} bytes ({:.1f} GiB) of "
+                  "physical memory on this machine",
+                  what, shown, static_cast<double>(shown) / kGiB, physical, static_cast<double>(physical) / kGiB));
 }
 
 std::string quoted(std::string_view bytes, std::size_t max_bytes) {

@@ -16,7 +16,8 @@
 namespace qkv {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the .npy and safetensors readers assume a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "the .npy and safetensors readers assume a little-endian host");
 
 struct Half {
   uint16_t bits;
@@ -29,9 +30,12 @@ template <class S>
 auto number_of(const char* p) {
   S s;
   std::memcpy(&s, p, sizeof s);  // the data may be unaligned in a hostile file
-  if constexpr (std::is_same_v<S, Half>) return detail::half_to_float(s.bits);
-  else if constexpr (std::is_same_v<S, Bool>) return static_cast<uint8_t>(s.byte != 0);
-  else return s;
+  if constexpr (std::is_same_v<S, Half>)
+    return detail::half_to_float(s.bits);
+  else if constexpr (std::is_same_v<S, Bool>)
+    return static_cast<uint8_t>(s.byte != 0);
+  else
+    return s;
 }
 
 // Converts one element, refusing values the target cannot hold instead of wrapping or
@@ -40,8 +44,10 @@ template <class T, class V>
 T narrow(V v, int64_t index, const std::string& path) {
   if constexpr (std::is_same_v<T, uint8_t>) {
     bool ok;
-    if constexpr (std::is_floating_point_v<V>) ok = v >= 0 && v <= 255 && v == std::trunc(v);
-    else ok = v >= 0 && v <= 255;
+    if constexpr (std::is_floating_point_v<V>)
+      ok = v >= 0 && v <= 255 && v == std::trunc(v);
+    else
+      ok = v >= 0 && v <= 255;
     if (!ok)
       throw Error(fmt::format("{}: element {} ({}) is not a uint8 value (an integer from 0 to 255)", path, index, v));
     return static_cast<uint8_t>(v);
@@ -80,22 +86,33 @@ template <class F>
 void with_source_type(detail::NpyType type, F&& f) {
   using detail::NpyType;
   switch (type) {
-    case NpyType::f4: return f(float{});
-    case NpyType::f8: return f(double{});
-    case NpyType::f2: return f(Half{});
-    case NpyType::b1: return f(Bool{});
-    case NpyType::u1: return f(uint8_t{});
-    case NpyType::i1: return f(int8_t{});
-    case NpyType::i4: return f(int32_t{});
-    case NpyType::i8: return f(int64_t{});
+    case NpyType::f4:
+      return f(float{});
+    case NpyType::f8:
+      return f(double{});
+    case NpyType::f2:
+      return f(Half{});
+    case NpyType::b1:
+      return f(Bool{});
+    case NpyType::u1:
+      return f(uint8_t{});
+    case NpyType::i1:
+      return f(int8_t{});
+    case NpyType::i4:
+      return f(int32_t{});
+    case NpyType::i8:
+      return f(int64_t{});
   }
 }
 
 template <class T>
 constexpr const char* descr_of() {
-  if constexpr (std::is_same_v<T, float>) return "<f4";
-  else if constexpr (std::is_same_v<T, double>) return "<f8";
-  else return "|u1";
+  if constexpr (std::is_same_v<T, float>)
+    return "<f4";
+  else if constexpr (std::is_same_v<T, double>)
+    return "<f8";
+  else
+    return "|u1";
 }
 
 }  // namespace
@@ -130,8 +147,10 @@ Tensor<T> load_npy(const std::string& path) {
 namespace detail {
 std::string npy_header_bytes(std::string_view descr, std::span<const int64_t> dims) {
   std::string shape;
-  if (dims.size() == 1) shape = fmt::format("({},)", dims[0]);
-  else shape = fmt::format("({})", fmt::join(dims, ", "));
+  if (dims.size() == 1)
+    shape = fmt::format("({},)", dims[0]);
+  else
+    shape = fmt::format("({})", fmt::join(dims, ", "));
   std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr, shape);
   // numpy pads with spaces and a newline so the data starts on a 64-byte boundary.
   std::size_t total = 10 + header.size() + 1;

@@ -24,12 +24,12 @@ struct DictEntry;
 
 struct PyValue {
   enum Kind { string, integer, boolean, none, tuple, dict } kind = none;
-  std::string text;        // string
-  int64_t number = 0;      // integer
-  bool too_large = false;  // integer outside int64
-  bool truth = false;      // boolean
-  std::vector<PyValue> items;                             // tuple or list
-  std::vector<DictEntry> entries;                        // dict
+  std::string text;                // string
+  int64_t number = 0;              // integer
+  bool too_large = false;          // integer outside int64
+  bool truth = false;              // boolean
+  std::vector<PyValue> items;      // tuple or list
+  std::vector<DictEntry> entries;  // dict
 };
 
 // Not std::pair: clang rejects a pair of an incomplete PyValue inside PyValue's own definition.
@@ -54,7 +54,8 @@ class LiteralParser {
     throw Error(fmt::format("{}: bad .npy header: {}", path_, why));
   }
   void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
       ++pos_;
   }
   bool eat(char c) {
@@ -145,8 +146,10 @@ class LiteralParser {
     uint64_t magnitude = 0;
     while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
       unsigned digit = static_cast<unsigned>(text_[pos_++] - '0');
-      if (magnitude > (std::numeric_limits<uint64_t>::max() - digit) / 10) v.too_large = true;
-      else magnitude = magnitude * 10 + digit;
+      if (magnitude > (std::numeric_limits<uint64_t>::max() - digit) / 10)
+        v.too_large = true;
+      else
+        magnitude = magnitude * 10 + digit;
     }
     if (pos_ == start) fail("a sign is not followed by digits");
     if (pos_ < text_.size() && (text_[pos_] == 'L' || text_[pos_] == 'l')) ++pos_;  // Python 2 long
@@ -176,9 +179,10 @@ void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path
   for (const auto& t : kTypes) {
     if (rest != t.name) continue;
     if (order == '>' && t.size > 1)
-      throw Error(fmt::format("{}: big-endian .npy data ('{}') is not supported; convert it with "
-                              "a.astype('<{}') before saving",
-                              path, descr, t.name));
+      throw Error(
+          fmt::format("{}: big-endian .npy data ('{}') is not supported; convert it with "
+                      "a.astype('<{}') before saving",
+                      path, descr, t.name));
     bool ok = order == '<' || order == '=' || (t.size == 1 && (order == '|' || order == '>'));
     if (!ok) break;
     h.type = t.type;
@@ -205,7 +209,8 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
   int major = static_cast<unsigned char>(file[6]);
   int minor = static_cast<unsigned char>(file[7]);
   if (!((major == 1 || major == 2 || major == 3) && minor == 0))
-    throw Error(fmt::format("{}: unsupported .npy format version {}.{} (supported: 1.0, 2.0, 3.0)", path, major, minor));
+    throw Error(
+        fmt::format("{}: unsupported .npy format version {}.{} (supported: 1.0, 2.0, 3.0)", path, major, minor));
   std::size_t prefix = major == 1 ? 10 : 12;
   if (file.size() < prefix)
     throw Error(fmt::format("{}: truncated .npy file ({} bytes, too short for a header)", path, file.size()));
@@ -220,7 +225,10 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
   const PyValue* fortran = nullptr;
   const PyValue* shape = nullptr;
   for (const auto& [key, v] : dict.entries) {
-    const PyValue** slot = key == "descr" ? &descr : key == "fortran_order" ? &fortran : key == "shape" ? &shape : nullptr;
+    const PyValue** slot = key == "descr"           ? &descr
+                           : key == "fortran_order" ? &fortran
+                           : key == "shape"         ? &shape
+                                                    : nullptr;
     if (slot == nullptr) throw Error(fmt::format("{}: bad .npy header: unexpected key {}", path, quoted(key)));
     *slot = &v;
   }
@@ -237,15 +245,16 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
   h.info.fortran_order = fortran->truth;
   parse_descr(descr->text, h, path);
   for (const PyValue& d : shape->items) {
-    if (d.kind != PyValue::integer) throw Error(fmt::format("{}: bad .npy header: a dimension is not an integer", path));
+    if (d.kind != PyValue::integer)
+      throw Error(fmt::format("{}: bad .npy header: a dimension is not an integer", path));
     if (d.too_large) throw Error(fmt::format("{}: bad .npy header: a dimension is too large", path));
     if (d.number < 0)
       throw Error(fmt::format("{}: bad .npy header: negative dimension {} in the shape", path, d.number));
     h.info.shape.push_back(d.number);
   }
   if (h.info.shape.size() > 4)
-    throw Error(fmt::format("{}: the array has rank {} (shape {}); qkv supports rank 0 to 4", path,
-                            h.info.shape.size(), shape_string(h.info.shape)));
+    throw Error(fmt::format("{}: the array has rank {} (shape {}); qkv supports rank 0 to 4", path, h.info.shape.size(),
+                            shape_string(h.info.shape)));
 
   // Compare the declared size with the file before anything is allocated.
   h.data_offset = prefix + header_len;
@@ -254,13 +263,14 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
   for (int64_t d : h.info.shape) {
     bytes *= static_cast<uint64_t>(d);
     if (bytes > (static_cast<unsigned __int128>(1) << 64) - 1)
-      throw Error(fmt::format("{}: the shape {} declares more bytes than can be addressed", path,
-                              shape_string(h.info.shape)));
+      throw Error(
+          fmt::format("{}: the shape {} declares more bytes than can be addressed", path, shape_string(h.info.shape)));
   }
   h.data_bytes = static_cast<uint64_t>(bytes);
   if (h.data_bytes > available)
-    throw Error(fmt::format("{}: truncated .npy file: the header (shape {}, {}) declares {} bytes but the file holds {}",
-                            path, shape_string(h.info.shape), h.info.descr, h.data_bytes, available));
+    throw Error(
+        fmt::format("{}: truncated .npy file: the header (shape {}, {}) declares {} bytes but the file holds {}", path,
+                    shape_string(h.info.shape), h.info.descr, h.data_bytes, available));
   if (h.data_bytes < available)
     throw Error(fmt::format("{}: the header (shape {}, {}) declares {} bytes but the file holds {} ({} trailing bytes)",
                             path, shape_string(h.info.shape), h.info.descr, h.data_bytes, available,

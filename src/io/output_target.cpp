@@ -118,7 +118,7 @@ OutputTarget resolve_output(const std::string& path) {
     }
     if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) return OutputTarget{OutputKind::device, p, true, -1};
     if (S_ISDIR(st.st_mode)) refuse(path, p, "is a directory");
-    const char* what = S_ISSOCK(st.st_mode)   ? "a socket"
+    const char* what = S_ISSOCK(st.st_mode)  ? "a socket"
                        : S_ISBLK(st.st_mode) ? "a block device"
                                              : "not a regular file";
     refuse(path, p, fmt::format("is {}; outputs go to files, character devices or FIFOs", what));

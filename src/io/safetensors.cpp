@@ -31,11 +31,21 @@ struct StDtype {
 };
 
 constexpr StDtype kDtypes[] = {
-    {"F64", StType::f64, 8},         {"F32", StType::f32, 4},         {"F16", StType::f16, 2},
-    {"BF16", StType::bf16, 2},       {"I64", StType::i64, 8},         {"I32", StType::i32, 4},
-    {"I16", StType::i16, 2},         {"I8", StType::i8, 1},           {"U64", StType::u64, 8},
-    {"U32", StType::u32, 4},         {"U16", StType::u16, 2},         {"U8", StType::u8, 1},
-    {"BOOL", StType::boolean, 1},    {"F8_E4M3", StType::unsupported, 1}, {"F8_E5M2", StType::unsupported, 1},
+    {"F64", StType::f64, 8},
+    {"F32", StType::f32, 4},
+    {"F16", StType::f16, 2},
+    {"BF16", StType::bf16, 2},
+    {"I64", StType::i64, 8},
+    {"I32", StType::i32, 4},
+    {"I16", StType::i16, 2},
+    {"I8", StType::i8, 1},
+    {"U64", StType::u64, 8},
+    {"U32", StType::u32, 4},
+    {"U16", StType::u16, 2},
+    {"U8", StType::u8, 1},
+    {"BOOL", StType::boolean, 1},
+    {"F8_E4M3", StType::unsupported, 1},
+    {"F8_E5M2", StType::unsupported, 1},
 };
 
 struct Entry {
@@ -54,7 +64,8 @@ S load_le(const char* p) {
 
 float element_to_float(const char* p, StType type, const std::string& where, uint64_t index) {
   switch (type) {
-    case StType::f32: return load_le<float>(p);
+    case StType::f32:
+      return load_le<float>(p);
     case StType::f64: {
       double v = load_le<double>(p);
       float f = static_cast<float>(v);
@@ -62,18 +73,30 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
         throw Error(fmt::format("{}: element {} ({}) overflows float32", where, index, v));
       return f;
     }
-    case StType::f16: return detail::half_to_float(load_le<uint16_t>(p));
-    case StType::bf16: return bf16_to_float(bf16{load_le<uint16_t>(p)});
-    case StType::i64: return static_cast<float>(load_le<int64_t>(p));
-    case StType::i32: return static_cast<float>(load_le<int32_t>(p));
-    case StType::i16: return static_cast<float>(load_le<int16_t>(p));
-    case StType::i8: return static_cast<float>(load_le<int8_t>(p));
-    case StType::u64: return static_cast<float>(load_le<uint64_t>(p));
-    case StType::u32: return static_cast<float>(load_le<uint32_t>(p));
-    case StType::u16: return static_cast<float>(load_le<uint16_t>(p));
-    case StType::u8: return static_cast<float>(load_le<uint8_t>(p));
-    case StType::boolean: return *p != 0 ? 1.0f : 0.0f;
-    case StType::unsupported: break;
+    case StType::f16:
+      return detail::half_to_float(load_le<uint16_t>(p));
+    case StType::bf16:
+      return bf16_to_float(bf16{load_le<uint16_t>(p)});
+    case StType::i64:
+      return static_cast<float>(load_le<int64_t>(p));
+    case StType::i32:
+      return static_cast<float>(load_le<int32_t>(p));
+    case StType::i16:
+      return static_cast<float>(load_le<int16_t>(p));
+    case StType::i8:
+      return static_cast<float>(load_le<int8_t>(p));
+    case StType::u64:
+      return static_cast<float>(load_le<uint64_t>(p));
+    case StType::u32:
+      return static_cast<float>(load_le<uint32_t>(p));
+    case StType::u16:
+      return static_cast<float>(load_le<uint16_t>(p));
+    case StType::u8:
+      return static_cast<float>(load_le<uint8_t>(p));
+    case StType::boolean:
+      return *p != 0 ? 1.0f : 0.0f;
+    case StType::unsupported:
+      break;
   }
   throw Error(fmt::format("{}: unsupported dtype", where));
 }
@@ -131,7 +154,8 @@ Entry parse_entry(const std::string& name, const json& desc, const std::string& 
   unsigned __int128 bytes = e.dtype.size;
   for (const json& d : shape) {
     uint64_t n = get_unsigned(d, where, "shape entries");
-    if (n > static_cast<uint64_t>(INT64_MAX)) throw Error(fmt::format("{}: shape {} is too large", where, shape.dump()));
+    if (n > static_cast<uint64_t>(INT64_MAX))
+      throw Error(fmt::format("{}: shape {} is too large", where, shape.dump()));
     e.shape.push_back(static_cast<int64_t>(n));
     bytes *= n;
     if (bytes > UINT64_MAX) throw Error(fmt::format("{}: shape {} is too large to address", where, shape.dump()));
@@ -142,7 +166,8 @@ Entry parse_entry(const std::string& name, const json& desc, const std::string& 
     throw Error(fmt::format("{}: data_offsets must be [begin, end], got {}", where, offsets.dump()));
   e.begin = get_unsigned(offsets[0], where, "data_offsets");
   e.end = get_unsigned(offsets[1], where, "data_offsets");
-  if (e.end < e.begin) throw Error(fmt::format("{}: data_offsets [{}, {}] end before they begin", where, e.begin, e.end));
+  if (e.end < e.begin)
+    throw Error(fmt::format("{}: data_offsets [{}, {}] end before they begin", where, e.begin, e.end));
   if (static_cast<uint64_t>(bytes) != e.end - e.begin)
     throw Error(fmt::format("{}: shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}", where,
                             shape_string(e.shape), e.dtype.name, static_cast<uint64_t>(bytes), e.begin, e.end,
@@ -213,7 +238,8 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
 
   // The offsets are bounded by the file; the float32 tensors may be up to 4x that (U8, BOOL).
   unsigned __int128 need = 0;
-  for (const Entry& e : entries) need += static_cast<unsigned __int128>((e.end - e.begin) / e.dtype.size) * sizeof(float);
+  for (const Entry& e : entries)
+    need += static_cast<unsigned __int128>((e.end - e.begin) / e.dtype.size) * sizeof(float);
   detail::check_fits_in_memory(need, path);
   TensorMap out;
   for (const Entry& e : entries) {
@@ -232,11 +258,13 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   return out;
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::map<std::string, TensorView<const float>> sorted;
   for (const auto& [name, view] : tensors) {
-    if (name == "__metadata__") throw Error(fmt::format("cannot write {}: \"__metadata__\" is not a tensor name", path));
+    if (name == "__metadata__")
+      throw Error(fmt::format("cannot write {}: \"__metadata__\" is not a tensor name", path));
     if (view.numel() > 0 && view.data() == nullptr)
       throw Error(fmt::format("cannot write {}: tensor {} has no data", path, detail::quoted(name)));
     if (!sorted.emplace(name, view).second)
@@ -268,7 +296,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   out += text;
   for (const auto& [name, view] : sorted) {
     if (view.numel() == 0) continue;
-    for_each_element(view, [&out](const float& x, const auto&) { out.append(reinterpret_cast<const char*>(&x), sizeof x); });
+    for_each_element(view,
+                     [&out](const float& x, const auto&) { out.append(reinterpret_cast<const char*>(&x), sizeof x); });
   }
   write_file_atomically(path, out);
 }

@@ -45,7 +45,8 @@ class BackwardChunk {
     cap_ = mask_.mask().softcap;
     const BackwardLayout lay(p);
     q_ = scratch + lay.q, dout_ = scratch + lay.dout, dq_ = scratch + lay.dq, row_dot_ = scratch + lay.row_dot;
-    kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk, dv_ = scratch + lay.dv;
+    kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk,
+    dv_ = scratch + lay.dv;
     dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
     st_ = scratch + lay.s_, ds_ = scratch + lay.ds, dcap_ = scratch + lay.dcap;
     ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
@@ -95,8 +96,10 @@ class BackwardChunk {
       // is that key's v and dP − D must cancel to exactly 0, as the exact gradient does.
       float dot = 0.0f;
       for (int64_t e = 0; e < s_.Dv; ++e) {
-        if constexpr (L == 1) dot = Ops::fma(dop[e], out[e * p_.out_stride.col], dot);
-        else dot = std::fma(dop[e], out[e * p_.out_stride.col], dot);
+        if constexpr (L == 1)
+          dot = Ops::fma(dop[e], out[e * p_.out_stride.col], dot);
+        else
+          dot = std::fma(dop[e], out[e * p_.out_stride.col], dot);
       }
       row_dot_[row] = dot;
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
@@ -110,7 +113,8 @@ class BackwardChunk {
 
   // dst[0, n) = src[0, width) read with element stride `stride`, then zeros up to n.
   static void copy_row(float* dst, const float* src, int64_t stride, int64_t width, int64_t n) {
-    if (stride == 1) std::copy(src, src + width, dst);
+    if (stride == 1)
+      std::copy(src, src + width, dst);
     else
       for (int64_t d = 0; d < width; ++d) dst[d] = src[d * stride];
     std::fill(dst + width, dst + n, 0.0f);
@@ -248,7 +252,8 @@ class BackwardChunk {
       float* ds = ds_ + r * T;
       const float* pr = st_ + r * T;
       const V dot = Ops::set1(row_dot_[row + r]);
-      for (int64_t c = 0; c < T; c += L) Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
+      for (int64_t c = 0; c < T; c += L)
+        Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
     }
     for (int64_t r = 0; r < rows; ++r)
       if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);

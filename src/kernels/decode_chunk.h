@@ -18,13 +18,16 @@
 namespace qkv::kernels {
 namespace {
 
-
 inline float widen_one(KVDtype dtype, const char* src, int64_t e) {
   switch (dtype) {
-    case KVDtype::f32: return reinterpret_cast<const float*>(src)[e];
-    case KVDtype::bf16: return std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[e]) << 16);
-    case KVDtype::f16: return detail::half_to_float(reinterpret_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]);
+    case KVDtype::f32:
+      return reinterpret_cast<const float*>(src)[e];
+    case KVDtype::bf16:
+      return std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[e]) << 16);
+    case KVDtype::f16:
+      return detail::half_to_float(reinterpret_cast<const uint16_t*>(src)[e]);
+    case KVDtype::i8:
+      return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]);
   }
   return 0.0f;
 }
@@ -55,8 +58,7 @@ class DecodeChunk {
 
  public:
   DecodeChunk(const DecodeParams& p, const DecodeTask& t, Workspace& ws)
-      : p_(p), t_(t), mask_(*p.mask), rows_(p.G * p.N), dp_((p.D + L - 1) / L * L),
-        eb_(kv_dtype_bytes(p.dtype)) {
+      : p_(p), t_(t), mask_(*p.mask), rows_(p.G * p.N), dp_((p.D + L - 1) / L * L), eb_(kv_dtype_bytes(p.dtype)) {
     qb_ = ws.get<float>(decode_slot::q, static_cast<std::size_t>(rows_ * dp_));
     kb_ = ws.get<float>(decode_slot::k_wide, static_cast<std::size_t>(kNb * dp_));
     vb_ = ws.get<float>(decode_slot::v_wide, static_cast<std::size_t>(kNb * p.dvp));
@@ -88,7 +90,9 @@ class DecodeChunk {
   int64_t lo(int64_t r) const { return band_[3 * r]; }
   int64_t hi(int64_t r) const { return band_[3 * r + 1]; }
   int64_t shi(int64_t r) const { return band_[3 * r + 2]; }
-  bool row_sees(int64_t r, int64_t a, int64_t b) const { return (lo(r) < b && a < hi(r) && lo(r) < hi(r)) || a < shi(r); }
+  bool row_sees(int64_t r, int64_t a, int64_t b) const {
+    return (lo(r) < b && a < hi(r) && lo(r) < hi(r)) || a < shi(r);
+  }
   bool row_sees_all(int64_t r, int64_t a, int64_t b) const { return (lo(r) <= a && b <= hi(r)) || b <= shi(r); }
   bool allowed(int64_t r, int64_t j) const { return (lo(r) <= j && j < hi(r)) || j < shi(r); }
 
@@ -196,27 +200,34 @@ class DecodeChunk {
   template <class Rows>
   void typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t j0, int64_t nb, bool first) {
     switch (p_.dtype) {
-      case KVDtype::f32: return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
-      case KVDtype::bf16: return block_typed<KVDtype::bf16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
-      case KVDtype::f16: return block_typed<KVDtype::f16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
-      case KVDtype::i8: return block_typed<KVDtype::i8>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::f32:
+        return block_typed<KVDtype::f32>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::bf16:
+        return block_typed<KVDtype::bf16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::f16:
+        return block_typed<KVDtype::f16>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
+      case KVDtype::i8:
+        return block_typed<KVDtype::i8>(k, v, ksc, vsc, p_.Dv, j0, nb, first);
     }
   }
 
   // L values of type kDt at element e of row `row` (bytes), widened to fp32 in registers.
   template <KVDtype kDt>
   static V load_kv(const char* row, int64_t e) {
-    if constexpr (kDt == KVDtype::f32) return Ops::load(reinterpret_cast<const float*>(row) + e);
-    else if constexpr (kDt == KVDtype::bf16) return Ops::load_bf16(reinterpret_cast<const uint16_t*>(row) + e);
-    else if constexpr (kDt == KVDtype::f16) return Ops::load_f16(reinterpret_cast<const uint16_t*>(row) + e);
-    else return Ops::load_i8(reinterpret_cast<const int8_t*>(row) + e);
+    if constexpr (kDt == KVDtype::f32)
+      return Ops::load(reinterpret_cast<const float*>(row) + e);
+    else if constexpr (kDt == KVDtype::bf16)
+      return Ops::load_bf16(reinterpret_cast<const uint16_t*>(row) + e);
+    else if constexpr (kDt == KVDtype::f16)
+      return Ops::load_f16(reinterpret_cast<const uint16_t*>(row) + e);
+    else
+      return Ops::load_i8(reinterpret_cast<const int8_t*>(row) + e);
   }
 
   // The block's rows k, v hold type kDt; O gets columns [0, ve). The int8 scales (ksc, vsc per
   // key, else null) are folded in: s = k_scale · (q · k_int), and p · v_scale multiplies v_int.
   template <KVDtype kDt, class Rows>
-  void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb,
-                   bool first) {
+  void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb, bool first) {
     for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, r0, nb); });
     const int64_t nbp = (nb + L - 1) / L * L;  // small pages make short blocks
     for (int64_t r = 0; r < rows_; ++r) {

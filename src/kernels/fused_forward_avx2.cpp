@@ -11,9 +11,7 @@
 
 namespace qkv::kernels {
 
-void forward_tile_avx2(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  forward_tile<Avx2>(p, task, ws);
-}
+void forward_tile_avx2(const ForwardParams& p, const TileTask& task, Workspace& ws) { forward_tile<Avx2>(p, task, ws); }
 
 void exp2_avx2(const float* x, float* y, int64_t n) { exp2_array<Avx2>(x, y, n); }
 

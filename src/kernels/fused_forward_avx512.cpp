@@ -18,8 +18,10 @@
 namespace qkv::kernels {
 
 void forward_tile_avx512(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  if (p.bf16_dot) forward_tile<Avx512, true>(p, task, ws);
-  else forward_tile<Avx512, false>(p, task, ws);
+  if (p.bf16_dot)
+    forward_tile<Avx512, true>(p, task, ws);
+  else
+    forward_tile<Avx512, false>(p, task, ws);
 }
 
 void exp2_avx512(const float* x, float* y, int64_t n) { exp2_array<Avx512>(x, y, n); }

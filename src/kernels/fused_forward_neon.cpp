@@ -8,9 +8,7 @@
 
 namespace qkv::kernels {
 
-void forward_tile_neon(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  forward_tile<Neon>(p, task, ws);
-}
+void forward_tile_neon(const ForwardParams& p, const TileTask& task, Workspace& ws) { forward_tile<Neon>(p, task, ws); }
 
 void exp2_neon(const float* x, float* y, int64_t n) { exp2_array<Neon>(x, y, n); }
 

@@ -22,12 +22,12 @@ struct FloatDot {
 
 template <class AT, class BT>
 struct GemmArgs {
-  int64_t kdim = 0;        // K
+  int64_t kdim = 0;  // K
   const AT* a = nullptr;
-  int64_t a_row = 0;       // element stride between rows of A
-  int64_t a_k = 0;         // element stride along K in A
+  int64_t a_row = 0;  // element stride between rows of A
+  int64_t a_k = 0;    // element stride along K in A
   const BT* b = nullptr;
-  int64_t ldb = 0;         // element stride between rows of B
+  int64_t ldb = 0;  // element stride between rows of B
   float* c = nullptr;
   int64_t ldc = 0;
   const float* alpha = nullptr;  // per-row scale of the old C; nullptr: C is overwritten

@@ -48,7 +48,12 @@ class ForwardTile {
 
  public:
   ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws)
-      : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), h_(t.h), hk_(t.h / (p.shape.H / p.shape.Hkv)),
+      : p_(p),
+        s_(p.shape),
+        mask_(*p.mask),
+        b_(t.b),
+        h_(t.h),
+        hk_(t.h / (p.shape.H / p.shape.Hkv)),
         i0_(t.i0 + sub * p.tile_rows) {
     q_ = ForwardParams::typed<In>(p.q) + p.q_stride.at(b_, h_, 0);
     k_ = ForwardParams::typed<In>(p.k) + p.k_stride.at(b_, hk_, 0);
@@ -59,8 +64,10 @@ class ForwardTile {
     dvp_ = (s_.Dv + L - 1) / L * L;
     dk_ = Pairs ? (s_.D + 1) / 2 : s_.D;
     // Rows of K and V are used in place when their layout already is what the products read.
-    if constexpr (Pairs) k_direct_ = p.k_stride.col == 1 && s_.D % 2 == 0 && p.k_stride.row % 2 == 0;
-    else k_direct_ = std::is_same_v<In, float>;
+    if constexpr (Pairs)
+      k_direct_ = p.k_stride.col == 1 && s_.D % 2 == 0 && p.k_stride.row % 2 == 0;
+    else
+      k_direct_ = std::is_same_v<In, float>;
     v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv;
     const int64_t group = p.tile_group;
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
@@ -71,7 +78,8 @@ class ForwardTile {
     // FlashAttention's rule against PyTorch's bf16 composite in ~1 case in 2,000; that product
     // costs next to nothing there anyway.
     pairs_pv_ = Pairs && s_.Dv >= L;
-    vpack_ = v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kBc * dvp_));
+    vpack_ =
+        v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kBc * dvp_));
     if (pairs_pv_) {
       vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kBc / 2 * dvp_));
       ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kBc / 2 * bq_));
@@ -210,7 +218,8 @@ class ForwardTile {
     for (int64_t r = 0; r < rows_; ++r) {
       if (!live_[r]) continue;
       const int64_t lo = std::max<int64_t>(lo_[r] - j0, 0), hi = std::min<int64_t>(hi_[r] - j0, nb);
-      for (int64_t jj = lo; jj < hi; ++jj) st_[jj * bq_ + r] = mask_.adjust(st_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
+      for (int64_t jj = lo; jj < hi; ++jj)
+        st_[jj * bq_ + r] = mask_.adjust(st_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
     }
   }
 
@@ -308,8 +317,8 @@ class ForwardTile {
       const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
       uint32_t* dst = vpairs_ + k * dvp_;
       for (int64_t e = 0; e < full; e += L)
-        Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e), hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr,
-                        dst + e);
+        Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e),
+                        hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr, dst + e);
       for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
       std::fill(dst + s_.Dv, dst + dvp_, 0u);
     }
@@ -344,7 +353,8 @@ class ForwardTile {
       float* o = o_ + r * dvp_;
       for (int64_t e = 0; e < s_.Dv; ++e) {
         float acc = first ? 0.0f : alpha_[r] * o[e];
-        for (int64_t jj = lo; jj < hi; ++jj) acc += st_[jj * bq_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
+        for (int64_t jj = lo; jj < hi; ++jj)
+          acc += st_[jj * bq_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
         o[e] = acc;
       }
     }
@@ -357,7 +367,8 @@ class ForwardTile {
         const int64_t full = s_.Dv / L * L;
         bool tail = false;
         for (int64_t jj = 0; jj < nb; ++jj) {
-          for (int64_t e = 0; e < full; e += L) acc = Ops::fma(Ops::load(v + jj * p_.v_stride.row + e), Ops::zero(), acc);
+          for (int64_t e = 0; e < full; e += L)
+            acc = Ops::fma(Ops::load(v + jj * p_.v_stride.row + e), Ops::zero(), acc);
           for (int64_t e = full; e < s_.Dv; ++e) tail |= !std::isfinite(v[jj * p_.v_stride.row + e]);
         }
         return tail || Ops::any_nan(acc);
@@ -436,8 +447,10 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
 // Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
 template <class Ops, bool Pairs = false>
 void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  if (!p.is_bf16()) forward_group<Ops, float, false>(p, task, ws);
-  else forward_group<Ops, bf16, Pairs>(p, task, ws);
+  if (!p.is_bf16())
+    forward_group<Ops, float, false>(p, task, ws);
+  else
+    forward_group<Ops, bf16, Pairs>(p, task, ws);
 }
 
 // Applies Ops::exp2 to n values (for the accuracy test).

@@ -32,8 +32,8 @@ LayerConfig resolve(const LayerConfig& in) {
   }
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (c.num_heads % c.num_kv_heads != 0)
-    throw Error(fmt::format("layer: num_heads = {} must be a multiple of num_kv_heads = {}", c.num_heads,
-                            c.num_kv_heads));
+    throw Error(
+        fmt::format("layer: num_heads = {} must be a multiple of num_kv_heads = {}", c.num_heads, c.num_kv_heads));
   if (c.head_dim == 0) {
     if (c.embed_dim % c.num_heads != 0)
       throw Error(fmt::format("layer: embed_dim = {} is not divisible by num_heads = {}; set head_dim", c.embed_dim,
@@ -100,9 +100,14 @@ int64_t MultiHeadAttention::output_dim() const {
 
 std::vector<std::pair<std::string, const Tensor<float>*>> MultiHeadAttention::parameters() const {
   std::vector<std::pair<std::string, const Tensor<float>*>> out;
-  const std::array<std::pair<const char*, const Tensor<float>*>, 8> all{
-      {{"w_q", &w_q}, {"w_k", &w_k}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_q", &b_q}, {"b_k", &b_k}, {"b_v", &b_v},
-       {"b_o", &b_o}}};
+  const std::array<std::pair<const char*, const Tensor<float>*>, 8> all{{{"w_q", &w_q},
+                                                                         {"w_k", &w_k},
+                                                                         {"w_v", &w_v},
+                                                                         {"w_o", &w_o},
+                                                                         {"b_q", &b_q},
+                                                                         {"b_k", &b_k},
+                                                                         {"b_v", &b_v},
+                                                                         {"b_o", &b_o}}};
   for (const auto& [name, t] : all)
     if (t->rank() > 0) out.emplace_back(name, t);
   return out;
@@ -157,8 +162,8 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
                           detail::head_view(v_data, d.B, Hkv, d.M, Dv), options);
 
   const int64_t out_dim = output_dim();
-  Tensor<float> y = d.batched ? Tensor<float>({d.B, d.N, out_dim}, "layer output")
-                              : Tensor<float>({d.N, out_dim}, "layer output");
+  Tensor<float> y =
+      d.batched ? Tensor<float>({d.B, d.N, out_dim}, "layer output") : Tensor<float>({d.N, out_dim}, "layer output");
   if (cf.output_projection) {
     project(y.data(), c.ctx.data(), d.B * d.N, w_o, b_o);
   } else {

@@ -74,9 +74,8 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
   Tensor<float> dq({B, N, H * D}, "dq"), dk({B, M, Hkv * D}, "dk"), dv({B, M, Hkv * Dv}, "dv");
   attention_backward(detail::head_view(dq.data(), B, H, N, D), detail::head_view(dk.data(), B, Hkv, M, D),
                      detail::head_view(dv.data(), B, Hkv, M, Dv), {},
-                     detail::head_view<const float>(dctx.data(), B, H, N, Dv),
-                     detail::head_view(q_data, B, H, N, D), detail::head_view(k_data, B, Hkv, M, D),
-                     detail::head_view(v_data, B, Hkv, M, Dv),
+                     detail::head_view<const float>(dctx.data(), B, H, N, Dv), detail::head_view(q_data, B, H, N, D),
+                     detail::head_view(k_data, B, Hkv, M, D), detail::head_view(v_data, B, Hkv, M, Dv),
                      detail::head_view(c.ctx.data(), B, H, N, Dv), c.lse.view(), options);
 
   if (!cf.parameter_free) {

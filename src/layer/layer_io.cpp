@@ -60,7 +60,9 @@ std::map<std::string, std::string> config_metadata(const LayerConfig& c) {
 std::map<std::string, std::string> read_npy_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kNpyConfigName).string();
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open the layer config (a .npy weights directory needs {})", path, kNpyConfigName));
+  if (!in)
+    throw Error(
+        fmt::format("{}: cannot open the layer config (a .npy weights directory needs {})", path, kNpyConfigName));
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
@@ -89,8 +91,7 @@ TensorMap read_npy_tensors(const std::string& dir) {
 // the file, as in the other readers. The defaults mirror LayerConfig's (0 means E / H, H and D);
 // a parameter-free layer allocates nothing.
 void check_config_fits_tensors(const LayerConfig& c, const TensorMap& tensors, const std::string& path) {
-  if (c.parameter_free || c.embed_dim < 1 || c.num_heads < 1 || c.num_kv_heads < 0 || c.head_dim < 0 ||
-      c.value_dim < 0)
+  if (c.parameter_free || c.embed_dim < 1 || c.num_heads < 1 || c.num_kv_heads < 0 || c.head_dim < 0 || c.value_dim < 0)
     return;  // the constructor refuses these with its own message
   using U = unsigned __int128;
   U held = 0;
@@ -105,10 +106,11 @@ void check_config_fits_tensors(const LayerConfig& c, const TensorMap& tensors, c
   const U Dv = c.value_dim > 0 ? cap(static_cast<U>(c.value_dim)) : D;
   const U weights = mul(E, H, D) + mul(E, Hkv, D) + mul(E, Hkv, Dv) + (c.output_projection ? mul(H, Dv, E) : 0);
   if (weights > limit)
-    throw Error(fmt::format("{}: the layer config (embed_dim {}, num_heads {}, num_kv_heads {}, head_dim {}, value_dim "
-                            "{}) needs at least {} weights, far more than the {} values the file's tensors hold",
-                            path, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim,
-                            static_cast<uint64_t>(std::min<U>(weights, UINT64_MAX)), static_cast<uint64_t>(held)));
+    throw Error(
+        fmt::format("{}: the layer config (embed_dim {}, num_heads {}, num_kv_heads {}, head_dim {}, value_dim "
+                    "{}) needs at least {} weights, far more than the {} values the file's tensors hold",
+                    path, c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim,
+                    static_cast<uint64_t>(std::min<U>(weights, UINT64_MAX)), static_cast<uint64_t>(held)));
 }
 
 }  // namespace
@@ -151,7 +153,8 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   c.bias = read_bool(meta, "bias", path);
   c.output_projection = read_bool(meta, "output_projection", path);
   c.parameter_free = read_bool(meta, "parameter_free", path);
-  if (const auto seed = meta.find("qkv.seed"); seed != meta.end()) c.seed = std::strtoull(seed->second.c_str(), nullptr, 10);
+  if (const auto seed = meta.find("qkv.seed"); seed != meta.end())
+    c.seed = std::strtoull(seed->second.c_str(), nullptr, 10);
   check_config_fits_tensors(c, tensors, path);
   MultiHeadAttention layer = [&] {
     try {
@@ -176,7 +179,8 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
       throw Error(fmt::format("{}: tensor {} has shape {} but the config needs {}", path, name,
                               shape_string(src.shape()), shape_string(dst->shape())));
     for (int64_t i = 0; i < src.numel(); ++i) {
-      if (!std::isfinite(src[i])) throw Error(fmt::format("{}: tensor {} has a non-finite value at flat index {}", path, name, i));
+      if (!std::isfinite(src[i]))
+        throw Error(fmt::format("{}: tensor {} has a non-finite value at flat index {}", path, name, i));
       (*dst)[i] = src[i];
     }
   }

@@ -7,8 +7,8 @@ namespace qkv::detail {
 LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> x, TensorView<const float> kv) {
   const int64_t E = config.embed_dim;
   if (x.rank() != 2 && x.rank() != 3)
-    throw Error(fmt::format("layer: x must be [N, E] or [B, N, E] with E = {}, got shape {}", E,
-                            shape_string(x.shape())));
+    throw Error(
+        fmt::format("layer: x must be [N, E] or [B, N, E] with E = {}, got shape {}", E, shape_string(x.shape())));
   if (x.dim(x.rank() - 1) != E)
     throw Error(fmt::format("layer: x has width {} but the layer's embed_dim is {} (shape {})", x.dim(x.rank() - 1), E,
                             shape_string(x.shape())));

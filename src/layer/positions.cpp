@@ -10,8 +10,8 @@
 namespace qkv {
 
 double sinusoidal_position(int64_t pos, int64_t index, int64_t E) {
-  const double angle = static_cast<double>(pos) /
-                       std::pow(10000.0, static_cast<double>(index - index % 2) / static_cast<double>(E));
+  const double angle =
+      static_cast<double>(pos) / std::pow(10000.0, static_cast<double>(index - index % 2) / static_cast<double>(E));
   return index % 2 == 0 ? std::sin(angle) : std::cos(angle);
 }
 

@@ -16,12 +16,23 @@ std::string html_escape(std::string_view text) {
   out.reserve(text.size() + text.size() / 8);
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -32,14 +43,19 @@ std::string json_for_script(std::string_view json) {
   out.reserve(json.size() + 16);
   for (std::size_t i = 0; i < json.size(); ++i) {
     const char c = json[i];
-    if (c == '<') out += "\\u003c";
-    else if (c == '>') out += "\\u003e";
-    else if (c == '&') out += "\\u0026";
+    if (c == '<')
+      out += "\\u003c";
+    else if (c == '>')
+      out += "\\u003e";
+    else if (c == '&')
+      out += "\\u0026";
     // U+2028 and U+2029 are E2 80 A8 / E2 80 A9 in UTF-8; they end lines in older JS parsers.
-    else if (c == '\xE2' && i + 2 < json.size() && json[i + 1] == '\x80' && (json[i + 2] == '\xA8' || json[i + 2] == '\xA9')) {
+    else if (c == '\xE2' && i + 2 < json.size() && json[i + 1] == '\x80' &&
+             (json[i + 2] == '\xA8' || json[i + 2] == '\xA9')) {
       out += json[i + 2] == '\xA8' ? "\\u2028" : "\\u2029";
       i += 2;
-    } else out += c;
+    } else
+      out += c;
   }
   return out;
 }
@@ -48,8 +64,8 @@ namespace detail {
 namespace {
 
 // YlGnBu, light (weight 0) to dark (the largest weight).
-constexpr std::array<std::array<int, 3>, 7> kStops = {{
-    {255, 255, 217}, {199, 233, 180}, {127, 205, 187}, {65, 182, 196}, {29, 145, 192}, {34, 94, 168}, {12, 44, 132}}};
+constexpr std::array<std::array<int, 3>, 7> kStops = {
+    {{255, 255, 217}, {199, 233, 180}, {127, 205, 187}, {65, 182, 196}, {29, 145, 192}, {34, 94, 168}, {12, 44, 132}}};
 
 }  // namespace
 
@@ -60,7 +76,8 @@ std::string scale_colour(double t) {
   const std::size_t a = std::min(static_cast<std::size_t>(pos), kStops.size() - 2);
   const double f = pos - static_cast<double>(a);
   int rgb[3];
-  for (int c = 0; c < 3; ++c) rgb[c] = static_cast<int>(std::lround(kStops[a][c] + f * (kStops[a + 1][c] - kStops[a][c])));
+  for (int c = 0; c < 3; ++c)
+    rgb[c] = static_cast<int>(std::lround(kStops[a][c] + f * (kStops[a + 1][c] - kStops[a][c])));
   return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
 }
 
@@ -95,7 +112,8 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
                                 html_escape(name), html_escape(name), m.rows, m.cols);
   if (!note.empty()) out += fmt::format(" — {}", html_escape(note));
   if (rows < m.rows || cols < m.cols)
-    out += fmt::format(" <span class=\"clip\">(showing the first {} rows × {} columns; --json has all)</span>", rows, cols);
+    out += fmt::format(" <span class=\"clip\">(showing the first {} rows × {} columns; --json has all)</span>", rows,
+                       cols);
   // Token-by-token matrices name their corner and columns: row = query token, column = key token.
   out += fmt::format("</figcaption><div class=\"scroll\"><table><thead><tr><th>{}</th>",
                      col_labels.empty() ? "" : "query \\ key");
@@ -106,7 +124,8 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
   out += "</tr></thead><tbody>";
   for (int64_t i = 0; i < rows; ++i) {
     const bool named = static_cast<std::size_t>(i) < row_labels.size();
-    out += fmt::format("<tr><th>{}</th>", named ? html_escape(row_labels[static_cast<std::size_t>(i)]) : fmt::format("{}", i));
+    out += fmt::format("<tr><th>{}</th>",
+                       named ? html_escape(row_labels[static_cast<std::size_t>(i)]) : fmt::format("{}", i));
     for (int64_t j = 0; j < cols; ++j) out += fmt::format("<td>{}</td>", fixed(m(i, j), precision));
     out += "</tr>";
   }
@@ -121,9 +140,11 @@ std::string page_shell(std::string_view title, std::string_view body, const nloh
   std::string out;
   out += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
   // Nothing may come from the network; inline style and script are the whole page.
-  out += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-         "script-src 'unsafe-inline'; img-src data:\">\n";
-  out += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<link rel=\"icon\" href=\"data:,\">\n";
+  out +=
+      "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+      "script-src 'unsafe-inline'; img-src data:\">\n";
+  out +=
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<link rel=\"icon\" href=\"data:,\">\n";
   out += fmt::format("<title>{}</title>\n<style>{}</style></head>\n<body>\n", html_escape(title), kPageCss);
   out += body;
   out += "\n<script type=\"application/json\" id=\"qkv-data\">";

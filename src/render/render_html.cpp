@@ -28,7 +28,8 @@ std::string selectors(const std::vector<std::string>& tokens, int64_t num_heads,
                        num_kv_heads == num_heads ? "" : fmt::format(" (key/value head {})", h / group + 1));
   out += "</select></label> <label>Query token <select id=\"query-select\">";
   for (std::size_t i = 0; i < tokens.size(); ++i)
-    out += fmt::format("<option value=\"{}\">token {} of {}: {}</option>", i, i + 1, tokens.size(), html_escape(tokens[i]));
+    out += fmt::format("<option value=\"{}\">token {} of {}: {}</option>", i, i + 1, tokens.size(),
+                       html_escape(tokens[i]));
   return out + "</select></label></div>\n";
 }
 
@@ -86,9 +87,9 @@ std::string steps_section(const Explanation& e, int precision) {
 
 std::string output_section(const Explanation& e, int precision) {
   if (e.output.empty()) return {};
-  const char* note = !e.w_o.empty()             ? "concat·W_o: what the layer outputs for each token"
-                     : e.heads.size() > 1       ? "the heads' context vectors side by side (no W_o)"
-                                                : "the context vectors (no output projection)";
+  const char* note = !e.w_o.empty()       ? "concat·W_o: what the layer outputs for each token"
+                     : e.heads.size() > 1 ? "the heads' context vectors side by side (no W_o)"
+                                          : "the context vectors (no output projection)";
   return "<section id=\"contextual\"><h2>Contextual vectors</h2>\n" +
          matrix_table("output", note, e.output, e.tokens, precision) + "</section>\n";
 }
@@ -97,8 +98,8 @@ void check_explanation(const Explanation& e) {
   const int64_t n = static_cast<int64_t>(e.tokens.size());
   if (n == 0) throw Error("html: nothing to show: no tokens");
   if (n > kMaxHeatmapTokens)
-    throw Error(fmt::format("html: {} tokens is more than the {} a heatmap shows; use the top-k page", n,
-                            kMaxHeatmapTokens));
+    throw Error(
+        fmt::format("html: {} tokens is more than the {} a heatmap shows; use the top-k page", n, kMaxHeatmapTokens));
   if (e.heads.empty()) throw Error("html: the explanation has no heads");
   for (const HeadSteps& h : e.heads)
     if (h.weights.rows != n || h.weights.cols != n || h.v.rows != n || h.context.rows != n)
@@ -128,8 +129,8 @@ std::string render_explanation_html(const Explanation& e, const HtmlOptions& opt
     heads.push_back({{"weights", detail::matrix_json(h.weights)},
                      {"v", detail::matrix_json(h.v)},
                      {"context", detail::matrix_json(h.context)}});
-  const nlohmann::json data = {{"kind", "explain"}, {"tokens", e.tokens}, {"precision", precision},
-                               {"heads", std::move(heads)}};
+  const nlohmann::json data = {
+      {"kind", "explain"}, {"tokens", e.tokens}, {"precision", precision}, {"heads", std::move(heads)}};
   return detail::page_shell(title, body, data);
 }
 

@@ -24,8 +24,8 @@ void check_top_k(const LongInputPage& p) {
   if (t.rows != n || t.cols != n || t.num_heads < 1 || t.k < 1 ||
       t.index.size() != static_cast<std::size_t>(t.num_heads * t.rows * t.k) || t.weight.size() != t.index.size() ||
       t.rest.size() != static_cast<std::size_t>(t.num_heads * t.rows))
-    throw Error(fmt::format("html: top-k weights of {} heads × {} rows × {} do not fit {} tokens", t.num_heads,
-                            t.rows, t.k, n));
+    throw Error(fmt::format("html: top-k weights of {} heads × {} rows × {} do not fit {} tokens", t.num_heads, t.rows,
+                            t.k, n));
   if (!p.output.empty() && p.output.rows != n)
     throw Error(fmt::format("html: {} contextual vectors for {} tokens", p.output.rows, n));
 }
@@ -54,7 +54,8 @@ std::string sentence_column(const WordInSentence& w, int which, int precision) {
   out += fmt::format("<p class=\"sentence\">{}</p>", html_escape(w.sentence));
   out += fmt::format("<p>\"{}\" is token {} of {}. Its weights over the sentence (selected head):</p>",
                      html_escape(w.tokens[static_cast<std::size_t>(w.position)]), w.position + 1, w.tokens.size());
-  out += fmt::format("<div class=\"strip\" id=\"strip-{}\"></div><p class=\"formula\" id=\"formula-{}\"></p>", which, which);
+  out += fmt::format("<div class=\"strip\" id=\"strip-{}\"></div><p class=\"formula\" id=\"formula-{}\"></p>", which,
+                     which);
   out += fmt::format("<p>Static vector: <code>{}</code></p>", vector_row(w.static_vector, precision));
   out += fmt::format("<p>Contextual vector: <code>{}</code></p>", vector_row(w.contextual_vector, precision));
   return out + "</section>\n";
@@ -70,7 +71,8 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
   check_top_k(p);
   const TopKWeights& t = p.top;
   const int precision = std::clamp(options.precision, 1, 17);
-  const std::string title = detail::shorten(p.title.empty() ? std::string("Self-attention: the largest weights") : p.title);
+  const std::string title =
+      detail::shorten(p.title.empty() ? std::string("Self-attention: the largest weights") : p.title);
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!p.source.empty()) body += fmt::format("<p class=\"source\">Inputs: {}</p>", html_escape(p.source));
   body += fmt::format(
@@ -78,20 +80,20 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
       "{} largest weights (computed one row at a time, without an N×N matrix) and the weight left over.</p></header>\n",
       p.tokens.size(), kMaxHeatmapTokens, t.k);
   body += "<main>\n<div class=\"controls\">" + head_select(t.num_heads) +
-          " <label>Query token <input id=\"query-input\" type=\"number\" min=\"1\" max=\"" +
-          std::to_string(t.rows) + "\" value=\"1\"></label> of " + std::to_string(t.rows) +
-          " <span id=\"query-token\"></span></div>\n";
-  body += "<section id=\"topk-section\"><h2>Top weights per query row</h2>\n"
-          "<div class=\"pager\"><button id=\"prev-page\" type=\"button\">◀ previous rows</button> "
-          "<span id=\"page-label\"></span> <button id=\"next-page\" type=\"button\">next rows ▶</button></div>\n"
-          "<div id=\"legend\"></div>\n<div class=\"scroll tall\"><table id=\"topk-table\"></table></div></section>\n";
+          " <label>Query token <input id=\"query-input\" type=\"number\" min=\"1\" max=\"" + std::to_string(t.rows) +
+          "\" value=\"1\"></label> of " + std::to_string(t.rows) + " <span id=\"query-token\"></span></div>\n";
+  body +=
+      "<section id=\"topk-section\"><h2>Top weights per query row</h2>\n"
+      "<div class=\"pager\"><button id=\"prev-page\" type=\"button\">◀ previous rows</button> "
+      "<span id=\"page-label\"></span> <button id=\"next-page\" type=\"button\">next rows ▶</button></div>\n"
+      "<div id=\"legend\"></div>\n<div class=\"scroll tall\"><table id=\"topk-table\"></table></div></section>\n";
   if (!p.output.empty())
     body += "<section id=\"contextual\"><h2>Contextual vectors</h2>\n" +
             detail::matrix_table("output", "one contextual vector per token", p.output, p.tokens, precision) +
             "</section>\n";
   body += "</main>\n";
-  const nlohmann::json data = {{"kind", "topk"},   {"tokens", p.tokens}, {"precision", precision},
-                               {"num_heads", t.num_heads}, {"k", t.k}, {"index", t.index},
+  const nlohmann::json data = {{"kind", "topk"},           {"tokens", p.tokens}, {"precision", precision},
+                               {"num_heads", t.num_heads}, {"k", t.k},           {"index", t.index},
                                {"weight", t.weight},       {"rest", t.rest}};
   return detail::page_shell(title, body, data);
 }
@@ -104,15 +106,19 @@ std::string render_comparison_html(const Comparison& c, const HtmlOptions& optio
   const std::string title = detail::shorten(fmt::format("\"{}\" in two sentences", c.word));
   std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
   if (!c.layer.empty()) body += fmt::format("<p class=\"source\">Layer: {}</p>", html_escape(c.layer));
-  body += fmt::format("<p class=\"cosines\">Static cosine similarity: <b id=\"static-cosine\">{}</b> "
-                      "(a static embedding gives \"{}\" one vector everywhere). Contextual cosine similarity: "
-                      "<b id=\"contextual-cosine\">{}</b> (self-attention mixes in the words around it).</p></header>\n",
-                      detail::fixed(c.static_cosine, 6), html_escape(c.word), detail::fixed(c.contextual_cosine, 6));
+  body += fmt::format(
+      "<p class=\"cosines\">Static cosine similarity: <b id=\"static-cosine\">{}</b> "
+      "(a static embedding gives \"{}\" one vector everywhere). Contextual cosine similarity: "
+      "<b id=\"contextual-cosine\">{}</b> (self-attention mixes in the words around it).</p></header>\n",
+      detail::fixed(c.static_cosine, 6), html_escape(c.word), detail::fixed(c.contextual_cosine, 6));
   body += "<main>\n<div class=\"controls\">" + head_select(static_cast<int64_t>(heads)) + "</div>\n";
   body += "<div class=\"sides\">" + sentence_column(c.first, 0, precision) + sentence_column(c.second, 1, precision) +
           "</div>\n<div id=\"legend\"></div>\n<p id=\"readout\" class=\"readout\">Hover a token.</p>\n</main>\n";
-  const nlohmann::json data = {{"kind", "compare"}, {"word", c.word}, {"precision", precision},
-                               {"num_heads", heads}, {"sentences", {word_json(c.first), word_json(c.second)}}};
+  const nlohmann::json data = {{"kind", "compare"},
+                               {"word", c.word},
+                               {"precision", precision},
+                               {"num_heads", heads},
+                               {"sentences", {word_json(c.first), word_json(c.second)}}};
   return detail::page_shell(title, body, data);
 }
 

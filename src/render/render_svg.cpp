@@ -24,8 +24,10 @@ std::string xml_text(std::string_view s, std::size_t max_chars = SIZE_MAX) {
     std::size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
     bool ok = len > 0 && i + len <= s.size() && c >= 0x20 && c != 0x7F && c != 0xC0 && c != 0xC1;
     for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok) clean.append(s.substr(i, len));
-    else clean += "\xEF\xBF\xBD";
+    if (ok)
+      clean.append(s.substr(i, len));
+    else
+      clean += "\xEF\xBF\xBD";
     i += ok ? len : 1;
     ++chars;
   }
@@ -58,11 +60,13 @@ void draw_head(std::string& out, const Explanation& e, int64_t h, const Layout& 
                int precision) {
   const Matrix& w = e.heads[static_cast<std::size_t>(h)].weights;
   out += fmt::format("<g class=\"head\" data-head=\"{}\" transform=\"translate({:.1f},0)\">\n", h, x0);
-  out += fmt::format("<text class=\"head-title\" x=\"{:.1f}\" y=\"16\" font-weight=\"bold\">Head {}</text>\n", l.left, h + 1);
-  out += fmt::format("<text class=\"axis-title\" x=\"{:.1f}\" y=\"32\" text-anchor=\"middle\">keys (columns): the tokens "
-                     "attended to</text>\n<text class=\"axis-title\" transform=\"translate(14,{:.1f}) rotate(-90)\" "
-                     "text-anchor=\"middle\">queries (rows): the tokens attending</text>\n",
-                     l.left + l.grid / 2.0, l.top + l.grid / 2.0);
+  out += fmt::format("<text class=\"head-title\" x=\"{:.1f}\" y=\"16\" font-weight=\"bold\">Head {}</text>\n", l.left,
+                     h + 1);
+  out += fmt::format(
+      "<text class=\"axis-title\" x=\"{:.1f}\" y=\"32\" text-anchor=\"middle\">keys (columns): the tokens "
+      "attended to</text>\n<text class=\"axis-title\" transform=\"translate(14,{:.1f}) rotate(-90)\" "
+      "text-anchor=\"middle\">queries (rows): the tokens attending</text>\n",
+      l.left + l.grid / 2.0, l.top + l.grid / 2.0);
   if (l.cell >= 8.0) {
     for (int64_t j = 0; j < l.n; ++j)
       out += fmt::format("<text class=\"key\" transform=\"translate({:.1f},{:.1f}) rotate(-60)\">{}</text>\n",
@@ -75,7 +79,8 @@ void draw_head(std::string& out, const Explanation& e, int64_t h, const Layout& 
   }
   for (int64_t i = 0; i < l.n; ++i) {
     for (int64_t j = 0; j < l.n; ++j) {
-      const double v = w(i, j), x = l.left + static_cast<double>(j) * l.cell, y = l.top + static_cast<double>(i) * l.cell;
+      const double v = w(i, j), x = l.left + static_cast<double>(j) * l.cell,
+                   y = l.top + static_cast<double>(i) * l.cell;
       out += fmt::format(
           "<rect class=\"cell\" x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" fill=\"{}\" data-i=\"{}\" "
           "data-j=\"{}\" data-w=\"{}\"><title>{} → {}: {}</title></rect>\n",
@@ -83,10 +88,10 @@ void draw_head(std::string& out, const Explanation& e, int64_t h, const Layout& 
           xml_text(e.tokens[static_cast<std::size_t>(i)]), xml_text(e.tokens[static_cast<std::size_t>(j)]),
           detail::fixed(v, precision));
       if (l.numbers)
-        out += fmt::format("<text class=\"num\" x=\"{:.2f}\" y=\"{:.2f}\" text-anchor=\"middle\" font-size=\"10\" "
-                           "fill=\"{}\">{}</text>\n",
-                           x + l.cell / 2, y + l.cell / 2 + 3.5, v / vmax > 0.55 ? "#ffffff" : "#000000",
-                           detail::fixed(v, 2));
+        out += fmt::format(
+            "<text class=\"num\" x=\"{:.2f}\" y=\"{:.2f}\" text-anchor=\"middle\" font-size=\"10\" "
+            "fill=\"{}\">{}</text>\n",
+            x + l.cell / 2, y + l.cell / 2 + 3.5, v / vmax > 0.55 ? "#ffffff" : "#000000", detail::fixed(v, 2));
     }
   }
   out += "</g>\n";
@@ -97,9 +102,10 @@ void draw_legend(std::string& out, double x, double y, double width, double vmax
   for (int s = 0; s <= 10; ++s)
     out += fmt::format("<stop offset=\"{:.1f}\" stop-color=\"{}\"/>", s / 10.0, detail::scale_colour(s / 10.0));
   out += "</linearGradient></defs>\n";
-  out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"12\" fill=\"url(#qkv-scale)\" "
-                     "stroke=\"#888\"/>\n",
-                     x, y, width);
+  out += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"12\" fill=\"url(#qkv-scale)\" "
+      "stroke=\"#888\"/>\n",
+      x, y, width);
   for (int s = 0; s <= 4; ++s)
     out += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n",
                        x + width * s / 4.0, y + 26.0, detail::fixed(vmax * s / 4.0, 3));
@@ -129,9 +135,10 @@ std::string render_heatmap_svg(const Explanation& e, const SvgOptions& options) 
   const double width = std::max(l.width * static_cast<double>(last - first), l.left + 280.0);
   const double height = l.top + l.grid + 64.0;
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} "
-                     "{:.0f}\" font-family=\"sans-serif\" font-size=\"11\">\n",
-                     width, height, width, height);
+  out += fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} "
+      "{:.0f}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      width, height, width, height);
   out += fmt::format("<title>{}</title>\n", xml_text(e.title.empty() ? "Attention weights" : e.title));
   out += fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
   for (int64_t h = first; h < last; ++h)

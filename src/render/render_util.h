@@ -32,14 +32,14 @@ std::string fixed(double x, int precision);
 std::string exact(double x);
 
 // A matrix as a labelled table: caption `name` and `note`, row labels (may be empty: indices),
-// column indices or `col_labels` (tokens, for query × key matrices). Matrices larger than 48 × 24 show their top-left corner and say so.
+// column indices or `col_labels` (tokens, for query × key matrices). Matrices larger than 48 × 24 show their top-left
+// corner and say so.
 std::string matrix_table(std::string_view name, std::string_view note, const Matrix& m,
                          const std::vector<std::string>& row_labels, int precision,
                          const std::vector<std::string>& col_labels = {});
 
 // The colour of weight `t` in [0, 1] on the pages' scale (light yellow to dark blue), "#rrggbb".
 std::string scale_colour(double t);
-
 
 // JSON dumped with invalid UTF-8 replaced (tokens are raw user bytes).
 std::string dump_json(const nlohmann::json& j);

@@ -46,7 +46,9 @@ Embeddings::Embeddings(std::vector<std::string> words, Tensor<float> matrix)
   for (std::size_t i = 0; i < words_.size(); ++i) index_.emplace(words_[i], static_cast<int64_t>(i));
 
   // The arena is sized first so it never reallocates under the views.
-  auto has_upper = [](const std::string& w) { return std::any_of(w.begin(), w.end(), [](char c) { return c >= 'A' && c <= 'Z'; }); };
+  auto has_upper = [](const std::string& w) {
+    return std::any_of(w.begin(), w.end(), [](char c) { return c >= 'A' && c <= 'Z'; });
+  };
   std::size_t folded_bytes = 0;
   for (const std::string& w : words_)
     if (has_upper(w)) folded_bytes += w.size();
@@ -78,7 +80,8 @@ int64_t Embeddings::find(std::string_view word) const {
 EmbeddedSentence embed_sentence(const Embeddings& embeddings, std::string_view sentence, OovPolicy policy) {
   std::vector<std::string> tokens = tokenize(sentence);
   if (tokens.empty())
-    throw Error(fmt::format("the sentence has no tokens (it is empty or only punctuation): {}", detail::quoted(sentence)));
+    throw Error(
+        fmt::format("the sentence has no tokens (it is empty or only punctuation): {}", detail::quoted(sentence)));
   std::vector<int64_t> rows;
   EmbeddedSentence out;
   for (std::string& token : tokens) {

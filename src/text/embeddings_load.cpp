@@ -21,7 +21,6 @@ namespace {
 constexpr const char* kNotEmbeddings =
     " (this is not a GloVe or word2vec file: each line must be a word followed by its numbers)";
 
-
 using detail::MappedFile;
 using detail::quoted;
 
@@ -52,15 +51,14 @@ Line line_at(std::string_view file, std::size_t pos) {
 Line text_line(const MappedFile& file, std::size_t pos, int64_t line_no) {
   Line line = line_at(file.bytes(), pos);
   if (line.too_long)
-    throw Error(fmt::format("{}: line {} has no newline within {} bytes (1 MiB, the longest text line qkv reads); "
-                            "is this a text embeddings file?",
-                            file.path(), line_no, kMaxEmbeddingLineBytes));
+    throw Error(
+        fmt::format("{}: line {} has no newline within {} bytes (1 MiB, the longest text line qkv reads); "
+                    "is this a text embeddings file?",
+                    file.path(), line_no, kMaxEmbeddingLineBytes));
   return line;
 }
 
-bool is_blank(std::string_view line) {
-  return std::all_of(line.begin(), line.end(), is_space);
-}
+bool is_blank(std::string_view line) { return std::all_of(line.begin(), line.end(), is_space); }
 
 std::vector<std::string_view> split(std::string_view line) {
   std::vector<std::string_view> tokens;
@@ -128,7 +126,8 @@ std::string parse_text_row_slowly(std::string_view line, int64_t dim, float* out
         return fmt::format("value {} of {} ({}) is not a number", j + 1, quoted(*word), quoted(token));
       case NumberStatus::out_of_range:
         return fmt::format("value {} of {} ({}) is out of the float32 range", j + 1, quoted(*word), quoted(token));
-      case NumberStatus::ok: break;
+      case NumberStatus::ok:
+        break;
     }
     if (!std::isfinite(out[j]))
       return fmt::format("value {} of {} is {}; embeddings must be finite", j + 1, quoted(*word), quoted(token));
@@ -165,7 +164,8 @@ struct Loaded {
 
 // What Loaded takes for `rows` words of `dim` floats (the words' own characters aside).
 unsigned __int128 matrix_and_words_bytes(int64_t rows, int64_t dim) {
-  return static_cast<unsigned __int128>(rows) * (static_cast<unsigned __int128>(dim) * sizeof(float) + sizeof(std::string));
+  return static_cast<unsigned __int128>(rows) *
+         (static_cast<unsigned __int128>(dim) * sizeof(float) + sizeof(std::string));
 }
 
 // Refuses a row count and width the file cannot hold before the matrix is allocated: a text row
@@ -174,8 +174,8 @@ void check_text_capacity(const MappedFile& file, int64_t rows, int64_t dim) {
   unsigned __int128 need = static_cast<unsigned __int128>(rows) * (2 * static_cast<unsigned __int128>(dim) + 1);
   if (need > file.size() + 1)
     throw Error(fmt::format("{}: {} rows of {} values need at least {} bytes of text, but the file holds {}",
-                            file.path(), rows, dim, static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)),
-                            file.size()));
+                            file.path(), rows, dim,
+                            static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)), file.size()));
 }
 
 // Text rows from `start` (on line `first_line`, counted from 1). declared_rows < 0: GloVe, the
@@ -202,8 +202,8 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
   }
   if (rows == 0) throw Error(fmt::format("{}: the vocabulary is empty (no rows of vectors)", path));
   if (declared_rows >= 0 && declared_rows != rows)
-    throw Error(fmt::format("{}: the header declares {} words but the file has {} rows of vectors", path,
-                            declared_rows, rows));
+    throw Error(
+        fmt::format("{}: the header declares {} words but the file has {} rows of vectors", path, declared_rows, rows));
   if (dim < 0) {
     std::vector<std::string_view> tokens = split(first_row);
     dim = static_cast<int64_t>(tokens.size() - word_token_count(tokens));
@@ -264,10 +264,10 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
   // Each entry holds at least a one-byte word, a space and its vector.
   unsigned __int128 need = static_cast<unsigned __int128>(rows) * (static_cast<unsigned __int128>(dim) * 4 + 2);
   if (need > bytes.size() - start)
-    throw Error(fmt::format("{}: the header declares {} words of {} floats (at least {} bytes) but the file holds {} "
-                            "bytes after it",
-                            path, rows, dim, static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)),
-                            bytes.size() - start));
+    throw Error(fmt::format(
+        "{}: the header declares {} words of {} floats (at least {} bytes) but the file holds {} "
+        "bytes after it",
+        path, rows, dim, static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)), bytes.size() - start));
   detail::check_fits_in_memory(matrix_and_words_bytes(rows, dim), path);
   file.advise_sequential();
   Loaded out{std::vector<std::string>(static_cast<std::size_t>(rows)), Tensor<float>({rows, dim}, path)};
@@ -278,7 +278,9 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
     const std::size_t word_limit = std::min(bytes.size(), word_start + kMaxEmbeddingLineBytes + 1);
     while (pos < word_limit && bytes[pos] != ' ' && bytes[pos] != '\n') ++pos;
     std::string_view word = bytes.substr(word_start, pos - word_start);
-    auto where = [&] { return fmt::format("{}: word {} of {} ({}, byte {})", path, r + 1, rows, quoted(word), word_start); };
+    auto where = [&] {
+      return fmt::format("{}: word {} of {} ({}, byte {})", path, r + 1, rows, quoted(word), word_start);
+    };
     if (pos == word_limit && pos < bytes.size())
       throw Error(fmt::format("{}: no space within {} bytes (1 MiB) to end the word (is this really word2vec binary?)",
                               where(), kMaxEmbeddingLineBytes));
@@ -304,8 +306,8 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
   }
   while (pos < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[pos]))) ++pos;
   if (pos < bytes.size())
-    throw Error(fmt::format("{}: {} bytes of data follow the {} words the header declares", path, bytes.size() - pos,
-                            rows));
+    throw Error(
+        fmt::format("{}: {} bytes of data follow the {} words the header declares", path, bytes.size() - pos, rows));
   return out;
 }
 
@@ -343,7 +345,8 @@ bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t ro
   std::size_t space = line.text.find_first_of(" \t");
   if (space == std::string_view::npos) {
     // A row without values is reported as text; control bytes (a sparse file's zeros) mean binary.
-    return std::none_of(line.text.begin(), line.text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\r'; });
+    return std::none_of(line.text.begin(), line.text.end(),
+                        [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\r'; });
   }
   std::string_view values = line.text.substr(space + 1);
   if (is_blank(values) || !std::all_of(values.begin(), values.end(), printable)) return false;
@@ -368,9 +371,11 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
   int64_t rows = -1, dim = -1;
   bool has_header = head.size() == 2 && parse_count(head[0], &rows) && parse_count(head[1], &dim);
   if (format == EmbeddingFormat::automatic) {
-    if (!has_header) format = EmbeddingFormat::glove;
-    else format = looks_like_text_vectors(bytes, first.end, rows, dim) ? EmbeddingFormat::word2vec_text
-                                                           : EmbeddingFormat::word2vec_binary;
+    if (!has_header)
+      format = EmbeddingFormat::glove;
+    else
+      format = looks_like_text_vectors(bytes, first.end, rows, dim) ? EmbeddingFormat::word2vec_text
+                                                                    : EmbeddingFormat::word2vec_binary;
   }
   if (format != EmbeddingFormat::glove) {
     if (!has_header)

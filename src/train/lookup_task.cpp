@@ -59,7 +59,8 @@ LookupBatch LookupTask::sample(int64_t batch, std::mt19937_64& rng) const {
   return out;
 }
 
-ReadoutResult LookupTask::readout(const Tensor<float>& y, const std::vector<int64_t>& targets, Tensor<float>* dy) const {
+ReadoutResult LookupTask::readout(const Tensor<float>& y, const std::vector<int64_t>& targets,
+                                  Tensor<float>* dy) const {
   const int64_t B = static_cast<int64_t>(targets.size()), T = sequence_length(), E = dim_, V = num_values_;
   // logits [B, V] = y_query [B, E] (rows T·E apart) · valuesᵀ
   Tensor<float> logits({B, V}, "logits");

@@ -2,7 +2,6 @@
 // the parameter-free layer and the mean-of-context guess (include/qkv/masked_word.h).
 #include "qkv/masked_word.h"
 
-
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -28,7 +27,8 @@ void check_config(const MaskedWordConfig& c) {
   auto require = [](bool ok, const std::string& message) {
     if (!ok) throw Error("masked-word task: " + message);
   };
-  require(c.heads >= 1 && c.head_dim >= 0, fmt::format("heads ({}) must be >= 1 and head_dim ({}) >= 0", c.heads, c.head_dim));
+  require(c.heads >= 1 && c.head_dim >= 0,
+          fmt::format("heads ({}) must be >= 1 and head_dim ({}) >= 0", c.heads, c.head_dim));
   require(c.min_length >= 2 && c.max_length >= c.min_length,
           fmt::format("sentence lengths must satisfy 2 <= min ({}) <= max ({})", c.min_length, c.max_length));
   require(c.batch >= 1 && c.steps >= 0 && c.warmup >= 0 && c.threads >= 0 && c.eval_examples >= 1,
@@ -50,18 +50,21 @@ TopAccuracy evaluate(const MultiHeadAttention* layer, const std::vector<detail::
                      const Embeddings& embeddings, bool positions, const AttentionOptions& options) {
   int64_t top1 = 0, top10 = 0, total = 0;
   for (const auto& batch : held_out) {
-    const Tensor<float> y = layer ? layer->forward(layer_input(batch, positions).cview(), {}, options) : batch.x.clone();
+    const Tensor<float> y =
+        layer ? layer->forward(layer_input(batch, positions).cview(), {}, options) : batch.x.clone();
     const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr);
     top1 += r.top1;
     top10 += r.top10;
     total += static_cast<int64_t>(batch.targets.size());
   }
-  return {static_cast<double>(top1) / static_cast<double>(total), static_cast<double>(top10) / static_cast<double>(total)};
+  return {static_cast<double>(top1) / static_cast<double>(total),
+          static_cast<double>(top10) / static_cast<double>(total)};
 }
 
 }  // namespace
 
-MaskedWordResult train_masked_word(const MaskedWordConfig& c, const std::function<void(const TrainProgress&)>& progress) {
+MaskedWordResult train_masked_word(const MaskedWordConfig& c,
+                                   const std::function<void(const TrainProgress&)>& progress) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   check_config(c);
@@ -72,7 +75,8 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c, const std::functio
   const Embeddings embeddings = Embeddings::load(c.embeddings);
   const detail::MaskedCorpus corpus = detail::load_masked_corpus(c, embeddings);
   std::mt19937_64 eval_rng(c.seed ^ kEvalStream);
-  const std::vector<detail::MaskedBatch> held_out = detail::held_out_batches(corpus, embeddings, c.eval_examples, eval_rng);
+  const std::vector<detail::MaskedBatch> held_out =
+      detail::held_out_batches(corpus, embeddings, c.eval_examples, eval_rng);
 
   MaskedWordResult result;
   result.vocabulary = embeddings.size();
@@ -90,7 +94,8 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c, const std::functio
   result.parameter_free = evaluate(&free_layer, held_out, embeddings, c.positions, options);
   result.mean_context = evaluate(nullptr, held_out, embeddings, false, options);
 
-  Optimizer optimizer(OptimizerConfig{.kind = OptimizerKind::adamw, .weight_decay = c.weight_decay}, layer.parameters());
+  Optimizer optimizer(OptimizerConfig{.kind = OptimizerKind::adamw, .weight_decay = c.weight_decay},
+                      layer.parameters());
   const LrSchedule schedule{.base = c.lr, .min_lr = c.lr * 0.01, .warmup = c.warmup, .total = c.steps};
   std::mt19937_64 rng(c.seed ^ kTrainStream);
   std::deque<std::pair<double, double>> recent;  // (loss, top-1 accuracy) of the last kWindow steps

@@ -83,23 +83,27 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
   }
   if (in.bad()) throw Error(fmt::format("masked-word: error reading {}", c.sentences));
   if (corpus.train_count == 0 || corpus.held_out.empty())
-    throw Error(fmt::format("masked-word: {} has no usable {} sentence ({} to {} words, every word in the "
-                            "embeddings)", c.sentences, corpus.train_count == 0 ? "training" : "held-out",
-                            c.min_length, c.max_length));
+    throw Error(
+        fmt::format("masked-word: {} has no usable {} sentence ({} to {} words, every word in the "
+                    "embeddings)",
+                    c.sentences, corpus.train_count == 0 ? "training" : "held-out", c.min_length, c.max_length));
   return corpus;
 }
 
-MaskedBatch sample_batch(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t batch, std::mt19937_64& rng) {
+MaskedBatch sample_batch(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t batch,
+                         std::mt19937_64& rng) {
   // The bucket of a uniformly drawn sentence: buckets are drawn in proportion to their size.
   int64_t pick = uniform_index(rng, corpus.train_count);
   std::size_t bucket = 0;
-  while (pick >= static_cast<int64_t>(corpus.train[bucket].size())) pick -= static_cast<int64_t>(corpus.train[bucket++].size());
+  while (pick >= static_cast<int64_t>(corpus.train[bucket].size()))
+    pick -= static_cast<int64_t>(corpus.train[bucket++].size());
   const std::vector<Sentence>& pool = corpus.train[bucket];
   std::vector<const Sentence*> sentences;
   std::vector<int64_t> hidden;
   const auto L = static_cast<int64_t>(bucket) + corpus.min_length;
   for (int64_t b = 0; b < batch; ++b) {
-    sentences.push_back(&pool[static_cast<std::size_t>(b == 0 ? pick : uniform_index(rng, static_cast<int64_t>(pool.size())))]);
+    sentences.push_back(
+        &pool[static_cast<std::size_t>(b == 0 ? pick : uniform_index(rng, static_cast<int64_t>(pool.size())))]);
     hidden.push_back(uniform_index(rng, L));
   }
   return make_batch(sentences, hidden, embeddings);

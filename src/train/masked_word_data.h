@@ -28,9 +28,9 @@ struct MaskedCorpus {
 MaskedCorpus load_masked_corpus(const MaskedWordConfig& config, const Embeddings& embeddings);
 
 struct MaskedBatch {
-  Tensor<float> x;                 // [B, L, E]; row `hidden[b]` holds the mean of the other rows
-  std::vector<int64_t> hidden;     // [B] the hidden position
-  std::vector<int64_t> targets;    // [B] the hidden word's id
+  Tensor<float> x;               // [B, L, E]; row `hidden[b]` holds the mean of the other rows
+  std::vector<int64_t> hidden;   // [B] the hidden position
+  std::vector<int64_t> targets;  // [B] the hidden word's id
 };
 
 // A batch of sentences of one length (taken from the bucket of a uniformly drawn sentence), each
@@ -43,8 +43,8 @@ std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embe
                                           std::mt19937_64& rng);
 
 struct MaskedReadout {
-  double loss = 0;               // mean cross-entropy over the batch
-  int64_t top1 = 0, top10 = 0;   // examples whose target ranks first / within the first 10
+  double loss = 0;              // mean cross-entropy over the batch
+  int64_t top1 = 0, top10 = 0;  // examples whose target ranks first / within the first 10
 };
 
 // Scores y[b, hidden[b], :] against every embedding (logits = y · embeddingsᵀ). When dy is not

@@ -14,8 +14,8 @@ const Tensor<float>& find_same_shape(const TensorMap& map, const std::string& ke
   const auto it = map.find(key);
   if (it == map.end()) throw Error(fmt::format("{}: no tensor named {}", what, key));
   if (!std::equal(it->second.shape().begin(), it->second.shape().end(), like.shape().begin(), like.shape().end()))
-    throw Error(fmt::format("{}: {} has shape {} but the parameter is {}", what, key,
-                            shape_string(it->second.shape()), shape_string(like.shape())));
+    throw Error(fmt::format("{}: {} has shape {} but the parameter is {}", what, key, shape_string(it->second.shape()),
+                            shape_string(like.shape())));
   return it->second;
 }
 
@@ -23,9 +23,11 @@ std::string first_name(OptimizerKind kind) { return kind == OptimizerKind::sgd ?
 
 }  // namespace
 
-Optimizer::Optimizer(const OptimizerConfig& config, ParameterList params) : config_(config), params_(std::move(params)) {
+Optimizer::Optimizer(const OptimizerConfig& config, ParameterList params)
+    : config_(config), params_(std::move(params)) {
   const OptimizerConfig& c = config_;
-  if (!(c.momentum >= 0 && c.momentum < 1)) throw Error(fmt::format("optimizer: momentum {} is outside [0, 1)", c.momentum));
+  if (!(c.momentum >= 0 && c.momentum < 1))
+    throw Error(fmt::format("optimizer: momentum {} is outside [0, 1)", c.momentum));
   if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
     throw Error(fmt::format("optimizer: betas ({}, {}) must be in [0, 1)", c.beta1, c.beta2));
   if (!(c.eps > 0) || !(c.weight_decay >= 0))

@@ -48,12 +48,18 @@ void check_config(const LookupConfig& c) {
 
 // The settings a checkpoint must share with the run that resumes it.
 std::map<std::string, std::string> config_entries(const LookupConfig& c) {
-  return {{"train.pairs", std::to_string(c.pairs)},         {"train.num_keys", std::to_string(c.num_keys)},
-          {"train.num_values", std::to_string(c.num_values)}, {"train.embed_dim", std::to_string(c.embed_dim)},
-          {"train.heads", std::to_string(c.heads)},         {"train.head_dim", std::to_string(c.head_dim)},
-          {"train.batch", std::to_string(c.batch)},         {"train.steps", std::to_string(c.steps)},
-          {"train.lr", fmt::format("{}", c.lr)},            {"train.warmup", std::to_string(c.warmup)},
-          {"train.weight_decay", fmt::format("{}", c.weight_decay)}, {"train.clip", fmt::format("{}", c.clip)},
+  return {{"train.pairs", std::to_string(c.pairs)},
+          {"train.num_keys", std::to_string(c.num_keys)},
+          {"train.num_values", std::to_string(c.num_values)},
+          {"train.embed_dim", std::to_string(c.embed_dim)},
+          {"train.heads", std::to_string(c.heads)},
+          {"train.head_dim", std::to_string(c.head_dim)},
+          {"train.batch", std::to_string(c.batch)},
+          {"train.steps", std::to_string(c.steps)},
+          {"train.lr", fmt::format("{}", c.lr)},
+          {"train.warmup", std::to_string(c.warmup)},
+          {"train.weight_decay", fmt::format("{}", c.weight_decay)},
+          {"train.clip", fmt::format("{}", c.clip)},
           {"train.seed", std::to_string(c.seed)}};
 }
 
@@ -90,8 +96,9 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
     const auto it = meta.find(key);
     const std::string theirs = it == meta.end() ? "(missing)" : it->second;
     if (theirs != value)
-      throw Error(fmt::format("checkpoint {} was written with {}={} but this run has {}={}; resume with the same settings",
-                              c.checkpoint, key.substr(6), theirs, key.substr(6), value));
+      throw Error(
+          fmt::format("checkpoint {} was written with {}={} but this run has {}={}; resume with the same settings",
+                      c.checkpoint, key.substr(6), theirs, key.substr(6), value));
   }
   int64_t step = -1;
   if (meta.count("train.step")) step = std::strtoll(meta.at("train.step").c_str(), nullptr, 10);
@@ -99,8 +106,8 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
     throw Error(fmt::format("checkpoint {} has no valid train.step / train.rng entries", c.checkpoint));
   for (const auto& [name, t] : s.layer.parameters()) {
     const auto it = ck.tensors.find(name);
-    if (it == ck.tensors.end() || !std::equal(t->shape().begin(), t->shape().end(), it->second.shape().begin(),
-                                              it->second.shape().end()))
+    if (it == ck.tensors.end() ||
+        !std::equal(t->shape().begin(), t->shape().end(), it->second.shape().begin(), it->second.shape().end()))
       throw Error(fmt::format("checkpoint {}: weight {} is missing or has the wrong shape", c.checkpoint, name));
   }
   s.optimizer.load_state(ck.tensors, step);

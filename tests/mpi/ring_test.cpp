@@ -83,13 +83,15 @@ void expect_close(const std::string& what, const float* got, const float* ref, i
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (std::isinf(ref[i]) || std::isinf(got[i])) {
-      if (got[i] != ref[i]) return fail(fmt::format("{}: element {} is {} but the reference is {}", what, i, got[i], ref[i]));
+      if (got[i] != ref[i])
+        return fail(fmt::format("{}: element {} is {} but the reference is {}", what, i, got[i], ref[i]));
       continue;
     }
     if (!std::isfinite(got[i])) return fail(fmt::format("{}: element {} is {}", what, i, got[i]));
     worst = std::max(worst, std::abs(double(got[i]) - double(ref[i])));
   }
-  if (worst > 2e-5 * (1 + max_ref)) fail(fmt::format("{}: max error {:.3g} above {:.3g}", what, worst, 2e-5 * (1 + max_ref)));
+  if (worst > 2e-5 * (1 + max_ref))
+    fail(fmt::format("{}: max error {:.3g} above {:.3g}", what, worst, 2e-5 * (1 + max_ref)));
 }
 
 double max_abs(const Tensor<float>& t) {
@@ -152,8 +154,8 @@ void run_case(const Case& c, uint64_t seed) {
   auto d = [](const Tensor<float>& t) { return qkv::to_contiguous<double>(t.cview()); };
   Tensor<double> q64 = d(q), k64 = d(k), v64 = d(v), dout64 = d(dout);
   Tensor<double> dq64(q.shape()), dk64(k.shape()), dv64(v.shape());
-  qkv::reference_attention_backward(dq64.view(), dk64.view(), dv64.view(), {}, dout64.cview(), q64.cview(),
-                                    k64.cview(), v64.cview(), ref_options);
+  qkv::reference_attention_backward(dq64.view(), dk64.view(), dv64.view(), {}, dout64.cview(), q64.cview(), k64.cview(),
+                                    v64.cview(), ref_options);
 
   qkv::RingOptions options;
   options.attention = single;
@@ -213,7 +215,9 @@ std::vector<Case> cases() {
        [](qkv::Mask& m) { m.causal = CausalAlign::bottom_right; }},
       {"cross attention", 1, 2, 2, 19, 45, 24, 16, Sharding::zigzag, none},
       {"window", 1, 2, 2, 41, 41, 32, 32, Sharding::zigzag,
-       [](qkv::Mask& m) { m.window = qkv::Window{5, 3}; }},
+       [](qkv::Mask& m) {
+         m.window = qkv::Window{5, 3};
+       }},
       {"causal window", 1, 1, 1, 64, 64, 111, 111, Sharding::zigzag,
        [](qkv::Mask& m) {
          m.causal = CausalAlign::top_left;
@@ -242,7 +246,9 @@ std::vector<Case> cases() {
          m.window = qkv::Window{40, 0};
        }},
       {"ALiBi plain zigzag (not joined)", 1, 2, 2, 42, 42, 16, 16, Sharding::zigzag,
-       [](qkv::Mask& m) { m.alibi_slopes = {0.25f, 0.0625f}; }},
+       [](qkv::Mask& m) {
+         m.alibi_slopes = {0.25f, 0.0625f};
+       }},
       {"key length inside a chunk (not joined)", 1, 2, 2, 40, 40, 16, 16, Sharding::zigzag,
        [](qkv::Mask& m) { m.key_lengths = {37}; }},
       {"N = 1", 1, 1, 1, 1, 1, 40, 40, Sharding::contiguous, none},
@@ -337,9 +343,8 @@ void run_mask_field_tests(uint64_t seed) {
     if (std::memcmp(part.data() + h * 12 * 16, out.data() + (h * 20 + 8) * 16, 12 * 16 * sizeof(float)) != 0)
       fail("diagonal_offsets: rows computed alone differ from the same rows of the whole call");
   o.mask.diagonal_offsets = {1, 2};
-  expect_error("diagonal_offsets size", "diagonal_offsets: expected 1 entries", [&] {
-    qkv::attention_forward(part.view(), {}, rows, k.cview(), v.cview(), o);
-  });
+  expect_error("diagonal_offsets size", "diagonal_offsets: expected 1 entries",
+               [&] { qkv::attention_forward(part.view(), {}, rows, k.cview(), v.cview(), o); });
   // Row 0 of a causal call sees only key 0; as a block of a longer row (lse larger than its own
   // logit) its dq is not zero, and with the shortcut on it is.
   qkv::AttentionOptions c;
@@ -416,23 +421,47 @@ void run_step_call_tests() {
     }
   };
   auto causal = [](qkv::Mask& m) { m.causal = qkv::CausalAlign::top_left; };
-  check("plain", [](qkv::Mask&) {}, 1, 1, 1);
-  check("softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, 1, 1, 1);
-  check("window wider than the sequence", [](qkv::Mask& m) { m.window = qkv::Window{45, 45}; }, 1, 1, 1);
+  check(
+      "plain", [](qkv::Mask&) {}, 1, 1, 1);
+  check(
+      "softcap", [](qkv::Mask& m) { m.softcap = 3.0f; }, 1, 1, 1);
+  check(
+      "window wider than the sequence",
+      [](qkv::Mask& m) {
+        m.window = qkv::Window{45, 45};
+      },
+      1, 1, 1);
   // Even the diagonal step: the shard's chunks are in global order, so it is causal in shard rows.
   check("causal", causal, 1, 1, 1);
-  check("ALiBi", [](qkv::Mask& m) { m.alibi_slopes = {0.5f, 0.25f}; }, 4, 4, 4);
+  check(
+      "ALiBi",
+      [](qkv::Mask& m) {
+        m.alibi_slopes = {0.5f, 0.25f};
+      },
+      4, 4, 4);
   // Rank 0 holds the last chunk, [30, 40) to [35, 40): key 37 cuts it.
-  check("key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; }, g_rank == 0 ? 4 : 1, 4, 1);
-  check("causal key length 37", [](qkv::Mask& m) {
-    m.causal = qkv::CausalAlign::top_left;
-    m.key_lengths = {37};
-  }, kAny, kAny, kAny);
-  check("window 2", [](qkv::Mask& m) { m.window = qkv::Window{2, 2}; }, kAny, kAny, kAny);
-  check("causal window 7", [](qkv::Mask& m) {
-    m.causal = qkv::CausalAlign::top_left;
-    m.window = qkv::Window{7, -1};
-  }, kAny, kAny, kAny);
+  check(
+      "key length 37", [](qkv::Mask& m) { m.key_lengths = {37}; }, g_rank == 0 ? 4 : 1, 4, 1);
+  check(
+      "causal key length 37",
+      [](qkv::Mask& m) {
+        m.causal = qkv::CausalAlign::top_left;
+        m.key_lengths = {37};
+      },
+      kAny, kAny, kAny);
+  check(
+      "window 2",
+      [](qkv::Mask& m) {
+        m.window = qkv::Window{2, 2};
+      },
+      kAny, kAny, kAny);
+  check(
+      "causal window 7",
+      [](qkv::Mask& m) {
+        m.causal = qkv::CausalAlign::top_left;
+        m.window = qkv::Window{7, -1};
+      },
+      kAny, kAny, kAny);
 }
 
 }  // namespace
@@ -442,10 +471,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_ranks);
   uint64_t seed = 0;
-  if (const char* env = std::getenv("QKV_TEST_SEED")) seed = std::strtoull(env, nullptr, 10);
-  else seed = std::random_device{}();
+  if (const char* env = std::getenv("QKV_TEST_SEED"))
+    seed = std::strtoull(env, nullptr, 10);
+  else
+    seed = std::random_device{}();
   MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  if (g_rank == 0) std::printf("ring_test: %d ranks, QKV_TEST_SEED=%llu\n", g_ranks, static_cast<unsigned long long>(seed));
+  if (g_rank == 0)
+    std::printf("ring_test: %d ranks, QKV_TEST_SEED=%llu\n", g_ranks, static_cast<unsigned long long>(seed));
   run_shard_roundtrip(seed);
   run_mask_field_tests(seed);
   run_step_call_tests();

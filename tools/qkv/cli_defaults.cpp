@@ -14,9 +14,10 @@
 namespace qkv::cli {
 
 std::string default_embeddings_rule() {
-  return fmt::format("default: $QKV_EMBEDDINGS, else {} (GCIDE word vectors built by `make demo`; "
-                     "QKV_EMBEDDINGS= empty: no default)",
-                     QKV_DEFAULT_EMBEDDINGS);
+  return fmt::format(
+      "default: $QKV_EMBEDDINGS, else {} (GCIDE word vectors built by `make demo`; "
+      "QKV_EMBEDDINGS= empty: no default)",
+      QKV_DEFAULT_EMBEDDINGS);
 }
 
 std::string file_name(const std::string& path) {
@@ -38,9 +39,10 @@ void resolve_default_embeddings(SentenceArgs& args) {
     args.embeddings = built;
     return;
   }
-  usage_error(fmt::format("no word vectors: pass --embeddings F, set QKV_EMBEDDINGS=F, or build the default {} "
-                          "with `make demo` (or `cmake --build build --target embeddings`)",
-                          built.empty() ? std::string("data/words.txt") : built));
+  usage_error(
+      fmt::format("no word vectors: pass --embeddings F, set QKV_EMBEDDINGS=F, or build the default {} "
+                  "with `make demo` (or `cmake --build build --target embeddings`)",
+                  built.empty() ? std::string("data/words.txt") : built));
 }
 
 }  // namespace qkv::cli

@@ -62,8 +62,8 @@ class ProgressNote {
     const double seconds = std::chrono::duration<double>(now - start_).count();
     const double eta = done > 0 ? seconds * static_cast<double>(total - done) / static_cast<double>(done) : 0.0;
     const double percent = 100.0 * static_cast<double>(done) / static_cast<double>(total);
-    std::fprintf(stderr, "%sqkv: %s: %lld of %lld rows (%.0f%%), %.0f s, about %.0f s left%s", tty_ ? "\r" : "",
-                 what_, static_cast<long long>(done), static_cast<long long>(total), percent, seconds, eta,
+    std::fprintf(stderr, "%sqkv: %s: %lld of %lld rows (%.0f%%), %.0f s, about %.0f s left%s", tty_ ? "\r" : "", what_,
+                 static_cast<long long>(done), static_cast<long long>(total), percent, seconds, eta,
                  tty_ ? "   " : "\n");
     std::fflush(stderr);
     drawn_ = true;

@@ -34,14 +34,17 @@ std::string loss_curve_svg(const std::vector<LossPoint>& points, const std::stri
       kW, kH, kLeft, title);
   for (int i = 0; i <= 4; ++i) {  // horizontal grid lines with loss labels
     const double loss = lo + (hi - lo) * i / 4.0, y = py(loss);
-    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n",
-                       kLeft, y, kW - kRight, y, kLeft - 6, y + 4, loss);
+    svg += fmt::format(
+        "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
+        "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n",
+        kLeft, y, kW - kRight, y, kLeft - 6, y + 4, loss);
   }
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">training step (of {})</text>\n",
                      (kLeft + kW - kRight) / 2, kH - 12, last);
-  svg += fmt::format("<text transform=\"translate(16 {:.1f}) rotate(-90)\" text-anchor=\"middle\">"
-                     "cross-entropy loss (mean of the last 50 steps)</text>\n", (kTop + kH - kBottom) / 2);
+  svg += fmt::format(
+      "<text transform=\"translate(16 {:.1f}) rotate(-90)\" text-anchor=\"middle\">"
+      "cross-entropy loss (mean of the last 50 steps)</text>\n",
+      (kTop + kH - kBottom) / 2);
   svg += "<polyline fill=\"none\" stroke=\"#c0392b\" stroke-width=\"1.5\" points=\"";
   for (const LossPoint& p : points) svg += fmt::format("{:.1f},{:.1f} ", px(static_cast<double>(p.step)), py(p.loss));
   svg += "\"/>\n</svg>\n";

@@ -107,8 +107,8 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
         }
         std::vector<std::string> lines = lines_of(text);
         if (lines.size() != expected)
-          throw CLI::ValidationError(fmt::format("--input {}: expected {} non-blank lines (one sentence each), found {}",
-                                                 path, expected, lines.size()));
+          throw CLI::ValidationError(fmt::format(
+              "--input {}: expected {} non-blank lines (one sentence each), found {}", path, expected, lines.size()));
         *sentences = std::move(lines);
       },
       sentences != nullptr ? "Read the two sentences from FILE, one per line ('-': standard input)"

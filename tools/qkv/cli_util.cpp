@@ -221,8 +221,10 @@ void check_output_path(const std::string& path, const std::string& option) {
     // "cannot write X: why" -> "--out X: why", the option being what the user typed.
     std::string message = e.what();
     const std::string prefix = "cannot write ";
-    if (message.rfind(prefix, 0) == 0) message.replace(0, prefix.size(), option + " ");
-    else message = option + ": " + message;
+    if (message.rfind(prefix, 0) == 0)
+      message.replace(0, prefix.size(), option + " ");
+    else
+      message = option + ": " + message;
     throw Error(message);
   }
 }

@@ -49,9 +49,9 @@ std::vector<float> parse_float_list(const std::string& text, const std::string& 
 // The mask options of `qkv attend`. add_mask_options() registers them; build_mask() loads the
 // mask files and returns a Mask whose views point into this struct (keep it alive).
 struct MaskArgs {
-  std::string causal;  // "", "top_left" or "bottom_right"
+  std::string causal;                 // "", "top_left" or "bottom_right"
   std::string diagonal = "top_left";  // the window/ALiBi diagonal when not causal
-  std::string window;  // "L,R"
+  std::string window;                 // "L,R"
   std::string key_lengths, query_lengths;
   std::string keep_mask_path, bias_path;
   std::string alibi_slopes;

@@ -45,8 +45,10 @@ Input<T> load_input(const std::string& path, const char* option) {
   // certainly a wrong file; Python refuses them too.
   const std::string descr = read_npy_info(path).descr;
   if (descr.size() < 2 || descr[1] != 'f')
-    throw Error(fmt::format("{} {}: holds dtype '{}'; attention needs floating-point values (float16, float32 or "
-                            "float64)", option, path, descr));
+    throw Error(
+        fmt::format("{} {}: holds dtype '{}'; attention needs floating-point values (float16, float32 or "
+                    "float64)",
+                    option, path, descr));
   Input<T> in{path, load_npy<T>(path), {}};
   const int rank = in.data.rank();
   if (rank < 2 || rank > 4)
@@ -70,9 +72,10 @@ template <class T>
 std::vector<std::pair<std::string, std::string>> attend(AttendArgs& a) {
   const Input<T> q = load_input<T>(a.q, "--q"), k = load_input<T>(a.k, "--k"), v = load_input<T>(a.v, "--v");
   if (k.data.rank() != q.data.rank() || v.data.rank() != q.data.rank())
-    throw Error(fmt::format("--q {}, --k {}, --v {}: ranks differ ({}, {}, {}); give all three as [N, D], [H, N, D] "
-                            "or [B, H, N, D]",
-                            a.q, a.k, a.v, q.data.rank(), k.data.rank(), v.data.rank()));
+    throw Error(
+        fmt::format("--q {}, --k {}, --v {}: ranks differ ({}, {}, {}); give all three as [N, D], [H, N, D] "
+                    "or [B, H, N, D]",
+                    a.q, a.k, a.v, q.data.rank(), k.data.rank(), v.data.rank()));
   AttentionOptions options;
   if (a.has_scale) options.scale = a.scale;
   options.kernel = parse_kernel(a.kernel, "--kernel");

@@ -42,10 +42,12 @@ Shape parse_shape(const std::string& text) {
   const std::vector<int64_t> v = parse_int_list(text, "--shape");
   if (v.size() != 5) throw Error(fmt::format("--shape: expected B,H,N,M,D (5 values), got '{}'", text));
   for (int64_t x : v)
-    if (x < 1 || x > (int64_t{1} << 24)) throw Error(fmt::format("--shape: {} is outside 1 to 16777216 in '{}'", x, text));
+    if (x < 1 || x > (int64_t{1} << 24))
+      throw Error(fmt::format("--shape: {} is outside 1 to 16777216 in '{}'", x, text));
   const Shape s{v[0], v[1], v[2], v[3], v[4]};
   const double bytes = 4.0 * (2.0 * s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D);
-  if (bytes > kMaxBytes) throw Error(fmt::format("--shape: '{}' needs {:.1f} GB of tensors (at most 4)", text, bytes / 1e9));
+  if (bytes > kMaxBytes)
+    throw Error(fmt::format("--shape: '{}' needs {:.1f} GB of tensors (at most 4)", text, bytes / 1e9));
   return s;
 }
 
@@ -121,7 +123,8 @@ int run_bench(const BenchArgs& a) {
                peak512 > 0 ? "AVX-512" : "AVX2", threads, bandwidth / 1e9,
                peak512 > 0 && peak256 > 0 ? fmt::format("; AVX2 FMA peak {:.1f} GFLOP/s", peak256 / 1e9) : "");
   else
-    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n", bandwidth / 1e9);
+    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n",
+               bandwidth / 1e9);
   fmt::print("forward: {:.3g} GFLOP (4·pairs·D), {:.3g} MB moved\n", flops / 1e9, bytes / 1e6);
   fmt::print("{:<10} {:>10} {:>10} {:>8} {:>7}\n", "path", "time ms", "GFLOP/s", "GB/s", "% peak");
 
@@ -147,8 +150,10 @@ int run_bench(const BenchArgs& a) {
     options.num_threads = threads;
     if (a.causal) options.mask.causal = CausalAlign::top_left;
     const double seconds = median_seconds(a.repeats, [&] {
-      if (bf16_in) attention_forward(out.view(), lse.view(), qb.cview(), kb.cview(), vb.cview(), options);
-      else attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+      if (bf16_in)
+        attention_forward(out.view(), lse.view(), qb.cview(), kb.cview(), vb.cview(), options);
+      else
+        attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
     });
     const double own = p.kernel == Kernel::fused && p.simd == Simd::avx2 ? peak256 : peak;
     const std::string pct = own > 0 ? fmt::format("{:7.1f}", 100.0 * flops / seconds / own) : "      -";
@@ -158,8 +163,9 @@ int run_bench(const BenchArgs& a) {
   if (!small) fmt::print("reference: skipped (more than {:.0e} multiply-adds)\n", kReferenceLimit);
   fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
   if (peak > 0)
-    fmt::print("(% peak: of the path's own instruction set's FMA peak (avx2: AVX2's), the others of the machine's;\n"
-               " above 100 means other programs slowed the peak measurement)\n");
+    fmt::print(
+        "(% peak: of the path's own instruction set's FMA peak (avx2: AVX2's), the others of the machine's;\n"
+        " above 100 means other programs slowed the peak measurement)\n");
   return 0;
 }
 

@@ -46,7 +46,8 @@ std::string attends_to(const WordInSentence& w, std::size_t n) {
   for (std::size_t h = 0; h < w.weights.size(); ++h) {
     std::vector<std::size_t> order(w.tokens.size());
     for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) { return w.weights[h][i] > w.weights[h][j]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t i, std::size_t j) { return w.weights[h][i] > w.weights[h][j]; });
     out += fmt::format("  head {} attends to:", h + 1);
     for (std::size_t r = 0; r < std::min(kShown, order.size()); ++r)
       out += fmt::format(" {} (token {}) {:.3f}{}", w.tokens[order[r]], order[r] + 1, w.weights[h][order[r]],
@@ -56,7 +57,8 @@ std::string attends_to(const WordInSentence& w, std::size_t n) {
   out += "  contextual vector: [";
   for (std::size_t d = 0; d < std::min<std::size_t>(6, w.contextual_vector.size()); ++d)
     out += fmt::format("{}{:.4f}", d ? ", " : "", w.contextual_vector[d]);
-  return out + (w.contextual_vector.size() > 6 ? fmt::format(", ... ({} values)]\n", w.contextual_vector.size()) : "]\n");
+  return out +
+         (w.contextual_vector.size() > 6 ? fmt::format(", ... ({} values)]\n", w.contextual_vector.size()) : "]\n");
 }
 
 struct Occurrence {
@@ -68,8 +70,8 @@ struct Occurrence {
 int run_compare(const CompareArgs& a) {
   const std::vector<std::string> word_tokens = tokenize(a.word);
   if (word_tokens.size() != 1)
-    throw Error(fmt::format("--word '{}': must be exactly one word (it tokenizes to {} tokens)", a.word,
-                            word_tokens.size()));
+    throw Error(
+        fmt::format("--word '{}': must be exactly one word (it tokenizes to {} tokens)", a.word, word_tokens.size()));
   const std::string& word = word_tokens[0];
   if (!a.html.empty()) check_output_path(a.html, "--html");
   const SentenceArgs& sa = a.sentence_args;
@@ -84,8 +86,7 @@ int run_compare(const CompareArgs& a) {
     Occurrence o{embed(embeddings, a.sentences[n], sa, what), -1, {}};
     for (std::size_t t = 0; t < o.embedded.tokens.size() && o.position < 0; ++t)
       if (o.embedded.tokens[t] == word) o.position = static_cast<int64_t>(t);
-    if (o.position < 0)
-      throw Error(fmt::format("--word '{}': not in {} (\"{}\")", a.word, what, a.sentences[n]));
+    if (o.position < 0) throw Error(fmt::format("--word '{}': not in {} (\"{}\")", a.word, what, a.sentences[n]));
     o.contextual = layer.forward(o.embedded.x.cview());
     check_finite(o.contextual.cview(), fmt::format("contextual vectors of {} (the layer overflowed float32)", what));
     occ.push_back(std::move(o));
@@ -97,13 +98,15 @@ int run_compare(const CompareArgs& a) {
   const std::string description = describe_layer(sa, layer);
   std::vector<WordInSentence> sides;
   for (std::size_t n = 0; n < occ.size(); ++n)
-    sides.push_back(word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
+    sides.push_back(
+        word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
 
   std::string text;
   if (a.json) {
     nlohmann::json sentences = nlohmann::json::array();
     for (std::size_t n = 0; n < occ.size(); ++n)
-      sentences.push_back({{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
+      sentences.push_back(
+          {{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
     const nlohmann::json j = {{"word", word},
                               {"sentences", std::move(sentences)},
                               {"static_cosine", static_cos},
@@ -115,9 +118,10 @@ int run_compare(const CompareArgs& a) {
     for (std::size_t n = 0; n < occ.size(); ++n)
       text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], occ[n].position + 1,
                           occ[n].embedded.tokens.size());
-    text += fmt::format("static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
-                        "sentence)\n",
-                        static_cos, word);
+    text += fmt::format(
+        "static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
+        "sentence)\n",
+        static_cos, word);
     text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
                         context_cos);
     for (std::size_t n = 0; n < sides.size(); ++n) text += attends_to(sides[n], n);
@@ -134,10 +138,10 @@ int run_compare(const CompareArgs& a) {
 
 Command add_compare(CLI::App& app) {
   auto args = std::make_shared<CompareArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "compare",
-      "Cosine similarity of one word's static and contextual vectors across two sentences,\n"
-      "e.g. --word bank \"I went to the bank to deposit money\" \"We sat by the river bank\".");
+  CLI::App* sub =
+      app.add_subcommand("compare",
+                         "Cosine similarity of one word's static and contextual vectors across two sentences,\n"
+                         "e.g. --word bank \"I went to the bank to deposit money\" \"We sat by the river bank\".");
   sub->add_option("--word", args->word, "The word to compare (it must occur in both sentences)")->required();
   add_sentence_input(sub, sub->add_option("sentences", args->sentences, "The two sentences")->required()->expected(2),
                      &args->sentences, nullptr);

@@ -49,7 +49,7 @@ std::string json_text(const ContextArgs& a, const EmbeddedSentence& s, const Ten
     vectors.push_back(std::move(row));
   }
   const nlohmann::json j = {{"sentence", a.sentence}, {"tokens", s.tokens}, {"missing", s.missing},
-                            {"layer", layer},         {"dim", y.dim(1)},   {"vectors", std::move(vectors)}};
+                            {"layer", layer},         {"dim", y.dim(1)},    {"vectors", std::move(vectors)}};
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
@@ -65,12 +65,16 @@ int run_context(const ContextArgs& a) {
   const std::string description = describe_layer(sa, layer);
 
   std::string bytes;
-  if (a.format == "npy") bytes = npy_bytes<float>(y.cview());
-  else if (a.format == "json") bytes = json_text(a, s, y, description);
-  else bytes = table_text(a, s, y, description);
+  if (a.format == "npy")
+    bytes = npy_bytes<float>(y.cview());
+  else if (a.format == "json")
+    bytes = json_text(a, s, y, description);
+  else
+    bytes = table_text(a, s, y, description);
   if (!a.html.empty()) {
     const std::string title = fmt::format("Contextual vectors of \"{}\"", a.sentence);
-    const std::string source = fmt::format("embeddings from {} (width {}); {}", file_name(sa.embeddings), embeddings.dim(), description);
+    const std::string source =
+        fmt::format("embeddings from {} (width {}); {}", file_name(sa.embeddings), embeddings.dim(), description);
     std::vector<std::pair<std::string, std::string>> files{{a.html, context_page(s, layer, title, source)}};
     if (!a.out.empty()) files.emplace_back(a.out, bytes);
     write_outputs(files);

@@ -24,7 +24,7 @@ struct ExplainArgs {
   std::string example;
   SentenceArgs sentence_args;
   bool json = false;
-  int precision = 0;  // 0: 8 decimals for the seeds' examples, 4 for sentences
+  int precision = 0;      // 0: 8 decimals for the seeds' examples, 4 for sentences
   std::string html, svg;  // pictures instead of text
 };
 
@@ -55,8 +55,10 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
                   s.positions ? " plus sinusoidal positional encodings" : "", describe_layer(s, layer));
   const auto n = static_cast<int64_t>(sentence.tokens.size());
   if (n > kMaxHeatmapTokens && !a.svg.empty())
-    throw Error(fmt::format("--svg: {} tokens is more than the {} a heatmap shows (--html lists the top-{} weights "
-                            "per row instead)", n, kMaxHeatmapTokens, kPageTopK));
+    throw Error(
+        fmt::format("--svg: {} tokens is more than the {} a heatmap shows (--html lists the top-{} weights "
+                    "per row instead)",
+                    n, kMaxHeatmapTokens, kPageTopK));
   if (n > kMaxHeatmapTokens && !a.html.empty()) {
     long_page = top_k_page(sentence, layer, title, source, /*with_output=*/false);
     return {};
@@ -82,9 +84,8 @@ int run_explain(const ExplainArgs& a) {
   if (!a.html.empty()) check_output_path(a.html, "--html");
   if (!a.svg.empty()) check_output_path(a.svg, "--svg");
   std::string long_page;
-  const Explanation e =
-      a.sentence_args.embeddings.empty() ? explain_example(a.example.empty() ? "seed-003" : a.example)
-                                         : sentence_explanation(a, long_page);
+  const Explanation e = a.sentence_args.embeddings.empty() ? explain_example(a.example.empty() ? "seed-003" : a.example)
+                                                           : sentence_explanation(a, long_page);
   if (!a.html.empty() || !a.svg.empty()) {
     write_pictures(a, e, long_page);
     return 0;
@@ -104,16 +105,19 @@ Command add_explain(CLI::App& app) {
       "Print every step of self-attention: Q, K, V, raw scores Q·Kᵀ, scaled scores, attention weights, context "
       "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
       "\"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free), its words looked up in\n"
-      "--embeddings F (" + default_embeddings_rule() + ").");
-  add_sentence_input(sub, sub->add_option("sentence", args->sentence, "The sentence to explain (its words looked up in --embeddings)"),
-                     nullptr, &args->sentence);
+      "--embeddings F (" +
+          default_embeddings_rule() + ").");
+  add_sentence_input(
+      sub, sub->add_option("sentence", args->sentence, "The sentence to explain (its words looked up in --embeddings)"),
+      nullptr, &args->sentence);
   std::string names;
   for (const std::string& n : example_names()) names += (names.empty() ? "" : ", ") + n;
   sub->add_option("--example", args->example, "A built-in worked example: " + names)
       ->check(CLI::IsMember(example_names()));
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/false);
   sub->add_flag("--json", args->json, "Print the steps as JSON (full float64 precision)");
-  sub->add_option("--precision", args->precision, "Decimals shown in the text (default 8 for the examples, 4 for sentences)")
+  sub->add_option("--precision", args->precision,
+                  "Decimals shown in the text (default 8 for the examples, 4 for sentences)")
       ->check(integer_in(1, 17));
   sub->add_option("--html", args->html,
                   "Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the text; "

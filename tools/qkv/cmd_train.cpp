@@ -37,7 +37,8 @@ std::string duration(double seconds) {
 // about every 5% of the run, so logs stay readable.
 class ProgressPrinter {
  public:
-  explicit ProgressPrinter(int64_t steps) : tty_(::isatty(STDERR_FILENO) == 1), every_(std::max<int64_t>(1, steps / 20)) {}
+  explicit ProgressPrinter(int64_t steps)
+      : tty_(::isatty(STDERR_FILENO) == 1), every_(std::max<int64_t>(1, steps / 20)) {}
   ~ProgressPrinter() {
     if (drawn_) std::fputc('\n', stderr);
   }
@@ -70,9 +71,11 @@ class ProgressPrinter {
 
 void validate(const CLI::App* sub, TrainArgs& a) {
   const bool masked = a.task == "masked-word";
-  for (const char* name : {"--pairs", "--keys", "--values", "--embed-dim", "--checkpoint", "--checkpoint-every", "--resume"})
+  for (const char* name :
+       {"--pairs", "--keys", "--values", "--embed-dim", "--checkpoint", "--checkpoint-every", "--resume"})
     if (masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task lookup", name));
-  for (const char* name : {"--embeddings", "--sentences", "--max-sentences", "--min-length", "--max-length", "--positions"})
+  for (const char* name :
+       {"--embeddings", "--sentences", "--max-sentences", "--min-length", "--max-length", "--positions"})
     if (!masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task masked-word", name));
   if (a.config.resume && a.config.checkpoint.empty()) usage_error("--resume needs --checkpoint FILE");
   if (sub->count("--checkpoint-every") > 0 && a.config.checkpoint.empty())
@@ -81,7 +84,8 @@ void validate(const CLI::App* sub, TrainArgs& a) {
     usage_error(fmt::format("--keys ({}) must be at least --pairs ({})", a.config.num_keys, a.config.pairs));
   if (!masked) return;
   if (a.masked.max_length < a.masked.min_length)
-    usage_error(fmt::format("--max-length ({}) must be at least --min-length ({})", a.masked.max_length, a.masked.min_length));
+    usage_error(
+        fmt::format("--max-length ({}) must be at least --min-length ({})", a.masked.max_length, a.masked.min_length));
   SentenceArgs where;
   where.embeddings = a.masked.embeddings;
   resolve_default_embeddings(where);
@@ -132,8 +136,10 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
 
 int run_train(const TrainArgs& args) {
   const LookupConfig& c = args.config;
-  for (const auto& [path, option] : {std::pair{c.save, "--save"}, {c.checkpoint, "--checkpoint"},
-                                     {args.loss_csv, "--loss-csv"}, {args.loss_svg, "--loss-svg"}})
+  for (const auto& [path, option] : {std::pair{c.save, "--save"},
+                                     {c.checkpoint, "--checkpoint"},
+                                     {args.loss_csv, "--loss-csv"},
+                                     {args.loss_svg, "--loss-svg"}})
     if (!path.empty()) check_output_path(path, option);
   std::vector<LossPoint> curve;
   if (args.task == "masked-word") {
@@ -177,9 +183,13 @@ Command add_train(CLI::App& app) {
   sub->add_option("--task", args->task, "Task (lookup, masked-word)")
       ->check(CLI::IsMember({"lookup", "masked-word"}))
       ->capture_default_str();
-  sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")->check(integer_in(1, 100000))->capture_default_str();
+  sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")
+      ->check(integer_in(1, 100000))
+      ->capture_default_str();
   sub->add_option("--keys", c.num_keys, "Key vocabulary size")->check(integer_in(1, 1000000))->capture_default_str();
-  sub->add_option("--values", c.num_values, "Value vocabulary size")->check(integer_in(2, 1000000))->capture_default_str();
+  sub->add_option("--values", c.num_values, "Value vocabulary size")
+      ->check(integer_in(2, 1000000))
+      ->capture_default_str();
   sub->add_option("--embed-dim,-E", c.embed_dim, "Embedding width E (lookup; masked-word takes the embeddings' width)")
       ->check(integer_in(1, 65536))
       ->capture_default_str();
@@ -188,21 +198,27 @@ Command add_train(CLI::App& app) {
   add_shared(sub, "--batch", c.batch, m.batch, "Examples per step")->check(integer_in(1, 1000000));
   add_shared(sub, "--steps", c.steps, m.steps, "Training steps")->check(integer_in(int64_t{0}, int64_t{1} << 40));
   add_shared(sub, "--lr", c.lr, m.lr, "Peak learning rate (AdamW, warm-up + cosine)")->check(positive_number());
-  add_shared(sub, "--warmup", c.warmup, m.warmup, "Warm-up steps")->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+  add_shared(sub, "--warmup", c.warmup, m.warmup, "Warm-up steps")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   add_shared(sub, "--clip", c.clip, m.clip, "Gradient norm limit (0: off)")->check(nonnegative_number());
   add_shared(sub, "--weight-decay", c.weight_decay, m.weight_decay, "AdamW weight decay")->check(nonnegative_number());
-  add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)", false);
-  add_shared(sub, "--threads", c.threads, m.threads, "Threads (0: QKV_NUM_THREADS or all cores); these tasks are fastest on 1")
+  add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)",
+             false);
+  add_shared(sub, "--threads", c.threads, m.threads,
+             "Threads (0: QKV_NUM_THREADS or all cores); these tasks are fastest on 1")
       ->check(integer_in(0, 4096));
-  add_shared(sub, "--eval-examples", c.eval_examples, m.eval_examples, "Held-out examples")->check(integer_in(1, 10000000));
-  sub->add_option("--checkpoint", c.checkpoint, "Checkpoint file (.safetensors); the previous one is kept as <file>.prev");
+  add_shared(sub, "--eval-examples", c.eval_examples, m.eval_examples, "Held-out examples")
+      ->check(integer_in(1, 10000000));
+  sub->add_option("--checkpoint", c.checkpoint,
+                  "Checkpoint file (.safetensors); the previous one is kept as <file>.prev");
   sub->add_option("--checkpoint-every", c.checkpoint_every, "Steps between checkpoints (0: only at the end)")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   sub->add_flag("--resume", c.resume, "Continue from --checkpoint (bitwise as if never interrupted)");
   add_shared(sub, "--save", c.save, m.save, "Write the trained layer (.safetensors; usable with --weights)", false);
   sub->add_option("--embeddings", m.embeddings, "masked-word: word vectors; " + default_embeddings_rule());
-  sub->add_option("--sentences", m.sentences, "masked-word: one sentence per line (default: sentences.txt next to the "
-                                              "embeddings)");
+  sub->add_option("--sentences", m.sentences,
+                  "masked-word: one sentence per line (default: sentences.txt next to the "
+                  "embeddings)");
   sub->add_option("--max-sentences", m.max_sentences, "masked-word: read at most this many lines (0: all)")
       ->check(integer_in(int64_t{0}, std::numeric_limits<int64_t>::max()));
   sub->add_option("--min-length", m.min_length, "masked-word: shortest sentence used (words)")

@@ -55,7 +55,8 @@ Shard read_shard(const std::string& path, const char* option, int ranks, int ran
                             h.info.fortran_order ? " in Fortran order" : ""));
   const std::vector<int64_t>& s = h.info.shape;
   if (s.size() < 2 || s.size() > 4)
-    throw Error(fmt::format("{} {}: expected [N, D], [H, N, D] or [B, H, N, D], got {}", option, path, shape_string(s)));
+    throw Error(
+        fmt::format("{} {}: expected [N, D], [H, N, D] or [B, H, N, D], got {}", option, path, shape_string(s)));
   std::array<int64_t, 4> s4{1, 1, 1, 1};
   std::copy(s.begin(), s.end(), s4.end() - static_cast<std::ptrdiff_t>(s.size()));
   const int64_t L = s4[2], C = s4[3];
@@ -190,8 +191,10 @@ int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
     k = read_shard(a.k, "--k", ranks, rank);
     v = read_shard(a.v, "--v", ranks, rank);
     if (q.file_shape.size() != k.file_shape.size() || q.file_shape.size() != v.file_shape.size())
-      throw Error(fmt::format("--q {}, --k {}, --v {}: ranks differ; give all three as [N, D], [H, N, D] or "
-                              "[B, H, N, D]", a.q, a.k, a.v));
+      throw Error(
+          fmt::format("--q {}, --k {}, --v {}: ranks differ; give all three as [N, D], [H, N, D] or "
+                      "[B, H, N, D]",
+                      a.q, a.k, a.v));
     const int64_t N = q.file_shape[q.file_shape.size() - 2], M = k.file_shape[k.file_shape.size() - 2];
     options.attention.mask = build_mask(mask_args, q.data.dim(0), q.data.dim(1), N, M);
     options.attention.scale = a.scale;
