@@ -62,5 +62,6 @@ using DecodeChunkFn = void (*)(const DecodeParams&, const DecodeTask&, Workspace
 void decode_chunk_avx512(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
 void decode_chunk_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
 void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);  // AArch64 only
 
 }  // namespace qkv::kernels

@@ -7,12 +7,6 @@
 
 namespace qkv::kernels {
 
-#if defined(__aarch64__)
-// decode_neon.cpp's kernel, declared here rather than in decode_kernel.h while that header is
-// being reworked; it belongs next to decode_chunk_scalar there.
-void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
-#endif
-
 namespace {
 
 CpuFeatures detect() {
