@@ -31,14 +31,7 @@ class CheckpointTest : public ::testing::Test {
   fs::path dir_;
 };
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+void expect_error(const std::function<void()>& f, const std::string& needle) { test::expect_error(f, {needle}); }
 
 bool same(const Tensor<float>& a, TensorView<const float> b) {
   Tensor<float> bc = to_contiguous<float>(b);

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "qkv/error.h"
 
 namespace qkv::test {
@@ -81,19 +82,6 @@ inline int run_python(const std::string& script, const std::string& dir) {
   write_raw(file, script);
   std::string cmd = "/usr/bin/python3 " + file + " " + dir;
   return std::system(cmd.c_str());
-}
-
-// Calls `f`, expecting qkv::Error whose message contains each of `parts`.
-inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected qkv::Error containing \"" << (parts.empty() ? "" : parts[0]) << "\"";
-  } catch (const qkv::Error& e) {
-    std::string what = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
-    EXPECT_EQ(what.find('\n'), std::string::npos) << "the message should be one line: " << what;
-  }
 }
 
 }  // namespace qkv::test

@@ -8,9 +8,11 @@
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "qkv/error.h"
 #include "qkv/tensor.h"
 
 namespace qkv::test {
@@ -59,5 +61,18 @@ class Rng {
   uint64_t seed_ = 0;
   std::mt19937_64 engine_;
 };
+
+// Calls `f`, expecting qkv::Error whose message contains each of `parts`.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected qkv::Error containing \"" << (parts.empty() ? "" : parts[0]) << "\"";
+  } catch (const qkv::Error& e) {
+    std::string what = e.what();
+    for (const std::string& p : parts)
+      EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "the message should be one line: " << what;
+  }
+}
 
 }  // namespace qkv::test
