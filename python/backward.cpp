@@ -54,7 +54,7 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
     qkv::reference_attention_backward(dq, dk, dv, dbias, dout4, q4, k4, v4, call.options);
   } else {
     py::array out_owner, lse_owner;
-    qkv::Tensor<float> out_buf, lse32;
+    qkv::Tensor<float> out_buf;
     qkv::Tensor<double> lse_buf;
     qkv::TensorView<const float> out4;
     qkv::TensorView<const double> lse3;
