@@ -65,10 +65,11 @@ TEST(FusedThreads, SingleHeadShortSequenceIsDeterministic) {
   EXPECT_TRUE(bitwise_equal(out1, out3));
 }
 
-TEST(FusedThreads, Bf16OutputsAreBitwiseEqualFor1_2_3Threads) {
-  test::Rng rng("FusedThreads.Bf16");
+// bf16 inputs with a window mask, 190 keys (a partial last block) and value dim dv, on every path.
+void expect_bf16_bitwise_for_1_2_3_threads(const char* seed, int64_t dv) {
+  test::Rng rng(seed);
   Tensor<float> q32 = rng.normal32({1, 3, 200, 64}), k32 = rng.normal32({1, 3, 190, 64}),
-                v32 = rng.normal32({1, 3, 190, 59});
+                v32 = rng.normal32({1, 3, 190, dv});
   auto round = [](const Tensor<float>& t) {
     Tensor<bf16> b(t.shape());
     for (int64_t i = 0; i < t.numel(); ++i) b[i] = float_to_bf16(t[i]);
@@ -79,16 +80,25 @@ TEST(FusedThreads, Bf16OutputsAreBitwiseEqualFor1_2_3Threads) {
     AttentionOptions options;
     options.simd = simd;
     options.mask.window = Window{50, 10};
-    Tensor<float> out1({1, 3, 200, 59});
+    Tensor<float> out1({1, 3, 200, dv});
     options.num_threads = 1;
     attention_forward(out1.view(), {}, q.cview(), k.cview(), v.cview(), options);
     for (int threads : {2, 3}) {
-      Tensor<float> out({1, 3, 200, 59});
+      Tensor<float> out({1, 3, 200, dv});
       options.num_threads = threads;
       attention_forward(out.view(), {}, q.cview(), k.cview(), v.cview(), options);
       EXPECT_TRUE(bitwise_equal(out, out1)) << simd_path_name(simd) << " threads " << threads;
     }
   }
+}
+
+TEST(FusedThreads, Bf16OutputsAreBitwiseEqualFor1_2_3Threads) {
+  expect_bf16_bitwise_for_1_2_3_threads("FusedThreads.Bf16", 59);
+}
+
+// D = Dv = 64 takes the AMX tile products where the CPU has them (dispatch.cpp).
+TEST(FusedThreads, Bf16TileProductsAreBitwiseEqualFor1_2_3Threads) {
+  expect_bf16_bitwise_for_1_2_3_threads("FusedThreads.Bf16Tiles", 64);
 }
 
 // Peak resident memory in kB since the last reset_peak_rss(), from /proc/self/status.

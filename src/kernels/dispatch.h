@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx2_fma = false;
   bool avx512 = false;       // F, BW, DQ, VL
   bool avx512_bf16 = false;  // vdpbf16ps
+  bool amx_bf16 = false;     // AMX-TILE and AMX-BF16, granted by the OS; QKV_AMX=0 turns it off
   bool neon = false;         // AArch64's Advanced SIMD (every AArch64 CPU)
 };
 const CpuFeatures& cpu_features();

@@ -28,7 +28,7 @@ struct TileTask {
 // stream of calls allocates nothing.
 class Workspace {
  public:
-  static constexpr int kSlots = 8;
+  static constexpr int kSlots = 9;
   // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
   // (< kSlots); the previous contents of the slot are not kept.
   template <class T>
@@ -56,6 +56,7 @@ enum : int {
   k_pack,   // the block's K rows, packed (fp32, or bf16 pairs)
   tiles,    // the group's ForwardTile objects
   p_pairs,  // P as bf16 pairs
+  p_rows,   // P's pairs transposed, one row per query (the AMX tile product's A)
 };
 }  // namespace forward_slot
 

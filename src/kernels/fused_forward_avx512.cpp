@@ -1,4 +1,4 @@
-// The fused forward kernel compiled for AVX-512 (F, BW, DQ, VL; BF16 for the bf16 inputs). The
+// The fused forward kernel compiled for AVX-512 (F, BW, DQ, VL; BF16 and AMX for the bf16 inputs). The
 // library itself is built for the baseline ISA; fused_forward.cpp runs this family only when
 // resolve_simd (dispatch.cpp) chose it, i.e. on CPUs that have these features.
 #include "kernels/kernel_deps.h"
@@ -9,7 +9,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,bmi,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,bmi,bmi2")
 
 #include "kernels/simd_avx512.h"
 #include "kernels/microkernel.h"

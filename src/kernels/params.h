@@ -53,6 +53,8 @@ struct ForwardParams {
   int64_t tile_group = 1;
   // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
   bool bf16_dot = false;
+  // bf16_dot with both products on AMX tiles (AMX-BF16; D a multiple of 32, Dv of 16).
+  bool bf16_amx = false;
 
   bool is_bf16() const { return dtype == InputType::bf16; }
   template <class T>

@@ -36,9 +36,77 @@ struct Bf16PairDot {
   }
 };
 
+// AMX-BF16 tile products for the bf16 forward where the CPU and OS have them (dispatch.cpp): on
+// the machine of BENCHMARKS.md ("bf16 speed, round 5") vdpbf16ps issues once per 2 cycles, so its
+// pairs multiply at half the rate of fp32 FMAs, while tdpbf16ps runs ~15x the FMA peak. Every tile
+// is 16 rows x 64 bytes: tmm0-3 a 2x2 block of C, tmm4-5 two row blocks of A, tmm6-7 two column
+// blocks of B. The results are deterministic (one fixed order per element), not those of
+// vdpbf16ps; both flush subnormal inputs and outputs.
+struct AmxBf16 {
+  // Loads the tile configuration on this thread; end() releases the tile state.
+  static void begin() {
+    struct alignas(64) Config {
+      uint8_t palette = 1, start_row = 0;
+      uint8_t reserved[14] = {};
+      uint16_t colsb[16] = {};
+      uint8_t rows[16] = {};
+    } config;
+    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+    _tile_loadconfig(&config);
+  }
+  static void end() { _tile_release(); }
+
+  // C [rows x cols] = (accumulate ? C : 0) + A · B: A [rows x 2kp] bf16 rows lda bytes apart,
+  // B [kp x cols] pairs (ldb elements apart), C fp32 (ldc apart). rows, cols, kp: multiples of 16.
+  static void gemm(const void* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c, int64_t ldc, int64_t rows,
+                   int64_t cols, int64_t kp, bool accumulate) {
+    const char* ab = static_cast<const char*>(a);
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      const bool r2 = r0 + 16 < rows;
+      for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+        const bool c2 = c0 + 16 < cols;
+        float* cc = c + r0 * ldc + c0;
+        const int64_t ldc_b = ldc * 4, down = 16 * ldc;
+        if (accumulate) {
+          _tile_loadd(0, cc, ldc_b);
+          if (c2) _tile_loadd(1, cc + 16, ldc_b);
+          if (r2) _tile_loadd(2, cc + down, ldc_b);
+          if (r2 && c2) _tile_loadd(3, cc + down + 16, ldc_b);
+        } else {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        }
+        for (int64_t k0 = 0; k0 < kp; k0 += 16) {
+          const char* ak = ab + r0 * lda + k0 * 4;
+          const uint32_t* bk = b + k0 * ldb + c0;
+          _tile_loadd(4, ak, lda);
+          _tile_loadd(6, bk, ldb * 4);
+          _tile_dpbf16ps(0, 4, 6);
+          if (c2) {
+            _tile_loadd(7, bk + 16, ldb * 4);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          if (r2) {
+            _tile_loadd(5, ak + 16 * lda, lda);
+            _tile_dpbf16ps(2, 5, 6);
+            if (c2) _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        _tile_stored(0, cc, ldc_b);
+        if (c2) _tile_stored(1, cc + 16, ldc_b);
+        if (r2) _tile_stored(2, cc + down, ldc_b);
+        if (r2 && c2) _tile_stored(3, cc + down + 16, ldc_b);
+      }
+    }
+  }
+};
+
 struct Avx512 {
   using V = __m512;
   using PairDot = Bf16PairDot;
+  using TileDot = AmxBf16;
   static constexpr int kLanes = 16;
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.
@@ -100,14 +168,16 @@ struct Avx512 {
       r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
       r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
     }
+    // scale 1 moves the bits untouched (the bf16 forward transposes P's pairs this way).
     const V s = _mm512_set1_ps(scale);
+    auto out = [&](float* d, V x) { _mm512_storeu_ps(d, scale == 1.0f ? x : _mm512_mul_ps(x, s)); };
     for (int c = 0; c < 4; ++c) {
       const V x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
       const V x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD), y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-      _mm512_storeu_ps(dst + c * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x0, y0, 0x88), s));
-      _mm512_storeu_ps(dst + (c + 8) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x0, y0, 0xDD), s));
-      _mm512_storeu_ps(dst + (c + 4) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x1, y1, 0x88), s));
-      _mm512_storeu_ps(dst + (c + 12) * ld_dst, _mm512_mul_ps(_mm512_shuffle_f32x4(x1, y1, 0xDD), s));
+      out(dst + c * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0x88));
+      out(dst + (c + 8) * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+      out(dst + (c + 4) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0x88));
+      out(dst + (c + 12) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0xDD));
     }
   }
 };

@@ -78,13 +78,16 @@ class ForwardTile {
     // FlashAttention's rule against PyTorch's bf16 composite in ~1 case in 2,000; that product
     // costs next to nothing there anyway.
     pairs_pv_ = Pairs && s_.Dv >= L;
+    amx_ = Pairs && p.bf16_amx;  // then Dv >= 16 = L: pairs_pv_ too
     vpack_ =
         v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kBc * dvp_));
     if (pairs_pv_) {
       vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kBc / 2 * dvp_));
       ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kBc / 2 * bq_));
     }
-    kpack_ = k_direct_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
+    if (amx_) prows_ = ws.get<uint32_t>(forward_slot::p_rows, static_cast<std::size_t>(kBc / 2 * bq_));
+    // AMX reads K in rows of 16: a block of fewer keys is packed with zero rows after it.
+    kpack_ = k_direct_ && !amx_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
     float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
     m_ = stats;
     l_ = stats + bq_;
@@ -171,10 +174,12 @@ class ForwardTile {
   }
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice (the backward computes the same bits).
+  // With AMX, rows nb up to the next multiple of 16 are written too (zero keys).
   void scores(int64_t j0, int64_t nb) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
-    if (k_direct_) {
+    const int64_t nb16 = amx_ ? (nb + 15) / 16 * 16 : nb;
+    if (k_direct_ && nb16 == nb) {
       if constexpr (Pairs) {
         g.a = reinterpret_cast<const uint32_t*>(k_ + j0 * p_.k_stride.row);
         g.a_row = p_.k_stride.row / 2;
@@ -196,6 +201,7 @@ class ForwardTile {
           }
         }
       }
+      std::fill(kpack_ + nb * dk_, kpack_ + nb16 * dk_, Elem{});
       g.a = kpack_;
       g.a_row = dk_;
       g.a_k = 1;
@@ -204,7 +210,15 @@ class ForwardTile {
     g.ldb = bq_;
     g.c = st_;
     g.ldc = bq_;
-    gemm_blocked<Ops, Dot>(g, nb, qvecs_);
+    if constexpr (Pairs) {
+      if (amx_) {
+        Ops::TileDot::gemm(g.a, g.a_row * 4, qt_, bq_, st_, bq_, nb16, qvecs_ * L, dk_, false);
+      } else {
+        gemm_blocked<Ops, Dot>(g, nb, qvecs_);
+      }
+    } else {
+      gemm_blocked<Ops, Dot>(g, nb, qvecs_);
+    }
     {
       const V scale = Ops::set1(p_.scale);
       for (int64_t jj = 0; jj < nb; ++jj)
@@ -302,17 +316,19 @@ class ForwardTile {
   }
 
   // O = alpha ⊙ O + P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
-  // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key).
+  // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key; with AMX, zero keys up
+  // to a multiple of 32, the tile product's depth).
   void accumulate_pairs(const In* v, int64_t nb, bool first) {
     using Dot = typename Ops::PairDot;
-    const int64_t kp = (nb + 1) / 2, lanes = qvecs_ * L;
-    if (nb % 2 == 1) std::fill(st_ + nb * bq_, st_ + nb * bq_ + lanes, 0.0f);  // nb < kBc: room
+    const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
+    std::fill(st_ + nb * bq_, st_ + 2 * kp * bq_, 0.0f);  // 2·kp <= kBc: room
     for (int64_t k = 0; k < kp; ++k)
       for (int64_t g = 0; g < lanes; g += L)
         Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
     const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     const int64_t full = se == 1 ? s_.Dv / L * L : 0;
-    for (int64_t k = 0; k < kp; ++k) {
+    std::fill(vpairs_ + (nb + 1) / 2 * dvp_, vpairs_ + kp * dvp_, 0u);
+    for (int64_t k = 0; k < (nb + 1) / 2; ++k) {
       const In* lo = v + 2 * k * sm;
       const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
       uint32_t* dst = vpairs_ + k * dvp_;
@@ -321,6 +337,10 @@ class ForwardTile {
                         hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr, dst + e);
       for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
       std::fill(dst + s_.Dv, dst + dvp_, 0u);
+    }
+    if (amx_) {
+      accumulate_tiles(kp, lanes, first);
+      return;
     }
     GemmArgs<uint32_t, uint32_t> g;
     g.kdim = kp;
@@ -333,6 +353,21 @@ class ForwardTile {
     g.ldc = dvp_;
     g.alpha = first ? nullptr : alpha_;
     gemm_blocked<Ops, Dot>(g, rows_, dvp_ / L);
+  }
+
+  // The AMX form of accumulate_pairs' product: prows [lanes x kp] = ppairs transposed (one row
+  // of pairs per query, A of the tile product), O rescaled by alpha first, then O += prows · vpairs.
+  void accumulate_tiles(int64_t kp, int64_t lanes, bool first) {
+    for (int64_t k0 = 0; k0 < kp; k0 += 16)
+      for (int64_t q0 = 0; q0 < lanes; q0 += 16)
+        Ops::transpose16(reinterpret_cast<const float*>(ppairs_ + k0 * bq_ + q0), bq_, 16,
+                         reinterpret_cast<float*>(prows_ + q0 * kp + k0), kp, 1.0f);
+    if (!first)
+      for (int64_t r = 0; r < lanes; ++r) {
+        const V a = Ops::set1(alpha_[r]);
+        for (int64_t e = 0; e < dvp_; e += L) Ops::store(o_ + r * dvp_ + e, Ops::mul(Ops::load(o_ + r * dvp_ + e), a));
+      }
+    Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, o_, dvp_, lanes, dvp_, kp, !first);
   }
 
   // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
@@ -410,12 +445,12 @@ class ForwardTile {
   int64_t b_, h_, hk_, i0_;
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
-  bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false;
+  bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
   Elem *qt_, *kpack_;
-  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr;  // Pairs only
+  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
 
@@ -438,9 +473,15 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
     blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
   }
+  if constexpr (Pairs) {
+    if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
+  }
   for (int64_t n = 0; n < most; ++n)
     for (int64_t t = 0; t < tiles; ++t)
       if (n < blocks[t]) group[t].step(n);
+  if constexpr (Pairs) {
+    if (p.bf16_amx) Ops::TileDot::end();
+  }
   for (int64_t t = 0; t < tiles; ++t) group[t].finish();
 }
 
