@@ -24,6 +24,13 @@ inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x
 // Two bf16 as one 32-bit pair, the first in the low half (the order vdpbf16ps multiplies).
 inline uint32_t pair_bits(bf16 lo, bf16 hi) { return lo.bits | static_cast<uint32_t>(hi.bits) << 16; }
 
+// Which V block the group's shared pairs buffer (forward_slot::v_pack) holds: the tiles of a group
+// that fold the same key block in turn pack its V pairs once (forward_group).
+struct PackedBlock {
+  const void* v = nullptr;
+  int64_t nb = 0;
+};
+
 // The micro-kernel policy: FloatDot, or the family's bf16 pairs (only families with AVX512_BF16).
 template <class Ops, bool Pairs>
 struct DotOf {
@@ -47,8 +54,9 @@ class ForwardTile {
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
-  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws)
+  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed)
       : p_(p),
+        packed_(packed),
         s_(p.shape),
         mask_(*p.mask),
         b_(t.b),
@@ -219,7 +227,8 @@ class ForwardTile {
     } else {
       gemm_blocked<Ops, Dot>(g, nb, qvecs_);
     }
-    {
+    // Without elementwise terms softmax() scales in its first pass over the block instead.
+    if (mask_.has_elementwise()) {
       const V scale = Ops::set1(p_.scale);
       for (int64_t jj = 0; jj < nb; ++jj)
         for (int64_t g0 = 0; g0 < qvecs_ * L; g0 += L)
@@ -237,9 +246,11 @@ class ForwardTile {
     }
   }
 
-  // Online softmax over the block: masks the band edges, updates m and l, turns st into P and
-  // leaves in alpha the factor that rescales the rows of O.
+  // Online softmax over the block: scales the scores (unless scores() did), masks the band edges,
+  // updates m and l, turns st into P and leaves in alpha the factor that rescales the rows of O.
   void softmax(int64_t j0, int64_t nb, bool interior) {
+    const bool scale = !mask_.has_elementwise();
+    const V sc = Ops::set1(p_.scale);
     if (!interior) {
       // Block-relative bounds are small integers, exact in fp32; dead lanes mask everything.
       for (int64_t r = 0; r < qvecs_ * L; ++r) {
@@ -252,12 +263,19 @@ class ForwardTile {
       float* st = st_ + g * L;
       const V m_old = Ops::load(m_ + g * L);
       V mx = m_old;
-      if (interior) {
+      if (interior && scale) {
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          const V sv = Ops::mul(Ops::load(st + jj * bq_), sc);
+          Ops::store(st + jj * bq_, sv);
+          mx = Ops::max(sv, mx);
+        }
+      } else if (interior) {
         for (int64_t jj = 0; jj < nb; ++jj) mx = Ops::max(Ops::load(st + jj * bq_), mx);
       } else {
         const V lo = Ops::load(lo_rel_ + g * L), hi = Ops::load(hi_rel_ + g * L);
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V sv = Ops::band_mask(Ops::load(st + jj * bq_), Ops::set1(static_cast<float>(jj)), lo, hi);
+          const V s = scale ? Ops::mul(Ops::load(st + jj * bq_), sc) : Ops::load(st + jj * bq_);
+          const V sv = Ops::band_mask(s, Ops::set1(static_cast<float>(jj)), lo, hi);
           Ops::store(st + jj * bq_, sv);
           mx = Ops::max(sv, mx);
         }
@@ -327,16 +345,19 @@ class ForwardTile {
         Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
     const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     const int64_t full = se == 1 ? s_.Dv / L * L : 0;
-    std::fill(vpairs_ + (nb + 1) / 2 * dvp_, vpairs_ + kp * dvp_, 0u);
-    for (int64_t k = 0; k < (nb + 1) / 2; ++k) {
-      const In* lo = v + 2 * k * sm;
-      const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
-      uint32_t* dst = vpairs_ + k * dvp_;
-      for (int64_t e = 0; e < full; e += L)
-        Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e),
-                        hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr, dst + e);
-      for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
-      std::fill(dst + s_.Dv, dst + dvp_, 0u);
+    if (packed_->v != v || packed_->nb != nb) {  // another tile of the group may have packed it
+      std::fill(vpairs_ + (nb + 1) / 2 * dvp_, vpairs_ + kp * dvp_, 0u);
+      for (int64_t k = 0; k < (nb + 1) / 2; ++k) {
+        const In* lo = v + 2 * k * sm;
+        const In* hi = 2 * k + 1 < nb ? lo + sm : nullptr;
+        uint32_t* dst = vpairs_ + k * dvp_;
+        for (int64_t e = 0; e < full; e += L)
+          Dot::interleave(reinterpret_cast<const uint16_t*>(lo + e),
+                          hi ? reinterpret_cast<const uint16_t*>(hi + e) : nullptr, dst + e);
+        for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
+        std::fill(dst + s_.Dv, dst + dvp_, 0u);
+      }
+      *packed_ = {v, nb};
     }
     if (amx_) {
       accumulate_tiles(kp, lanes, first);
@@ -440,6 +461,7 @@ class ForwardTile {
   using Dot = typename DotOf<Ops, Pairs>::type;
 
   const ForwardParams& p_;
+  PackedBlock* packed_;  // shared by the group's tiles
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
@@ -467,9 +489,10 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
   const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
   Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
   std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
+  PackedBlock packed;
   int64_t most = 0;
   for (int64_t t = 0; t < tiles; ++t) {
-    new (group + t) Tile(p, task, t, ws);
+    new (group + t) Tile(p, task, t, ws, &packed);
     blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
   }
