@@ -33,7 +33,8 @@ void attention_forward(TensorView<float> out, TensorView<float> lse, TensorView<
 
 // The same with bf16 q, k, v: q·k products are exact and accumulate in fp32. On CPUs with
 // AVX512_BF16 both products run on vdpbf16ps, with the softmax weights P rounded to bf16 for P·V
-// (2^-9 relative); elsewhere the inputs are widened and the fp32 kernel runs.
+// (2^-9 relative); with AMX-BF16 too (and D a multiple of 32, Dv of 16) on AMX tiles instead
+// (environment QKV_AMX=0 turns them off); elsewhere the inputs are widened and the fp32 kernel runs.
 // Accuracy (bf16 rule, FlashAttention's for low precision): max|out − out_ref| ≤
 // 2·max|out_pt − out_ref| + 1e-5, out_ref = float64 attention on the same bf16 inputs, out_pt =
 // PyTorch's composite softmax(q·kᵀ·scale [+ mask])·v run on bf16 tensors (measured: at most 0.6 of
