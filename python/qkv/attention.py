@@ -44,7 +44,8 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
       float64 - computed by the float64 reference (results float64);
       uint16  - read as bfloat16 bit patterns (zero-copy) and run by the bf16 kernel: q·k
                 products are exact and accumulate in fp32; on CPUs with AVX512_BF16 the softmax
-                weights are rounded to bf16 for P·V (vdpbf16ps), so the result differs from
+                weights are rounded to bf16 for P·V (vdpbf16ps, or AMX tiles where the CPU
+                has AMX-BF16; QKV_AMX=0 turns those off), so the result differs from
                 float32 attention on the widened inputs by about 5e-4 relative to 1 + max|out|
                 (N(0, 1) inputs), within FlashAttention's rule: at most twice the error of
                 PyTorch's bf16 composite plus 1e-5. Without AVX512_BF16 the inputs are widened
