@@ -279,13 +279,23 @@ class BackwardChunk {
   // ds: dout·vᵀ on entry, dL/d(scaled score) on exit: dS = P ∘ (dP − D), written to dbias
   // (= dL/dlogit) when asked, then times softcap's derivative.
   void logit_grads(int64_t row, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    V pmax = Ops::zero();
     for (int64_t r = 0; r < rows; ++r) {
       float* ds = ds_ + r * T;
       const float* pr = st_ + r * T;
       const V dot = Ops::set1(row_dot_[row + r]);
-      for (int64_t c = 0; c < T; c += L)
-        Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
+      for (int64_t c = 0; c < T; c += L) {
+        const V pv = Ops::load(pr + c);
+        pmax = Ops::max(pmax, pv);
+        Ops::store(ds + c, Ops::mul(pv, Ops::sub(Ops::load(ds + c), dot)));
+      }
     }
+    if (exceeds_half(pmax))  // rare unless the softmax is near one-hot (large scores)
+      for (int64_t r = 0; r < rows; ++r) {
+        V m = Ops::zero();
+        for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
+        if (exceeds_half(m)) dominant_key(row + r, h, i0 + r, j0, cols, st_ + r * T, ds_ + r * T);
+      }
     for (int64_t r = 0; r < rows; ++r)
       if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);
     if (p_.dbias != nullptr)
@@ -297,6 +307,29 @@ class BackwardChunk {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < T; c += L)
           Ops::store(ds_ + r * T + c, Ops::mul(Ops::load(ds_ + r * T + c), Ops::load(dcap_ + r * T + c)));
+  }
+
+  static bool exceeds_half(V x) {
+    alignas(64) float lanes[L];
+    Ops::store(lanes, x);
+    return std::any_of(lanes, lanes + L, [](float p) { return p > 0.5f; });
+  }
+
+  // A row's dominant key (P > 1/2: at most one per row) gets dP − D as dout · (v − out), which
+  // is the same quantity in exact arithmetic: with a near-one-hot softmax dP and D are nearly
+  // equal, their difference cancels and keeps only the two dot products' rounding, while
+  // v − out is exact (Sterbenz) and small. That rounding, amplified by large q through dk, was the
+  // error that kept dk behind PyTorch's composite (whose sum(P·dP) cancels dP's own rounding).
+  void dominant_key(int64_t row, int64_t h, int64_t i, int64_t j0, int64_t cols, const float* pr, float* ds) {
+    const float* out = p_.out + p_.out_stride.at(b_, h, i);
+    const float* dop = dout_ + row * dvp_;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!(pr[c] > 0.5f)) continue;
+      const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
+      float x = 0.0f;
+      for (int64_t e = 0; e < s_.Dv; ++e) x = std::fma(dop[e], v[e * p_.v_stride.col] - out[e * p_.out_stride.col], x);
+      ds[c] = pr[c] * x;
+    }
   }
 
   // scale · dk and dv sums: into dk, dv for chunk 0, else into this chunk's partials.
