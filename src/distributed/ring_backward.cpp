@@ -55,8 +55,10 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   float* local = grad_storage[0].data();
   float* in = grad_storage[1].data();
   float* sending = grad_storage[2].data();
-  ring::copy_into(ring::packed_k(plan, kv[0].data(), r, 0, Mr), k, threads);
-  ring::copy_into(ring::packed_v(plan, kv[0].data(), r, 0, Mr), v, threads);
+  const ring::ShardAt own = ring::own_shard(plan, k, v, kv[0].data(), threads);
+  // The last hop brings this rank's finished dK/dV: straight into dk and dv when they are
+  // contiguous, else into a buffer copied out at the end.
+  const bool grads_in_place = P > 1 && dk.is_contiguous() && dv.is_contiguous();
   ring::Accumulators dq_acc(plan.q_chunks[r].size(), [&](int c) {
     const ring::Chunk& chunk = plan.q_chunks[r][c];
     ring::fill_zero(ring::rows(dq, chunk.offset, chunk.global.size()), threads);
@@ -65,10 +67,13 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   ring::Transfers kv_transfers, grad_in, grad_out;
   for (int s = 0; s < P; ++s) {
     const int src = (r - s + P) % P;
-    float* current = kv[s % 2].data();
+    const int next_src = (r - s - 1 + P) % P;
+    // The shard at hand: this rank's own at step 0, else the one received into kv[s % 2].
+    const ring::ShardAt current = s == 0 ? own : ring::packed_shard(plan, kv[s % 2].data(), src);
     if (s + 1 < P) {
-      kv_transfers.recv(kv[(s + 1) % 2].data(), plan.kv_floats((r - s - 1 + P) % P), left, kTagKV, comm.get());
-      kv_transfers.send(current, plan.kv_floats(src), right, kTagKV, comm.get());
+      float* next = kv[(s + 1) % 2].data();
+      kv_transfers.recv_shard(plan, next_src, next, next + plan.k_floats(next_src), left, kTagKV, comm.get());
+      kv_transfers.send_shard(plan, src, current, right, kTagKV, comm.get());
       kv_transfers.poll(ring::kPollSeconds);
     }
     auto local_k = [&](int64_t offset, int64_t m) { return ring::packed_k(plan, local, src, offset, m); };
@@ -90,8 +95,8 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
       const TensorView<float> bdq = target(dq_fresh, dq_rows, dq_block);
       const TensorView<float> bdk = target(dkv_fresh, dk_rows, dk_block), bdv = target(dkv_fresh, dv_rows, dv_block);
       attention_backward(bdq, bdk, bdv, TensorView<float>(), ring::rows(dout, c.q_offset, n),
-                         ring::rows(q, c.q_offset, n), ring::packed_k(plan, current, src, c.k_offset, m),
-                         ring::packed_v(plan, current, src, c.k_offset, m), ring::rows(out, c.q_offset, n),
+                         ring::rows(q, c.q_offset, n), current.k_rows(plan, src, c.k_offset, m),
+                         current.v_rows(plan, src, c.k_offset, m), ring::rows(out, c.q_offset, n),
                          ring::rows(lse, c.q_offset, n), c.options);
       if (!dq_fresh) ring::add_into(dq_rows, bdq, threads);
       if (!dkv_fresh) {
@@ -109,15 +114,19 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
       }
       grad_out.wait();
       std::swap(sending, local);
-      grad_out.send(sending, plan.kv_floats(src), right, kTagGrad, comm.get());
+      grad_out.send_shard(plan, src, ring::packed_shard(plan, sending, src), right, kTagGrad, comm.get());
       // Step s + 1's sum, or after the last step this rank's own finished dK/dV.
-      grad_in.recv(in, plan.kv_floats((r - s - 1 + P) % P), left, kTagGrad, comm.get());
+      if (s + 1 == P && grads_in_place)
+        grad_in.recv_shard(plan, r, dk.data(), dv.data(), left, kTagGrad, comm.get());
+      else
+        grad_in.recv_shard(plan, next_src, in, in + plan.k_floats(next_src), left, kTagGrad, comm.get());
     }
     kv_transfers.wait();
   }
   dq_acc.finish();
   grad_in.wait();
   grad_out.wait();
+  if (grads_in_place) return;
   float* finished = P > 1 ? in : local;
   ring::copy_into(dk, ring::packed_k(plan, finished, r, 0, Mr), threads);
   ring::copy_into(dv, ring::packed_v(plan, finished, r, 0, Mr), threads);

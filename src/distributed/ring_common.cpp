@@ -178,20 +178,21 @@ Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float>
   return plan;
 }
 
-namespace {
-TensorView<float> packed(const Plan& plan, float* base, int r, int64_t offset, int64_t len, int64_t C) {
-  const int64_t Mr = plan.kv_tokens(r);
-  const std::array<int64_t, 4> shape{plan.B, plan.Hkv, len, C};
-  const std::array<int64_t, 4> strides{plan.Hkv * Mr * C, Mr * C, C, 1};
-  return TensorView<float>(base + offset * C, shape, strides);
-}
-}  // namespace
-
 TensorView<float> packed_k(const Plan& plan, float* base, int r, int64_t offset, int64_t len) {
-  return packed(plan, base, r, offset, len, plan.D);
+  return shard_rows(plan, base, r, offset, len, plan.D);
 }
 TensorView<float> packed_v(const Plan& plan, float* base, int r, int64_t offset, int64_t len) {
-  return packed(plan, base + plan.B * plan.Hkv * plan.kv_tokens(r) * plan.D, r, offset, len, plan.Dv);
+  return shard_rows(plan, base + plan.k_floats(r), r, offset, len, plan.Dv);
+}
+
+ShardAt packed_shard(const Plan& plan, const float* base, int r) { return {base, base + plan.k_floats(r)}; }
+
+ShardAt own_shard(const Plan& plan, TensorView<const float> k, TensorView<const float> v, float* buffer, int threads) {
+  if (k.is_contiguous() && v.is_contiguous()) return {k.data(), v.data()};
+  const int64_t Mr = plan.kv_tokens(plan.rank);
+  copy_into(packed_k(plan, buffer, plan.rank, 0, Mr), k, threads);
+  copy_into(packed_v(plan, buffer, plan.rank, 0, Mr), v, threads);
+  return packed_shard(plan, buffer, plan.rank);
 }
 
 Scratch::Scratch(int64_t floats, const char* what) {
@@ -257,6 +258,16 @@ void Transfers::recv(float* data, int64_t count, int from, int tag, MPI_Comm com
   post_chunks(requests_, count, "MPI_Irecv", [&](int64_t at, int n, MPI_Request* r) {
     return MPI_Irecv(data + at, n, MPI_FLOAT, from, tag, comm, r);
   });
+}
+
+void Transfers::send_shard(const Plan& plan, int r, ShardAt shard, int to, int tag, MPI_Comm comm) {
+  send(shard.k, plan.k_floats(r), to, tag, comm);
+  send(shard.v, plan.v_floats(r), to, tag, comm);
+}
+
+void Transfers::recv_shard(const Plan& plan, int r, float* k, float* v, int from, int tag, MPI_Comm comm) {
+  recv(k, plan.k_floats(r), from, tag, comm);
+  recv(v, plan.v_floats(r), from, tag, comm);
 }
 
 void Transfers::wait() {

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -33,8 +34,10 @@ struct Plan {
   int64_t max_kv_tokens = 0;
   int64_t q_tokens(int r) const;
   int64_t kv_tokens(int r) const;
-  // Floats of one packed K/V shard of rank r: k [B,Hkv,Mr,D] then v [B,Hkv,Mr,Dv].
-  int64_t kv_floats(int r) const { return B * Hkv * kv_tokens(r) * (D + Dv); }
+  // Floats of rank r's K/V shard as the wire carries it: k [B,Hkv,Mr,D], v [B,Hkv,Mr,Dv].
+  int64_t k_floats(int r) const { return B * Hkv * kv_tokens(r) * D; }
+  int64_t v_floats(int r) const { return B * Hkv * kv_tokens(r) * Dv; }
+  int64_t kv_floats(int r) const { return k_floats(r) + v_floats(r); }
   int64_t max_kv_floats() const { return B * Hkv * max_kv_tokens * (D + Dv); }
 };
 
@@ -79,9 +82,37 @@ class Accumulators {
   std::function<void(int)> clear_;
 };
 
-// Views of a packed K/V shard of rank r at `base`: k or v rows [offset, offset + len).
+// Rows [offset, offset + len) of a contiguous [B,Hkv,Mr,C] region of rank r's shard at `data`.
+template <class T>
+TensorView<T> shard_rows(const Plan& plan, T* data, int r, int64_t offset, int64_t len, int64_t C) {
+  const int64_t Mr = plan.kv_tokens(r);
+  const std::array<int64_t, 4> shape{plan.B, plan.Hkv, len, C};
+  const std::array<int64_t, 4> strides{plan.Hkv * Mr * C, Mr * C, C, 1};
+  return TensorView<T>(data + offset * C, shape, strides);
+}
+// Views of a packed K/V shard of rank r at `base` (k, then v right after it): rows
+// [offset, offset + len) of k or v.
 TensorView<float> packed_k(const Plan& plan, float* base, int r, int64_t offset, int64_t len);
 TensorView<float> packed_v(const Plan& plan, float* base, int r, int64_t offset, int64_t len);
+
+// A K/V shard of rank r as two regions, k [B,Hkv,Mr,D] and v [B,Hkv,Mr,Dv], each contiguous but
+// not necessarily adjacent: the wire carries them as two messages, so the caller's own
+// contiguous k and v go out as they are, with no packed copy (see own_shard).
+struct ShardAt {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  TensorView<const float> k_rows(const Plan& plan, int r, int64_t offset, int64_t len) const {
+    return shard_rows(plan, k, r, offset, len, plan.D);
+  }
+  TensorView<const float> v_rows(const Plan& plan, int r, int64_t offset, int64_t len) const {
+    return shard_rows(plan, v, r, offset, len, plan.Dv);
+  }
+};
+// The packed shard of rank r at `base`.
+ShardAt packed_shard(const Plan& plan, const float* base, int r);
+// This rank's own k and v as the ring sends them: the caller's tensors when both are contiguous,
+// else copies packed into `buffer` (kv_floats of this rank).
+ShardAt own_shard(const Plan& plan, TensorView<const float> k, TensorView<const float> v, float* buffer, int threads);
 // Rows [begin, begin + len) of axis 2 of a rank-3 or rank-4 view.
 template <class T>
 TensorView<T> rows(TensorView<T> t, int64_t begin, int64_t len) {
@@ -124,6 +155,9 @@ class Transfers {
  public:
   void send(const float* data, int64_t count, int to, int tag, MPI_Comm comm);
   void recv(float* data, int64_t count, int from, int tag, MPI_Comm comm);
+  // Rank r's shard as its two messages, k then v (MPI keeps their order: same peer and tag).
+  void send_shard(const Plan& plan, int r, ShardAt shard, int to, int tag, MPI_Comm comm);
+  void recv_shard(const Plan& plan, int r, float* k, float* v, int from, int tag, MPI_Comm comm);
   void wait();
   // Drives the transfers for at most `seconds` or until they complete. Open MPI moves a large
   // message only inside MPI calls (the receiver copies it), so without this the copy waits for

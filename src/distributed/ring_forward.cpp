@@ -39,13 +39,6 @@ void merge_block(TensorView<float> acc_out, TensorView<float> acc_lse, TensorVie
   }
 }
 
-// Packs this rank's k and v (any strides) into the wire layout.
-void pack_kv(const ring::Plan& plan, float* buffer, TensorView<const float> k, TensorView<const float> v, int threads) {
-  const int64_t Mr = plan.kv_tokens(plan.rank);
-  ring::copy_into(ring::packed_k(plan, buffer, plan.rank, 0, Mr), k, threads);
-  ring::copy_into(ring::packed_v(plan, buffer, plan.rank, 0, Mr), v, threads);
-}
-
 }  // namespace
 
 void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
@@ -70,7 +63,7 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
   const ring::Scratch block_lse(plan.B * plan.H * Nr, "ring attention block lse");
   const ring::Scratch buffers[2] = {{plan.max_kv_floats(), "ring attention K/V buffer"},
                                     {plan.max_kv_floats(), "ring attention K/V buffer"}};
-  pack_kv(plan, buffers[0].data(), k, v, threads);
+  const ring::ShardAt own = ring::own_shard(plan, k, v, buffers[0].data(), threads);
 
   // Rows of out and acc_lse per query chunk; acc_lse starts at -inf, so emptying out is enough.
   ring::Accumulators acc(plan.q_chunks[r].size(), [&](int c) {
@@ -80,18 +73,20 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
   ring::Transfers transfers;
   for (int s = 0; s < P; ++s) {
     const int src = (r - s + P) % P;
-    float* current = buffers[s % 2].data();
+    // The shard at hand: this rank's own at step 0, else the one received into buffers[s % 2].
+    const ring::ShardAt current = s == 0 ? own : ring::packed_shard(plan, buffers[s % 2].data(), src);
     if (s + 1 < P) {
       const int next_src = (r - s - 1 + P) % P;
-      transfers.recv(buffers[(s + 1) % 2].data(), plan.kv_floats(next_src), (r - 1 + P) % P, kTagKV, comm.get());
-      transfers.send(current, plan.kv_floats(src), (r + 1) % P, kTagKV, comm.get());
+      float* next = buffers[(s + 1) % 2].data();
+      transfers.recv_shard(plan, next_src, next, next + plan.k_floats(next_src), (r - 1 + P) % P, kTagKV, comm.get());
+      transfers.send_shard(plan, src, current, (r + 1) % P, kTagKV, comm.get());
       transfers.poll(ring::kPollSeconds);
     }
     for (const ring::BlockCall& c : ring::step_calls(plan, options, src)) {
       const TensorView<float> acc_out = ring::rows(out, c.q_offset, c.n);
       const TensorView<float> acc_l = ring::rows(acc_lse.view(), c.q_offset, c.n);
-      const TensorView<const float> kc = ring::packed_k(plan, current, src, c.k_offset, c.m);
-      const TensorView<const float> vc = ring::packed_v(plan, current, src, c.k_offset, c.m);
+      const TensorView<const float> kc = current.k_rows(plan, src, c.k_offset, c.m);
+      const TensorView<const float> vc = current.v_rows(plan, src, c.k_offset, c.m);
       if (acc.claim(c.q_first, c.q_end)) {
         attention_forward(acc_out, acc_l, ring::rows(q, c.q_offset, c.n), kc, vc, c.options);
         continue;

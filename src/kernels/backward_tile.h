@@ -85,24 +85,39 @@ class BackwardChunk {
   void pack_chunk(int64_t h) {
     for (int64_t i = r0_; i < r1_; ++i) {
       const int64_t row = i - r0_;
-      const float* q = p_.qf() + p_.q_stride.at(b_, h, i);
-      const float* dout = p_.dout + p_.dout_stride.at(b_, h, i);
-      const float* out = p_.out + p_.out_stride.at(b_, h, i);
-      float* dop = dout_ + row * dvp_;
-      copy_row(q_ + row * dp_, q, p_.q_stride.col, s_.D, dp_);
-      copy_row(dop, dout, p_.dout_stride.col, s_.Dv, dvp_);
-      // D in the very operations and order of the micro-kernel's dP = dout·vᵀ (one FMA per term
-      // on the SIMD families, multiply-add on the scalar one): where a row sees a single key, out
-      // is that key's v and dP − D must cancel to exactly 0, as the exact gradient does.
-      float dot = 0.0f;
-      for (int64_t e = 0; e < s_.Dv; ++e) {
-        if constexpr (L == 1)
-          dot = Ops::fma(dop[e], out[e * p_.out_stride.col], dot);
-        else
-          dot = std::fma(dop[e], out[e * p_.out_stride.col], dot);
-      }
-      row_dot_[row] = dot;
+      copy_row(q_ + row * dp_, p_.qf() + p_.q_stride.at(b_, h, i), p_.q_stride.col, s_.D, dp_);
+      copy_row(dout_ + row * dvp_, p_.dout + p_.dout_stride.at(b_, h, i), p_.dout_stride.col, s_.Dv, dvp_);
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
+    }
+    row_dots(h);
+  }
+
+  // D = rowsum(dout ∘ out) in the very operations and order of the micro-kernel's dP = dout·vᵀ
+  // (one FMA per term on the SIMD families, multiply-add on the scalar one): where a row sees a
+  // single key, out is that key's v and dP − D must cancel to exactly 0, as the exact gradient
+  // does. Each row's chain stays serial (its order is its bits); kRows rows run side by side
+  // because one chain alone waits on the FMA latency at every term (9% of S2's backward).
+  void row_dots(int64_t h) {
+    constexpr int kRows = 8;
+    for (int64_t i = r0_; i < r1_; i += kRows) {
+      const int64_t n = std::min<int64_t>(kRows, r1_ - i);
+      const float* out[kRows];
+      const float* dop[kRows];
+      float dot[kRows];
+      for (int r = 0; r < kRows; ++r) {  // rows past the chunk repeat its first row, unused
+        const int64_t row = r < n ? i + r : i;
+        out[r] = p_.out + p_.out_stride.at(b_, h, row);
+        dop[r] = dout_ + (row - r0_) * dvp_;
+        dot[r] = 0.0f;
+      }
+      for (int64_t e = 0; e < s_.Dv; ++e)
+        for (int r = 0; r < kRows; ++r) {
+          if constexpr (L == 1)
+            dot[r] = Ops::fma(dop[r][e], out[r][e * p_.out_stride.col], dot[r]);
+          else
+            dot[r] = std::fma(dop[r][e], out[r][e * p_.out_stride.col], dot[r]);
+        }
+      for (int64_t r = 0; r < n; ++r) row_dot_[i - r0_ + r] = dot[r];
     }
   }
 
@@ -133,15 +148,31 @@ class BackwardChunk {
     const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j0);
     const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0);
     for (int64_t c = 0; c < cols; ++c) copy_row(k_ + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
-    for (int64_t d = 0; d < s_.D; ++d) {  // kᵀ from the packed rows, which sit in L1
-      for (int64_t c = 0; c < cols; ++c) kt_[d * T + c] = k_[c * dp_ + d];
-      std::fill(kt_ + d * T + cols, kt_ + (d + 1) * T, 0.0f);
-    }
-    for (int64_t e = 0; e < s_.Dv; ++e) {
-      for (int64_t c = 0; c < cols; ++c) vt_[e * T + c] = v[c * p_.v_stride.row + e * p_.v_stride.col];
-      std::fill(vt_ + e * T + cols, vt_ + (e + 1) * T, 0.0f);
-    }
+    transpose_tile(kt_, k_, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
+    transpose_tile(vt_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
     for (int64_t i0 = r0_; i0 < r1_; i0 += T) pair(h, i0, std::min(T, r1_ - i0), j0, cols);
+  }
+
+  // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
+  // src + c·row_stride, element d at d·col_stride) for c < cols, 0 for the columns past them.
+  // Whole 16 x 16 blocks go through the family's register transpose where it has one (a scalar
+  // loop of strided loads was 7% of S2's backward).
+  static void transpose_tile(float* dst, const float* src, int64_t row_stride, int64_t col_stride, int64_t width,
+                             int64_t cols) {
+    int64_t d0 = 0;
+    if constexpr (Ops::kHasTranspose16) {
+      static_assert(T % 16 == 0);
+      if (col_stride == 1)
+        for (; d0 + 16 <= width; d0 += 16)
+          for (int64_t c0 = 0; c0 < T; c0 += 16) {
+            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, 16);  // rows past cols read as 0
+            Ops::transpose16(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T, 1.0f);
+          }
+    }
+    for (int64_t d = d0; d < width; ++d) {
+      for (int64_t c = 0; c < cols; ++c) dst[d * T + c] = src[c * row_stride + d * col_stride];
+      std::fill(dst + d * T + cols, dst + (d + 1) * T, 0.0f);
+    }
   }
 
   // Per-row bands of one query tile against keys [j0, j0 + cols); returns false if no row sees
@@ -248,13 +279,23 @@ class BackwardChunk {
   // ds: dout·vᵀ on entry, dL/d(scaled score) on exit: dS = P ∘ (dP − D), written to dbias
   // (= dL/dlogit) when asked, then times softcap's derivative.
   void logit_grads(int64_t row, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    V pmax = Ops::zero();
     for (int64_t r = 0; r < rows; ++r) {
       float* ds = ds_ + r * T;
       const float* pr = st_ + r * T;
       const V dot = Ops::set1(row_dot_[row + r]);
-      for (int64_t c = 0; c < T; c += L)
-        Ops::store(ds + c, Ops::mul(Ops::load(pr + c), Ops::sub(Ops::load(ds + c), dot)));
+      for (int64_t c = 0; c < T; c += L) {
+        const V pv = Ops::load(pr + c);
+        pmax = Ops::max(pmax, pv);
+        Ops::store(ds + c, Ops::mul(pv, Ops::sub(Ops::load(ds + c), dot)));
+      }
     }
+    if (exceeds_half(pmax))  // rare unless the softmax is near one-hot (large scores)
+      for (int64_t r = 0; r < rows; ++r) {
+        V m = Ops::zero();
+        for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
+        if (exceeds_half(m)) dominant_key(row + r, h, i0 + r, j0, cols, st_ + r * T, ds_ + r * T);
+      }
     for (int64_t r = 0; r < rows; ++r)
       if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);
     if (p_.dbias != nullptr)
@@ -266,6 +307,29 @@ class BackwardChunk {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < T; c += L)
           Ops::store(ds_ + r * T + c, Ops::mul(Ops::load(ds_ + r * T + c), Ops::load(dcap_ + r * T + c)));
+  }
+
+  static bool exceeds_half(V x) {
+    alignas(64) float lanes[L];
+    Ops::store(lanes, x);
+    return std::any_of(lanes, lanes + L, [](float p) { return p > 0.5f; });
+  }
+
+  // A row's dominant key (P > 1/2: at most one per row) gets dP − D as dout · (v − out), which
+  // is the same quantity in exact arithmetic: with a near-one-hot softmax dP and D are nearly
+  // equal, their difference cancels and keeps only the two dot products' rounding, while
+  // v − out is exact (Sterbenz) and small. That rounding, amplified by large q through dk, was the
+  // error that kept dk behind PyTorch's composite (whose sum(P·dP) cancels dP's own rounding).
+  void dominant_key(int64_t row, int64_t h, int64_t i, int64_t j0, int64_t cols, const float* pr, float* ds) {
+    const float* out = p_.out + p_.out_stride.at(b_, h, i);
+    const float* dop = dout_ + row * dvp_;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!(pr[c] > 0.5f)) continue;
+      const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
+      float x = 0.0f;
+      for (int64_t e = 0; e < s_.Dv; ++e) x = std::fma(dop[e], v[e * p_.v_stride.col] - out[e * p_.out_stride.col], x);
+      ds[c] = pr[c] * x;
+    }
   }
 
   // scale · dk and dv sums: into dk, dv for chunk 0, else into this chunk's partials.

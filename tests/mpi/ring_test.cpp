@@ -126,6 +126,24 @@ RingResult run_ring(const Case& c, const Tensor<float>& q, const Tensor<float>& 
   return r;
 }
 
+// t [B,H,L,C] stored as [B,L,H,C] (a PyTorch [B, N, H, D] tensor) and seen through strides:
+// the ring may not assume contiguous inputs or gradients.
+struct Strided {
+  Tensor<float> storage;
+  TensorView<float> view;
+};
+Strided strided_copy(const Tensor<float>& t) {
+  const int64_t B = t.dim(0), H = t.dim(1), L = t.dim(2), C = t.dim(3);
+  Strided s{Tensor<float>(std::array<int64_t, 4>{B, L, H, C}), {}};
+  s.view = TensorView<float>(s.storage.data(), std::array<int64_t, 4>{B, H, L, C},
+                             std::array<int64_t, 4>{L * H * C, C, H * C, 1});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t c = 0; c < C; ++c) s.view(b, h, l, c) = t.cview()(b, h, l, c);
+  return s;
+}
+
 bool same_bits(const Tensor<float>& a, const Tensor<float>& b) {
   return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
 }
@@ -172,6 +190,23 @@ void run_case(const Case& c, uint64_t seed) {
     if (!same_bits(one.out, other.out) || !same_bits(one.lse, other.lse) || !same_bits(one.dq, other.dq) ||
         !same_bits(one.dk, other.dk) || !same_bits(one.dv, other.dv))
       fail(fmt::format("{}: 1 and {} threads give different bits", name, threads));
+  }
+
+  // K, V, dK and dV as strided views give the same bits as contiguous tensors.
+  options.attention.num_threads = 1;
+  {
+    const Strided ks_strided = strided_copy(ks), vs_strided = strided_copy(vs);
+    Strided dk_strided = strided_copy(nan_tensor(ks.shape())), dv_strided = strided_copy(nan_tensor(vs.shape()));
+    Tensor<float> dq = nan_tensor(qs.shape());
+    qkv::ring_attention_backward(MPI_COMM_WORLD, dq.view(), dk_strided.view, dv_strided.view, douts.cview(), qs.cview(),
+                                 ks_strided.view, vs_strided.view, one.out.cview(), one.lse.cview(), options);
+    Tensor<float> out = nan_tensor(one.out.shape()), lse = nan_tensor(one.lse.shape());
+    qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), lse.view(), qs.cview(), ks_strided.view, vs_strided.view,
+                                options);
+    if (!same_bits(out, one.out) || !same_bits(lse, one.lse) || !same_bits(dq, one.dq) ||
+        !same_bits(qkv::to_contiguous<float>(dk_strided.view), one.dk) ||
+        !same_bits(qkv::to_contiguous<float>(dv_strided.view), one.dv))
+      fail(name + ": strided K/V or dK/dV give different bits than contiguous ones");
   }
 
   struct Check {
