@@ -9,6 +9,13 @@ With the transfer overlapped, a step takes max(compute, transfer + latency), so
 and compute/transfer = n·W/(2F) forward, 0.625·n·W/F backward (half under a causal mask),
 independent of D and H. F = cores per rank × the measured 1-thread kernel speed.
 
+For comparison, DeepSpeed-Ulysses (not built in qkv): all-to-alls turn the sequence shards into
+head shards (each rank then holds all N tokens of H/P heads, so P <= H), the attention runs
+locally, and an all-to-all brings the output back. Per rank it sends (P-1)/P of four n·D·H
+tensors (q, k, v in and out back; backward: dout in, dq, dk, dv back), 16·n·D·H·(P-1)/P bytes,
+and the kernel cannot start before its inputs arrive, so
+  efficiency = compute / (compute + transfer + latency),  compute = 4·n·N·D·H (10· backward).
+
     /usr/bin/python3 bench/ring_model.py --fwd 88.8 --bwd 80.3 --cores 32 [--latency-us 20]
 """
 import argparse
@@ -19,6 +26,12 @@ def efficiency(n, f_flops, w_bytes, latency, backward, causal):
     bytes_ = (16.0 if backward else 8.0) * n
     compute = flops / f_flops
     return compute / max(compute, bytes_ / w_bytes + latency), compute
+
+
+def ulysses_efficiency(n, P, f_flops, w_bytes, latency, backward, causal):
+    flops = (10.0 if backward else 4.0) * n * n * P * (0.5 if causal else 1.0)  # per unit D·H
+    compute = flops / f_flops
+    return compute / (compute + 16.0 * n * (P - 1) / P / w_bytes + latency)
 
 
 def main():
@@ -47,6 +60,21 @@ def main():
                         cells.append(f"{100 * e:.0f}%")
                 step = 4.0 * n * n * a.D / (a.fwd * 1e9 * a.cores) * 1e3
                 print(f"| {N >> 20}M | {P} | {int(n)} | {gbit} Gb/s | " + " | ".join(cells) + f" | {step:.2f} |")
+    print()
+    print("Ring vs Ulysses (forward causal / backward causal; Ulysses needs P <= H):")
+    print("| N | P | N/P | link | ring fwd causal | Ulysses fwd causal | ring bwd causal | Ulysses bwd causal |")
+    print("|---|---|---|---|---|---|---|---|")
+    for N in (1 << 16, 1 << 18, 1 << 20):
+        for P in (8, 32, 64):
+            n = N / P
+            for gbit in (25, 100):
+                w = gbit / 8 * 1e9 / a.D
+                cells = []
+                for backward in (False, True):
+                    f = (a.bwd if backward else a.fwd) * 1e9 * a.cores / a.D
+                    cells.append(f"{100 * efficiency(n, f, w, lat, backward, True)[0]:.0f}%")
+                    cells.append(f"{100 * ulysses_efficiency(n, P, f, w, lat, backward, True):.0f}%")
+                print(f"| {N >> 10}k | {P} | {int(n)} | {gbit} Gb/s | " + " | ".join(cells) + " |")
     for gbit in (25, 100):
         w = gbit / 8 * 1e9
         ff, fb = a.fwd * 1e9 * a.cores, a.bwd * 1e9 * a.cores
