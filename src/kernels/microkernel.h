@@ -38,11 +38,14 @@ template <class Ops, class Dot, int R, int NV, int KFixed>
 void gemm_micro(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
+  // c and ldc as locals: the vector stores may alias g, whose fields were reloaded at every store.
+  float* const c = g.c;
+  const int64_t ldc = g.ldc;
   V acc[R][NV];
   if (g.alpha != nullptr) {
     for (int r = 0; r < R; ++r) {
       const V s = Ops::set1(g.alpha[r]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::mul(Ops::load(g.c + r * g.ldc + v * L), s);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::mul(Ops::load(c + r * ldc + v * L), s);
     }
   } else {
     for (int r = 0; r < R; ++r)
@@ -64,7 +67,7 @@ void gemm_micro(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
     b += g.ldb;
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) Ops::store(g.c + r * g.ldc + v * L, acc[r][v]);
+    for (int v = 0; v < NV; ++v) Ops::store(c + r * ldc + v * L, acc[r][v]);
 }
 
 // Runtime choice among the instantiations for 1..Ops::kRows rows and 1..Ops::kVecs vectors.

@@ -29,10 +29,12 @@ struct Avx2 {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN is the second operand: kept
     const V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm256_sub_ps(x, n);
-    V p = _mm256_set1_ps(kExp2Poly[0]);
-    for (std::size_t i = 1; i < std::size(kExp2Poly); ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+    // 2^n before the polynomial, so n is dead while the polynomial's constants fill the 16
+    // registers (computed after it, n was spilled to the stack in the softmax loop).
     // n = -127 gives exponent field 0, i.e. the factor 0.
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    V p = _mm256_set1_ps(kExp2Poly[0]);
+    for (std::size_t i = 1; i < std::size(kExp2Poly); ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }
 
