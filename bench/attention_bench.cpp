@@ -1,6 +1,8 @@
 // Google Benchmark of the fused attention forward on the issue's shapes S1-S6 (fp32, and bf16 for
 // S3/S4), with 1 and 2 threads, each thread group preceded by the FMA peak measured the same way.
-// `qkv_bench --peak-memory` instead runs S6 once and prints its peak resident memory growth.
+// `qkv_bench --peak-memory` instead runs S6 once and prints its peak resident memory growth;
+// `qkv_bench --avx2` runs the AVX2 path alone (S3, S4 fp32 and its micro-kernels) against the
+// AVX2 FMA peak (issue 16 item 4), for CPUs without AVX-512.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -18,7 +20,8 @@
 
 namespace qkv::bench {
 
-void register_microkernels();  // microkernel_bench.cpp
+void register_microkernels();       // microkernel_bench.cpp
+void register_microkernels_avx2();  // microkernel_avx2_bench.cpp
 
 namespace {
 
@@ -58,9 +61,10 @@ Inputs& inputs_of(const Shape& s) {
   return in;
 }
 
-void run_once(const Shape& s, Inputs& in, bool use_bf16, int threads) {
+void run_once(const Shape& s, Inputs& in, bool use_bf16, int threads, Simd simd = Simd::automatic) {
   AttentionOptions options;
   options.num_threads = threads;
+  options.simd = simd;
   if (s.causal) options.mask.causal = CausalAlign::top_left;
   const std::array<int64_t, 3> lse_shape{s.B, s.H, s.N};
   TensorView<float> out(in.out.data(), in.shape), lse(in.lse.data(), lse_shape);
@@ -89,13 +93,14 @@ void set_cpu_counter(benchmark::State& state, double cpu_start, int threads) {
   state.counters["cpu_s_per_iter"] = (process_cpu_seconds() - cpu_start) / static_cast<double>(state.iterations());
 }
 
-void register_group(int threads) {
-  benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(),
-                               [threads](benchmark::State& state) {
+// The FMA peak of `isa` on `threads` threads, as benchmark `name`.
+void register_peak(const std::string& name, int threads, PeakIsa isa) {
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [threads, isa](benchmark::State& state) {
                                  constexpr int64_t kIterations = 20'000'000;
                                  double flops = 0;
                                  const double cpu = process_cpu_seconds();
-                                 for (auto _ : state) flops = fma_peak_work(threads, kIterations);
+                                 for (auto _ : state) flops = qkv::fma_peak_work(threads, kIterations, isa);
                                  set_cpu_counter(state, cpu, threads);
                                  state.counters["flops_per_iter"] = flops;
                                  state.counters["FLOPS"] =
@@ -105,28 +110,44 @@ void register_group(int threads) {
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(5)
       ->ReportAggregatesOnly(true);
-  auto add = [threads](const Shape& shape, bool use_bf16) {
-    const std::string name =
-        std::string("attention/") + shape.name + (use_bf16 ? "/bf16" : "/fp32") + "/threads:" + std::to_string(threads);
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [shape, use_bf16, threads](benchmark::State& state) {
-                                   Inputs& in = inputs_of(shape);
-                                   run_once(shape, in, use_bf16, threads);  // warm the thread pool and buffers
-                                   const double cpu = process_cpu_seconds();
-                                   for (auto _ : state) run_once(shape, in, use_bf16, threads);
-                                   set_cpu_counter(state, cpu, threads);
-                                   state.counters["flops_per_iter"] = flops_of(shape);
-                                   state.counters["FLOPS"] = benchmark::Counter(
-                                       flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
-                                 })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->Repetitions(5)
-        ->ReportAggregatesOnly(true);
-  };
-  for (const Shape& shape : kShapes) add(shape, false);
+}
+
+// The forward of `shape` on SIMD path `simd`, as benchmark `prefix`<shape>/<dtype>/threads:<threads>.
+void register_shape(const std::string& prefix, const Shape& shape, bool use_bf16, int threads, Simd simd) {
+  const std::string name = prefix + shape.name + (use_bf16 ? "/bf16" : "/fp32") + "/threads:" + std::to_string(threads);
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [shape, use_bf16, threads, simd](benchmark::State& state) {
+                                 Inputs& in = inputs_of(shape);
+                                 run_once(shape, in, use_bf16, threads, simd);  // warm the thread pool and buffers
+                                 const double cpu = process_cpu_seconds();
+                                 for (auto _ : state) run_once(shape, in, use_bf16, threads, simd);
+                                 set_cpu_counter(state, cpu, threads);
+                                 state.counters["flops_per_iter"] = flops_of(shape);
+                                 state.counters["FLOPS"] =
+                                     benchmark::Counter(flops_of(shape), benchmark::Counter::kIsIterationInvariantRate);
+                               })
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond)
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
+}
+
+bool is_s3_or_s4(const Shape& shape) {
+  return std::strcmp(shape.name, "S3") == 0 || std::strcmp(shape.name, "S4") == 0;
+}
+
+void register_group(int threads) {
+  register_peak("fma_peak/threads:" + std::to_string(threads), threads, best_peak_isa());
+  for (const Shape& shape : kShapes) register_shape("attention/", shape, false, threads, Simd::automatic);
   for (const Shape& shape : kShapes)
-    if (std::strcmp(shape.name, "S3") == 0 || std::strcmp(shape.name, "S4") == 0) add(shape, true);
+    if (is_s3_or_s4(shape)) register_shape("attention/", shape, true, threads, Simd::automatic);
+}
+
+// The AVX2 path on the issue's shapes with N >= 1024 (S3, S4), held to the AVX2 FMA peak.
+void register_avx2_group(int threads) {
+  register_peak("avx2/fma_peak/threads:" + std::to_string(threads), threads, PeakIsa::avx2);
+  for (const Shape& shape : kShapes)
+    if (is_s3_or_s4(shape)) register_shape("avx2/attention/", shape, false, threads, Simd::avx2);
 }
 
 long status_kb(const char* field) {
@@ -163,9 +184,21 @@ int peak_memory() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--peak-memory") == 0) return qkv::bench::peak_memory();
-  qkv::bench::register_group(1);
-  qkv::bench::register_microkernels();
-  qkv::bench::register_group(2);
+  if (argc > 1 && std::strcmp(argv[1], "--avx2") == 0) {
+    if (!qkv::peak_isa_available(qkv::PeakIsa::avx2)) {
+      std::fprintf(stderr, "qkv_bench --avx2: this CPU has no AVX2 with FMA\n");
+      return 2;
+    }
+    argv[1] = argv[0];  // Google Benchmark parses the rest
+    ++argv, --argc;
+    qkv::bench::register_avx2_group(1);
+    qkv::bench::register_microkernels_avx2();
+    qkv::bench::register_avx2_group(2);
+  } else {
+    qkv::bench::register_group(1);
+    qkv::bench::register_microkernels();
+    qkv::bench::register_group(2);
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -3,11 +3,15 @@
 // issue's convention: 10·B·H·N·M·D (the five block products), half of it under a causal mask.
 // Besides FLOPS (per wall-clock second), CPU_FLOPS counts per CPU-second of the whole process (all
 // threads): on a shared machine wall time measures the load, CPU time the kernel.
+// `qkv_backward_bench --avx2` runs the AVX2 path alone (S3, S4) against the AVX2 FMA peak
+// (issue 16 item 4).
 #include <benchmark/benchmark.h>
 
 #include <time.h>
 
 #include <array>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -23,9 +27,10 @@ namespace {
 // The backward's FLOPs: 10·B·H·N²·D (five block products; half under a causal mask).
 double flops_of(const Shape& s) { return flops_of(s, 10.0); }
 
-AttentionOptions options_of(const Shape& s, int threads) {
+AttentionOptions options_of(const Shape& s, int threads, Simd simd = Simd::automatic) {
   AttentionOptions options;
   options.num_threads = threads;
+  options.simd = simd;
   if (s.causal) options.mask.causal = CausalAlign::top_left;
   return options;
 }
@@ -75,30 +80,35 @@ void measure(benchmark::State& state, Body body) {
   state.counters["CPU_FLOPS"] = cpu > 0 ? done / cpu : 0.0;
 }
 
-void run_once(const Shape& s, Problem& p, int threads) {
+void run_once(const Shape& s, Problem& p, int threads, Simd simd) {
   const std::array<int64_t, 3> lse_shape{s.B, s.H, s.N};
   auto in = [&](std::vector<float>& t) { return TensorView<const float>(t.data(), p.shape); };
   auto grad = [&](std::vector<float>& t) { return TensorView<float>(t.data(), p.shape); };
   attention_backward(grad(p.dq), grad(p.dk), grad(p.dv), {}, in(p.dout), in(p.q), in(p.k), in(p.v), in(p.out),
-                     TensorView<const float>(p.lse.data(), lse_shape), options_of(s, threads));
+                     TensorView<const float>(p.lse.data(), lse_shape), options_of(s, threads, simd));
 }
 
-void register_group(int threads) {
-  benchmark::RegisterBenchmark(
-      ("fma_peak/threads:" + std::to_string(threads)).c_str(),
-      [threads](benchmark::State& state) { measure(state, [threads] { return fma_peak_work(threads, 20'000'000); }); })
+// The FMA peak of `isa` and the backward of the shapes `keep` selects on SIMD path `simd`, as
+// <prefix>fma_peak/threads:<threads> and <prefix>backward/<shape>/fp32/threads:<threads>.
+template <class Keep>
+void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd simd, Keep keep) {
+  benchmark::RegisterBenchmark((prefix + "fma_peak/threads:" + std::to_string(threads)).c_str(),
+                               [threads, isa](benchmark::State& state) {
+                                 measure(state,
+                                         [threads, isa] { return qkv::fma_peak_work(threads, 20'000'000, isa); });
+                               })
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(5)
       ->ReportAggregatesOnly(true);
   for (const Shape& shape : kShapes) {
-    if (shape.N < 128) continue;  // S1 (3 tokens) has no backward target
-    const std::string name = std::string("backward/") + shape.name + "/fp32/threads:" + std::to_string(threads);
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [shape, threads](benchmark::State& state) {
+    if (!keep(shape)) continue;
+    const std::string name = prefix + "backward/" + shape.name + "/fp32/threads:" + std::to_string(threads);
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [shape, threads, simd](benchmark::State& state) {
       Problem& p = problem_of(shape);
-      run_once(shape, p, threads);  // warm the thread pool and the pages
+      run_once(shape, p, threads, simd);  // warm the thread pool and the pages
       measure(state, [&] {
-        run_once(shape, p, threads);
+        run_once(shape, p, threads, simd);
         return flops_of(shape);
       });
     });
@@ -111,8 +121,22 @@ void register_group(int threads) {
 }  // namespace qkv::bench
 
 int main(int argc, char** argv) {
-  qkv::bench::register_group(1);
-  qkv::bench::register_group(2);
+  using qkv::bench::Shape;
+  if (argc > 1 && std::strcmp(argv[1], "--avx2") == 0) {
+    if (!qkv::peak_isa_available(qkv::PeakIsa::avx2)) {
+      std::fprintf(stderr, "qkv_backward_bench --avx2: this CPU has no AVX2 with FMA\n");
+      return 2;
+    }
+    argv[1] = argv[0];  // Google Benchmark parses the rest
+    ++argv, --argc;
+    // N >= 1024 without a mask: the issue's target shapes for the AVX2 path.
+    auto s3_s4 = [](const Shape& s) { return std::strcmp(s.name, "S3") == 0 || std::strcmp(s.name, "S4") == 0; };
+    for (int threads : {1, 2}) qkv::bench::register_group("avx2/", threads, qkv::PeakIsa::avx2, qkv::Simd::avx2, s3_s4);
+  } else {
+    auto with_backward = [](const Shape& s) { return s.N >= 128; };  // S1 (3 tokens) has no backward target
+    for (int threads : {1, 2})
+      qkv::bench::register_group("", threads, qkv::bench::best_peak_isa(), qkv::Simd::automatic, with_backward);
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

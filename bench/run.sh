@@ -21,6 +21,17 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
   --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"
 /usr/bin/python3 "$HERE/compare_backward.py" --build "$BUILD" --out "$OUT" | tee "$OUT/backward_table.md"
+# The AVX2 path against the AVX2 FMA peak (issue 16 item 4; about 1 minute), where the CPU has AVX2.
+if "$BUILD/bench/qkv_bench" --avx2 --benchmark_list_tests > /dev/null 2>&1; then
+  echo "AVX2 path (about 1 minute)..." >&2
+  LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+  "$BUILD/bench/qkv_bench" --avx2 --benchmark_out="$OUT/avx2.json" --benchmark_out_format=json > "$OUT/avx2.log"
+  "$BUILD/bench/qkv_backward_bench" --avx2 --benchmark_out="$OUT/avx2_backward.json" --benchmark_out_format=json \
+    > "$OUT/avx2_backward.log"
+  LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+  /usr/bin/python3 "$HERE/avx2_report.py" --forward "$OUT/avx2.json" --backward "$OUT/avx2_backward.json" \
+    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/avx2_table.md"
+fi
 # Ring attention over MPI (only when qkv_ring_bench was built, i.e. MPI was found).
 if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
   echo "ring attention, 2 ranks x 1 thread vs 1 rank x 2 threads (several minutes)..." >&2

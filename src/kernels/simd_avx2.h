@@ -27,12 +27,18 @@ struct Avx2 {
   // 2^-126 (x < -126.5) flush to 0 (absolute error < 2^-126). Max error 2 ulp on [-126, 0].
   static V exp2(V x) {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN is the second operand: kept
-    const V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const V f = _mm256_sub_ps(x, n);
+    // y = x + 1.5·2^23 holds n = round(x) (to nearest even, as vroundps) in its low mantissa bits,
+    // an add and a sub where vroundps + vcvtps2dq took 3 uops of the FMA ports.
+    const V big = _mm256_set1_ps(12582912.0f);
+    const V y = _mm256_add_ps(x, big);
+    const V f = _mm256_sub_ps(x, _mm256_sub_ps(y, big));
+    // 2^n before the polynomial, so y is dead while the polynomial's constants fill the 16
+    // registers (computed after it, n was spilled to the stack in the softmax loop). y's bits are
+    // 0x4B400000 + n: adding 127 and shifting by 23 leaves (n + 127) << 23; n = -127 gives
+    // exponent field 0, i.e. the factor 0.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(y), _mm256_set1_epi32(127)), 23);
     V p = _mm256_set1_ps(kExp2Poly[0]);
     for (std::size_t i = 1; i < std::size(kExp2Poly); ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
-    // n = -127 gives exponent field 0, i.e. the factor 0.
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }
 

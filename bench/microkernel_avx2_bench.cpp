@@ -1,0 +1,34 @@
+// The AVX2 micro-kernel of the fused kernels in isolation (microkernel_block.h), compiled for AVX2
+// + FMA only, as src/kernels/*_avx2.cpp are: 16 ymm registers, no EVEX. Registered by
+// `qkv_bench --avx2` (attention_bench.cpp) as avx2/microkernel/...; per CPU second.
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+// Before the target pragma, like kernel_deps.h: library code stays compiled for the baseline ISA.
+#include "kernels/kernel_deps.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2")
+
+#include "kernels/simd_avx2.h"
+#include "kernels/microkernel.h"
+#include "microkernel_block.h"
+
+namespace qkv::bench {
+namespace {
+
+void register_avx2_blocks() { register_blocks<kernels::Avx2>("avx2/microkernel/"); }
+
+}  // namespace
+}  // namespace qkv::bench
+
+#pragma GCC pop_options
+
+namespace qkv::bench {
+
+// Outside the target region: qkv_bench --avx2 checks the CPU first.
+void register_microkernels_avx2() { register_avx2_blocks(); }
+
+}  // namespace qkv::bench
