@@ -5,9 +5,13 @@
 #endif
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -95,6 +99,25 @@ double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
   }
   return 2.0 * 16 * 12 * static_cast<double>(iterations) * threads;
 }
+
+int64_t l3_cache_bytes() {
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  const long reported = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (reported > 0) return reported;
+#endif
+  // sysfs writes e.g. "491520K".
+  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  int64_t size = 0;
+  std::string unit;
+  if (!(file >> size) || size <= 0) return 0;
+  file >> unit;
+  if (unit == "K") return size << 10;
+  if (unit == "M") return size << 20;
+  if (unit == "G") return size << 30;
+  return size;
+}
+
+int64_t memory_probe_bytes() { return std::max(2 * l3_cache_bytes(), int64_t{256} << 20); }
 
 double read_bandwidth(int threads, int64_t bytes, int passes) {
   if (threads < 1 || bytes < 4096 || passes < 1)

@@ -94,7 +94,7 @@ int run_bench(const BenchArgs& a) {
   // CPU without AVX-512 reaches), the rest against the machine's best.
   const double peak512 = fma_peak(threads, PeakIsa::avx512), peak256 = fma_peak(threads, PeakIsa::avx2);
   const double peak = peak512 > 0 ? peak512 : peak256;
-  const double bandwidth = read_bandwidth(threads, int64_t{256} << 20, 3);
+  const double bandwidth = read_bandwidth(threads, memory_probe_bytes(), 3);
   const double flops = 2.0 * allowed_pairs(s, a.causal) * static_cast<double>(s.D) * 2.0 * s.B * s.H;
   const double bytes = (bf16_in ? 2.0 : 4.0) * (s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D) +
                        4.0 * s.B * s.H * s.N * s.D;  // q, k, v read; out (fp32) written
