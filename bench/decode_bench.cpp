@@ -241,9 +241,8 @@ void register_all() {
                            int64_t page_tokens, bool shuffled) {
     for (bool cold : {true, false}) {
       const std::string name = "decode/" + shape + (cold ? "/cold" : "/hot") + "/threads:2";
-      add(name, [=](benchmark::State& state) {
-        run_decode(state, layers(name, dtype, lens, page_tokens, shuffled, cold));
-      });
+      add(name,
+          [=](benchmark::State& state) { run_decode(state, layers(name, dtype, lens, page_tokens, shuffled, cold)); });
     }
   };
   for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
