@@ -165,16 +165,20 @@ class DecodeChunk {
     const char* operator[](int64_t jj) const { return rows[jj]; }
   };
 
-  // Asks for row jj + kRowAheadKeys of a one-page block (n elements) if it lies within the page
-  // and the chunk, one row per row consumed, so the requests are spread over the block's compute
-  // instead of a burst. Streaming from memory (bench "cold", M = 32768, 2 alternations) this took
-  // the CPU time per step from 13.7-13.9 to 12.1-12.3 ms (f32), 8.2-8.5 to 7.2 ms (f16) and
-  // 6.3-6.4 to 5.9-6.1 ms (i8); 16 keys ahead gained less, 32 nothing. Blocks that span pages
-  // (small pages) take no row prefetch: the same over the block table did not help paged D2.
+  // Asks for row jj + row_ahead_ of a one-page block (n elements) if it lies within the page and
+  // the chunk, one row per row consumed, so the requests are spread over the block's compute
+  // instead of a burst. Streaming from memory (bench "cold", M = 32768, 2 alternations) 8 keys
+  // ahead took the CPU time per step from 13.7-13.9 to 12.1-12.3 ms (f32), 8.2-8.5 to 7.2 ms
+  // (f16), 6.3-6.4 to 5.9-6.1 ms (i8); 16 keys gained less for f32 and f16, 32 nothing. With
+  // hint 1 (prefetcht2) instead of 3 (prefetcht0): f32 11.9-12.2 ms, f16 7.2-7.3, i8 5.6-5.8; and
+  // i8, whose rows are a quarter of f32's, 16 keys ahead: 5.1-5.2 ms (hint 2: 5.5). Hence
+  // max(8 keys, 2 KB) with hint 1. (It may cost 5-10% with the data in L3: noisy, see BENCHMARKS.md.)
+  // Blocks that span pages (small pages) take no row prefetch: the same over the block table
+  // did not help paged D2.
   __attribute__((always_inline)) void prefetch_row(Strided rows, int64_t jj, int64_t n) const {
-    if (jj + kRowAheadKeys >= row_keys_) return;
-    const char* row = rows[jj + kRowAheadKeys];
-    for (int64_t b = 0; b < n * eb_; b += 64) __builtin_prefetch(row + b, 0, 3);
+    if (jj + row_ahead_ >= row_keys_) return;
+    const char* row = rows[jj + row_ahead_];
+    for (int64_t b = 0; b < n * eb_; b += 64) __builtin_prefetch(row + b, 0, 1);
   }
 
   // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers.
@@ -384,7 +388,8 @@ class DecodeChunk {
   const char* vrow_[kNb];
   float ksc_[kNb], vsc_[kNb];
   static constexpr int64_t kPrefetchKeys = 32;
-  static constexpr int64_t kRowAheadKeys = 8;
+  // Keys prefetch_row reads ahead: max(8 keys, 2 KB of K rows).
+  int64_t row_ahead_ = std::max<int64_t>(8, 2048 / (p_.D * eb_));
   int64_t row_keys_ = 0;  // keys of the current one-page block's page and chunk from its start
 };
 
