@@ -14,7 +14,6 @@
 // also given per CPU second of the process (CPU time / threads standing for the time the threads
 // ran), and cpu_roofline_pct compares those: the kernel's efficiency while it runs.
 #include <benchmark/benchmark.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include <omp.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -58,42 +56,15 @@ struct Timer {
   double thread_seconds() const { return (process_cpu_seconds() - cpu) / kThreads; }
 };
 
-__attribute__((target("avx512f"), noinline)) float sum_avx512(const float* p, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i < n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
-  }
-  float lanes[16];
-  _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  return lanes[0] + lanes[7];
-}
-
-float sum_plain(const float* p, int64_t n) {
-  float s[8] = {};
-  for (int64_t i = 0; i < n; i += 8)
-    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
-  return s[0] + s[7];
-}
-
 void read_bandwidth(benchmark::State& state) {
   const int64_t n = memory_probe_bytes() / 4 / (64 * kThreads) * (64 * kThreads);
   // 2 MB aligned with transparent huge pages requested, like the cache's pools (kv_cache.cpp).
   std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(2 << 20, n * 4)), &std::free);
   ::madvise(buf.get(), n * 4, MADV_HUGEPAGE);
   std::fill(buf.get(), buf.get() + n, 1.0f);
-  const bool avx512 = __builtin_cpu_supports("avx512f");
   float sink = 0;
   const Timer timer;
-  for (auto _ : state) {
-#pragma omp parallel num_threads(kThreads) reduction(+ : sink)
-    {
-      const int64_t part = n / kThreads, begin = part * omp_get_thread_num();
-      sink += avx512 ? sum_avx512(buf.get() + begin, part) : sum_plain(buf.get() + begin, part);
-    }
-  }
+  for (auto _ : state) sink += streaming_sum(buf.get(), n, kThreads);
   benchmark::DoNotOptimize(sink);
   const double bytes = static_cast<double>(n) * 4 * static_cast<double>(state.iterations());
   const double rate = bytes / timer.wall_seconds(), cpu_rate = bytes / timer.thread_seconds();

@@ -35,4 +35,9 @@ int64_t memory_probe_bytes();
 // Thread-safe.
 double read_bandwidth(int threads, int64_t bytes, int passes);
 
+// The read loop of read_bandwidth, for benchmarks that time it themselves: the sum of
+// buffer[0, n) (64-byte aligned; n a multiple of 64 x threads, else throws qkv::Error) over
+// `threads` OpenMP threads, with 512-bit loads where the CPU has them.
+float streaming_sum(const float* buffer, int64_t n, int threads);
+
 }  // namespace qkv
