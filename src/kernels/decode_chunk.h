@@ -126,9 +126,9 @@ class DecodeChunk {
 
   // Asks for the first keys of the page kPrefetchKeys on: the hardware prefetcher follows the
   // rows within a page but cannot guess the block table's next page (paged D2 took 1.3x the CPU
-  // time of contiguous caches without this). Prefetching every block instead (4 ahead) waited
-  // on the line fill buffers (~14-20% of the samples in perf) and took 20-25% more CPU time with
-  // the data in L3.
+  // time of contiguous caches without this). Streaming from memory (bench "cold", one round)
+  // 32 keys ahead took 26.5 ms of CPU per D2 step, 64: 27.6, 128: 29.4, 256: 29.8. (Within a
+  // page, a burst for every block 4 ahead cost 20-25% with the data in L3: see prefetch_row.)
   // always_inline: as a separate function GCC found it free of side effects (prefetches count as
   // none) and deleted every call, so no prefetch was ever issued.
   __attribute__((always_inline)) void prefetch_page_ahead(int64_t j) const {
@@ -165,12 +165,29 @@ class DecodeChunk {
     const char* operator[](int64_t jj) const { return rows[jj]; }
   };
 
+  // Asks for row jj + row_ahead_ of a one-page block (n elements) if it lies within the page and
+  // the chunk, one row per row consumed, so the requests are spread over the block's compute
+  // instead of a burst. Streaming from memory (bench "cold", M = 32768, 2 alternations) 8 keys
+  // ahead took the CPU time per step from 13.7-13.9 to 12.1-12.3 ms (f32), 8.2-8.5 to 7.2 ms
+  // (f16), 6.3-6.4 to 5.9-6.1 ms (i8); 16 keys gained less for f32 and f16, 32 nothing. With
+  // hint 1 (prefetcht2) instead of 3 (prefetcht0): f32 11.9-12.2 ms, f16 7.2-7.3, i8 5.6-5.8; and
+  // i8, whose rows are a quarter of f32's, 16 keys ahead: 5.1-5.2 ms (hint 2: 5.5). Hence
+  // max(8 keys, 2 KB) with hint 1. (It may cost 5-10% with the data in L3: noisy, see BENCHMARKS.md.)
+  // Blocks that span pages (small pages) take no row prefetch: the same over the block table
+  // did not help paged D2.
+  __attribute__((always_inline)) void prefetch_row(Strided rows, int64_t jj, int64_t n) const {
+    if (jj + row_ahead_ >= row_keys_) return;
+    const char* row = rows[jj + row_ahead_];
+    for (int64_t b = 0; b < n * eb_; b += 64) __builtin_prefetch(row + b, 0, 1);
+  }
+
   // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers.
   void block(int64_t j0, int64_t nb, bool first) {
     const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
     int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
     if (off == 0) prefetch_page_ahead(j0);
     if (!buffered && off + nb <= p_.page_tokens) {
+      row_keys_ = std::min(t_.j1, j0 - off + p_.page_tokens) - j0;
       const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
       return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);
     }
@@ -269,6 +286,9 @@ class DecodeChunk {
     constexpr int64_t X = L / R;
     const float* q = qb_ + r0 * dp_;
     for (int64_t j = 0; j < nb; j += X) {
+      if constexpr (std::is_same_v<Rows, Strided>)
+        if (r0 == 0)
+          for (int64_t x = 0; x < X; ++x) prefetch_row(k, j + x, p_.D);
       const char* kr[X];
       for (int64_t x = 0; x < X; ++x) kr[x] = k[std::min(j + x, nb - 1)];
       V acc[L];
@@ -319,6 +339,8 @@ class DecodeChunk {
     }
     const float* pr = sb_ + r0 * kNb;
     for (int64_t jj = 0; jj < nb; ++jj) {
+      if constexpr (std::is_same_v<Rows, Strided>)
+        if (r0 == 0 && e == 0) prefetch_row(v, jj, p_.Dv);
       const char* vr = v[jj];
       V vv[C];
       for (int64_t c = 0; c < C; ++c) vv[c] = load_kv<kDt>(vr, e + c * L);
@@ -365,7 +387,10 @@ class DecodeChunk {
   const char* krow_[kNb];
   const char* vrow_[kNb];
   float ksc_[kNb], vsc_[kNb];
-  static constexpr int64_t kPrefetchKeys = 2 * kNb;
+  static constexpr int64_t kPrefetchKeys = 32;
+  // Keys prefetch_row reads ahead: max(8 keys, 2 KB of K rows).
+  int64_t row_ahead_ = std::max<int64_t>(8, 2048 / (p_.D * eb_));
+  int64_t row_keys_ = 0;  // keys of the current one-page block's page and chunk from its start
 };
 
 template <class Ops>

@@ -44,3 +44,36 @@ def test_bad_input_is_refused(run, args, message):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+DECODE_ROW = re.compile(r"^(cold|hot)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$")
+
+
+def test_decode_reports_the_bound_and_both_caches(run):
+    r = run("bench", "--decode", "2,4,2,100,32", "--kv-dtype", "i8", "--page-tokens", "16", "--threads", "1",
+            "--repeats", "2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "qkv bench --decode: B=2 H=4 Hkv=2 M=100 D=32 kv-dtype i8 threads 1"
+    assert lines[1].startswith("machine: "), lines[1]
+    # 2 sequences x 100 tokens x 2 KV heads x (2 x 32 int8 + 2 fp32 scales) = 0.0288 MB
+    assert re.match(r"decode: K\+V 0\.0288 MB \(i8 cache, pages of 16 tokens\), [0-9.e-]+ GFLOP; "
+                    r"bound [0-9.]+ us \((read bandwidth|FMA peak)\)$", lines[2]), lines[2]
+    rows = [DECODE_ROW.match(line) for line in lines if DECODE_ROW.match(line)]
+    assert [m.group(1) for m in rows] == ["cold", "hot"], r.stdout
+    for m in rows:
+        assert float(m.group(2)) > 0 and float(m.group(4)) > 0, m.group(0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--decode", "1,4,3,64,32"], "H = 4 is not a multiple of Hkv = 3"),
+    (["--decode", "1,4,2"], "expected B,H,Hkv,M,D (5 values)"),
+    (["--decode", "1,4,2,0,32"], "0 is outside 1 to 16777216"),
+    (["--decode", "1,4,2,64,32", "--kv-dtype", "f8"], "f8 not in"),
+    (["--decode", "1,4,2,64,32", "--page-tokens", "0"], "'0' is outside 1 to 16777216"),
+])
+def test_bad_decode_input_is_refused(run, args, message):
+    r = run("bench", *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert message in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr

@@ -1,7 +1,8 @@
 // `qkv bench`: what qkv does on this CPU. Measures the machine's fp32 FMA peak and read bandwidth,
 // then times the user's shape through every path this CPU can run (the fused kernel on each SIMD
 // family, and the float64 reference when the shape is small) and says which one the automatic
-// choice takes, so a user sees the % of peak on their own machine.
+// choice takes, so a user sees the % of peak on their own machine. With --decode: one decode step
+// against a paged KV cache, as a % of its roofline bound (bandwidth or FMA peak).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,7 +16,9 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/attention.h"
+#include "qkv/decode.h"
 #include "qkv/error.h"
+#include "qkv/kv_cache.h"
 #include "qkv/machine.h"
 
 namespace qkv::cli {
@@ -27,6 +30,9 @@ struct BenchArgs {
   std::string dtype = "f32";
   int threads = 0;
   int repeats = 5;
+  std::string decode;  // B,H,Hkv,M,D: time decode_attention instead
+  std::string kv_dtype = "f16";
+  int64_t page_tokens = 16;
 };
 
 // The reference (float64, N×M weights) is timed only below this many multiply-adds.
@@ -86,6 +92,105 @@ double fma_peak(int threads, PeakIsa isa) {
   return best;
 }
 
+// The machine line: the FMA peaks (0: not measurable) and the read bandwidth.
+void print_machine(int threads, double peak512, double peak256, double bandwidth) {
+  const double peak = peak512 > 0 ? peak512 : peak256;
+  if (peak > 0)
+    fmt::print("machine: fp32 FMA peak {:.1f} GFLOP/s ({}, {} threads); read bandwidth {:.1f} GB/s{}\n", peak / 1e9,
+               peak512 > 0 ? "AVX-512" : "AVX2", threads, bandwidth / 1e9,
+               peak512 > 0 && peak256 > 0 ? fmt::format("; AVX2 FMA peak {:.1f} GFLOP/s", peak256 / 1e9) : "");
+  else
+    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n",
+               bandwidth / 1e9);
+}
+
+struct DecodeShape {
+  int64_t B, H, Hkv, M, D;
+};
+
+DecodeShape parse_decode_shape(const std::string& text) {
+  const std::vector<int64_t> v = parse_int_list(text, "--decode");
+  if (v.size() != 5) throw Error(fmt::format("--decode: expected B,H,Hkv,M,D (5 values), got '{}'", text));
+  for (int64_t x : v)
+    if (x < 1 || x > (int64_t{1} << 24))
+      throw Error(fmt::format("--decode: {} is outside 1 to 16777216 in '{}'", x, text));
+  const DecodeShape s{v[0], v[1], v[2], v[3], v[4]};
+  if (s.H % s.Hkv != 0) throw Error(fmt::format("--decode: H = {} is not a multiple of Hkv = {}", s.H, s.Hkv));
+  const double bytes = 4.0 * 2.0 * s.B * s.Hkv * s.M * s.D;  // the cache at fp32
+  if (bytes > kMaxBytes)
+    throw Error(fmt::format("--decode: '{}' needs {:.1f} GB of cache at fp32 (at most 4)", text, bytes / 1e9));
+  return s;
+}
+
+KVDtype kv_dtype_of(const std::string& name) {
+  for (KVDtype d : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
+    if (name == kv_dtype_name(d)) return d;
+  throw Error(fmt::format("--kv-dtype: unknown dtype '{}'", name));
+}
+
+// One decode step (one query per sequence, causal) against B sequences of M tokens in pages of
+// page_tokens, as a % of the roofline bound max(K+V bytes / read bandwidth, FLOPs / FMA peak).
+// Hot: the same cache step after step. Cold: a read of memory_probe_bytes() before each timed
+// step evicts the cache, as a model's step finds each layer's cache in memory.
+int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwidth) {
+  const DecodeShape s = parse_decode_shape(a.decode);
+  const KVDtype dtype = kv_dtype_of(a.kv_dtype);
+  const int64_t pages_per_seq = (s.M + a.page_tokens - 1) / a.page_tokens;
+  KVCache cache(KVCacheConfig{s.B * pages_per_seq, a.page_tokens, s.Hkv, s.D, s.D, dtype});
+  std::mt19937 gen(12345);
+  std::normal_distribution<float> normal;
+  const int64_t piece = std::min<int64_t>(s.M, 1024);
+  std::vector<float> k(piece * s.Hkv * s.D), v(k.size());
+  std::vector<int64_t> ids;
+  for (int64_t b = 0; b < s.B; ++b) {
+    ids.push_back(cache.create());
+    for (int64_t t = 0; t < s.M; t += piece) {
+      const int64_t T = std::min(piece, s.M - t);
+      for (float& x : k) x = normal(gen);
+      for (float& x : v) x = normal(gen);
+      cache.append(ids.back(), TensorView<const float>(k.data(), {T, s.Hkv, s.D}),
+                   TensorView<const float>(v.data(), {T, s.Hkv, s.D}));
+    }
+  }
+  Tensor<float> q({s.B, s.H, 1, s.D}, "qkv bench decode query"), out({s.B, s.H, 1, s.D}, "qkv bench decode output");
+  for (int64_t i = 0; i < q.numel(); ++i) q[i] = normal(gen);
+  const PagedKV kv = cache.paged(ids);
+  DecodeOptions options;
+  options.num_threads = threads;
+  options.mask.causal = CausalAlign::bottom_right;
+  auto step = [&] { decode_attention(out.view(), TensorView<float>(), q.cview(), kv, options); };
+
+  const double tokens = static_cast<double>(s.B) * static_cast<double>(s.M);
+  const double bytes = tokens * s.Hkv * (2.0 * s.D * kv_dtype_bytes(dtype) + (dtype == KVDtype::i8 ? 8.0 : 0.0));
+  const double flops = 4.0 * tokens * s.H * s.D;
+  const double bound = std::max(bytes / bandwidth, peak > 0 ? flops / peak : 0.0);
+  fmt::print("decode: K+V {:.3g} MB ({} cache, pages of {} tokens), {:.3g} GFLOP; bound {:.1f} us ({})\n", bytes / 1e6,
+             a.kv_dtype, a.page_tokens, flops / 1e9, bound * 1e6,
+             peak > 0 && flops / peak > bytes / bandwidth ? "FMA peak" : "read bandwidth");
+  const double hot = median_seconds(a.repeats, step);
+  std::vector<char> flush(static_cast<std::size_t>(memory_probe_bytes()), 1);
+  std::vector<double> cold;
+  volatile long sink = 0;
+  for (int r = 0; r < a.repeats; ++r) {
+    long sum = 0;  // reads every line of the buffer
+    for (std::size_t i = 0; i < flush.size(); i += 64) sum += flush[i];
+    sink = sink + sum;
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    cold.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(cold.begin(), cold.end());
+  fmt::print("{:<6} {:>10} {:>10} {:>12}\n", "cache", "time us", "GB/s", "% roofline");
+  for (const auto& [name, seconds] : {std::pair{"cold", cold[cold.size() / 2]}, std::pair{"hot", hot}})
+    fmt::print("{:<6} {:>10.1f} {:>10.2f} {:>12.1f}\n", name, seconds * 1e6, bytes / seconds / 1e9,
+               100.0 * bound / seconds);
+  fmt::print(
+      "(cold: a read of {} MiB, 2x the L3, before each step; % roofline above 100 means other programs\n"
+      " slowed the bandwidth measurement, or the data stayed in cache)\n",
+      memory_probe_bytes() >> 20);
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   const Shape s = parse_shape(a.shape);
   const int threads = a.threads > 0 ? a.threads : default_num_threads();
@@ -94,7 +199,14 @@ int run_bench(const BenchArgs& a) {
   // CPU without AVX-512 reaches), the rest against the machine's best.
   const double peak512 = fma_peak(threads, PeakIsa::avx512), peak256 = fma_peak(threads, PeakIsa::avx2);
   const double peak = peak512 > 0 ? peak512 : peak256;
-  const double bandwidth = read_bandwidth(threads, int64_t{256} << 20, 3);
+  const double bandwidth = read_bandwidth(threads, memory_probe_bytes(), 3);
+  if (!a.decode.empty()) {
+    const DecodeShape d = parse_decode_shape(a.decode);
+    fmt::print("qkv bench --decode: B={} H={} Hkv={} M={} D={} kv-dtype {} threads {}\n", d.B, d.H, d.Hkv, d.M, d.D,
+               a.kv_dtype, threads);
+    print_machine(threads, peak512, peak256, bandwidth);
+    return run_bench_decode(a, threads, peak, bandwidth);
+  }
   const double flops = 2.0 * allowed_pairs(s, a.causal) * static_cast<double>(s.D) * 2.0 * s.B * s.H;
   const double bytes = (bf16_in ? 2.0 : 4.0) * (s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D) +
                        4.0 * s.B * s.H * s.N * s.D;  // q, k, v read; out (fp32) written
@@ -118,13 +230,7 @@ int run_bench(const BenchArgs& a) {
 
   fmt::print("qkv bench: B={} H={} N={} M={} D={}{} dtype {} threads {}\n", s.B, s.H, s.N, s.M, s.D,
              a.causal ? " causal" : "", a.dtype, threads);
-  if (peak > 0)
-    fmt::print("machine: fp32 FMA peak {:.1f} GFLOP/s ({}, {} threads); read bandwidth {:.1f} GB/s{}\n", peak / 1e9,
-               peak512 > 0 ? "AVX-512" : "AVX2", threads, bandwidth / 1e9,
-               peak512 > 0 && peak256 > 0 ? fmt::format("; AVX2 FMA peak {:.1f} GFLOP/s", peak256 / 1e9) : "");
-  else
-    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n",
-               bandwidth / 1e9);
+  print_machine(threads, peak512, peak256, bandwidth);
   fmt::print("forward: {:.3g} GFLOP (4·pairs·D), {:.3g} MB moved\n", flops / 1e9, bytes / 1e6);
   fmt::print("{:<10} {:>10} {:>10} {:>8} {:>7}\n", "path", "time ms", "GFLOP/s", "GB/s", "% peak");
 
@@ -169,6 +275,24 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 
+// A validator that parses the text with parse (which throws qkv::Error "<option>: why") and shows
+// the reason without the option's name, which CLI11 adds.
+template <class Parse>
+CLI::Validator parsed_by(Parse parse, const std::string& option, const std::string& form) {
+  return CLI::Validator(
+      [parse, prefix = option + ": "](std::string& text) -> std::string {
+        try {
+          parse(text);
+          return {};
+        } catch (const Error& e) {
+          std::string message = e.what();
+          if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+          return message;
+        }
+      },
+      form, "");
+}
+
 }  // namespace
 
 Command add_bench(CLI::App& app) {
@@ -179,18 +303,15 @@ Command add_bench(CLI::App& app) {
       "through every path this CPU can run (fused avx512 / avx2 / scalar; the float64 reference for small\n"
       "shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the path the automatic choice takes.");
   sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              parse_shape(text);
-              return {};
-            } catch (const Error& e) {
-              std::string message = e.what();
-              if (message.rfind("--shape: ", 0) == 0) message.erase(0, 9);
-              return message;
-            }
-          },
-          "B,H,N,M,D", ""));
+      ->check(parsed_by([](const std::string& t) { parse_shape(t); }, "--shape", "B,H,N,M,D"));
+  sub->add_option("--decode", args->decode,
+                  "B,H,Hkv,M,D: time one decode step (one query per sequence of M tokens) against a paged\n"
+                  "KV cache instead, cold and hot, as a % of its roofline bound")
+      ->check(parsed_by([](const std::string& t) { parse_decode_shape(t); }, "--decode", "B,H,Hkv,M,D"));
+  sub->add_option("--kv-dtype", args->kv_dtype, "With --decode: the cache's dtype f32, bf16, f16 or i8 (default f16)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "i8"}));
+  sub->add_option("--page-tokens", args->page_tokens, "With --decode: tokens per page (default 16)")
+      ->check(integer_in(1, 1 << 24));
   sub->add_flag("--causal", args->causal, "Causal mask (top-left)");
   sub->add_option("--dtype", args->dtype, "f32 or bf16 inputs (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
   sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
