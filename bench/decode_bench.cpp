@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "fma_peak.h"
+#include "core/huge_pages.h"
 #include "qkv/kv_cache.h"
 #include "qkv/machine.h"
 
@@ -58,13 +58,11 @@ struct Timer {
 
 void read_bandwidth(benchmark::State& state) {
   const int64_t n = memory_probe_bytes() / 4 / (64 * kThreads) * (64 * kThreads);
-  // 2 MB aligned with transparent huge pages requested, like the cache's pools (kv_cache.cpp).
-  std::unique_ptr<float, decltype(&std::free)> buf(static_cast<float*>(std::aligned_alloc(2 << 20, n * 4)), &std::free);
-  ::madvise(buf.get(), n * 4, MADV_HUGEPAGE);
-  std::fill(buf.get(), buf.get() + n, 1.0f);
+  const detail::HugePageFloats buf(n, "read_bandwidth buffer");  // as the cache's pools are
+  std::fill(buf.data(), buf.data() + n, 1.0f);
   float sink = 0;
   const Timer timer;
-  for (auto _ : state) sink += streaming_sum(buf.get(), n, kThreads);
+  for (auto _ : state) sink += streaming_sum(buf.data(), n, kThreads);
   benchmark::DoNotOptimize(sink);
   const double bytes = static_cast<double>(n) * 4 * static_cast<double>(state.iterations());
   const double rate = bytes / timer.wall_seconds(), cpu_rate = bytes / timer.thread_seconds();

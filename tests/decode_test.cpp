@@ -15,7 +15,6 @@
 
 #include "attention_cases.h"
 #include "qkv/kv_cache.h"
-#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -465,7 +464,7 @@ TEST(Decode, RefusesBadInputByName) {
   Tensor<float> out({1, 4, 1, 8});
   auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o,
                           const std::string& text) {
-    test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv, o); }, text);
+    test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv, o); }, {text});
   };
   const PagedKV good = f.cache.paged(f.ids);
   PagedKV bad = good;
@@ -493,7 +492,7 @@ TEST(Decode, RefusesBadInputByName) {
   expect_error(good, q.cview(), o, "sink_tokens = -1 is negative");
   const std::vector<int64_t> ids{99};
   test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
-                     "unknown sequence id 99");
+                     {"unknown sequence id 99"});
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include "qkv/kv_cache.h"
-#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -140,29 +139,29 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
   using test::expect_error;
   Tensor<float> big_k = rng.normal32({6, 2, 5}), big_v = rng.normal32({6, 2, 3});
   expect_error([&] { cache.append(s, big_k.cview(), big_v.cview()); },
-               "6 tokens need 2 free pages, the pool of 2 has 1 left");
-  expect_error([&] { cache.append(42, k.cview(), v.cview()); }, "unknown sequence id 42");
-  expect_error([&] { cache.fork(42); }, "unknown sequence id 42");
-  expect_error([&] { cache.free(42); }, "unknown sequence id 42");
-  expect_error([&] { cache.length(-1); }, "unknown sequence id -1");
+               {"6 tokens need 2 free pages, the pool of 2 has 1 left"});
+  expect_error([&] { cache.append(42, k.cview(), v.cview()); }, {"unknown sequence id 42"});
+  expect_error([&] { cache.fork(42); }, {"unknown sequence id 42"});
+  expect_error([&] { cache.free(42); }, {"unknown sequence id 42"});
+  expect_error([&] { cache.length(-1); }, {"unknown sequence id -1"});
   Tensor<float> k_wrong = rng.normal32({1, 2, 4});
   expect_error(
       [&] {
         cache.append(s, k_wrong.cview(), TensorView<const float>(v.data(), {1, 2, 3}));
       },
-      "k has shape [1, 2, 4], expected [T, Hkv = 2, D = 5]");
+      {"k has shape [1, 2, 4], expected [T, Hkv = 2, D = 5]"});
   expect_error(
       [&] {
         cache.append(s, TensorView<const float>(k.data(), {1, 2, 5}), TensorView<const float>(v.data(), {1, 1, 3}));
       },
-      "v has shape [1, 1, 3], expected [T = 1, Hkv = 2, Dv = 3]");
+      {"v has shape [1, 1, 3], expected [T = 1, Hkv = 2, Dv = 3]"});
   Tensor<float> k_nan = rng.normal32({2, 2, 5});
   k_nan[13] = std::nanf("");
   expect_error(
       [&] {
         cache.append(s, k_nan.cview(), TensorView<const float>(v.data(), {2, 2, 3}));
       },
-      "k[1, 0, 3] = nan cannot be stored as i8");
+      {"k[1, 0, 3] = nan cannot be stored as i8"});
   KVCache half(config(KVDtype::f16));
   const int64_t hs = half.create();
   Tensor<float> k_big = rng.normal32({1, 2, 5});
@@ -171,14 +170,14 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
       [&] {
         half.append(hs, k_big.cview(), TensorView<const float>(v.data(), {1, 2, 3}));
       },
-      "k[0, 0, 2] = 70000 cannot be stored as f16");
+      {"k[0, 0, 2] = 70000 cannot be stored as f16"});
   EXPECT_EQ(half.length(hs), 0);
   // After every refusal the sequence is as it was.
   EXPECT_EQ(cache.length(s), 3);
   EXPECT_EQ(cache.free_pages(), 1);
   const Tensor<float> after = cache.keys(s);
   EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.numel()), 0);
-  expect_error([] { KVCache bad(config(KVDtype::f32, 0)); }, "must be positive");
+  expect_error([] { KVCache bad(config(KVDtype::f32, 0)); }, {"must be positive"});
 }
 
 long vm_size_kb() {

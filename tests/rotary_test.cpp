@@ -8,7 +8,6 @@
 
 #include "qkv/kv_cache.h"
 #include "qkv/rotary.h"
-#include "expect_error.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -93,7 +92,7 @@ TEST(Rotary, AppendRotatesKeysAtTheSequencePositions) {
 TEST(Rotary, RefusesBadOptions) {
   Tensor<float> x({1, 1, 2, 6});
   auto expect_error = [&](const RotaryOptions& o, std::vector<int64_t> offsets, const std::string& text) {
-    test::expect_error([&] { apply_rotary(x.view(), offsets, o); }, text);
+    test::expect_error([&] { apply_rotary(x.view(), offsets, o); }, {text});
   };
   RotaryOptions o;
   o.rotary_dim = 3;

@@ -62,7 +62,7 @@ class Rng {
   std::mt19937_64 engine_;
 };
 
-// Calls `f`, expecting qkv::Error whose message contains each of `parts`.
+// Calls `f`, expecting qkv::Error whose message (one line) contains each of `parts`.
 inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
     f();

@@ -2,8 +2,6 @@
 // conversion of new tokens to the storage dtype.
 #include "qkv/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -14,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/half.h"
+#include "core/huge_pages.h"
 
 namespace qkv {
 namespace {
@@ -35,30 +34,11 @@ uint16_t float_to_half(float f) {
 
 constexpr float kHalfLimit = 65520.0f;  // rounds to infinity in binary16
 
-// Pools of 2 MB and more are mapped directly, 2 MB aligned, and asked to be backed by transparent
-// huge pages (the kernel's THP mode here is "madvise"): decode streams whole pools, and with 4 KB
-// pages it ran 15% slower (one TLB miss every 8 keys of each of K and V). The mapping is trimmed
-// to the pool rounded up to 2 MB, so nothing beyond that is reserved.
-constexpr std::size_t kHuge = std::size_t{2} << 20;
-
+// Pools are allocated by the huge-page rule (core/huge_pages.h): decode streams them whole.
 void* allocate(int64_t bytes, const char* what, std::size_t& mapped) {
-  const std::size_t size = static_cast<std::size_t>(std::max<int64_t>(bytes, 1));
-  mapped = 0;
-  if (size < kHuge) {
-    void* p = std::aligned_alloc(64, (size + 63) / 64 * 64);
-    if (p == nullptr) throw Error(fmt::format("KVCache: cannot allocate the {} ({} bytes)", what, bytes));
-    return p;
-  }
-  const std::size_t rounded = (size + kHuge - 1) / kHuge * kHuge;
-  void* raw = ::mmap(nullptr, rounded + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) throw Error(fmt::format("KVCache: cannot map the {} ({} bytes)", what, bytes));
-  const auto start = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
-  if (aligned > start) ::munmap(raw, aligned - start);
-  ::munmap(reinterpret_cast<void*>(aligned + rounded), start + kHuge - aligned);
-  ::madvise(reinterpret_cast<void*>(aligned), rounded, MADV_HUGEPAGE);  // advisory: failure leaves 4 KB pages
-  mapped = rounded;
-  return reinterpret_cast<void*>(aligned);
+  void* p = detail::huge_pages_alloc(bytes, mapped);
+  if (p == nullptr) throw Error(fmt::format("KVCache: cannot allocate the {} ({} bytes)", what, bytes));
+  return p;
 }
 
 // Writes one token's head vector x[0..n) (stride sx) at dst in the storage dtype.
@@ -120,12 +100,7 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
 
 }  // namespace
 
-void KVCache::Free::operator()(void* p) const {
-  if (mapped > 0)
-    ::munmap(p, mapped);
-  else
-    std::free(p);
-}
+void KVCache::Free::operator()(void* p) const { detail::huge_pages_free(p, mapped); }
 
 KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   if (c.num_pages <= 0 || c.page_tokens <= 0 || c.Hkv <= 0 || c.D <= 0 || c.Dv <= 0)

@@ -5,7 +5,6 @@
 #endif
 #include <omp.h>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,11 +12,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "core/huge_pages.h"
 
 #include "qkv/error.h"
 #include "qkv/machine.h"
@@ -165,24 +165,20 @@ float streaming_sum(const float* buffer, int64_t n, int threads) {
 double read_bandwidth(int threads, int64_t bytes, int passes) {
   if (threads < 1 || bytes < 4096 || passes < 1)
     throw Error(fmt::format("read_bandwidth: threads {}, bytes {}, passes {} out of range", threads, bytes, passes));
-  // Whole 64-byte lines per thread. 2 MB aligned with transparent huge pages requested, like the
-  // KV cache's pools (cache/kv_cache.cpp), so both see the same TLB reach.
-  const int64_t n = bytes / (64 * threads) * 64 * threads / static_cast<int64_t>(sizeof(float));
-  const std::size_t size = static_cast<std::size_t>(n) * sizeof(float);
-  std::unique_ptr<float, decltype(&std::free)> buffer(
-      static_cast<float*>(std::aligned_alloc(2 << 20, (size + (2 << 20) - 1) / (2 << 20) * (2 << 20))), &std::free);
-  if (!buffer) throw Error(fmt::format("read_bandwidth: cannot allocate {} bytes", size));
-  ::madvise(buffer.get(), size, MADV_HUGEPAGE);  // advisory
+  // Whole 64-float blocks per thread (streaming_sum's unit), in memory allocated as the KV
+  // cache's pools are, so both see the same TLB reach.
+  const int64_t n = bytes / static_cast<int64_t>(sizeof(float)) / (64 * threads) * (64 * threads);
+  const detail::HugePageFloats buffer(n, "read_bandwidth buffer");
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) buffer.get()[i] = 1.0f;
+  for (int64_t i = 0; i < n; ++i) buffer.data()[i] = 1.0f;
   double best = 0;
   volatile float sink = 0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto start = std::chrono::steady_clock::now();
-    const float total = streaming_sum(buffer.get(), n, threads);
+    const float total = streaming_sum(buffer.data(), n, threads);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     sink = sink + total;
-    best = std::max(best, static_cast<double>(size) / seconds);
+    best = std::max(best, static_cast<double>(n) * sizeof(float) / seconds);
   }
   return best;
 }
