@@ -124,27 +124,37 @@ class DecodeChunk {
   // pages would otherwise make short blocks, each paying the softmax and O update).
   int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
 
-  // Asks for the first keys of the page kPrefetchKeys on: the hardware prefetcher follows the
-  // rows within a page but cannot guess the block table's next page (paged D2 took 1.3x the CPU
-  // time of contiguous caches without this). Streaming from memory (bench "cold", one round)
-  // 32 keys ahead took 26.5 ms of CPU per D2 step, 64: 27.6, 128: 29.4, 256: 29.8. (Within a
-  // page, a burst for every block 4 ahead cost 20-25% with the data in L3: see prefetch_row.)
-  // always_inline: as a separate function GCC found it free of side effects (prefetches count as
-  // none) and deleted every call, so no prefetch was ever issued.
-  __attribute__((always_inline)) void prefetch_page_ahead(int64_t j) const {
-    const int64_t pt = p_.page_tokens;
-    const int64_t j_next = (j / pt + std::max<int64_t>(1, kPrefetchKeys / pt)) * pt;
-    if (j_next >= t_.j1) return;
-    const int64_t row0 = pool_row(j_next), nb = std::min({kNb, pt, t_.j1 - j_next});
+  // One cursor runs kAheadKeys ahead of the keys being scored and asks for the K and V rows (and
+  // int8 scales) of one key per key scored, through the block table: the requests are spread
+  // over the compute, V arrives before its P·V pass, and pages are crossed as the keys cross them.
+  // It replaced a row prefetch within one-page blocks (K while scoring, V during P·V, max(8 keys,
+  // 2 KB) ahead, prefetcht2) plus whole next pages 32 keys ahead. Streaming from memory (bench
+  // "cold", 2 rounds, CPU time per step) prefetcht0 8 keys ahead took D1 M = 32768 from 12.5-13.0
+  // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
+  // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
+  // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these (BENCHMARKS.md).
+  // always_inline: as separate functions GCC found them free of side effects (prefetches count
+  // as none) and deleted every call, so no prefetch was ever issued.
+  __attribute__((always_inline)) void prefetch_seek(int64_t j) {
+    pf_j_ = j;
+    if (j < t_.j1) pf_row_ = pool_row(j), pf_off_ = j % p_.page_tokens;
+  }
+  __attribute__((always_inline)) void prefetch_next() {
+    if (pf_j_ >= t_.j1) return;
     auto lines = [](const char* p, int64_t bytes) __attribute__((always_inline)) {
-      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
     };
-    lines(p_.k + row0 * p_.D * eb_, nb * p_.D * eb_);
-    lines(p_.v + row0 * p_.Dv * eb_, nb * p_.Dv * eb_);
-    if (p_.k_scale != nullptr) {
-      lines(reinterpret_cast<const char*>(p_.k_scale + row0), nb * 4);
-      lines(reinterpret_cast<const char*>(p_.v_scale + row0), nb * 4);
+    lines(p_.k + pf_row_ * p_.D * eb_, p_.D * eb_);
+    lines(p_.v + pf_row_ * p_.Dv * eb_, p_.Dv * eb_);
+    if (p_.k_scale != nullptr && (pf_row_ % 16 == 0 || pf_off_ == 0)) {
+      __builtin_prefetch(p_.k_scale + pf_row_, 0, 3);
+      __builtin_prefetch(p_.v_scale + pf_row_, 0, 3);
     }
+    ++pf_j_;
+    if (++pf_off_ == p_.page_tokens)
+      prefetch_seek(pf_j_);  // the next page: one division per page
+    else
+      ++pf_row_;
   }
 
   // Pool row of sequence token j.
@@ -165,36 +175,18 @@ class DecodeChunk {
     const char* operator[](int64_t jj) const { return rows[jj]; }
   };
 
-  // Asks for row jj + row_ahead_ of a one-page block (n elements) if it lies within the page and
-  // the chunk, one row per row consumed, so the requests are spread over the block's compute
-  // instead of a burst. Streaming from memory (bench "cold", M = 32768, 2 alternations) 8 keys
-  // ahead took the CPU time per step from 13.7-13.9 to 12.1-12.3 ms (f32), 8.2-8.5 to 7.2 ms
-  // (f16), 6.3-6.4 to 5.9-6.1 ms (i8); 16 keys gained less for f32 and f16, 32 nothing. With
-  // hint 1 (prefetcht2) instead of 3 (prefetcht0): f32 11.9-12.2 ms, f16 7.2-7.3, i8 5.6-5.8; and
-  // i8, whose rows are a quarter of f32's, 16 keys ahead: 5.1-5.2 ms (hint 2: 5.5). Hence
-  // max(8 keys, 2 KB) with hint 1. (It may cost 5-10% with the data in L3: noisy, see BENCHMARKS.md.)
-  // Blocks that span pages (small pages) take no row prefetch: the same over the block table
-  // did not help paged D2.
-  __attribute__((always_inline)) void prefetch_row(Strided rows, int64_t jj, int64_t n) const {
-    if (jj + row_ahead_ >= row_keys_) return;
-    const char* row = rows[jj + row_ahead_];
-    for (int64_t b = 0; b < n * eb_; b += 64) __builtin_prefetch(row + b, 0, 1);
-  }
-
   // Head dims that are not a multiple of L take the rows widened into zero-padded fp32 buffers.
   void block(int64_t j0, int64_t nb, bool first) {
     const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
     int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
-    if (off == 0) prefetch_page_ahead(j0);
+    if (pf_j_ < j0 + kAheadKeys) prefetch_seek(j0 + kAheadKeys);  // the start, or blocks skipped
     if (!buffered && off + nb <= p_.page_tokens) {
-      row_keys_ = std::min(t_.j1, j0 - off + p_.page_tokens) - j0;
       const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
       return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);
     }
     for (int64_t jj = 0; jj < nb; ++jj, ++off, ++row) {
       if (off == p_.page_tokens) {  // divisions once per page, not per key
         off = 0;
-        prefetch_page_ahead(j0 + jj);
         row = pool_row(j0 + jj);
       }
       krow_[jj] = p_.k + row * p_.D * eb_;
@@ -286,9 +278,8 @@ class DecodeChunk {
     constexpr int64_t X = L / R;
     const float* q = qb_ + r0 * dp_;
     for (int64_t j = 0; j < nb; j += X) {
-      if constexpr (std::is_same_v<Rows, Strided>)
-        if (r0 == 0)
-          for (int64_t x = 0; x < X; ++x) prefetch_row(k, j + x, p_.D);
+      if (r0 == 0)
+        for (int64_t x = 0; x < std::min(X, nb - j); ++x) prefetch_next();
       const char* kr[X];
       for (int64_t x = 0; x < X; ++x) kr[x] = k[std::min(j + x, nb - 1)];
       V acc[L];
@@ -339,8 +330,6 @@ class DecodeChunk {
     }
     const float* pr = sb_ + r0 * kNb;
     for (int64_t jj = 0; jj < nb; ++jj) {
-      if constexpr (std::is_same_v<Rows, Strided>)
-        if (r0 == 0 && e == 0) prefetch_row(v, jj, p_.Dv);
       const char* vr = v[jj];
       V vv[C];
       for (int64_t c = 0; c < C; ++c) vv[c] = load_kv<kDt>(vr, e + c * L);
@@ -382,15 +371,13 @@ class DecodeChunk {
   int64_t rows_, dp_, eb_;
   float *qb_, *kb_, *vb_, *sb_, *alpha_;
   int64_t* band_;
-  // A block's K and V rows and int8 scales when it spans pages (kPrefetchKeys: see
-  // prefetch_page_ahead).
+  // A block's K and V rows and int8 scales when it spans pages.
   const char* krow_[kNb];
   const char* vrow_[kNb];
   float ksc_[kNb], vsc_[kNb];
-  static constexpr int64_t kPrefetchKeys = 32;
-  // Keys prefetch_row reads ahead: max(8 keys, 2 KB of K rows).
-  int64_t row_ahead_ = std::max<int64_t>(8, 2048 / (p_.D * eb_));
-  int64_t row_keys_ = 0;  // keys of the current one-page block's page and chunk from its start
+  // The prefetch cursor: its key, that key's pool row and offset in its page.
+  static constexpr int64_t kAheadKeys = 8;
+  int64_t pf_j_ = -1, pf_row_ = 0, pf_off_ = 0;
 };
 
 template <class Ops>
