@@ -39,7 +39,7 @@ TEST(FusedThreads, OutputsAreBitwiseEqualFor1_2_3Threads) {
       Tensor<float> out1({2, 4, 333, 40}), lse1({2, 4, 333});
       options.num_threads = 1;
       attention_forward(out1.view(), lse1.view(), q.cview(), k.cview(), v.cview(), options);
-      for (int threads : {2, 3}) {
+      for (int threads : {2, 3, 100000}) {  // 100000: capped (resolve_num_threads), not a crash
         Tensor<float> out({2, 4, 333, 40}), lse({2, 4, 333});
         options.num_threads = threads;
         attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
@@ -48,6 +48,17 @@ TEST(FusedThreads, OutputsAreBitwiseEqualFor1_2_3Threads) {
       }
     }
   }
+}
+
+// A thread count is capped by the call's tasks and kMaxThreads: asking for 100000 crashed the decode
+// (OpenMP could not create them) before every call resolved its count in one place.
+TEST(Threads, ResolveCapsTheRequestByTasksAndTheLimit) {
+  EXPECT_EQ(resolve_num_threads(3, 10), 3);
+  EXPECT_EQ(resolve_num_threads(100000, 7), 7);
+  EXPECT_EQ(resolve_num_threads(100000, int64_t{1} << 40), kMaxThreads);
+  EXPECT_EQ(resolve_num_threads(5, 0), 1);
+  EXPECT_EQ(resolve_num_threads(0, int64_t{1} << 40), default_num_threads());
+  EXPECT_EQ(resolve_num_threads(-2, 1), 1);
 }
 
 // One head, few rows: the work is split into small tiles so that both cores get some; the

@@ -1,7 +1,9 @@
 #include "qkv/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -75,9 +77,14 @@ int default_num_threads() {
   if (const char* env = std::getenv("QKV_NUM_THREADS")) {
     char* end = nullptr;
     const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= 4096) return static_cast<int>(n);
+    if (end != env && *end == '\0' && n > 0 && n <= kMaxThreads) return static_cast<int>(n);
   }
   return omp_get_max_threads();
+}
+
+int resolve_num_threads(int requested, int64_t items) {
+  const int64_t wanted = requested > 0 ? requested : default_num_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, items, kMaxThreads})));
 }
 
 namespace {
@@ -105,7 +112,8 @@ int threads_for(const AttentionShape& s, const AttentionOptions& options) {
   const double flops = 2.0 * static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
                        static_cast<double>(s.D + s.Dv);
   if (flops < 2e5) return 1;
-  return options.num_threads > 0 ? options.num_threads : default_num_threads();
+  return resolve_num_threads(options.num_threads,
+                             std::numeric_limits<int64_t>::max());  // the kernel caps it by its tasks
 }
 
 AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,

@@ -109,8 +109,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   }
 
   // Scratch is allocated before the parallel region, so nothing inside it can throw.
-  const int requested = options.num_threads > 0 ? options.num_threads : default_num_threads();
-  const int threads = static_cast<int>(std::min<int64_t>(std::max(requested, 1), tasks));
+  const int threads = resolve_num_threads(options.num_threads, tasks);
   const int64_t scratch_floats = kernels::BackwardLayout(p).total;
   std::vector<Tensor<float>> scratch;
   for (int t = 0; t < threads; ++t)

@@ -89,10 +89,10 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
   const detail::MaskEval mask(options.mask, p.s);
   const int64_t R = static_cast<int64_t>(rows.size());
   const int64_t items = p.s.B * p.s.H * R;
-  const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  const int threads = resolve_num_threads(options.num_threads, items);
   InterruptScope* const interrupt = InterruptScope::current();  // skips the remaining rows
   if (interrupt != nullptr) interrupt->set_total(items);
-#pragma omp parallel num_threads(static_cast <int>(std::max <int64_t>(1, std::min <int64_t>(threads, items))))
+#pragma omp parallel num_threads(threads)
   {
     std::vector<double> w(static_cast<std::size_t>(p.s.M));
 #pragma omp for schedule(dynamic, 4)

@@ -118,7 +118,7 @@ void parallel_for(int64_t n, int threads, const Fn& fn) {
     return;
   }
   bool failed = false;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(resolve_num_threads(threads, n))
   for (int64_t i = 0; i < n; ++i) {
     try {
       fn(i);
@@ -177,7 +177,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
     return DecodeTask{
         b, g, j0, std::min(j0 + plans[b].chunk, kv.seq_lens[b]), base, base + rows * p.dvp, base + rows * (p.dvp + 1)};
   };
-  const int threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  const int threads = resolve_num_threads(options.num_threads, std::numeric_limits<int64_t>::max());
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
   parallel_for(tasks, threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
 
