@@ -148,8 +148,9 @@ py::object decode_weights(const py::array& q_obj, const qkv::KVCache& cache, con
     return w;
   }
   const int64_t k = index_arg(top_k, "top_k");
-  py::array values = new_array<float>({B, H, N, k});
-  py::array indices = new_array<int64_t>({B, H, N, k});
+  // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
+  py::array values = new_array<float>({B, H, N, std::max<int64_t>(k, 0)});
+  py::array indices = new_array<int64_t>({B, H, N, std::max<int64_t>(k, 0)});
   {
     py::gil_scoped_release release;
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,

@@ -484,6 +484,10 @@ TEST(Decode, RefusesBadInputByName) {
   DecodeOptions o;
   o.sinks = {1, 2};
   expect_error(good, q.cview(), o, "sinks has 2 entries, expected one per query head (H = 4)");
+  o.sinks = {1, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 0};
+  expect_error(good, q.cview(), o, "sinks[2] = nan must be a finite logit or -inf (no sink)");
+  o.sinks[2] = std::numeric_limits<float>::infinity();
+  expect_error(good, q.cview(), o, "sinks[2] = inf must be a finite logit or -inf (no sink)");
   o = {};
   o.mask.key_lengths = {3};
   expect_error(good, q.cview(), o, "mask.key_lengths must be empty");

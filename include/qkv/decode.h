@@ -44,7 +44,8 @@ struct DecodeOptions {
   Mask mask;
   // Attention sinks (gpt-oss): one learned logit per query head (size H, or empty) that joins
   // every row's softmax denominator and attends to nothing, so out = Σ p_j v_j with
-  // Σ p_j = L / (L + e^sink) < 1. lse includes it: lse = log(Σ e^s_j + e^sink).
+  // Σ p_j = L / (L + e^sink) < 1. lse includes it: lse = log(Σ e^s_j + e^sink). Each is finite
+  // or -inf (no sink for that head); NaN and +inf are refused.
   std::vector<float> sinks;
   // StreamingLLM: the first `sink_tokens` keys of every sequence stay visible to every query in
   // addition to its causal/window band (they still obey causality and the sequence length).

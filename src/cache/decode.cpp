@@ -95,6 +95,10 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
   if (!o.sinks.empty() && static_cast<int64_t>(o.sinks.size()) != s.H)
     throw Error(fmt::format("decode_attention: sinks has {} entries, expected one per query head (H = {})",
                             o.sinks.size(), s.H));
+  for (std::size_t h = 0; h < o.sinks.size(); ++h)  // -inf: no sink for that head
+    if (std::isnan(o.sinks[h]) || o.sinks[h] == std::numeric_limits<float>::infinity())
+      throw Error(
+          fmt::format("decode_attention: sinks[{}] = {} must be a finite logit or -inf (no sink)", h, o.sinks[h]));
   if (o.sink_tokens < 0) throw Error(fmt::format("decode_attention: sink_tokens = {} is negative", o.sink_tokens));
   return s;
 }

@@ -162,5 +162,8 @@ def test_decode_weights_and_top_k_match_the_reference(seed):
     assert np.array_equal(np.where(taken > 0, order, -1), indices), note
     assert np.array_equal(np.where(taken > 0, taken, 0), values), note
     assert np.all(indices[1, :, :, 3:] == -1), note  # the 3-token sequence
-    with pytest.raises(ValueError, match="top_k"):
-        qkv.decode_attention_weights(q, cache, ids, top_k=0)
+    for bad in (0, -1):  # -1 once failed in numpy's allocation instead, with numpy's message
+        with pytest.raises(ValueError, match=f"top_k must be at least 1, got {bad}"):
+            qkv.decode_attention_weights(q, cache, ids, top_k=bad)
+    with pytest.raises(ValueError, match=r"sinks\[1\] = nan must be a finite logit or -inf"):
+        qkv.decode_attention(q, cache, ids, sinks=[0.0, float("nan")] + [0.0] * (q.shape[1] - 2))
