@@ -33,6 +33,18 @@ int64_t plan_chunk_rows(const AttentionShape& s) {
   return std::max<int64_t>(1, (tiles + chunks - 1) / chunks) * kTile;
 }
 
+// Key tiles per group: a task visits each query tile against a group's key tiles in turn
+// (backward_tile.h), so the chunk's packed q, dout and dq, which outgrow L2 from N of about 2048
+// (3 MiB at S4), come from L3 once per group instead of once per key tile: 4 tiles ran S4 and S6
+// about 3% faster than 1, 8 no faster than 4 (BENCHMARKS.md). A key tile's buffers (kᵀ, k, vᵀ and its
+// dk, dv rows) must stay in L2 next to a query tile's: at most 640 KB for the group.
+int64_t plan_key_group(const AttentionShape& s) {
+  constexpr int64_t kGroupBytes = 640 * 1024, kMaxGroup = 4;
+  const int64_t tile_bytes = kTile * (3 * s.D + 2 * s.Dv) * static_cast<int64_t>(sizeof(float));
+  const int64_t key_tiles = std::max<int64_t>(1, (s.M + kTile - 1) / kTile);
+  return std::clamp<int64_t>(kGroupBytes / std::max<int64_t>(tile_bytes, 1), 1, std::min(kMaxGroup, key_tiles));
+}
+
 void fill4(const TensorView<float>& t, float value) {
   for_each_element(t, [value](float& x, const auto&) { x = value; });
 }
@@ -100,6 +112,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   p.single_key_shortcut = !options.partial_rows;
   p.chunk_rows = plan_chunk_rows(s);
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
+  p.key_group = plan_key_group(s);
   const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;
   Tensor<float> dk_part, dv_part;
   if (p.chunks > 1) {
@@ -132,7 +145,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
     }
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
-  // A stop request skips the remaining tasks (and key tiles); the caller discards the partial gradients.
+  // A stop request skips the remaining tasks (and key groups); the caller discards the partial gradients.
   InterruptScope* const interrupt = InterruptScope::current();
   p.interrupt = interrupt;
   if (threads == 1) {

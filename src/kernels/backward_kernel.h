@@ -40,7 +40,7 @@ struct BackwardLayout {
     dk = take(s.M * dp), dv = take(s.M * dvp);
     const bool grouped = s.H > s.Hkv;
     dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
-    kt = take(dp * t), vt = take(dvp * t), k = take(t * dp);
+    kt = take(p.key_group * dp * t), vt = take(p.key_group * dvp * t), k = take(p.key_group * t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
@@ -51,7 +51,7 @@ struct BackwardLayout {
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.
   int64_t dk = 0, dv = 0, dk_head = 0, dv_head = 0;
-  // Key tile buffers: kᵀ, vᵀ and k rows.
+  // Key tile buffers of each key tile of a group: kᵀ, vᵀ and k rows.
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
   int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;

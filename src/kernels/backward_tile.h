@@ -3,8 +3,10 @@
 // backward_kernel.h, the family's target pragma, its simd_*.h and microkernel.h.
 //
 // A task owns one chunk of query rows of every query head of one kv head. Head by head, it packs
-// the chunk's q and dout once, then walks the key tiles in order, and for each key tile visits
-// the chunk's query tiles in order:
+// the chunk's q and dout once, then walks the key tiles in groups of BackwardParams::key_group,
+// and for each group visits the chunk's query tiles in order, each against the group's key tiles
+// in order (so a query tile's q, dout and dq come from L3 once per group, not once per key tile;
+// every sum still sees its terms in the order of one key tile at a time):
 //   S  = scale·(q·kᵀ),  P = exp(S − lse)  (recomputed; masks through MaskEval)
 //   dP = dout·vᵀ,  dS = P ∘ (dP − D)     (D = rowsum(dout ∘ out))
 //   dv += Pᵀ·dout,  dk += dSᵀ·q,  dq += dS·k  (sums in scratch; dq written after each head, dk
@@ -66,9 +68,9 @@ class BackwardChunk {
         std::fill(dv_head_, dv_head_ + s_.M * dvp_, 0.0f);
       }
       pack_chunk(h);
-      for (int64_t j0 = 0; j0 < s_.M; j0 += T) {
+      for (int64_t j0 = 0; j0 < s_.M; j0 += T * p_.key_group) {
         if (stop_requested(p_.interrupt)) return;
-        key_tile(h, j0, std::min(T, s_.M - j0));
+        key_group(h, j0, std::min(T * p_.key_group, s_.M - j0));
       }
       write_dq(h);
       if (g > 0) {
@@ -143,14 +145,21 @@ class BackwardChunk {
       for (int64_t d = 0; d < width; ++d) dst[d * stride] = scale * src[d];
   }
 
-  // Keys [j0, j0 + cols): packs kᵀ, vᵀ and k, visits the chunk's query tiles of head h.
-  void key_tile(int64_t h, int64_t j0, int64_t cols) {
-    const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j0);
-    const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0);
-    for (int64_t c = 0; c < cols; ++c) copy_row(k_ + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
-    transpose_tile(kt_, k_, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
-    transpose_tile(vt_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
-    for (int64_t i0 = r0_; i0 < r1_; i0 += T) pair(h, i0, std::min(T, r1_ - i0), j0, cols);
+  // Keys [j0, j0 + keys): packs kᵀ, vᵀ and k of each of its key tiles (tile t in slot t), then
+  // visits the chunk's query tiles of head h, each against the group's key tiles in order.
+  void key_group(int64_t h, int64_t j0, int64_t keys) {
+    for (int64_t t = 0; t * T < keys; ++t) {
+      const int64_t jt = j0 + t * T, cols = std::min(T, keys - t * T);
+      float* kr = k_ + t * T * dp_;
+      const float* k = p_.kf() + p_.k_stride.at(b_, hk_, jt);
+      const float* v = p_.vf() + p_.v_stride.at(b_, hk_, jt);
+      for (int64_t c = 0; c < cols; ++c) copy_row(kr + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
+      transpose_tile(kt_ + t * dp_ * T, kr, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
+      transpose_tile(vt_ + t * dvp_ * T, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
+    }
+    for (int64_t i0 = r0_; i0 < r1_; i0 += T)
+      for (int64_t t = 0; t * T < keys; ++t)
+        pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
   }
 
   // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
@@ -201,27 +210,31 @@ class BackwardChunk {
     return any;
   }
 
-  void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  // Query tile [i0, i0 + rows) against key tile [j0, j0 + cols), packed in slot t of the group.
+  void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
     if (!tile_bands(h, i0, rows, j0, cols)) return;
+    const float* kt = kt_ + t * dp_ * T;
+    const float* vt = vt_ + t * dvp_ * T;
+    const float* kr = k_ + t * T * dp_;
     const int64_t row = i0 - r0_;
     float* dk = dk_sum_ + j0 * dp_;
     float* dv = dv_sum_ + j0 * dvp_;
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // st = q · kᵀ: [rows, D] · [D, T]
-    product(st_, T, qp, dp_, 1, kt_, T, nullptr, s_.D, rows, T);
+    product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
     const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
     for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
-    product(ds_, T, dop, dvp_, 1, vt_, T, nullptr, s_.Dv, rows, T);
+    product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
     logit_grads(row, h, i0, rows, j0, cols);
     // dv += Pᵀ · dout: [cols, rows] · [rows, Dv]
     product(dv, dvp_, st_, 1, T, dop, dvp_, ones_, rows, cols, dvp_);
     // dk += dSᵀ · q: [cols, rows] · [rows, D]
     product(dk, dp_, ds_, 1, T, qp, dp_, ones_, rows, cols, dp_);
     // dq += dS · k: [rows, cols] · [cols, D]
-    product(dq_ + row * dp_, dp_, ds_, T, 1, k_, dp_, ones_, cols, rows, dp_);
+    product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
