@@ -1,7 +1,7 @@
 // Google Benchmark of decode_attention against a paged KV cache (include/qkv/decode.h), on
 //   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype;
-//   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16 tokens shuffled in the pool, and the
-//       same tokens in contiguous caches (one page per sequence).
+//   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16 (the target), 64 and 256 tokens shuffled
+//       in the pool, and the same tokens in contiguous caches (one page per sequence).
 // The same binary first measures the machine's read bandwidth (a read-only streaming sum over
 // memory_probe_bytes(), qkv/machine.h: 2x the L3, at least 256 MiB) and its FMA peak
 // (fma_peak.h), then reports each step as a percentage of the roofline bound
@@ -218,7 +218,9 @@ void register_all() {
     for (int64_t M : {4096, 16384, 32768})  // contiguous: one page
       add_decode(std::string("D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M), dtype, {M}, M, false);
   const std::vector<int64_t> d2{1024, 2048, 4096, 6144, 8192, 16384, 24576, 32768};
-  add_decode("D2/f16/paged16_shuffled", KVDtype::f16, d2, 16, true);
+  // The target's shape, and larger pages: what a page costs beyond its tokens (BENCHMARKS.md).
+  for (int64_t page_tokens : {16, 64, 256})
+    add_decode("D2/f16/paged" + std::to_string(page_tokens) + "_shuffled", KVDtype::f16, d2, page_tokens, true);
   // One page per sequence; the pool is mapped lazily, so only the filled part is resident.
   add_decode("D2/f16/contiguous", KVDtype::f16, d2, 32768, false);
 }
