@@ -17,18 +17,6 @@ namespace qkv {
 AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<const int64_t> k,
                                       std::span<const int64_t> v, const AttentionOptions& options);
 
-// QKV_NUM_THREADS if set to an integer in [1, kMaxThreads], else the OpenMP default. Thread-safe.
-int default_num_threads();
-
-// Most threads any call runs on: a request for more (e.g. 100000) would exhaust the process's
-// threads inside OpenMP, which cannot report it.
-constexpr int kMaxThreads = 4096;
-
-// The threads a call asked for `requested` (0 or less: default_num_threads()) runs with `items`
-// independent tasks: at least 1, at most items and kMaxThreads. No result depends on it.
-// Thread-safe.
-int resolve_num_threads(int requested, int64_t items);
-
 // Forward attention in fp32 (accumulating in fp32 on the fused path, float64 on the reference).
 // out [B,H,N,Dv] is written; lse [B,H,N] is written unless empty. Any strides are accepted.
 // Accuracy (fp32 rule): within 2e-5·(1 + max|ref|) of the float64 reference plus the rounding of

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -35,6 +36,18 @@ struct AttentionOptions {
   // of a row with exactly one allowed key, which is exact only when that key is the whole row.
   bool partial_rows = false;
 };
+
+// QKV_NUM_THREADS if set to an integer in [1, kMaxThreads], else the OpenMP default. Thread-safe.
+int default_num_threads();
+
+// Most threads any call runs on: a request for more (e.g. 100000) would exhaust the process's
+// threads inside OpenMP, which cannot report it.
+constexpr int kMaxThreads = 4096;
+
+// The threads a call asked for `requested` (0 or less: default_num_threads()) runs with `items`
+// independent tasks (default: not known, the kernel caps it again): at least 1, at most items and
+// kMaxThreads. No result depends on it. Thread-safe.
+int resolve_num_threads(int requested, int64_t items = std::numeric_limits<int64_t>::max());
 
 // The sizes of one attention call, checked for consistency (check_attention_shapes).
 struct AttentionShape {

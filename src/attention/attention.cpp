@@ -1,14 +1,10 @@
 #include "qkv/attention.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <limits>
 #include <string>
 #include <type_traits>
 
 #include <fmt/format.h>
-#include <omp.h>
 
 #include "kernels/dispatch.h"
 #include "kernels/fused_forward.h"
@@ -73,20 +69,6 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   return s;
 }
 
-int default_num_threads() {
-  if (const char* env = std::getenv("QKV_NUM_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= kMaxThreads) return static_cast<int>(n);
-  }
-  return omp_get_max_threads();
-}
-
-int resolve_num_threads(int requested, int64_t items) {
-  const int64_t wanted = requested > 0 ? requested : default_num_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, items, kMaxThreads})));
-}
-
 namespace {
 
 template <class L>
@@ -112,8 +94,7 @@ int threads_for(const AttentionShape& s, const AttentionOptions& options) {
   const double flops = 2.0 * static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
                        static_cast<double>(s.D + s.Dv);
   if (flops < 2e5) return 1;
-  return resolve_num_threads(options.num_threads,
-                             std::numeric_limits<int64_t>::max());  // the kernel caps it by its tasks
+  return resolve_num_threads(options.num_threads);  // the kernel caps it by its tasks
 }
 
 AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,

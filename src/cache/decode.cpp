@@ -113,16 +113,17 @@ Workspace& partial_workspace() {
   return ws;
 }
 
-// Runs fn(i) for i in [0, n) on `threads` threads; an exception (a failed scratch allocation)
-// must not leave the OpenMP region, so it is reported after.
+// Runs fn(i) for i in [0, n) on the threads asked for (resolve_num_threads); an exception (a
+// failed scratch allocation) must not leave the OpenMP region, so it is reported after.
 template <class Fn>
-void parallel_for(int64_t n, int threads, const Fn& fn) {
-  if (threads <= 1 || n <= 1) {
+void parallel_for(int64_t n, int requested, const Fn& fn) {
+  const int threads = resolve_num_threads(requested, n);
+  if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
   bool failed = false;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(resolve_num_threads(threads, n))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < n; ++i) {
     try {
       fn(i);
@@ -181,12 +182,11 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
     return DecodeTask{
         b, g, j0, std::min(j0 + plans[b].chunk, kv.seq_lens[b]), base, base + rows * p.dvp, base + rows * (p.dvp + 1)};
   };
-  const int threads = resolve_num_threads(options.num_threads, std::numeric_limits<int64_t>::max());
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
-  parallel_for(tasks, threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
+  parallel_for(tasks, options.num_threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
 
   // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double.
-  parallel_for(s.B * s.H, threads, [&](int64_t bh) {
+  parallel_for(s.B * s.H, options.num_threads, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H, g = h / p.G;
     const double sink = options.sinks.empty() ? -std::numeric_limits<double>::infinity() : options.sinks[h];
     for (int64_t i = 0; i < s.N; ++i) {

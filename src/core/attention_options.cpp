@@ -1,12 +1,29 @@
 #include "qkv/attention_options.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "qkv/error.h"
 
 namespace qkv {
+
+int default_num_threads() {
+  if (const char* env = std::getenv("QKV_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0 && n <= kMaxThreads) return static_cast<int>(n);
+  }
+  return omp_get_max_threads();
+}
+
+int resolve_num_threads(int requested, int64_t items) {
+  const int64_t wanted = requested > 0 ? requested : default_num_threads();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, items, kMaxThreads})));
+}
 
 double attention_scale(const std::optional<double>& scale, int64_t D) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));

@@ -7,7 +7,6 @@
 // depend on threads or timing. A first contribution is written in place (adding it to 0 copies it).
 #include <fmt/format.h>
 
-#include <limits>
 #include <utility>
 
 #include "attention/backward_checks.h"
@@ -40,7 +39,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   ring::CommDup comm(user_comm);
   const int P = plan.ranks, r = plan.rank;
   const int left = (r - 1 + P) % P, right = (r + 1) % P;
-  const int threads = resolve_num_threads(options.attention.num_threads, std::numeric_limits<int64_t>::max());
+  const int threads = resolve_num_threads(options.attention.num_threads);
   const int64_t Mr = plan.kv_tokens(r);
 
   // A call may span a whole shard (coalesced blocks, see step_calls).

@@ -53,7 +53,7 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
   });
   ring::CommDup comm(user_comm);
   const int P = plan.ranks, r = plan.rank;
-  const int threads = resolve_num_threads(options.attention.num_threads, std::numeric_limits<int64_t>::max());
+  const int threads = resolve_num_threads(options.attention.num_threads);
   const int64_t Nr = plan.q_tokens(r);
 
   Tensor<float> acc_lse({plan.B, plan.H, Nr}, "ring attention lse");

@@ -150,12 +150,12 @@ class BackwardChunk {
   void key_group(int64_t h, int64_t j0, int64_t keys) {
     for (int64_t t = 0; t * T < keys; ++t) {
       const int64_t jt = j0 + t * T, cols = std::min(T, keys - t * T);
-      float* kr = k_ + t * T * dp_;
+      float* kr = slot(k_, t, dp_);
       const float* k = p_.kf() + p_.k_stride.at(b_, hk_, jt);
       const float* v = p_.vf() + p_.v_stride.at(b_, hk_, jt);
       for (int64_t c = 0; c < cols; ++c) copy_row(kr + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
-      transpose_tile(kt_ + t * dp_ * T, kr, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
-      transpose_tile(vt_ + t * dvp_ * T, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
+      transpose_tile(slot(kt_, t, dp_), kr, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
+      transpose_tile(slot(vt_, t, dvp_), v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
     }
     for (int64_t i0 = r0_; i0 < r1_; i0 += T)
       for (int64_t t = 0; t * T < keys; ++t)
@@ -210,12 +210,15 @@ class BackwardChunk {
     return any;
   }
 
+  // Key tile t's part of a group buffer of T · width floats per tile (kᵀ, vᵀ and k rows alike).
+  static float* slot(float* base, int64_t t, int64_t width) { return base + t * width * T; }
+
   // Query tile [i0, i0 + rows) against key tile [j0, j0 + cols), packed in slot t of the group.
   void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
     if (!tile_bands(h, i0, rows, j0, cols)) return;
-    const float* kt = kt_ + t * dp_ * T;
-    const float* vt = vt_ + t * dvp_ * T;
-    const float* kr = k_ + t * T * dp_;
+    const float* kt = slot(kt_, t, dp_);
+    const float* vt = slot(vt_, t, dvp_);
+    const float* kr = slot(k_, t, dp_);
     const int64_t row = i0 - r0_;
     float* dk = dk_sum_ + j0 * dp_;
     float* dv = dv_sum_ + j0 * dvp_;

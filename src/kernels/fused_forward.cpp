@@ -80,7 +80,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
     const int64_t tile = tiles - 1 - idx / heads, bh = idx % heads;
     return TileTask{bh / s.H, bh % s.H, tile * task_rows};
   };
-  const int threads = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), items));
+  const int threads = resolve_num_threads(num_threads, items);
   // A stop request skips the remaining tasks; the caller discards the partial output.
   InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {
