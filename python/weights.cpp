@@ -1,5 +1,7 @@
 // qkv.attention_weights: exact softmax weights for chosen query rows (or their top k), without
 // ever forming the N x M matrix of the whole call.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "bind_util.h"
@@ -61,8 +63,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
     return out;
   }
   const int64_t kk = index_arg(top_k, "top_k");
-  if (kk < 1) throw py::value_error(fmt::format("top_k must be at least 1, got {}", kk));
-  shape.push_back(kk);
+  shape.push_back(std::max<int64_t>(kk, 0));  // a k below 1: empty arrays, refused by the library's rule
   py::array values = new_array<float>(shape);
   py::array indices = new_array<int64_t>(shape);
   const qkv::TensorView<float> vv = mutable_view<float>(values, "values").as_rank4();

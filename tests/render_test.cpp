@@ -292,7 +292,8 @@ TEST(Render, TopKRefusesBadArguments) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(message([&] { attention_top_k(q.cview(), k.cview(), 0); }), "top-k: k must be at least 1, got 0");
+  EXPECT_EQ(message([&] { attention_top_k(q.cview(), k.cview(), 0); }),
+            "attention_top_k: top_k must be at least 1, got 0");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), bad.cview(), 2); }),
             "attention rows: q has D = 4 but k has D = 3");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k3.cview(), 2); }),

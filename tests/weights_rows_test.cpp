@@ -131,7 +131,7 @@ TEST(WeightsRows, RejectsBadArguments) {
   Tensor<int64_t> indices({1, 2, 2, 1});
   EXPECT_EQ(
       message([&] { attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), {}, ok_rows, 0); }),
-      "topk must be at least 1, got 0");
+      "attention_weights_topk: top_k must be at least 1, got 0");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/top_k.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
 
@@ -125,7 +126,7 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
 void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
                             TensorView<const float> k, TensorView<const float> lse, std::span<const int64_t> rows,
                             int64_t topk, const AttentionOptions& options) {
-  if (topk < 1) throw Error(fmt::format("topk must be at least 1, got {}", topk));
+  detail::require_top_k(topk, "attention_weights_topk");
   const RowProblem p = check(q, k, lse, rows, options);
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(values.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k values");
@@ -142,8 +143,7 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
                  for (int64_t j = band.lo; live && j < band.hi; ++j)
                    if (std::isfinite(mask.adjust(0.0, b, h, i, j))) keys.push_back(j);
                  const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(keys.size()));
-                 std::partial_sort(keys.begin(), keys.begin() + n, keys.end(),
-                                   [&](int64_t x, int64_t y) { return w[x] > w[y] || (w[x] == w[y] && x < y); });
+                 detail::order_top_k(keys, n, w);
                  for (int64_t t = 0; t < topk; ++t) {
                    values(b, h, r, t) = t < n ? static_cast<float>(std::exp(w[keys[t]] - row_lse)) : 0.0f;
                    indices(b, h, r, t) = t < n ? keys[t] : -1;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/top_k.h"
 #include "qkv/error.h"
 #include "qkv/weights.h"
 
@@ -62,7 +63,7 @@ std::vector<double> attention_row(TensorView<const float> q, TensorView<const fl
 TopKWeights attention_top_k(TensorView<const float> q, TensorView<const float> k, int64_t top_k,
                             std::optional<double> scale, TensorView<const float> lse) {
   check_rows(q, k);
-  if (top_k < 1) throw Error(fmt::format("top-k: k must be at least 1, got {}", top_k));
+  detail::require_top_k(top_k, "attention_top_k");
   const int64_t H = q.dim(0), N = q.dim(1), M = k.dim(1);
   if (!lse.empty() && (lse.rank() != 2 || lse.dim(0) != H || lse.dim(1) != N))
     throw Error(fmt::format("top-k: lse must be [H, N] = [{}, {}], got {}", H, N, shape_string(lse.shape())));

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/top_k.h"
 #include "core/half.h"
 #include "kernels/mask_eval.h"
 #include "qkv/decode.h"
@@ -120,7 +121,7 @@ void decode_attention_weights(TensorView<float> weights, TensorView<const float>
 void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
                             const PagedKV& kv, TensorView<const float> lse, int64_t top_k,
                             const DecodeOptions& options) {
-  if (top_k < 1) throw Error(fmt::format("decode_attention_top_k: top_k must be at least 1, got {}", top_k));
+  detail::require_top_k(top_k, "decode_attention_top_k");
   if (!std::ranges::equal(values.shape(), indices.shape()))
     throw Error(fmt::format("decode_attention_top_k: values {} and indices {} must have one shape",
                             shape_string(values.shape()), shape_string(indices.shape())));
@@ -132,9 +133,7 @@ void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indice
         const std::vector<double>& w = rows.row(b, h, i);
         std::iota(order.begin(), order.end(), 0);
         const int64_t k = std::min(top_k, rows.M);
-        // Largest first, ties to the lower key: the order attention_top_k gives for prefill.
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&w](int64_t x, int64_t y) { return w[x] > w[y] || (w[x] == w[y] && x < y); });
+        detail::order_top_k(order, k, w);  // the order attention_top_k gives for prefill
         for (int64_t t = 0; t < top_k; ++t) {
           const bool real = t < k && w[order[t]] > 0.0;
           values(b, h, i, t) = real ? static_cast<float>(w[order[t]]) : 0.0f;

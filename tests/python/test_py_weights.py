@@ -92,8 +92,9 @@ def test_weights_bad_inputs():
         qkv.attention_weights(q, q, rows="0")
     with pytest.raises(TypeError, match=r"rows entry must be an integer, got 1.5"):
         qkv.attention_weights(q, q, rows=[1.5])
-    with pytest.raises(ValueError, match="top_k must be at least 1, got 0"):
-        qkv.attention_weights(q, q, top_k=0)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"attention_weights_topk: top_k must be at least 1, got {bad}"):
+            qkv.attention_weights(q, q, top_k=bad)
     with pytest.raises(TypeError, match="top_k must be an integer"):
         qkv.attention_weights(q, q, top_k=2.0)
     with pytest.raises(ValueError, match=r"lse: shape \[2\] must be \[3\]"):
