@@ -1,4 +1,5 @@
 // MultiHeadAttention::save / load: round trip and refusal of bad files.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -87,6 +88,9 @@ TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "missing tensor w_v");
   std::filesystem::remove(dir / "qkv_layer.json");
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "cannot open the layer config");
+  // A FIFO in its place is refused at once (reading it waited for a writer).
+  ASSERT_EQ(::mkfifo((dir / "qkv_layer.json").c_str(), 0600), 0);
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "not a regular file");
   std::filesystem::remove_all(dir);
 }
 

@@ -53,7 +53,9 @@ std::string quoted(std::string_view bytes, std::size_t max_bytes) {
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check below refuses
+  // it; on a regular file it changes nothing.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(fmt::format("cannot open {}: {}", path, errno_text(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

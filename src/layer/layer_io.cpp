@@ -5,13 +5,13 @@
 #include <cstdlib>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/mapped_file.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
@@ -59,13 +59,14 @@ std::map<std::string, std::string> config_metadata(const LayerConfig& c) {
 // Reads the string map that save_npy_dir wrote as JSON; any other shape of JSON is refused.
 std::map<std::string, std::string> read_npy_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kNpyConfigName).string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(
-        fmt::format("{}: cannot open the layer config (a .npy weights directory needs {})", path, kNpyConfigName));
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::optional<detail::MappedFile> file;  // a device or FIFO is refused, not read forever
+  try {
+    file.emplace(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: cannot open the layer config (a .npy weights directory needs {}): {}", path,
+                            kNpyConfigName, e.what()));
+  }
+  const nlohmann::json json = nlohmann::json::parse(file->bytes(), nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) throw Error(fmt::format("{}: not a JSON object of strings", path));
   std::map<std::string, std::string> meta;
   for (const auto& [key, value] : json.items()) {

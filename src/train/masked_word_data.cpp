@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "core/blas.h"
+#include "io/mapped_file.h"
 #include "train/lookup_task.h"  // uniform_index
 #include "qkv/error.h"
 
@@ -55,15 +57,21 @@ MaskedBatch make_batch(const std::vector<const Sentence*>& sentences, const std:
 }  // namespace
 
 MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& embeddings) {
-  std::ifstream in(c.sentences);
-  if (!in)
-    throw Error(fmt::format("masked-word: cannot read sentences from {} (--sentences FILE: one sentence per line)",
-                            c.sentences));
+  // Mapped, so a device or FIFO is refused by the file rule instead of read (or waited on) forever.
+  std::optional<MappedFile> file;
+  try {
+    file.emplace(c.sentences);
+  } catch (const Error& e) {
+    throw Error(fmt::format("masked-word: --sentences FILE (one sentence per line): {}", e.what()));
+  }
   MaskedCorpus corpus;
   corpus.min_length = c.min_length;
   corpus.train.resize(static_cast<std::size_t>(c.max_length - c.min_length + 1));
-  std::string line;
-  for (uint64_t n = 0; std::getline(in, line) && (c.max_sentences <= 0 || n < uint64_t(c.max_sentences)); ++n) {
+  std::string_view rest = file->bytes();
+  for (uint64_t n = 0; !rest.empty() && (c.max_sentences <= 0 || n < uint64_t(c.max_sentences)); ++n) {
+    const std::size_t end = std::min(rest.find('\n'), rest.size());
+    const std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(std::min(end + 1, rest.size()));
     const std::vector<std::string> words = tokenize(line);
     const auto L = static_cast<int64_t>(words.size());
     if (L < c.min_length || L > c.max_length) continue;
@@ -81,7 +89,6 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
       ++corpus.train_count;
     }
   }
-  if (in.bad()) throw Error(fmt::format("masked-word: error reading {}", c.sentences));
   if (corpus.train_count == 0 || corpus.held_out.empty())
     throw Error(
         fmt::format("masked-word: {} has no usable {} sentence ({} to {} words, every word in the "

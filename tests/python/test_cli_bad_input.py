@@ -73,7 +73,20 @@ def test_missing_input_file(attend):
 def test_directory_as_input(attend):
     (attend.dir / "adir").mkdir()
     attend.inputs.append("adir")
-    attend.fails(1, "adir", q="adir")
+    attend.fails(1, "adir", "it is a directory, not a file", q="adir")
+
+
+def test_device_and_fifo_as_input(attend, run):
+    """A stream with no end (/dev/zero) or no writer (a FIFO) is refused at once, not read forever
+    or waited on: the FIFO once blocked `qkv` in open() until a writer came."""
+    attend.fails(1, "/dev/zero", "not a regular file", k="/dev/zero")
+    os.mkfifo(attend.dir / "fifo")
+    attend.inputs.append("fifo")
+    start = time.monotonic()
+    attend.fails(1, "fifo", "not a regular file", v="fifo")
+    proc = run("explain", "hello world", "--embeddings", attend.dir / "fifo", timeout=20)
+    check_failure(proc, 1, "fifo", "not a regular file")
+    assert time.monotonic() - start < 15
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")

@@ -122,7 +122,14 @@ def test_lookup_refuses_masked_word_options(qkv_bin, tmp_path):
 def test_masked_word_bad_corpora(qkv_bin, embeddings, tmp_path):
     p = qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
             tmp_path / "absent.txt", cwd=tmp_path)
-    assert p.returncode == 1 and "cannot read sentences from" in p.stderr and "absent.txt" in p.stderr, p.stderr
+    assert p.returncode == 1 and "--sentences FILE" in p.stderr and "cannot open" in p.stderr \
+        and "absent.txt" in p.stderr, p.stderr
+    # A stream without end, or a FIFO nobody writes: refused at once (both were read or waited on forever).
+    os.mkfifo(tmp_path / "fifo")
+    for path in ("/dev/zero", tmp_path / "fifo"):
+        p = qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences", path,
+                cwd=tmp_path, timeout=30)
+        assert p.returncode == 1 and "not a regular file" in p.stderr and str(path) in p.stderr, p.stderr
     (tmp_path / "s.txt").write_text("zzz qqq xxx yyy\nriver bank\n")
     p = qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
             tmp_path / "s.txt", cwd=tmp_path)
