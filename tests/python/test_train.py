@@ -32,6 +32,16 @@ def test_short_run_learns(run, seed):
     assert acc["untrained"] <= 0.3, note
     # stderr is not a terminal here: plain progress lines, no carriage returns.
     assert "\r" not in r.stderr and re.search(r"^step 800/800 +loss [0-9.]+ +acc", r.stderr, re.M), note
+    assert re.search(r"^final training loss [0-9.]+; 800 steps in ", r.stdout, re.M), note
+
+
+def test_zero_steps_reports_no_loss(run, seed):
+    """--steps 0 evaluates the layer as created; it once printed "final training loss 0.0000", a loss
+    that was never measured."""
+    r = run("train", *SMALL, "--steps", 0, "--seed", seed)
+    assert r.returncode == 0, r.stderr
+    assert "no training steps (--steps 0)" in r.stdout and "final training loss" not in r.stdout, r.stdout
+    accuracies(r.stdout)
 
 
 def test_sigkill_then_resume_is_bitwise_identical(run, qkv_bin, seed, tmp_path):

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -116,6 +117,15 @@ void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
   for (const auto& [path, bytes] : files) fmt::print("loss curve written to {}\n", path);
 }
 
+// The run's last line: its final loss, or that no step ran (--steps 0: the weights as created or
+// resumed, and no loss was ever measured, so none is shown).
+void print_final_loss(double loss, int64_t steps, double seconds, std::string_view note = "") {
+  if (steps == 0)
+    fmt::print("no training steps (--steps 0){}\n", note);
+  else
+    fmt::print("final training loss {:.4f}; {} steps in {}{}\n", loss, steps, duration(seconds), note);
+}
+
 int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
   const MaskedWordConfig& m = a.masked;
   const MaskedWordResult r = train_with_progress(m, curve, &train_masked_word);
@@ -126,8 +136,7 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
   print_accuracy("mean of the context vectors", r.mean_context);
   print_accuracy("parameter-free (Q = K = V = X)", r.parameter_free);
   print_accuracy("untrained layer (its seed)", r.untrained);
-  fmt::print("final training loss {:.4f}; {} steps in {}{}\n", r.final_loss, m.steps, duration(r.seconds),
-             m.positions ? " (with sinusoidal positions)" : "");
+  print_final_loss(r.final_loss, m.steps, r.seconds, m.positions ? " (with sinusoidal positions)" : "");
   if (!m.save.empty())
     fmt::print("weights written to {} (qkv explain --weights {}{} \"a sentence\")\n", m.save, m.save,
                m.positions ? " --positions" : "");
@@ -153,7 +162,7 @@ int run_train(const TrainArgs& args) {
   fmt::print("  trained         {:6.2f}%\n", 100.0 * r.trained_accuracy);
   fmt::print("  parameter-free  {:6.2f}%\n", 100.0 * r.parameter_free_accuracy);
   fmt::print("  untrained       {:6.2f}%\n", 100.0 * r.untrained_accuracy);
-  fmt::print("final training loss {:.4f}; {} steps in {}\n", r.final_loss, c.steps, duration(r.seconds));
+  print_final_loss(r.final_loss, c.steps, r.seconds);
   if (!c.save.empty()) fmt::print("weights written to {}\n", c.save);
   write_curve(args, curve);
   return 0;
