@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -92,6 +93,29 @@ TEST(KVCache, Fp16RoundsToNearestEven) {
   EXPECT_EQ(got[5], 0.0999755859375f);
 }
 
+// The largest floats: int8's scale amax / 127 rounded up once made 127 · scale infinite, so
+// FLT_MAX came back as inf; bf16 keeps its largest finite value.
+TEST(KVCache, HoldsTheLargestFiniteValues) {
+  const float big = std::numeric_limits<float>::max();
+  const float k[4] = {big, -big, 1.0f, 3.3e38f};
+  const float v[1] = {0};
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::i8}) {
+    KVCache cache(config(dtype, 1, 1, 1, 4, 1));
+    const int64_t s = cache.create();
+    const float* kk = dtype == KVDtype::bf16 ? k + 2 : k;  // bf16 rounds FLT_MAX itself to inf (refused)
+    const int64_t n = dtype == KVDtype::bf16 ? 2 : 4;
+    Tensor<float> row({1, 1, 4});
+    for (int64_t e = 0; e < 4; ++e) row[e] = e < n ? kk[e] : 0.0f;
+    cache.append(s, row.cview(), TensorView<const float>(v, {1, 1, 1}));
+    const Tensor<float> got = cache.keys(s);
+    for (int64_t e = 0; e < 4; ++e) {
+      EXPECT_TRUE(std::isfinite(got[e])) << kv_dtype_name(dtype) << " e " << e << ": " << got[e];
+      EXPECT_LE(std::fabs(double(got[e]) - double(row[e])), storage_error(dtype, row[e], big))
+          << kv_dtype_name(dtype) << " e " << e;
+    }
+  }
+}
+
 TEST(KVCache, ForkSharesPagesAndCopiesOnlyASharedPartialLastPage) {
   test::Rng rng("KVCache.Fork");
   KVCache cache(config(KVDtype::f32));
@@ -172,6 +196,17 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
       },
       {"k[0, 0, 2] = 70000 cannot be stored as f16"});
   EXPECT_EQ(half.length(hs), 0);
+  // bf16 rounds 3.4e38 to infinity: refused like f16's overflow (it was stored as inf, and decode
+  // then treated every key as masked).
+  KVCache brain(config(KVDtype::bf16));
+  const int64_t bs = brain.create();
+  k_big[2] = 3.4e38f;
+  expect_error(
+      [&] {
+        brain.append(bs, k_big.cview(), TensorView<const float>(v.data(), {1, 2, 3}));
+      },
+      {"k[0, 0, 2] = 3.4e+38 cannot be stored as bf16"});
+  EXPECT_EQ(brain.length(bs), 0);
   // After every refusal the sequence is as it was.
   EXPECT_EQ(cache.length(s), 3);
   EXPECT_EQ(cache.free_pages(), 1);

@@ -45,8 +45,9 @@ class KVCache {
   int64_t create();
   // Appends T new tokens: k [T, Hkv, D], v [T, Hkv, Dv], any strides (e.g. the projection's
   // [N, Hkv, D] rows). Values are converted (rounded to nearest) to the storage dtype on write.
-  // All or nothing: an unknown id, mismatched dims, a non-finite value (or one beyond fp16's
-  // range for f16), or too few free pages throws qkv::Error and leaves the cache unchanged.
+  // All or nothing: an unknown id, mismatched dims, a non-finite value (or one the storage dtype
+  // rounds to infinity: |x| >= 65520 for f16, within half a bf16 ulp of FLT_MAX for bf16), or too
+  // few free pages throws qkv::Error and leaves the cache unchanged. int8 holds every finite value.
   // With `rotary`, the keys are first rotated (rotary.h) at positions length(seq) + t.
   void append(int64_t seq, TensorView<const float> k, TensorView<const float> v, const RotaryOptions* rotary = nullptr);
   // A new sequence holding the same tokens as `seq`, sharing its pages. Throws for an unknown id.

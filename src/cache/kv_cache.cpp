@@ -64,6 +64,9 @@ void store_row(KVDtype dtype, const float* x, int64_t sx, int64_t n, void* dst, 
       float amax = 0.0f;
       for (int64_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(x[e * sx]));
       *scale = amax / 127.0f;
+      // Within an ulp or so of FLT_MAX the rounded scale can make 127 · scale overflow: one ulp
+      // smaller keeps the largest value finite (its error stays far below the step's half).
+      if (!std::isfinite(127.0f * *scale)) *scale = std::nextafter(*scale, 0.0f);
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int64_t e = 0; e < n; ++e)
         d[e] = static_cast<int8_t>(std::clamp(std::nearbyint(x[e * sx] * inv), -127.0f, 127.0f));
@@ -86,13 +89,21 @@ float load_element(KVDtype dtype, const void* src, int64_t e, const float* scale
   return 0.0f;
 }
 
+// Whether a finite value stays finite in the storage dtype (bf16 and f16 round to infinity near
+// their limits; f32 and i8, whose scale is finite, hold every finite value).
+bool storable(KVDtype dtype, float value) {
+  if (dtype == KVDtype::f16) return std::fabs(value) < kHalfLimit;
+  if (dtype == KVDtype::bf16) return std::isfinite(bf16_to_float(float_to_bf16(value)));
+  return true;
+}
+
 // Refuses what the storage dtype cannot hold, naming the tensor and element.
 void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
   for (int64_t t = 0; t < x.dim(0); ++t)
     for (int64_t h = 0; h < x.dim(1); ++h)
       for (int64_t e = 0; e < x.dim(2); ++e) {
         const float value = x(t, h, e);
-        if (!std::isfinite(value) || (dtype == KVDtype::f16 && std::fabs(value) >= kHalfLimit))
+        if (!std::isfinite(value) || !storable(dtype, value))
           throw Error(fmt::format("KVCache::append: {}[{}, {}, {}] = {} cannot be stored as {}", name, t, h, e, value,
                                   kv_dtype_name(dtype)));
       }
