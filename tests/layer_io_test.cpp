@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -118,6 +119,12 @@ TEST(LayerIo, LoadRefusesMissingAndMisshapenTensors) {
   nan_w[5] = std::nanf("");
   write_without("w_q", &nan_w);
   expect_error([&] { MultiHeadAttention::load(bad); }, "tensor w_q has a non-finite value");
+  // save() refuses what load() would (it once wrote the file, which then could not be read).
+  MultiHeadAttention broken(LayerConfig{.embed_dim = 4, .num_heads = 2, .seed = 1});
+  (*broken.parameters()[1].second)[2] = std::numeric_limits<float>::infinity();
+  const std::string refused = temp_path("refused.safetensors");
+  expect_error([&] { broken.save(refused); }, "not saved: weight w_k has a non-finite value (inf) at flat index 2");
+  EXPECT_FALSE(std::filesystem::exists(refused));
   Tensor<float> extra({4});
   std::vector<std::pair<std::string, TensorView<const float>>> list;
   for (const auto& [name, t] : tensors) list.emplace_back(name, t.view());

@@ -2,6 +2,7 @@
 #include "qkv/optim.h"
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -121,6 +122,10 @@ TEST(Optim, RefusesMissingOrMisshapenGradientsAndBadConfig) {
   expect([&] { Optimizer(OptimizerConfig{.beta1 = 1.0}, {}); }, "betas (1, 0.999) must be in [0, 1)");
   grads["w"] = vec({1.0f, 1.0f});
   expect([&] { opt.step(grads, std::nan("")); }, "learning rate nan must be finite");
+  grads["w"] = vec({1.0f, std::numeric_limits<float>::infinity()});  // once turned w into NaN
+  expect([&] { opt.step(grads, 0.1); }, "gradient w has a non-finite value (inf) at flat index 1; nothing was updated");
+  EXPECT_EQ(p[0], 1.0f);
+  EXPECT_EQ(opt.step_count(), 0);
 }
 
 }  // namespace

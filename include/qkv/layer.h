@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -72,11 +73,15 @@ class MultiHeadAttention {
 
   // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
   // config in the metadata; if `path` is an existing directory, as one <name>.npy per tensor
-  // plus the same config in qkv_layer.json (each file written atomically). load() throws qkv::Error on a missing
-  // tensor, a wrong shape, a non-finite weight or a parameter the config does not have; other tensor names are ignored
-  // (so a training checkpoint loads as a layer).
+  // plus the same config in qkv_layer.json (each file written atomically). save() and load()
+  // throw qkv::Error on a non-finite weight (nothing is written); load() also on a missing
+  // tensor, a wrong shape or a parameter the config does not have. Other tensor names and
+  // metadata entries are ignored, so a file that adds its own to metadata() (a training
+  // checkpoint) loads as a layer.
   void save(const std::string& path) const;
   static MultiHeadAttention load(const std::string& path);
+  // The config as the metadata entries save() writes (qkv.format, qkv.embed_dim, ...).
+  std::map<std::string, std::string> metadata() const;
 
   // [E, H·D], [E, Hkv·D], [E, Hkv·Dv], [H·Dv, E_out]; biases [H·D], [Hkv·D], [Hkv·Dv], [E_out].
   // Empty when the config has no such parameter.

@@ -116,7 +116,14 @@ void check_config_fits_tensors(const LayerConfig& c, const TensorMap& tensors, c
 
 }  // namespace
 
+std::map<std::string, std::string> MultiHeadAttention::metadata() const { return config_metadata(config_); }
+
 void MultiHeadAttention::save(const std::string& path) const {
+  for (const auto& [name, t] : parameters())
+    for (int64_t i = 0; i < t->numel(); ++i)
+      if (!std::isfinite((*t)[i]))
+        throw Error(fmt::format("{}: not saved: weight {} has a non-finite value ({}) at flat index {}", path, name,
+                                (*t)[i], i));
   const std::map<std::string, std::string> meta = config_metadata(config_);
   if (std::filesystem::is_directory(path)) {
     // One .npy per tensor, each written atomically; the config goes last so a directory with a

@@ -42,6 +42,15 @@ void Optimizer::step(const TensorMap& grads, double lr) {
   if (!std::isfinite(lr) || lr < 0) throw Error(fmt::format("optimizer: learning rate {} must be finite and >= 0", lr));
   std::vector<const Tensor<float>*> g;
   for (const auto& [name, p] : params_) g.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
+  // A non-finite gradient (training diverged, or bad input) would turn every weight it touches
+  // into NaN for good: refused before anything changes.
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    for (int64_t i = 0; i < g[k]->numel(); ++i)
+      if (!std::isfinite((*g[k])[i]))
+        throw Error(
+            fmt::format("optimizer step: gradient {} has a non-finite value ({}) at flat index {}; nothing "
+                        "was updated (if training diverged, lower the learning rate)",
+                        params_[k].first, (*g[k])[i], i));
   ++steps_;
   const OptimizerConfig& c = config_;
   const double wd = c.weight_decay;

@@ -23,6 +23,9 @@ namespace {
 constexpr uint64_t kTrainStream = 0x747261696e696e67ULL;  // "training"
 constexpr uint64_t kEvalStream = 0x68656c646f75742eULL;   // "heldout."
 constexpr int64_t kEvalBatch = 250;
+// A checkpoint's own format entry; qkv.format holds the layer's, so the file loads as a layer.
+constexpr const char* kFormatKey = "train.format";
+constexpr const char* kCheckpointFormat = "qkv.train.lookup/1";
 constexpr std::size_t kWindow = 50;
 
 void check_config(const LookupConfig& c) {
@@ -79,8 +82,10 @@ void write_checkpoint(const LookupConfig& c, const TrainState& s, int64_t step) 
   std::vector<std::pair<std::string, TensorView<const float>>> tensors;
   for (const auto& [name, t] : std::as_const(s.layer).parameters()) tensors.emplace_back(name, t->view());
   for (const auto& entry : s.optimizer.state()) tensors.push_back(entry);
-  std::map<std::string, std::string> meta = config_entries(c);
-  meta["qkv.format"] = "qkv.train.lookup/1";
+  // The layer's own entries first, so MultiHeadAttention::load reads the checkpoint as a layer.
+  std::map<std::string, std::string> meta = s.layer.metadata();
+  meta.merge(config_entries(c));
+  meta[kFormatKey] = kCheckpointFormat;
   meta["train.step"] = std::to_string(step);
   meta["train.rng"] = rng_state(s.rng);
   save_checkpoint(c.checkpoint, tensors, meta);
@@ -90,7 +95,9 @@ void write_checkpoint(const LookupConfig& c, const TrainState& s, int64_t step) 
 int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
   Checkpoint ck = load_checkpoint(c.checkpoint);
   const auto& meta = ck.metadata;
-  if (!meta.count("qkv.format") || meta.at("qkv.format") != "qkv.train.lookup/1")
+  // Before the layer's entries were added, the format was under qkv.format.
+  const auto format = meta.find(meta.count(kFormatKey) ? kFormatKey : "qkv.format");
+  if (format == meta.end() || format->second != kCheckpointFormat)
     throw Error(fmt::format("checkpoint {} is not a lookup-task checkpoint", c.checkpoint));
   for (const auto& [key, value] : config_entries(c)) {
     const auto it = meta.find(key);

@@ -35,6 +35,30 @@ def test_short_run_learns(run, seed):
     assert re.search(r"^final training loss [0-9.]+; 800 steps in ", r.stdout, re.M), note
 
 
+def test_divergence_fails_and_saves_nothing(run, seed, tmp_path):
+    """A learning rate that blows the weights up ends with exit 1 naming the non-finite gradient; it
+    once printed "final training loss -nan", exited 0 and wrote weights that load() refused."""
+    out = tmp_path / "w.safetensors"
+    args = [("1e30" if a == "0.01" else a) for a in SMALL]  # SMALL's --lr 0.01
+    r = run("train", *args, "--steps", 5, "--seed", seed, "--save", out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "non-finite value" in r.stderr and "lower the learning rate" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_checkpoint_loads_as_a_layer(run, seed, tmp_path):
+    """layer.h promises that a training checkpoint loads as a layer; it once failed on its format."""
+    import numpy as np
+    import qkv
+    ckpt, saved = tmp_path / "c.safetensors", tmp_path / "w.safetensors"
+    r = run("train", *SMALL, "--steps", 20, "--seed", seed, "--checkpoint", ckpt, "--save", saved)
+    assert r.returncode == 0, r.stderr
+    from_ckpt, from_save = qkv.MultiHeadAttention.load(str(ckpt)), qkv.MultiHeadAttention.load(str(saved))
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        assert np.array_equal(getattr(from_ckpt, name), getattr(from_save, name)), name
+    assert run("train", *SMALL, "--steps", 20, "--seed", seed, "--checkpoint", ckpt, "--resume").returncode == 0
+
+
 def test_zero_steps_reports_no_loss(run, seed):
     """--steps 0 evaluates the layer as created; it once printed "final training loss 0.0000", a loss
     that was never measured."""
