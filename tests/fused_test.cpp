@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -105,6 +107,40 @@ TEST(FusedForward, NanReachesOnlyTheRowsThatUseIt) {
     }
     EXPECT_TRUE(std::isnan(lse[7]));
     EXPECT_TRUE(std::isfinite(lse[69]));
+  }
+}
+
+// Finite inputs whose scores (q · 1e20) or P·V sums (v near FLT_MAX) overflow fp32 were returned
+// as NaN or inf; now refused on every path, while the float64 reference computes them, and NaN
+// inputs still flow through (the test above).
+TEST(FusedForward, RefusesAnOverflowFromFiniteInputs) {
+  test::Rng rng("FusedForward.Overflow");
+  const int64_t N = 4, D = 8;
+  Tensor<float> q({1, 1, N, D}), k({1, 1, N, D}), v = rng.normal32({1, 1, N, D});
+  Tensor<float> small = rng.normal32({1, 1, N, D}), huge_v({1, 1, N, D});
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    q[i] = 1e20f;
+    k[i] = i / D == 1 ? -1e20f : 1e20f;
+    huge_v[i] = 3e38f;
+  }
+  for (Simd simd : test::available_paths()) {
+    AttentionOptions options;
+    options.simd = simd;
+    Tensor<float> out({1, 1, N, D});
+    for (const auto& [qq, kk, vv] : {std::tuple{&q, &k, &v}, std::tuple{&small, &small, &huge_v}}) {
+      options.kernel = Kernel::fused;
+      try {
+        attention_forward(out.view(), {}, qq->cview(), kk->cview(), vv->cview(), options);
+        ADD_FAILURE() << simd_path_name(simd) << ": an overflow was returned";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the output overflowed float32 although q, k and v are finite"),
+                  std::string::npos)
+            << e.what();
+      }
+      options.kernel = Kernel::reference;
+      attention_forward(out.view(), {}, qq->cview(), kk->cview(), vv->cview(), options);
+      for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << i;
+    }
   }
 }
 

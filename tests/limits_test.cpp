@@ -257,10 +257,10 @@ TEST(Limits, NonPositiveScaleWithCausalMaskGivesTheReferenceGradients) {
   }
 }
 
-TEST(Limits, ScoresThatOverflowFloat32GiveNonFiniteRowsNotCrashes) {
-  // Row 0: q·k ~ 1e39 overflows fp32, so the row's result is not finite (the CLI refuses it);
-  // row 1 (q·k ~ 1) is unaffected. The float64 reference computes row 0 but its lse overflows
-  // to +inf when rounded to fp32.
+TEST(Limits, ScoresThatOverflowFloat32AreRefusedNotReturned) {
+  // Row 0: q·k ~ 1e39 overflows fp32; the fused kernels returned that row as inf/NaN and now refuse
+  // the call (FusedForward.RefusesAnOverflowFromFiniteInputs). The float64 reference computes
+  // row 0 but its lse overflows to +inf when rounded to fp32; row 1 (q·k ~ 1) is unaffected.
   Tensor<float> q({1, 1, 2, 2}), k({1, 1, 3, 2}), v({1, 1, 3, 2});
   q[0] = q[1] = 1e30f;
   q[2] = q[3] = 5e-10f;
@@ -273,10 +273,18 @@ TEST(Limits, ScoresThatOverflowFloat32GiveNonFiniteRowsNotCrashes) {
   options.kernel = Kernel::fused;
   for (Simd simd : test::available_paths()) {
     options.simd = simd;
-    const Result got = run(q, k, v, options);
-    EXPECT_FALSE(std::isfinite(got.lse[0]) && std::isfinite(got.out[0])) << simd_path_name(simd);
-    EXPECT_NEAR(got.lse[1], want.lse[1], 2e-5 * (1 + std::abs(want.lse[1]))) << simd_path_name(simd);
-    for (int64_t e = 0; e < 2; ++e) EXPECT_NEAR(got.out[2 + e], want.out[2 + e], 1e-5) << simd_path_name(simd);
+    try {
+      run(q, k, v, options);
+      ADD_FAILURE() << simd_path_name(simd) << ": the overflow was returned";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("overflowed float32"), std::string::npos) << e.what();
+    }
+    // Row 1 alone is within range: computed as before.
+    Tensor<float> q1({1, 1, 1, 2});
+    q1[0] = q1[1] = 5e-10f;
+    const Result got = run(q1, k, v, options);
+    EXPECT_NEAR(got.lse[0], want.lse[1], 2e-5 * (1 + std::abs(want.lse[1]))) << simd_path_name(simd);
+    for (int64_t e = 0; e < 2; ++e) EXPECT_NEAR(got.out[e], want.out[2 + e], 1e-5) << simd_path_name(simd);
   }
 }
 

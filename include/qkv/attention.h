@@ -22,6 +22,8 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
 // Accuracy (fp32 rule): within 2e-5·(1 + max|ref|) of the float64 reference plus the rounding of
 // scores of size |s| (4·eps32·|s| relative), and within FlashAttention's rule below with x_pt the
 // fp32 composite (tests/large_score_test.cpp).
+// Throws qkv::Error when q, k and v (and the bias) hold no NaN or +inf but the result overflowed
+// fp32 (the float64 reference, Kernel::reference, computes such inputs).
 // A query row with no allowed key gets out = 0 and lse = -inf, never NaN. Thread-safe for
 // distinct outputs; deterministic: the same inputs give bitwise the same outputs for any thread
 // count.

@@ -1,6 +1,7 @@
 #include "qkv/attention.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -113,6 +114,43 @@ TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storag
   return storage.cview();
 }
 
+float widen(float x) { return x; }
+float widen(bf16 x) { return bf16_to_float(x); }
+
+template <class T>
+bool all_finite(TensorView<const T> t) {
+  bool finite = true;
+  for_each_element(t, [&](const T& x, const auto&) { finite = finite && std::isfinite(widen(x)); });
+  return finite;
+}
+
+// The fused kernel computes in fp32: scores or P·V sums beyond its range come out inf or NaN from
+// finite inputs (q scaled by 1e20, v near FLT_MAX, a scale of 1e300). Refused rather than returned.
+// Non-finite inputs, or a bias with NaN or +inf, are the caller's own and give what any fp32
+// composite gives. Only a result that is not finite (out, or lse other than -inf: a row with no
+// allowed key) costs the scan of the inputs.
+template <class T, class L>
+void refuse_overflow(TensorView<float> out, TensorView<L> lse, TensorView<const T> q, TensorView<const T> k,
+                     TensorView<const T> v, const Mask& mask) {
+  bool lse_ok = true;
+  if (!lse.empty())
+    for_each_element(lse, [&](const L& x, const auto&) {
+      lse_ok = lse_ok && (std::isfinite(x) || x == -std::numeric_limits<L>::infinity());
+    });
+  if (lse_ok && all_finite(TensorView<const float>(out))) return;
+  if (!all_finite(q) || !all_finite(k) || !all_finite(v)) return;
+  bool bias_ok = true;
+  if (!mask.bias.empty())
+    for_each_element(mask.bias, [&](const float& x, const auto&) {
+      bias_ok = bias_ok && !std::isnan(x) && x != std::numeric_limits<float>::infinity();
+    });
+  if (!bias_ok) return;
+  throw Error(
+      "attention_forward: the output overflowed float32 although q, k and v are finite (scores or P·V sums beyond "
+      "3.4e38); scale the inputs down or use the float64 reference kernel (Kernel::reference; kernel=\"reference\" "
+      "in Python)");
+}
+
 // q, k, v of element type T (float or bf16), lse of L (float or double): checks, then the
 // reference or the fused kernel.
 template <class T, class L>
@@ -135,6 +173,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
     p.lse = lse.empty() ? nullptr : lse.data();
   p.lse_stride = kernels::strides_of(lse);
   kernels::fused_forward(p, path, threads_for(s, options));
+  refuse_overflow(out, lse, q, k, v, options.mask);
 }
 
 }  // namespace

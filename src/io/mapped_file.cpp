@@ -52,7 +52,13 @@ std::string quoted(std::string_view bytes, std::size_t max_bytes) {
   return out;
 }
 
+void refuse_nul_in_path(const std::string& path, const char* action) {
+  if (path.find('\0') != std::string::npos)
+    throw Error(fmt::format("cannot {} {}: the name contains a NUL byte", action, quoted(path, 200)));
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
+  refuse_nul_in_path(path, "read");
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check below refuses
   // it; on a regular file it changes nothing.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

@@ -42,6 +42,11 @@ class MappedFile {
 // consistent with its header fails with that line, not std::bad_alloc or the OOM killer.
 void check_fits_in_memory(unsigned __int128 bytes, const std::string& what);
 
+// Throws qkv::Error "cannot <action> <path>: the name contains a NUL byte" for such a path: the
+// system calls would read it only up to the NUL, i.e. act on another file. The readers and the
+// output rule call it first.
+void refuse_nul_in_path(const std::string& path, const char* action);
+
 // strerror for `errnum` (thread-safe).
 std::string errno_text(int errnum);
 

@@ -87,6 +87,7 @@ void sync_fd(int fd, const std::string& path) {
 
 OutputTarget resolve_output(const std::string& path) {
   if (path.empty()) throw Error("cannot write a file with an empty name");
+  detail::refuse_nul_in_path(path, "write");
   if (path.back() == '/') throw Error(fmt::format("cannot write {}: the name ends in '/'", path));
   std::string p = path;
   for (int links = 0; links <= kMaxLinks; ++links) {

@@ -190,3 +190,15 @@ def test_out_of_memory_is_a_memory_error_with_the_size():
     assert len(lines) == 2, (proc.stdout, proc.stderr)
     assert "8000 tokens" in lines[0] and "cannot allocate 1536000000 bytes" in lines[0], lines[0]
     assert "w_q: cannot allocate 17179869184 bytes (out of memory)" in lines[1], lines[1]
+
+
+def test_a_nul_byte_in_a_path_is_refused(tmp_path):
+    """The system calls stop at a NUL, so "a\\0b" once saved to (and loaded from) the file "a"."""
+    good = tmp_path / "emb.txt"
+    good.write_text("the 1 2\nbank 3 4\n")
+    with pytest.raises(ValueError, match=r"cannot read .*: the name contains a NUL byte"):
+        qkv.Embeddings.load(str(good) + "\0zzz")
+    target = str(tmp_path / "a")
+    with pytest.raises(ValueError, match=r"cannot write .*: the name contains a NUL byte"):
+        qkv.MultiHeadAttention(8, 2).save(target + "\0b")
+    assert not os.path.exists(target)
