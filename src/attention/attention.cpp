@@ -1,5 +1,6 @@
 #include "qkv/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -127,17 +128,10 @@ bool all_finite(TensorView<const T> t) {
 // The fused kernel computes in fp32: scores or P·V sums beyond its range come out inf or NaN from
 // finite inputs (q scaled by 1e20, v near FLT_MAX, a scale of 1e300). Refused rather than returned.
 // Non-finite inputs, or a bias with NaN or +inf, are the caller's own and give what any fp32
-// composite gives. Only a result that is not finite (out, or lse other than -inf: a row with no
-// allowed key) costs the scan of the inputs.
-template <class T, class L>
-void refuse_overflow(TensorView<float> out, TensorView<L> lse, TensorView<const T> q, TensorView<const T> k,
-                     TensorView<const T> v, const Mask& mask) {
-  bool lse_ok = true;
-  if (!lse.empty())
-    for_each_element(lse, [&](const L& x, const auto&) {
-      lse_ok = lse_ok && (std::isfinite(x) || x == -std::numeric_limits<L>::infinity());
-    });
-  if (lse_ok && all_finite(TensorView<const float>(out))) return;
+// composite gives. Called only when the kernel saw a non-finite result in a row with an allowed
+// key (ForwardParams::nonfinite, flagged as the rows are written: no pass of its own).
+template <class T>
+void refuse_overflow(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
   if (!all_finite(q) || !all_finite(k) || !all_finite(v)) return;
   bool bias_ok = true;
   if (!mask.bias.empty())
@@ -172,8 +166,10 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   else
     p.lse = lse.empty() ? nullptr : lse.data();
   p.lse_stride = kernels::strides_of(lse);
+  std::atomic<bool> nonfinite{false};
+  p.nonfinite = &nonfinite;
   kernels::fused_forward(p, path, threads_for(s, options));
-  refuse_overflow(out, lse, q, k, v, options.mask);
+  if (nonfinite.load()) refuse_overflow(q, k, v, options.mask);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // nothing. The backward's params extend the forward's: the same inputs, plus the gradients.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -55,6 +56,9 @@ struct ForwardParams {
   bool bf16_dot = false;
   // bf16_dot with both products on AMX tiles (AMX-BF16; D a multiple of 32, Dv of 16).
   bool bf16_amx = false;
+  // Set (if not null) when a row that has an allowed key comes out with a non-finite out or lse:
+  // the caller then tells an fp32 overflow from non-finite inputs. Only ever set to true.
+  std::atomic<bool>* nonfinite = nullptr;
 
   bool is_bf16() const { return dtype == InputType::bf16; }
   template <class T>

@@ -456,6 +456,7 @@ class ForwardTile {
   }
 
   void write_rows() {
+    uint32_t nonfinite = 0;  // exponent bits all set in a written value: inf or NaN
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
@@ -465,16 +466,24 @@ class ForwardTile {
       if (masked) {
         for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = 0.0f;
       } else if (p_.out_stride.col == 1) {  // the common layout, in a loop the compiler vectorizes
-        for (int64_t e = 0; e < s_.Dv; ++e) out[e] = o[e] * inv;
+        for (int64_t e = 0; e < s_.Dv; ++e) {
+          out[e] = o[e] * inv;
+          nonfinite |= (std::bit_cast<uint32_t>(out[e]) & 0x7f800000u) == 0x7f800000u;
+        }
       } else {
-        for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = o[e] * inv;
+        for (int64_t e = 0; e < s_.Dv; ++e) {
+          out[e * p_.out_stride.col] = o[e] * inv;
+          nonfinite |= !std::isfinite(o[e] * inv);
+        }
       }
       // m + log(l) in float64, then rounded once for an fp32 lse: both forms say the same number.
       const double lse = masked ? -std::numeric_limits<double>::infinity()
                                 : static_cast<double>(m_[r]) + std::log(static_cast<double>(l_[r]));
       if (p_.lse != nullptr) p_.lse[p_.lse_stride.at(b_, h_, i)] = static_cast<float>(lse);
       if (p_.lse_wide != nullptr) p_.lse_wide[p_.lse_stride.at(b_, h_, i)] = lse;
+      nonfinite |= !masked && !std::isfinite(lse);
     }
+    if (nonfinite != 0 && p_.nonfinite != nullptr) p_.nonfinite->store(true, std::memory_order_relaxed);
   }
 
   using Dot = typename DotOf<Ops, Pairs>::type;
