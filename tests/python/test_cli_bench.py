@@ -1,5 +1,6 @@
 """`qkv bench`: the report's format (machine line, one row per available path, the automatic
 path marked) and the refusal of bad input with a message and exit code 2."""
+import os
 import re
 
 import pytest
@@ -43,6 +44,15 @@ def test_bad_input_is_refused(run, args, message):
     r = run("bench", *args)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_more_threads_than_cpus_is_refused(run):
+    """128 threads on 2 CPUs once ran for minutes (the FMA-peak probe, time-sliced) before printing."""
+    cpus = os.cpu_count()
+    r = run("bench", "--shape", "1,1,4,4,8", "--threads", cpus + 1, "--repeats", "1", timeout=30)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert f"--threads {cpus + 1}: this machine has {cpus} CPUs" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
 
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -194,6 +195,13 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
 int run_bench(const BenchArgs& a) {
   const Shape s = parse_shape(a.shape);
   const int threads = a.threads > 0 ? a.threads : default_num_threads();
+  // More threads than CPUs time the scheduler, not qkv (and took minutes at 128 on 2 CPUs).
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (a.threads > 0 && cpus > 0 && static_cast<unsigned>(a.threads) > cpus)
+    throw Error(
+        fmt::format("--threads {}: this machine has {} CPUs; a benchmark with more threads than CPUs times "
+                    "the scheduler, not qkv",
+                    threads, cpus));
   const bool bf16_in = a.dtype == "bf16";
   // Each SIMD path is held to its own instruction set's peak: an AVX2 path against AVX2's (what a
   // CPU without AVX-512 reaches), the rest against the machine's best.
