@@ -62,6 +62,18 @@ TEST(EmbedSentence, ErrorPolicyListsEveryMissingWordOnce) {
                {"3 words are not in the vocabulary: \"foo\", \"bar\", \"baz\""});
   expect_error([&] { embed_sentence(emb, "the quux", OovPolicy::error); },
                {"1 word is not in the vocabulary: \"quux\""});
+  // Many missing words: the first 20 and a count, one short line (100,000 once made a 1 MB line).
+  std::string many;
+  for (int i = 0; i < 1000; ++i) many += "w" + std::to_string(i) + " ";
+  try {
+    embed_sentence(emb, many, OovPolicy::error);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1000 words are not in the vocabulary: \"w0\", \"w1\","), std::string::npos) << m;
+    EXPECT_NE(m.find("\"w19\" and 980 more"), std::string::npos) << m;
+    EXPECT_LT(m.size(), 400u) << m;
+  }
   EmbeddedSentence s = embed_sentence(emb, "the bank", OovPolicy::error);
   EXPECT_EQ(s.tokens, (Tokens{"the", "bank"}));
   EXPECT_TRUE(s.missing.empty());
