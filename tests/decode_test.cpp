@@ -497,6 +497,20 @@ TEST(Decode, RefusesBadInputByName) {
   const std::vector<int64_t> ids{99};
   test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
                      {"unknown sequence id 99"});
+  // A NaN in q, or scores past fp32 (q 1e38 with a scale of 1e300): both were merged into out = 0,
+  // lse = -inf as if every key were masked.
+  Tensor<float> q_nan = rng.normal32({1, 4, 1, 8});
+  q_nan[9] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(good, q_nan.cview(), {}, "q[0, 1, 0, 1] = nan must be finite");
+  Tensor<float> q_huge({1, 4, 1, 8});
+  for (int64_t e = 0; e < q_huge.numel(); ++e) q_huge[e] = 1e38f;
+  for (int threads : {1, 2}) {
+    o = {};
+    o.num_threads = threads;
+    o.scale = 1e300;
+    expect_error(good, q_huge.cview(), o,
+                 "decode_attention: the output overflowed float32 although q and the cache are finite");
+  }
 }
 
 }  // namespace

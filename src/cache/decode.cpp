@@ -3,6 +3,8 @@
 #include "qkv/decode.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -103,6 +105,17 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
   return s;
 }
 
+// Names the cause of a non-finite decode result: a value of q, else an fp32 overflow.
+void refuse_nonfinite_result(TensorView<const float> q) {
+  for_each_element(q, [&](const float& x, const std::array<int64_t, 4>& i) {
+    if (!std::isfinite(x))
+      throw Error(fmt::format("decode_attention: q[{}, {}, {}, {}] = {} must be finite", i[0], i[1], i[2], i[3], x));
+  });
+  throw Error(
+      "decode_attention: the output overflowed float32 although q and the cache are finite (scores or P·V sums "
+      "beyond 3.4e38); scale q or the cached values down");
+}
+
 Workspace& chunk_workspace() {
   static thread_local Workspace ws;
   return ws;
@@ -185,7 +198,11 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
   parallel_for(tasks, options.num_threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
 
-  // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double.
+  // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double. A chunk whose l is
+  // NaN or m +inf, or an output that is not finite, can only come from a non-finite q or from
+  // scores or P·V sums past fp32 (the cache holds finite values, sinks are checked): flagged here,
+  // refused below, never merged into zeros.
+  std::atomic<bool> nonfinite{false};
   parallel_for(s.B * s.H, options.num_threads, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H, g = h / p.G;
     const double sink = options.sinks.empty() ? -std::numeric_limits<double>::infinity() : options.sinks[h];
@@ -195,6 +212,8 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
       for (int64_t c = 0; c < plans[b].count; ++c) {
         const DecodeTask t = task_of(first_task[b] + c * s.Hkv + g);
         if (t.l[r] > 0.0f) mx = std::max<double>(mx, t.m[r]);
+        if (std::isnan(t.l[r]) || std::isnan(t.m[r]) || t.m[r] == std::numeric_limits<float>::infinity())
+          nonfinite.store(true, std::memory_order_relaxed);
       }
       float* o = out.data() + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
       float* l = lse.empty() ? nullptr : lse.data() + b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
@@ -216,11 +235,17 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
           sum += w * t.l[r];
           for (int64_t e = 0; e < ne; ++e) acc[e] += w * t.o[r * p.dvp + e0 + e];
         }
-        for (int64_t e = 0; e < ne; ++e) o[(e0 + e) * out.stride(3)] = static_cast<float>(acc[e] / sum);
+        bool bad = false;
+        for (int64_t e = 0; e < ne; ++e) {
+          o[(e0 + e) * out.stride(3)] = static_cast<float>(acc[e] / sum);
+          bad |= !std::isfinite(o[(e0 + e) * out.stride(3)]);
+        }
+        if (bad) nonfinite.store(true, std::memory_order_relaxed);
         if (l != nullptr && e0 == 0) *l = static_cast<float>(mx + std::log(sum));
       }
     }
   });
+  if (nonfinite.load()) refuse_nonfinite_result(q);
 }
 
 }  // namespace qkv
