@@ -115,13 +115,10 @@ TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storag
   return storage.cview();
 }
 
-float widen(float x) { return x; }
-float widen(bf16 x) { return bf16_to_float(x); }
-
 template <class T>
 bool all_finite(TensorView<const T> t) {
   bool finite = true;
-  for_each_element(t, [&](const T& x, const auto&) { finite = finite && std::isfinite(widen(x)); });
+  for_each_element(t, [&](const T& x, const auto&) { finite = finite && std::isfinite(element_cast<float>(x)); });
   return finite;
 }
 
