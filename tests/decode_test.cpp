@@ -265,10 +265,12 @@ TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
 
 TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
   test::Rng rng("Decode.Threads");
-  for (KVDtype dtype : {KVDtype::f32, KVDtype::f16, KVDtype::i8}) {
+  // Pages of 32 and 256 tokens: the two task orders of decode.cpp.
+  for (auto [dtype, page_tokens] : {std::pair{KVDtype::f32, 32}, std::pair{KVDtype::f16, 32},
+                                    std::pair{KVDtype::i8, 32}, std::pair{KVDtype::f16, 256}}) {
     Case c;
     c.dtype = dtype;
-    c.Hkv = 2, c.G = 4, c.N = 3, c.D = 64, c.Dv = 64, c.page_tokens = 32;
+    c.Hkv = 2, c.G = 4, c.N = 3, c.D = 64, c.Dv = 64, c.page_tokens = page_tokens;
     c.lens = {3001, 777, 5};
     c.options.mask.causal = CausalAlign::bottom_right;
     c.options.sinks = {0.5f, -1, 2, 0, 1, 1, 1, 1};
@@ -279,7 +281,8 @@ TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
       for (int threads : {2, 3, 100000}) {  // 100000: capped (resolve_num_threads), not a crash
         const Result r = run_decode(c, f, q, simd, threads);
         EXPECT_EQ(std::memcmp(one.out.data(), r.out.data(), sizeof(float) * r.out.numel()), 0)
-            << kv_dtype_name(dtype) << " " << simd_path_name(simd) << " threads " << threads;
+            << kv_dtype_name(dtype) << " pages of " << page_tokens << " " << simd_path_name(simd) << " threads "
+            << threads;
         EXPECT_EQ(std::memcmp(one.lse.data(), r.lse.data(), sizeof(float) * r.lse.numel()), 0);
       }
     }

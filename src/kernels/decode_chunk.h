@@ -133,14 +133,16 @@ class DecodeChunk {
   // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
   // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
   // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these (BENCHMARKS.md).
+  // The cursor runs on past the task's keys to t_.pf_end, into the next chunk, which the same
+  // thread usually takes next (decode.cpp).
   // always_inline: as separate functions GCC found them free of side effects (prefetches count
   // as none) and deleted every call, so no prefetch was ever issued.
   __attribute__((always_inline)) void prefetch_seek(int64_t j) {
     pf_j_ = j;
-    if (j < t_.j1) pf_row_ = pool_row(j), pf_off_ = j % p_.page_tokens;
+    if (j < t_.pf_end) pf_row_ = pool_row(j), pf_off_ = j % p_.page_tokens;
   }
   __attribute__((always_inline)) void prefetch_next() {
-    if (pf_j_ >= t_.j1) return;
+    if (pf_j_ >= t_.pf_end) return;
     auto lines = [](const char* p, int64_t bytes) __attribute__((always_inline)) {
       for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
     };
@@ -376,7 +378,7 @@ class DecodeChunk {
   const char* vrow_[kNb];
   float ksc_[kNb], vsc_[kNb];
   // The prefetch cursor: its key, that key's pool row and offset in its page.
-  static constexpr int64_t kAheadKeys = 8;
+  static constexpr int64_t kAheadKeys = kDecodePrefetchKeys;
   int64_t pf_j_ = -1, pf_row_ = 0, pf_off_ = 0;
 };
 

@@ -15,6 +15,8 @@ namespace qkv::kernels {
 
 // Keys a chunk task reads between the scores and the P·V product, within one page.
 constexpr int64_t kDecodeBlock = 64;
+// How far ahead of the key being scored a task asks for K and V rows (decode_chunk.h).
+constexpr int64_t kDecodePrefetchKeys = 8;
 
 // q: [B,H,N,D] (strides q_stride); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
 // G = H/Hkv query heads h of KV head g and the N queries i.
@@ -40,6 +42,9 @@ struct DecodeParams {
 // o [dvp] (row stride p.dvp), the running max m and the sum l (l = 0, m = -inf: no key allowed).
 struct DecodeTask {
   int64_t b = 0, g = 0, j0 = 0, j1 = 0;
+  // The prefetches may run on to here (>= j1, within the sequence): a thread's next task usually
+  // takes the keys after j1 (decode.cpp hands out runs of a KV head's chunks).
+  int64_t pf_end = 0;
   float* o = nullptr;
   float* m = nullptr;
   float* l = nullptr;
