@@ -202,8 +202,14 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
     float* base = partial + t * task_floats;
     const int64_t j0 = c * plans[b].chunk;
     const int64_t j1 = std::min(j0 + plans[b].chunk, kv.seq_lens[b]);
-    return DecodeTask{b, g, j0, j1, std::min(j1 + kernels::kDecodePrefetchKeys, kv.seq_lens[b]), base,
-                      base + rows * p.dvp, base + rows * (p.dvp + 1)};
+    return DecodeTask{b,
+                      g,
+                      j0,
+                      j1,
+                      std::min(j1 + kernels::kDecodePrefetchKeys, kv.seq_lens[b]),
+                      base,
+                      base + rows * p.dvp,
+                      base + rows * (p.dvp + 1)};
   };
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
   parallel_for(tasks, options.num_threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
