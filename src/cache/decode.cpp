@@ -23,9 +23,11 @@ using kernels::Workspace;
 
 // Chunks of a sequence: at least kMinChunk keys each (a task then costs far more than its
 // merge), at most kMaxChunks of them, so the partial results take O(B·H·N·Dv) memory for any
-// length. 64 chunks of a 32k sequence keep 2 threads busy at B·Hkv = 1.
-constexpr int64_t kMinChunk = 256;
-constexpr int64_t kMaxChunks = 64;
+// length. 32 chunks of a 32k sequence keep 32 threads busy at B·Hkv = 1. Against 256 and 64:
+// D1 cold, 2 threads, CPU time per step -2..-3% (f16) and -3..-7% (i8), from the merge and each
+// task's start (bench/decode_bench.cpp, 2 alternations).
+constexpr int64_t kMinChunk = 512;
+constexpr int64_t kMaxChunks = 32;
 
 struct ChunkPlan {
   int64_t chunk = 0;  // keys per chunk (a multiple of kDecodeBlock)
