@@ -22,6 +22,7 @@ Differences from PyTorch, all deliberate:
 """
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -196,8 +197,11 @@ def _check_mask(mask, name, scores_shape):
 
 def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
     """Runs the autograd function on the caller's tensors; returns (out, lse) in the caller's shape."""
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a number or None, got {scale!r}")
+    # Any real number (numpy's scalars too, as PyTorch takes them), as a Python float.
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a number or None, got {scale!r}")
+        scale = float(scale)
     if num_threads is None:
         num_threads = torch.get_num_threads()
     L, S = q.size(-2), k.size(-2)

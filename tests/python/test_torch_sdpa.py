@@ -233,6 +233,16 @@ def test_results_identical_for_1_2_3_threads():
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
+def test_scale_takes_numpy_scalars_as_pytorch_does():
+    rng = rng_for(4201)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 5, 8))).float() for _ in range(3))
+    want = qt.scaled_dot_product_attention(q, k, v, scale=0.25)
+    for scale in (np.float32(0.25), np.float64(0.25), np.int64(1) / 4):
+        assert torch.equal(qt.scaled_dot_product_attention(q, k, v, scale=scale), want), type(scale)
+    with pytest.raises(TypeError, match="scale must be a number or None"):
+        qt.scaled_dot_product_attention(q, k, v, scale=np.bool_(True))
+
+
 def test_import_qkv_does_not_import_torch():
     code = "import sys, qkv; assert 'torch' not in sys.modules, 'qkv imported torch'; print('ok')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

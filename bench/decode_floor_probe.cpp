@@ -1,0 +1,131 @@
+// How close can a decode step on this machine come to its roofline bound, with the arithmetic a
+// KV head of D1 needs and no more? A probe for the decode kernel's design, not part of the build
+// (AVX-512 only):
+//   g++ -O3 -march=native -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp && /tmp/decode_floor_probe
+// One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
+// of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
+// D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
+// 64 columns, 4 rows x 4 vectors), with K and V rows asked for 8 keys ahead while scoring, or
+// not. No softmax, masks, merge or block table. It prints ns per key (one key = one KV head's
+// 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's
+// roofline bound is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs.
+// BENCHMARKS.md, decode round 8.
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+constexpr long kRow = 128, kBlock = 64;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Lane j = the sum of the lanes of a[j] (the kernel's Avx512Decode::reduce_lanes).
+__m512 reduce_lanes(const __m512* a) {
+  __m512 c[8], d[4], e[2];
+  for (int i = 0; i < 8; ++i)
+    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)
+    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
+}
+
+// Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
+template <bool kPrefetch>
+__attribute__((noinline)) float run(const float* k, const float* v, long keys, long wrap) {
+  alignas(64) static float q[4][kRow], s[4][kBlock];
+  for (int r = 0; r < 4; ++r)
+    for (int d = 0; d < kRow; ++d) q[r][d] = 0.001f * static_cast<float>(r + d);
+  __m512 o[16];
+  for (auto& a : o) a = _mm512_setzero_ps();
+  auto row = [&](const float* base, long j) { return base + (j & (wrap - 1)) * kRow; };
+  for (long j0 = 0; j0 < keys; j0 += kBlock) {
+    for (long j = j0; j < j0 + kBlock; j += 4) {
+      if (kPrefetch)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; ++x)
+#pragma GCC unroll 8
+          for (int b = 0; b < kRow * 4; b += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(row(k, j + x + 8)) + b, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(row(v, j + x + 8)) + b, _MM_HINT_T0);
+          }
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (auto& a : acc) a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int d = 0; d < kRow; d += 16) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; ++x) kv[x] = _mm512_loadu_ps(row(k, j + x) + d);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const __m512 qv = _mm512_load_ps(&q[r][d]);
+#pragma GCC unroll 4
+          for (int x = 0; x < 4; ++x) acc[4 * r + x] = _mm512_fmadd_ps(qv, kv[x], acc[4 * r + x]);
+        }
+      }
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, reduce_lanes(acc));
+      for (int r = 0; r < 4; ++r) std::memcpy(&s[r][j - j0], lanes + 4 * r, 4 * sizeof(float));
+    }
+    for (int half = 0; half < 2; ++half)
+      for (long j = j0; j < j0 + kBlock; ++j) {
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_ps(row(v, j) + 64 * half + 16 * c);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const __m512 p = _mm512_set1_ps(s[r][j - j0]);
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) o[4 * r + c] = _mm512_fmadd_ps(p, vv[c], o[4 * r + c]);
+        }
+      }
+  }
+  __m512 t = o[0];
+  for (int i = 1; i < 16; ++i) t = _mm512_add_ps(t, o[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, t);
+  float sum = 0;
+  for (float x : lanes) sum += x;
+  return sum;
+}
+
+template <bool kPrefetch>
+void measure(const float* k, const float* v, long keys) {
+  double stream = 1e9, cached = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    double t0 = now();
+    volatile float f = run<kPrefetch>(k, v, keys, keys);
+    stream = std::min(stream, now() - t0);
+    t0 = now();
+    f = run<kPrefetch>(k, v, keys, 512);  // 2 x 256 KB
+    cached = std::min(cached, now() - t0);
+    (void)f;
+  }
+  std::printf("prefetch %-3s  stream %6.2f ns/key (%5.2f GB/s)  in L2 %6.2f ns/key\n", kPrefetch ? "yes" : "no",
+              stream / static_cast<double>(keys) * 1e9, 1024.0 * static_cast<double>(keys) / stream / 1e9,
+              cached / static_cast<double>(keys) * 1e9);
+}
+
+}  // namespace
+
+int main() {
+  const long bytes = 1L << 30, keys = bytes / (kRow * 4);
+  auto* k = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
+  auto* v = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
+  madvise(k, bytes, MADV_HUGEPAGE);  // as the cache's pools
+  madvise(v, bytes, MADV_HUGEPAGE);
+  std::memset(k, 0, bytes);
+  std::memset(v, 0, bytes);
+  measure<true>(k, v, keys);
+  measure<false>(k, v, keys);
+}
