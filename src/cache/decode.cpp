@@ -179,11 +179,12 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
 
   // The plan, and so every bit of the result, depends on the lengths alone; the order of the tasks
   // only on how the pool lays out a KV head's keys (parallel_for hands out runs of 8 tasks). Pages
-  // of at least a block: (sequence, KV head, chunk), so a thread streams a run of one head's keys
-  // (D1 M = 32768, 2 threads, CPU time per step: f16 -6%, i8 -5%; D2 contiguous -11%, 256-token
-  // pages -6%). Smaller pages hold every head's rows of a few tokens side by side: (sequence,
-  // chunk, KV head) keeps each page's rows together (D2 with 16-token pages: +5% the other way).
-  const bool head_major = kv.page_tokens >= kernels::kDecodeBlock;
+  // of 256 tokens or more: (sequence, KV head, chunk), so a thread streams a run of one head's
+  // keys (D1 M = 32768, 2 threads, cold: f16 -3..-9%, i8 -5..-7%; D2 contiguous -11%). Smaller
+  // pages hold every head's rows of a few tokens side by side: (sequence, chunk, KV head) keeps a
+  // page's rows together (D2 cold with 64-token pages 4% and with 16-token pages 5% faster than
+  // the other order; 256-token pages the same either way).
+  const bool head_major = kv.page_tokens >= 4 * kernels::kDecodeBlock;
   std::vector<ChunkPlan> plans(static_cast<std::size_t>(s.B));
   std::vector<int64_t> first_task(static_cast<std::size_t>(s.B) + 1, 0);
   for (int64_t b = 0; b < s.B; ++b) {
