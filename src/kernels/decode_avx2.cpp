@@ -18,6 +18,11 @@ struct Avx2Decode : Avx2 {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
   }
+  static float hmax(V x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
   // Lane j of the result = the sum of the lanes of a[j], j < 8 (as Avx512Decode::reduce_lanes).
   static V reduce_lanes(const V* a) {
     V c[4], d[2];

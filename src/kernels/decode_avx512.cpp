@@ -17,6 +17,7 @@ namespace {
 
 struct Avx512Decode : Avx512 {
   static float hsum(V x) { return _mm512_reduce_add_ps(x); }
+  static float hmax(V x) { return _mm512_reduce_max_ps(x); }
   // Lane j of the result = the sum of the lanes of a[j], j < 16: pairs, then quads within each
   // 128-bit lane, then the four 128-bit lanes.
   static V reduce_lanes(const V* a) {

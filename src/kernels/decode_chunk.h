@@ -1,6 +1,6 @@
 // One decode task, written once for every SIMD family: the keys [j0, j1) of one sequence and KV
 // head against the G·N query rows of that head's GQA group. Include only after kernel_deps.h,
-// the family's target pragma, its simd_*.h and its Decode ops (decode_*.cpp: Ops plus hsum,
+// the family's target pragma, its simd_*.h and its Decode ops (decode_*.cpp: Ops plus hsum, hmax,
 // reduce_lanes and the widening loads load_f16, load_bf16, load_i8).
 //
 // The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
@@ -349,10 +349,10 @@ class DecodeChunk {
     float* s = sb_ + r * kNb;
     V mx = Ops::set1(t_.m[r]);
     for (int64_t jj = 0; jj < nbp; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
-    float m_new = t_.m[r];
-    alignas(64) float lanes[L];
-    Ops::store(lanes, mx);
-    for (int64_t e = 0; e < L; ++e) m_new = std::max(m_new, lanes[e]);
+    // One reduction instead of a store and a chain of L scalar maxima: 7% of an f16 step and 10%
+    // of an i8 one went to this softmax (D1 M = 32768 cold, 1 thread, measured by skipping it);
+    // this took f16 11499-11642 to 11460-11472 µs and i8 8048-8068 to 7924-7957.
+    const float m_new = Ops::hmax(mx);
     // A row with no allowed key yet uses 0 as its max, so every p (and alpha) is 0.
     const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
     const V mv = Ops::set1(m_use), log2e = Ops::set1(kLog2e);

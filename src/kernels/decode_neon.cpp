@@ -11,6 +11,7 @@ namespace {
 
 struct NeonDecode : Neon {
   static float hsum(V x) { return vaddvq_f32(x); }
+  static float hmax(V x) { return vmaxvq_f32(x); }
   // Lane j of the result = the sum of the lanes of a[j], j < 4: two rounds of pairwise adds.
   static V reduce_lanes(const V* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
   static V load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }

@@ -10,6 +10,7 @@ namespace {
 
 struct ScalarDecode : Scalar {
   static float hsum(V x) { return x; }
+  static float hmax(V x) { return x; }
   static V reduce_lanes(const V* a) { return a[0]; }
   static V load_f16(const uint16_t* p) { return detail::half_to_float(*p); }
   static V load_bf16(const uint16_t* p) { return std::bit_cast<float>(static_cast<uint32_t>(*p) << 16); }
