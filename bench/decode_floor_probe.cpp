@@ -6,7 +6,8 @@
 // of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
 // 64 columns, 4 rows x 4 vectors), with K and V rows asked for 8 keys ahead while scoring, or
-// not. No softmax, masks, merge or block table. It prints ns per key (one key = one KV head's
+// not; and with each key's K and V rows side by side in one array (one stream instead of two, a
+// layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV head's
 // 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's
 // roofline bound is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs.
 // BENCHMARKS.md, decode round 8.
@@ -40,14 +41,18 @@ __m512 reduce_lanes(const __m512* a) {
 }
 
 // Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
-template <bool kPrefetch>
+// kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).
+template <bool kPrefetch, bool kInterleaved>
 __attribute__((noinline)) float run(const float* k, const float* v, long keys, long wrap) {
   alignas(64) static float q[4][kRow], s[4][kBlock];
   for (int r = 0; r < 4; ++r)
     for (int d = 0; d < kRow; ++d) q[r][d] = 0.001f * static_cast<float>(r + d);
   __m512 o[16];
   for (auto& a : o) a = _mm512_setzero_ps();
-  auto row = [&](const float* base, long j) { return base + (j & (wrap - 1)) * kRow; };
+  auto row = [&](const float* base, long j) {
+    if (kInterleaved) return k + (j & (wrap - 1)) * 2 * kRow + (base == v ? kRow : 0);
+    return base + (j & (wrap - 1)) * kRow;
+  };
   for (long j0 = 0; j0 < keys; j0 += kBlock) {
     for (long j = j0; j < j0 + kBlock; j += 4) {
       if (kPrefetch)
@@ -99,19 +104,20 @@ __attribute__((noinline)) float run(const float* k, const float* v, long keys, l
   return sum;
 }
 
-template <bool kPrefetch>
+template <bool kPrefetch, bool kInterleaved>
 void measure(const float* k, const float* v, long keys) {
   double stream = 1e9, cached = 1e9;
   for (int r = 0; r < 3; ++r) {
     double t0 = now();
-    volatile float f = run<kPrefetch>(k, v, keys, keys);
+    volatile float f = run<kPrefetch, kInterleaved>(k, v, keys, keys);
     stream = std::min(stream, now() - t0);
     t0 = now();
-    f = run<kPrefetch>(k, v, keys, 512);  // 2 x 256 KB
+    f = run<kPrefetch, kInterleaved>(k, v, keys, 512);  // 2 x 256 KB
     cached = std::min(cached, now() - t0);
     (void)f;
   }
-  std::printf("prefetch %-3s  stream %6.2f ns/key (%5.2f GB/s)  in L2 %6.2f ns/key\n", kPrefetch ? "yes" : "no",
+  std::printf("%-11s prefetch %-3s  stream %6.2f ns/key (%5.2f GB/s)  in L2 %6.2f ns/key\n",
+              kInterleaved ? "interleaved" : "two arrays", kPrefetch ? "yes" : "no",
               stream / static_cast<double>(keys) * 1e9, 1024.0 * static_cast<double>(keys) / stream / 1e9,
               cached / static_cast<double>(keys) * 1e9);
 }
@@ -119,13 +125,15 @@ void measure(const float* k, const float* v, long keys) {
 }  // namespace
 
 int main() {
-  const long bytes = 1L << 30, keys = bytes / (kRow * 4);
+  const long bytes = 1L << 30, keys = bytes / (kRow * 4) / 2;  // interleaved: both in k
   auto* k = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
   auto* v = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
   madvise(k, bytes, MADV_HUGEPAGE);  // as the cache's pools
   madvise(v, bytes, MADV_HUGEPAGE);
   std::memset(k, 0, bytes);
   std::memset(v, 0, bytes);
-  measure<true>(k, v, keys);
-  measure<false>(k, v, keys);
+  measure<true, false>(k, v, keys);
+  measure<false, false>(k, v, keys);
+  measure<true, true>(k, v, keys);
+  measure<false, true>(k, v, keys);
 }
