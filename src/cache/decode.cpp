@@ -209,7 +209,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
                       g,
                       j0,
                       j1,
-                      std::min(j1 + kernels::kDecodePrefetchKeys, kv.seq_lens[b]),
+                      head_major ? std::min(j1 + kernels::kDecodePrefetchKeys, kv.seq_lens[b]) : j1,
                       base,
                       base + rows * p.dvp,
                       base + rows * (p.dvp + 1)};

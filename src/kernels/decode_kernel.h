@@ -42,8 +42,8 @@ struct DecodeParams {
 // o [dvp] (row stride p.dvp), the running max m and the sum l (l = 0, m = -inf: no key allowed).
 struct DecodeTask {
   int64_t b = 0, g = 0, j0 = 0, j1 = 0;
-  // The prefetches may run on to here (>= j1, within the sequence): a thread's next task usually
-  // takes the keys after j1 (decode.cpp hands out runs of a KV head's chunks).
+  // The prefetches may run on to here (>= j1, within the sequence): past j1 when the thread's
+  // next task usually takes the keys after j1 (decode.cpp's head-major order).
   int64_t pf_end = 0;
   float* o = nullptr;
   float* m = nullptr;
