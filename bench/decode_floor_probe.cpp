@@ -7,10 +7,9 @@
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
 // 64 columns, 4 rows x 4 vectors), with K and V rows asked for 8 keys ahead while scoring, or
 // not; and with each key's K and V rows side by side in one array (one stream instead of two, a
-// layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV head's
-// 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's
-// roofline bound is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs.
-// BENCHMARKS.md, decode round 8.
+// layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV
+// head's 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's roofline bound
+// is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. BENCHMARKS.md, decode round 8.
 #include <immintrin.h>
 #include <sys/mman.h>
 

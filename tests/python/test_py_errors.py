@@ -172,7 +172,9 @@ def test_the_gil_is_released_during_a_long_call():
     # A call that holds the GIL stops every other Python thread for (nearly) its whole duration;
     # one that releases it lets them keep going (the control below shows the difference).
     rng = rng_for(3100)
-    q = rng.standard_normal((1, 2, 512, 64)).astype(np.float32)
+    # Long enough on a fast machine too: (1, 2, 512, 64) took 45 ms on a quiet one, under the
+    # 50 ms the check needs to tell a held GIL from a released one.
+    q = rng.standard_normal((1, 4, 1024, 64)).astype(np.float32)
     elapsed, pause = _longest_pause_of_another_thread(lambda: sdpa(q, q, q, kernel="reference", num_threads=1))
     assert elapsed > 0.05, f"call too short ({elapsed:.3f} s) to tell"
     assert pause < 0.5 * elapsed, f"another thread stalled {pause:.3f} s of a {elapsed:.3f} s call ({seed_note(3100)})"
@@ -180,7 +182,7 @@ def test_the_gil_is_released_during_a_long_call():
 
 def test_gil_check_detects_a_held_gil():
     # The control: a regular expression with catastrophic backtracking holds the GIL throughout.
-    elapsed, pause = _longest_pause_of_another_thread(lambda: re.match(r"(a+)+b", "a" * 21))
+    elapsed, pause = _longest_pause_of_another_thread(lambda: re.match(r"(a+)+b", "a" * 23))
     assert elapsed > 0.05 and pause > 0.5 * elapsed, f"paused {pause:.3f} s of {elapsed:.3f} s"
 
 
