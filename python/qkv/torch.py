@@ -199,7 +199,7 @@ def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
     """Runs the autograd function on the caller's tensors; returns (out, lse) in the caller's shape."""
     # Any real number (numpy's scalars too, as PyTorch takes them), as a Python float.
     if scale is not None:
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # numpy's bool is not Real
             raise TypeError(f"scale must be a number or None, got {scale!r}")
         scale = float(scale)
     if num_threads is None:

@@ -195,14 +195,10 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   const int64_t task_floats = rows * (p.dvp + 2);
   float* partial =
       partial_workspace().get<float>(0, static_cast<std::size_t>(std::max<int64_t>(tasks * task_floats, 1)));
-  auto task_index = [&](int64_t b, int64_t g, int64_t c) {
-    return first_task[b] + (head_major ? g * plans[b].count + c : c * s.Hkv + g);
-  };
-  auto task_of = [&](int64_t t) {
-    const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
-    const int64_t i = t - first_task[b], n = head_major ? plans[b].count : s.Hkv;
-    const int64_t g = head_major ? i / n : i % n, c = head_major ? i % n : i / n;
-    float* base = partial + t * task_floats;
+  // Task (b, g, c): sequence b's chunk c for KV head g, at index first_task[b] + g·count + c
+  // (head-major) or + c·Hkv + g; the parallel loop below inverts that index.
+  auto task = [&](int64_t b, int64_t g, int64_t c) {
+    float* base = partial + (first_task[b] + (head_major ? g * plans[b].count + c : c * s.Hkv + g)) * task_floats;
     const int64_t j0 = c * plans[b].chunk;
     const int64_t j1 = std::min(j0 + plans[b].chunk, kv.seq_lens[b]);
     return DecodeTask{b,
@@ -215,7 +211,11 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
                       base + rows * (p.dvp + 1)};
   };
   const kernels::DecodeChunkFn fn = kernels::kernel_family(path).decode_chunk;
-  parallel_for(tasks, options.num_threads, [&](int64_t t) { fn(p, task_of(t), chunk_workspace()); });
+  parallel_for(tasks, options.num_threads, [&](int64_t t) {
+    const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
+    const int64_t i = t - first_task[b], n = head_major ? plans[b].count : s.Hkv;
+    fn(p, head_major ? task(b, i / n, i % n) : task(b, i % n, i / n), chunk_workspace());
+  });
 
   // Merge: row (b, h, i) combines its chunks c = 0, 1, ... in order, in double. A chunk whose l is
   // NaN or m +inf, or an output that is not finite, can only come from a non-finite q or from
@@ -229,7 +229,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
       const int64_t r = (h - g * p.G) * s.N + i;
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t c = 0; c < plans[b].count; ++c) {
-        const DecodeTask t = task_of(task_index(b, g, c));
+        const DecodeTask t = task(b, g, c);
         if (t.l[r] > 0.0f) mx = std::max<double>(mx, t.m[r]);
         if (std::isnan(t.l[r]) || std::isnan(t.m[r]) || t.m[r] == std::numeric_limits<float>::infinity())
           nonfinite.store(true, std::memory_order_relaxed);
@@ -248,7 +248,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
         std::fill(acc, acc + ne, 0.0);
         double sum = std::exp(sink - mx);
         for (int64_t c = 0; c < plans[b].count; ++c) {
-          const DecodeTask t = task_of(task_index(b, g, c));
+          const DecodeTask t = task(b, g, c);
           if (!(t.l[r] > 0.0f)) continue;
           const double w = std::exp(static_cast<double>(t.m[r]) - mx);
           sum += w * t.l[r];

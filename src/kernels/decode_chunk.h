@@ -124,7 +124,7 @@ class DecodeChunk {
   // pages would otherwise make short blocks, each paying the softmax and O update).
   int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
 
-  // One cursor runs kAheadKeys ahead of the keys being scored and asks for the K and V rows (and
+  // One cursor runs kDecodePrefetchKeys ahead of the keys being scored and asks for the K and V rows (and
   // int8 scales) of one key per key scored, through the block table: the requests are spread
   // over the compute, V arrives before its P·V pass, and pages are crossed as the keys cross them.
   // It replaced a row prefetch within one-page blocks (K while scoring, V during P·V, max(8 keys,
@@ -133,8 +133,7 @@ class DecodeChunk {
   // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
   // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
   // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these (BENCHMARKS.md).
-  // The cursor runs on past the task's keys to t_.pf_end, into the next chunk, which the same
-  // thread usually takes next (decode.cpp).
+  // The cursor runs on to t_.pf_end, past the task's keys when the thread's next task takes them.
   // always_inline: as separate functions GCC found them free of side effects (prefetches count
   // as none) and deleted every call, so no prefetch was ever issued.
   __attribute__((always_inline)) void prefetch_seek(int64_t j) {
@@ -181,7 +180,7 @@ class DecodeChunk {
   void block(int64_t j0, int64_t nb, bool first) {
     const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
     int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
-    if (pf_j_ < j0 + kAheadKeys) prefetch_seek(j0 + kAheadKeys);  // the start, or blocks skipped
+    if (pf_j_ < j0 + kDecodePrefetchKeys) prefetch_seek(j0 + kDecodePrefetchKeys);  // the start, or blocks skipped
     if (!buffered && off + nb <= p_.page_tokens) {
       const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
       return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);
@@ -381,7 +380,6 @@ class DecodeChunk {
   const char* vrow_[kNb];
   float ksc_[kNb], vsc_[kNb];
   // The prefetch cursor: its key, that key's pool row and offset in its page.
-  static constexpr int64_t kAheadKeys = kDecodePrefetchKeys;
   int64_t pf_j_ = -1, pf_row_ = 0, pf_off_ = 0;
 };
 
