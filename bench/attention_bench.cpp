@@ -48,6 +48,7 @@ Inputs& inputs_of(const Shape& s) {
     t->resize(n);
     for (float& x : *t) x = dist(rng);
   }
+  for (float& x : in.q) x *= s.q_scale;
   in.out.assign(n, 0.0f);
   in.lse.assign(static_cast<std::size_t>(s.B * s.H * s.N), 0.0f);
   auto to_bf16 = [](const std::vector<float>& f) {

@@ -54,6 +54,7 @@ Problem& problem_of(const Shape& s) {
     t->resize(n);
     for (float& x : *t) x = dist(rng);
   }
+  for (float& x : p.q) x *= s.q_scale;
   for (auto* t : {&p.out, &p.dq, &p.dk, &p.dv}) t->assign(n, 0.0f);
   p.lse.assign(static_cast<std::size_t>(s.B * s.H * s.N), 0.0f);
   const std::array<int64_t, 3> lse_shape{s.B, s.H, s.N};

@@ -13,6 +13,7 @@
 #include "attention/backward_checks.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/dispatch.h"
+#include "kernels/flush_subnormals.h"
 #include "kernels/mask_eval.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
@@ -132,6 +133,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   // result because each task is computed by one thread from start to end.
   auto run_task = [&](int64_t idx, float* mine) {
     const int64_t chunk = p.chunks - 1 - idx / heads, bh = idx % heads;
+    const kernels::FlushSubnormals flush;
     fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
   };
   // dk, dv += the later chunks' partial sums, in chunk order.

@@ -13,6 +13,7 @@
 
 #include "kernels/decode_kernel.h"
 #include "kernels/dispatch.h"
+#include "kernels/flush_subnormals.h"
 
 namespace qkv {
 namespace {
@@ -214,6 +215,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   parallel_for(tasks, options.num_threads, [&](int64_t t) {
     const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
     const int64_t i = t - first_task[b], n = head_major ? plans[b].count : s.Hkv;
+    const kernels::FlushSubnormals flush;
     fn(p, head_major ? task(b, i / n, i % n) : task(b, i % n, i / n), chunk_workspace());
   });
 

@@ -36,7 +36,8 @@ struct BackwardLayout {
       at += pad(n);
       return o;
     };
-    q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows);
+    q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows), q_sizes = take(rows);
+    k_sizes = take(s.M);
     dk = take(s.M * dp), dv = take(s.M * dvp);
     const bool grouped = s.H > s.Hkv;
     dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
@@ -45,8 +46,9 @@ struct BackwardLayout {
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
-  // Buffers of one head's chunk: packed q, dout, the dq sums and D = rowsum(dout ∘ out).
-  int64_t q = 0, dout = 0, dq = 0, row_dot = 0;
+  // Buffers of one head's chunk: packed q, dout, the dq sums, D = rowsum(dout ∘ out), and
+  // max|q_d| of each row; max|k_d| of each key (both for large_scores.h's bound).
+  int64_t q = 0, dout = 0, dq = 0, row_dot = 0, q_sizes = 0, k_sizes = 0;
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.

@@ -25,6 +25,8 @@
 // float64 (BackwardParams::lse_wide), P = 2^(((S − hi) − lo)·log2e) with lse = hi + lo.
 #pragma once
 
+#include "kernels/large_scores.h"
+
 namespace qkv::kernels {
 namespace {
 
@@ -47,6 +49,7 @@ class BackwardChunk {
     cap_ = mask_.mask().softcap;
     const BackwardLayout lay(p);
     q_ = scratch + lay.q, dout_ = scratch + lay.dout, dq_ = scratch + lay.dq, row_dot_ = scratch + lay.row_dot;
+    q_sizes_ = scratch + lay.q_sizes, k_sizes_ = scratch + lay.k_sizes;
     kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk,
     dv_ = scratch + lay.dv;
     dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
@@ -56,6 +59,8 @@ class BackwardChunk {
   }
 
   void run() {
+    k_max_ = abs_max<Ops>(p_.kf() + p_.k_stride.at(b_, hk_, 0), p_.k_stride.row, p_.k_stride.col, s_.M, s_.D);
+    k_sizes_ready_ = false;
     std::fill(dk_, dk_ + s_.M * dp_, 0.0f);
     std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
     for (int64_t g = 0; g < group_; ++g) {
@@ -91,11 +96,25 @@ class BackwardChunk {
       copy_row(dout_ + row * dvp_, p_.dout + p_.dout_stride.at(b_, h, i), p_.dout_stride.col, s_.Dv, dvp_);
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
     }
+    sizes_for_refining();
     row_dots(h);
   }
 
+  // large_scores.h's bound for the head's chunk: over all its rows and keys first (ordinary inputs
+  // stop there), then per row of q and, once per task, per key.
+  void sizes_for_refining() {
+    const int64_t rows = r1_ - r0_;
+    refine_ = abs_max<Ops>(q_, dp_, 1, rows, dp_) * k_max_ > large_score_limit(p_.scale, s_.D);
+    if (!refine_) return;
+    for (int64_t r = 0; r < rows; ++r) q_sizes_[r] = abs_max<Ops>(q_ + r * dp_, 0, 1, 1, dp_);
+    if (k_sizes_ready_) return;
+    for (int64_t j = 0; j < s_.M; ++j)
+      k_sizes_[j] = abs_max<Ops>(p_.kf() + p_.k_stride.at(b_, hk_, j), 0, p_.k_stride.col, 1, s_.D);
+    k_sizes_ready_ = true;
+  }
+
   // D = rowsum(dout ∘ out) in the very operations and order of the micro-kernel's dP = dout·vᵀ
-  // (one FMA per term on the SIMD families, multiply-add on the scalar one): where a row sees a
+  // (one fused multiply-add per term on every family): where a row sees a
   // single key, out is that key's v and dP − D must cancel to exactly 0, as the exact gradient
   // does. Each row's chain stays serial (its order is its bits); kRows rows run side by side
   // because one chain alone waits on the FMA latency at every term (9% of S2's backward).
@@ -224,8 +243,11 @@ class BackwardChunk {
     float* dv = dv_sum_ + j0 * dvp_;
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
-    // st = q · kᵀ: [rows, D] · [D, T]
-    product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
+    // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
+    const bool every = refine_ && smallest(q_sizes_ + (i0 - r0_), rows) * smallest(k_sizes_ + j0, cols) >
+                                      large_score_limit(p_.scale, s_.D);
+    if (!every) product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
+    refine_large(i0, rows, j0, cols, qp, kt, every);
     const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
     for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     probabilities(h, i0, rows, j0);
@@ -238,6 +260,17 @@ class BackwardChunk {
     product(dk, dp_, ds_, 1, T, qp, dp_, ones_, rows, cols, dp_);
     // dq += dS · k: [rows, cols] · [cols, D]
     product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
+  }
+
+  // The scores of large |q|·|k| summed again in double, as the forward does (large_scores.h): row
+  // r of st is row r of q against kᵀ.
+  void refine_large(int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
+    if (!refine_) return;
+    for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
+    const float* qa = q_sizes_ + (i0 - r0_);
+    const float limit = large_score_limit(p_.scale, s_.D);
+    if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return;
+    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, st_, T, rows, T, limit, every);
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
@@ -272,8 +305,8 @@ class BackwardChunk {
           const float x = st[c];
           st[c] = mask_.adjust(x, b_, h, i0 + r, j0 + c);
           if (cap_ > 0) {
-            const float th = std::tanh(x / cap_);
-            dcap[c] = 1.0f - th * th;
+            const double th = std::tanh(static_cast<double>(x / cap_));
+            dcap[c] = static_cast<float>(1.0 - th * th);
           }
         }
       }
@@ -377,12 +410,17 @@ class BackwardChunk {
   int64_t b_, hk_, chunk_, group_;
   int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
   bool elementwise_ = false, interior_ = false;
+  bool refine_ = false;         // whether a score of the head's chunk may pass large_scores.h's bound
+  bool k_sizes_ready_ = false;  // k_sizes_ holds this task's per-key maxima
+  float k_max_ = 0.0f;          // max|k_d| over the task's kv head
   float cap_ = 0.0f;
-  float *q_, *dout_, *dq_, *row_dot_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_, *iota_;
+  float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
+      *iota_;
   float *dk_head_, *dv_head_, *dk_sum_ = nullptr, *dv_sum_ = nullptr;  // dk_sum_, dv_sum_: the current head's
   // Band of each row of the current query tile relative to j0 (clamped), and its lse.
   std::array<int64_t, T> lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
+  std::array<float, T> ka_{};  // max|k_d| of the current key tile's keys (0 past them), for refine_large
   std::array<bool, T> single_{};
 };
 

@@ -2,6 +2,7 @@
 #include "kernels/fused_forward.h"
 
 #include "kernels/dispatch.h"
+#include "kernels/flush_subnormals.h"
 #include "qkv/interrupt.h"
 
 #include <algorithm>
@@ -84,6 +85,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   // A stop request skips the remaining tasks; the caller discards the partial output.
   InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {
+    const FlushSubnormals flush;
     Workspace& ws = thread_workspace();
     for (int64_t idx = 0; idx < items && !stop_requested(interrupt); ++idx) fn(p, task_of(idx), ws);
     throw_if_stopped(interrupt);
@@ -96,6 +98,7 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   for (int64_t idx = 0; idx < items; ++idx) {
     if (stop_requested(interrupt)) continue;
     try {
+      const FlushSubnormals flush;
       fn(p, task_of(idx), thread_workspace());
     } catch (...) {
 #pragma omp atomic write

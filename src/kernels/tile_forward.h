@@ -16,6 +16,8 @@
 // the scores, P and out to bf16 as well.
 #pragma once
 
+#include "kernels/large_scores.h"
+
 namespace qkv::kernels {
 namespace {
 
@@ -54,9 +56,11 @@ class ForwardTile {
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
-  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed)
+  // k_max: max|k_d| over the whole kv head (key_abs_max below; 0 with Pairs).
+  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed, float k_max)
       : p_(p),
         packed_(packed),
+        k_max_(k_max),
         s_(p.shape),
         mask_(*p.mask),
         b_(t.b),
@@ -108,6 +112,7 @@ class ForwardTile {
   int64_t start() {
     if (!find_bands()) return 0;
     pack_q();
+    if constexpr (!Pairs) q_sizes();
     std::fill(m_, m_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
     std::fill(l_, l_ + qvecs_ * L, 0.0f);
     return (jhi_ - jlo_ + kBc - 1) / kBc;
@@ -173,6 +178,29 @@ class ForwardTile {
     }
   }
 
+  // max|q_d| of each of the tile's rows, from Qᵀ (0 past them, up to kMaxTileRows), and their
+  // largest: refine_large's side of the bound.
+  void q_sizes() {
+    const V zero = Ops::zero();
+    std::fill(qa_.begin(), qa_.end(), 0.0f);
+    for (int64_t d = 0; d < s_.D; ++d)  // d outer: the rows' vectors are independent chains
+      for (int64_t g = 0; g < qvecs_; ++g) {
+        const V v = Ops::load(qt_ + d * bq_ + g * L);
+        Ops::store(qa_.data() + g * L, Ops::max(Ops::max(v, Ops::sub(zero, v)), Ops::load(qa_.data() + g * L)));
+      }
+    std::fill(qa_.begin() + rows_, qa_.end(), 0.0f);
+    qa_max_ = largest(qa_.data(), rows_);
+    qa_min_ = smallest(qa_.data(), rows_);
+    refine_ = qa_max_ * k_max_ > large_score_limit(p_.scale, s_.D);  // ordinary inputs: never
+  }
+
+ public:
+  // Whether a score of the tile may pass the bound: then forward_group hands it max|k_d| of every
+  // key of the head, which refine_large reads.
+  bool wants_key_sizes() const { return refine_; }
+  void use_key_sizes(const float* sizes) { k_sizes_ = sizes; }
+
+ private:
   void block(int64_t j0, int64_t nb) {
     const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;
     scores(j0, nb);
@@ -224,8 +252,11 @@ class ForwardTile {
       } else {
         gemm_blocked<Ops, Dot>(g, nb, qvecs_);
       }
+    } else if (refine_ && smallest(k_sizes_ + j0, nb) * qa_min_ > large_score_limit(p_.scale, s_.D)) {
+      refine_large(g, j0, nb, true);  // every score is summed again: the fp32 product would be wasted
     } else {
       gemm_blocked<Ops, Dot>(g, nb, qvecs_);
+      refine_large(g, j0, nb, false);
     }
     // Without elementwise terms softmax() scales in its first pass over the block instead.
     if (mask_.has_elementwise()) {
@@ -237,6 +268,16 @@ class ForwardTile {
         for (int64_t g0 = 0; g0 < lanes; g0 += L)
           Ops::store(st + jj * bq + g0, Ops::mul(Ops::load(st + jj * bq + g0), scale));
     }
+  }
+
+  // The block's scores of large |q|·|k| summed again in double (large_scores.h): row jj of st is
+  // row jj of K (as the product read it) against qt.
+  void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
+    if (!refine_) return;
+    const float limit = large_score_limit(p_.scale, s_.D);
+    const float* ka = k_sizes_ + j0;
+    if (!(largest(ka, nb) * qa_max_ > limit)) return;
+    refine_scores(g.a, g.a_row, g.a_k, ka, qt_, bq_, qa_.data(), dk_, st_, bq_, nb, qvecs_ * L, limit, every);
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
@@ -491,7 +532,9 @@ class ForwardTile {
   using Dot = typename DotOf<Ops, Pairs>::type;
 
   const ForwardParams& p_;
-  PackedBlock* packed_;  // shared by the group's tiles
+  PackedBlock* packed_;             // shared by the group's tiles
+  float k_max_;                     // max|k_d| over the kv head
+  const float* k_sizes_ = nullptr;  // max|k_d| of every key of the head, when refine_
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
@@ -501,10 +544,36 @@ class ForwardTile {
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
+  std::array<float, kMaxTileRows> qa_;  // written by q_sizes
+  float qa_max_ = 0.0f, qa_min_ = 0.0f;
+  bool refine_ = false;  // whether any score of the tile can pass the bound
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
+
+// max|k_d| over keys [j0, j0 + keys) of the task's kv head, for large_scores.h's bound: over the
+// whole head first (one vector of maxima, cheap), then key by key only when a tile may refine.
+template <class Ops, class In>
+float key_abs_max(const ForwardParams& p, const TileTask& task, int64_t j0, int64_t keys) {
+  const AttentionShape& s = p.shape;
+  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), j0);
+  if constexpr (std::is_same_v<In, float>) {
+    return abs_max<Ops>(k, p.k_stride.row, p.k_stride.col, keys, s.D);
+  } else {
+    float m = 0.0f;
+    for (int64_t j = 0; j < keys; ++j)
+      for (int64_t d = 0; d < s.D; ++d) m = std::max(m, std::fabs(widen(k[j * p.k_stride.row + d * p.k_stride.col])));
+    return m;
+  }
+}
+
+template <class Ops, class In>
+const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(p.shape.M));
+  for (int64_t j = 0; j < p.shape.M; ++j) sizes[j] = key_abs_max<Ops, In>(p, task, j, 1);
+  return sizes;
+}
 
 // Runs the task's tiles block-major: key block n of every tile, then block n + 1, so a block of K
 // and V comes from L3 once per group and from L2 for the other tiles (a head's K and V outgrow
@@ -520,11 +589,18 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
   Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
   std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
   PackedBlock packed;
+  const float k_max = Pairs ? 0.0f : key_abs_max<Ops, In>(p, task, 0, p.shape.M);
   int64_t most = 0;
+  bool refine = false;
   for (int64_t t = 0; t < tiles; ++t) {
-    new (group + t) Tile(p, task, t, ws, &packed);
+    new (group + t) Tile(p, task, t, ws, &packed, k_max);
     blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
+    refine |= group[t].wants_key_sizes();
+  }
+  if (refine) {
+    const float* sizes = key_sizes<Ops, In>(p, task, ws);
+    for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes);
   }
   if constexpr (Pairs) {
     if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
