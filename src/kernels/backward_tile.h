@@ -304,7 +304,7 @@ class BackwardChunk {
           }
           const float x = st[c];
           st[c] = mask_.adjust(x, b_, h, i0 + r, j0 + c);
-          if (cap_ > 0) {
+          if (cap_ > 0) {  // in double: 1 − th² cancels where tanh saturates
             const double th = std::tanh(static_cast<double>(x / cap_));
             dcap[c] = static_cast<float>(1.0 - th * th);
           }

@@ -40,7 +40,7 @@ int64_t plan_tile_rows(const AttentionShape& s) {
   return rows;
 }
 
-// Tiles per task. The task's tiles run block-major (tile_forward.h), so each key block of K and V
+// Tiles per task. The task's tiles run block-major (tile_group.h), so each key block of K and V
 // is fetched from L3 once per task instead of once per tile: on S4 and S6, whose K and V outgrow
 // L2, 16 tiles ran 10-25% faster than 1 and 3% faster than 8 (BENCHMARKS.md). The tiles' own
 // Qᵀ and O buffers, (D + Dv) floats per row, must stay in L2 next to the blocks: at most 512 KB.

@@ -45,7 +45,7 @@ class Workspace {
   std::array<std::size_t, kSlots> sizes_{};
 };
 
-// What each slot of a thread's Workspace holds during a forward task (tile_forward.h).
+// What each slot of a thread's Workspace holds during a forward task (tile_forward.h, tile_group.h).
 namespace forward_slot {
 enum : int {
   q_t,      // the group's packed Qᵀ tiles

@@ -8,6 +8,7 @@
 #include "kernels/simd_avx2.h"
 #include "kernels/microkernel.h"
 #include "kernels/tile_forward.h"
+#include "kernels/tile_group.h"
 
 namespace qkv::kernels {
 

@@ -14,6 +14,7 @@
 #include "kernels/simd_avx512.h"
 #include "kernels/microkernel.h"
 #include "kernels/tile_forward.h"
+#include "kernels/tile_group.h"
 
 namespace qkv::kernels {
 

@@ -5,6 +5,7 @@
 #include "kernels/simd_neon.h"
 #include "kernels/microkernel.h"
 #include "kernels/tile_forward.h"
+#include "kernels/tile_group.h"
 
 namespace qkv::kernels {
 

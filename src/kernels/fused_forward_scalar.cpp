@@ -4,6 +4,7 @@
 #include "kernels/simd_scalar.h"
 #include "kernels/microkernel.h"
 #include "kernels/tile_forward.h"
+#include "kernels/tile_group.h"
 
 namespace qkv::kernels {
 

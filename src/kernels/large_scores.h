@@ -28,6 +28,12 @@ constexpr float kLargeScore = 256.0f;
 // The bound for max|q_d|·max|k_d|, which is what the kernels multiply.
 inline float large_score_limit(float scale, int64_t D) { return kLargeScore / (scale * static_cast<float>(D)); }
 
+// max(|v|, m) lane by lane; max() keeps its second operand over NaN, so NaN never counts.
+template <class Ops>
+typename Ops::V abs_max_fold(typename Ops::V v, typename Ops::V m) {
+  return Ops::max(Ops::max(v, Ops::sub(Ops::zero(), v)), m);
+}
+
 // max |x[r·row_stride + d·stride]| over r < rows, d < n, and 0: exact in any order. One vector of
 // maxima serves the whole matrix, with one horizontal step at the end (a step per row cost S2's
 // forward 3%). NaN never counts.
@@ -36,11 +42,7 @@ float abs_max(const float* x, int64_t row_stride, int64_t stride, int64_t rows, 
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   const V zero = Ops::zero();
-  // |v| folded into a chain; max() keeps its second operand over NaN.
-  auto fold = [zero](const float* p, V m) {
-    const V v = Ops::load(p);
-    return Ops::max(Ops::max(v, Ops::sub(zero, v)), m);
-  };
+  auto fold = [](const float* p, V m) { return abs_max_fold<Ops>(Ops::load(p), m); };
   V m0 = zero, m1 = zero, m2 = zero, m3 = zero;  // four chains: one waited on max's latency
   float m = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {

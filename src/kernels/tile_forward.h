@@ -1,6 +1,6 @@
 // One tile of the fused forward kernel (FlashAttention-2 style), written once for every SIMD
 // family: Ops is a family's vector operations (simd_*.h). Include only after kernel_deps.h, the
-// family's target pragma, its simd_*.h and microkernel.h.
+// family's target pragma, its simd_*.h and microkernel.h; tile_group.h runs a task's tiles.
 //
 // The scores of a key block are computed transposed, Sᵀ [keys x queries], so that each vector
 // lane is one query row: the row max, the exponentials and the row sums are then plain vertical
@@ -45,7 +45,7 @@ struct DotOf<Ops, true> {
 
 // q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv] -> out: [B,H,N,Dv], lse: [B,H,N], for the rows
 // [i0, i0 + tile_rows) of one (b, h). A tile is sub-tile `sub` of a group of `group` tiles that
-// run block by block together (forward_tile below); its per-tile buffers are slices of the
+// run block by block together (forward_group, tile_group.h); its per-tile buffers are slices of the
 // workspace, so all the group's tiles ask for the same slot sizes and none reallocates another's.
 template <class Ops, class In, bool Pairs>
 class ForwardTile {
@@ -56,7 +56,7 @@ class ForwardTile {
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
-  // k_max: max|k_d| over the whole kv head (key_abs_max below; 0 with Pairs).
+  // k_max: max|k_d| over the whole kv head (key_abs_max in tile_group.h; 0 with Pairs).
   ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed, float k_max)
       : p_(p),
         packed_(packed),
@@ -181,13 +181,11 @@ class ForwardTile {
   // max|q_d| of each of the tile's rows, from Qᵀ (0 past them, up to kMaxTileRows), and their
   // largest: refine_large's side of the bound.
   void q_sizes() {
-    const V zero = Ops::zero();
     std::fill(qa_.begin(), qa_.end(), 0.0f);
     for (int64_t d = 0; d < s_.D; ++d)  // d outer: the rows' vectors are independent chains
-      for (int64_t g = 0; g < qvecs_; ++g) {
-        const V v = Ops::load(qt_ + d * bq_ + g * L);
-        Ops::store(qa_.data() + g * L, Ops::max(Ops::max(v, Ops::sub(zero, v)), Ops::load(qa_.data() + g * L)));
-      }
+      for (int64_t g = 0; g < qvecs_; ++g)
+        Ops::store(qa_.data() + g * L,
+                   abs_max_fold<Ops>(Ops::load(qt_ + d * bq_ + g * L), Ops::load(qa_.data() + g * L)));
     std::fill(qa_.begin() + rows_, qa_.end(), 0.0f);
     qa_max_ = largest(qa_.data(), rows_);
     qa_min_ = smallest(qa_.data(), rows_);
@@ -551,89 +549,6 @@ class ForwardTile {
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
 };
-
-// max|k_d| over keys [j0, j0 + keys) of the task's kv head, for large_scores.h's bound: over the
-// whole head first (one vector of maxima, cheap), then key by key only when a tile may refine.
-template <class Ops, class In>
-float key_abs_max(const ForwardParams& p, const TileTask& task, int64_t j0, int64_t keys) {
-  const AttentionShape& s = p.shape;
-  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), j0);
-  if constexpr (std::is_same_v<In, float>) {
-    return abs_max<Ops>(k, p.k_stride.row, p.k_stride.col, keys, s.D);
-  } else {
-    float m = 0.0f;
-    for (int64_t j = 0; j < keys; ++j)
-      for (int64_t d = 0; d < s.D; ++d) m = std::max(m, std::fabs(widen(k[j * p.k_stride.row + d * p.k_stride.col])));
-    return m;
-  }
-}
-
-template <class Ops, class In>
-const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(p.shape.M));
-  for (int64_t j = 0; j < p.shape.M; ++j) sizes[j] = key_abs_max<Ops, In>(p, task, j, 1);
-  return sizes;
-}
-
-// Runs the task's tiles block-major: key block n of every tile, then block n + 1, so a block of K
-// and V comes from L3 once per group and from L2 for the other tiles (a head's K and V outgrow
-// L2 from M of about 2048). Each tile still sees its own blocks in its own order, so grouping
-// does not change a bit of the result.
-template <class Ops, class In, bool Pairs>
-void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  using Tile = ForwardTile<Ops, In, Pairs>;
-  // The tiles live in the workspace, not in a stack array: a std::array of optional tiles was
-  // zero-filled on every call, which doubled the time of a 3-token call (S1).
-  static_assert(std::is_trivially_destructible_v<Tile>);
-  const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
-  Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
-  std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
-  PackedBlock packed;
-  const float k_max = Pairs ? 0.0f : key_abs_max<Ops, In>(p, task, 0, p.shape.M);
-  int64_t most = 0;
-  bool refine = false;
-  for (int64_t t = 0; t < tiles; ++t) {
-    new (group + t) Tile(p, task, t, ws, &packed, k_max);
-    blocks[t] = group[t].start();
-    most = std::max(most, blocks[t]);
-    refine |= group[t].wants_key_sizes();
-  }
-  if (refine) {
-    const float* sizes = key_sizes<Ops, In>(p, task, ws);
-    for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes);
-  }
-  if constexpr (Pairs) {
-    if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
-  }
-  for (int64_t n = 0; n < most; ++n)
-    for (int64_t t = 0; t < tiles; ++t)
-      if (n < blocks[t]) group[t].step(n);
-  if constexpr (Pairs) {
-    if (p.bf16_amx) Ops::TileDot::end();
-  }
-  for (int64_t t = 0; t < tiles; ++t) group[t].finish();
-}
-
-// Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
-template <class Ops, bool Pairs = false>
-void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  if (!p.is_bf16())
-    forward_group<Ops, float, false>(p, task, ws);
-  else
-    forward_group<Ops, bf16, Pairs>(p, task, ws);
-}
-
-// Applies Ops::exp2 to n values (for the accuracy test).
-template <class Ops>
-void exp2_array(const float* x, float* y, int64_t n) {
-  float in[Ops::kLanes], out[Ops::kLanes];
-  for (int64_t i = 0; i < n; i += Ops::kLanes) {
-    const int64_t c = std::min<int64_t>(Ops::kLanes, n - i);
-    for (int64_t j = 0; j < Ops::kLanes; ++j) in[j] = j < c ? x[i + j] : 0.0f;
-    Ops::store(out, Ops::exp2(Ops::load(in)));
-    for (int64_t j = 0; j < c; ++j) y[i + j] = out[j];
-  }
-}
 
 }  // namespace
 }  // namespace qkv::kernels

@@ -1,0 +1,93 @@
+// One task of the fused forward: the query tiles of a group run block by block, with what they
+// share (the kv head's bounds for large_scores.h, the packed V block), written once for every SIMD
+// family. Include right after tile_forward.h.
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+// max|k_d| over keys [j0, j0 + keys) of the task's kv head, for large_scores.h's bound: over the
+// whole head first (one vector of maxima, cheap), then key by key only when a tile may refine.
+template <class Ops, class In>
+float key_abs_max(const ForwardParams& p, const TileTask& task, int64_t j0, int64_t keys) {
+  const AttentionShape& s = p.shape;
+  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), j0);
+  if constexpr (std::is_same_v<In, float>) {
+    return abs_max<Ops>(k, p.k_stride.row, p.k_stride.col, keys, s.D);
+  } else {
+    float m = 0.0f;
+    for (int64_t j = 0; j < keys; ++j)
+      for (int64_t d = 0; d < s.D; ++d) m = std::max(m, std::fabs(widen(k[j * p.k_stride.row + d * p.k_stride.col])));
+    return m;
+  }
+}
+
+template <class Ops, class In>
+const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(p.shape.M));
+  for (int64_t j = 0; j < p.shape.M; ++j) sizes[j] = key_abs_max<Ops, In>(p, task, j, 1);
+  return sizes;
+}
+
+// Runs the task's tiles block-major: key block n of every tile, then block n + 1, so a block of K
+// and V comes from L3 once per group and from L2 for the other tiles (a head's K and V outgrow
+// L2 from M of about 2048). Each tile still sees its own blocks in its own order, so grouping
+// does not change a bit of the result.
+template <class Ops, class In, bool Pairs>
+void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  using Tile = ForwardTile<Ops, In, Pairs>;
+  // The tiles live in the workspace, not in a stack array: a std::array of optional tiles was
+  // zero-filled on every call, which doubled the time of a 3-token call (S1).
+  static_assert(std::is_trivially_destructible_v<Tile>);
+  const int64_t tiles = std::min(p.tile_group, (p.shape.N - task.i0 + p.tile_rows - 1) / p.tile_rows);
+  Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
+  std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
+  PackedBlock packed;
+  const float k_max = Pairs ? 0.0f : key_abs_max<Ops, In>(p, task, 0, p.shape.M);
+  int64_t most = 0;
+  bool refine = false;
+  for (int64_t t = 0; t < tiles; ++t) {
+    new (group + t) Tile(p, task, t, ws, &packed, k_max);
+    blocks[t] = group[t].start();
+    most = std::max(most, blocks[t]);
+    refine |= group[t].wants_key_sizes();
+  }
+  if (refine) {
+    const float* sizes = key_sizes<Ops, In>(p, task, ws);
+    for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes);
+  }
+  if constexpr (Pairs) {
+    if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
+  }
+  for (int64_t n = 0; n < most; ++n)
+    for (int64_t t = 0; t < tiles; ++t)
+      if (n < blocks[t]) group[t].step(n);
+  if constexpr (Pairs) {
+    if (p.bf16_amx) Ops::TileDot::end();
+  }
+  for (int64_t t = 0; t < tiles; ++t) group[t].finish();
+}
+
+// Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
+template <class Ops, bool Pairs = false>
+void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+  if (!p.is_bf16())
+    forward_group<Ops, float, false>(p, task, ws);
+  else
+    forward_group<Ops, bf16, Pairs>(p, task, ws);
+}
+
+// Applies Ops::exp2 to n values (for the accuracy test).
+template <class Ops>
+void exp2_array(const float* x, float* y, int64_t n) {
+  float in[Ops::kLanes], out[Ops::kLanes];
+  for (int64_t i = 0; i < n; i += Ops::kLanes) {
+    const int64_t c = std::min<int64_t>(Ops::kLanes, n - i);
+    for (int64_t j = 0; j < Ops::kLanes; ++j) in[j] = j < c ? x[i + j] : 0.0f;
+    Ops::store(out, Ops::exp2(Ops::load(in)));
+    for (int64_t j = 0; j < c; ++j) y[i + j] = out[j];
+  }
+}
+
+}  // namespace
+}  // namespace qkv::kernels
