@@ -21,10 +21,10 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
 // out [B,H,N,Dv] is written; lse [B,H,N] is written unless empty. Any strides are accepted.
 // Accuracy (fp32 rule): within 2e-5·(1 + max|ref|) of the float64 reference plus the rounding of
 // scores of size |s| (4·eps32·|s| relative), and within FlashAttention's rule below with x_pt the
-// fp32 composite (tests/large_score_test.cpp). A score whose bound D·max|q_d|·max|k_d|·scale
-// exceeds 256 is summed again in double, since one fp32 chain over d rounds at the size of the
-// vectors whatever the score: inputs where every score does (q·50 in FlashAttention's tests) take
-// ~2.3x the forward's time and ~1.6x the backward's; unit-variance inputs (about 7·√D) do not.
+// fp32 composite (tests/large_score_test.cpp). A score whose |q|·|k|·scale exceeds 64 is summed
+// again in double, since one fp32 chain over d rounds at the size of the vectors whatever the
+// score: inputs where every score does (q·50 in FlashAttention's tests) take ~2.3x the forward's
+// time and ~1.6x the backward's; unit-variance inputs (|q|·|k|·scale about √D) do not.
 // Throws qkv::Error when q, k and v (and the bias) hold no NaN or +inf but the result overflowed
 // fp32 (the float64 reference, Kernel::reference, computes such inputs).
 // Results below FLT_MIN (1.2e-38) may come out as 0: the kernels flush subnormal results, which

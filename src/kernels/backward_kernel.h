@@ -43,11 +43,12 @@ struct BackwardLayout {
     dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
     kt = take(p.key_group * dp * t), vt = take(p.key_group * dvp * t), k = take(p.key_group * t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
+    wide = take(2 * s.D * t);
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
   // Buffers of one head's chunk: packed q, dout, the dq sums, D = rowsum(dout ∘ out), and
-  // max|q_d| of each row; max|k_d| of each key (both for large_scores.h's bound).
+  // |q| of each row; |k| of each key (both for large_scores.h, when its gate passes).
   int64_t q = 0, dout = 0, dq = 0, row_dot = 0, q_sizes = 0, k_sizes = 0;
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
@@ -57,6 +58,8 @@ struct BackwardLayout {
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
   int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;
+  // kᵀ of a key tile widened to double, for large_scores.h's second sum.
+  int64_t wide = 0;
   int64_t total = 0;
 };
 

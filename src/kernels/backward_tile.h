@@ -55,11 +55,12 @@ class BackwardChunk {
     dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
     st_ = scratch + lay.s_, ds_ = scratch + lay.ds, dcap_ = scratch + lay.dcap;
     ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
+    wide_ = reinterpret_cast<double*>(scratch + lay.wide);
     for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
   }
 
   void run() {
-    k_max_ = abs_max<Ops>(p_.kf() + p_.k_stride.at(b_, hk_, 0), p_.k_stride.row, p_.k_stride.col, s_.M, s_.D);
+    k_bound_ = max_row_norm(p_.kf() + p_.k_stride.at(b_, hk_, 0), p_.k_stride.row, p_.k_stride.col, s_.M, s_.D);
     k_sizes_ready_ = false;
     std::fill(dk_, dk_ + s_.M * dp_, 0.0f);
     std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
@@ -100,16 +101,16 @@ class BackwardChunk {
     row_dots(h);
   }
 
-  // large_scores.h's bound for the head's chunk: over all its rows and keys first (ordinary inputs
-  // stop there), then per row of q and, once per task, per key.
+  // large_scores.h's norms for the head's chunk: fp32 bounds over all its rows and keys first
+  // (ordinary inputs stop there), then |q| of each row and, once per task, |k| of each key.
   void sizes_for_refining() {
     const int64_t rows = r1_ - r0_;
-    refine_ = abs_max<Ops>(q_, dp_, 1, rows, dp_) * k_max_ > large_score_limit(p_.scale, s_.D);
+    refine_ = max_row_norm(q_, dp_, 1, rows, s_.D) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;
-    for (int64_t r = 0; r < rows; ++r) q_sizes_[r] = abs_max<Ops>(q_ + r * dp_, 0, 1, 1, dp_);
+    for (int64_t r = 0; r < rows; ++r) q_sizes_[r] = l2_norm(q_ + r * dp_, 1, s_.D);
     if (k_sizes_ready_) return;
     for (int64_t j = 0; j < s_.M; ++j)
-      k_sizes_[j] = abs_max<Ops>(p_.kf() + p_.k_stride.at(b_, hk_, j), 0, p_.k_stride.col, 1, s_.D);
+      k_sizes_[j] = l2_norm(p_.kf() + p_.k_stride.at(b_, hk_, j), p_.k_stride.col, s_.D);
     k_sizes_ready_ = true;
   }
 
@@ -244,8 +245,8 @@ class BackwardChunk {
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
-    const bool every = refine_ && smallest(q_sizes_ + (i0 - r0_), rows) * smallest(k_sizes_ + j0, cols) >
-                                      large_score_limit(p_.scale, s_.D);
+    const bool every =
+        refine_ && smallest(q_sizes_ + (i0 - r0_), rows) * smallest(k_sizes_ + j0, cols) > large_score_limit(p_.scale);
     if (!every) product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
     refine_large(i0, rows, j0, cols, qp, kt, every);
     const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
@@ -268,9 +269,9 @@ class BackwardChunk {
     if (!refine_) return;
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
     const float* qa = q_sizes_ + (i0 - r0_);
-    const float limit = large_score_limit(p_.scale, s_.D);
+    const float limit = large_score_limit(p_.scale);
     if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return;
-    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, st_, T, rows, T, limit, every);
+    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, st_, T, rows, T, limit, every, wide_);
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
@@ -411,8 +412,8 @@ class BackwardChunk {
   int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
   bool elementwise_ = false, interior_ = false;
   bool refine_ = false;         // whether a score of the head's chunk may pass large_scores.h's bound
-  bool k_sizes_ready_ = false;  // k_sizes_ holds this task's per-key maxima
-  float k_max_ = 0.0f;          // max|k_d| over the task's kv head
+  bool k_sizes_ready_ = false;  // k_sizes_ holds this task's |k| of each key
+  float k_bound_ = 0.0f;        // an upper bound of |k| over the task's kv head
   float cap_ = 0.0f;
   float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
       *iota_;
@@ -420,7 +421,9 @@ class BackwardChunk {
   // Band of each row of the current query tile relative to j0 (clamped), and its lse.
   std::array<int64_t, T> lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
-  std::array<float, T> ka_{};  // max|k_d| of the current key tile's keys (0 past them), for refine_large
+  std::array<float, T> ka_{};  // |k| of the current key tile's keys (0 past them), for refine_large
+  double* wide_;               // refine_large's kᵀ in double (BackwardLayout::wide: D·T)
+  static_assert(T == kWideCols);
   std::array<bool, T> single_{};
 };
 

@@ -28,7 +28,7 @@ struct TileTask {
 // stream of calls allocates nothing.
 class Workspace {
  public:
-  static constexpr int kSlots = 10;
+  static constexpr int kSlots = 11;
   // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
   // (< kSlots); the previous contents of the slot are not kept.
   template <class T>
@@ -57,7 +57,8 @@ enum : int {
   tiles,    // the group's ForwardTile objects
   p_pairs,  // P as bf16 pairs
   p_rows,   // P's pairs transposed, one row per query (the AMX tile product's A)
-  k_sizes,  // max|k_d| of each key of the task's kv head (large_scores.h)
+  k_sizes,  // |k| of each key of the task's kv head (large_scores.h)
+  wide,     // Qᵀ widened to double for large_scores.h's second sum
 };
 }  // namespace forward_slot
 

@@ -7,59 +7,90 @@
 // in 16 lanes along d. The softmax turns a score's absolute error into its weight's relative
 // error, and dk, which multiplies by the large q, then missed FlashAttention's rule by up to 7x in
 // about 1 case in 700; all of it came from S (with exact scores the same cases sit at 0.2-1.8x).
-// So a score whose bound D·max|q_d|·max|k_d|·scale passes kLargeScore is summed again in double,
-// where every product is exact, and rounded once. The bound uses max-norms because a maximum is
-// exact in any order: the forward (from rows of k and Qᵀ) and the backward (from rows of q and
-// Kᵀ) get the same bits, choose the same scores and refine them to the same bits, and P =
-// exp(S − lse) stays consistent. Ordinary inputs pay one max per element of q and k per task and
-// one comparison per key block.
+// So a score whose |q|·|k|·scale passes kLargeScore is summed again in double, where every product
+// is exact, and rounded once. The forward (from Qᵀ and rows of k) and the backward (from rows of q
+// and k) take the norms from l2_norm on the same values in the same order, so they choose the same
+// scores and refine them to the same bits, and P = exp(S − lse) stays consistent. Those norms are
+// taken only where cheap fp32 bounds of them (any order, vectorised) let a score pass: ordinary
+// inputs pay one pass over q and k per task and a comparison per tile.
 #pragma once
 
 namespace qkv::kernels {
 namespace {
 
-// D·max|q_d|·max|k_d|·scale past which a score is summed again. Unit-variance inputs give ~7·√D
-// (50 at D = 64, 80 at 128; the largest pair of a 239 x 239 case at D = 128 about 270), q scaled
-// by 50 some 2500-13000. Without the second sum, q·4 (bounds up to 1070) kept dk within 1.5x
-// FlashAttention's rule and q·8 reached 2.3x; with it at 256, q·8 stays within 0.84x and q·50
-// within 1.32x; at 512, q·8 reached 1.52x (TESTING.md, "Round 9").
-constexpr float kLargeScore = 256.0f;
+// |q|·|k|·scale past which a score is summed again (Euclidean norms). Unit-variance k and q·m give
+// about m·√D (D = 64: 8 at q·1, 32 at q·4, 64 at q·8, 400 at q·50). Over 1500 fresh
+// cases with q·1 to q·50 the gradients' worst against FlashAttention's rule per scaling were those
+// of the earlier bound D·max|q_d|·max|k_d|·scale > 256, which took the second sum for most of
+// q·4's scores as well (2.4x its forward's time); without any second sum q·8 reached 2.3x the rule
+// (TESTING.md, "Round 10").
+constexpr float kLargeScore = 64.0f;
 
-// The bound for max|q_d|·max|k_d|, which is what the kernels multiply.
-inline float large_score_limit(float scale, int64_t D) { return kLargeScore / (scale * static_cast<float>(D)); }
+// The limit for |q|·|k|, which is what the kernels multiply.
+inline float large_score_limit(float scale) { return kLargeScore / scale; }
 
-// max(|v|, m) lane by lane; max() keeps its second operand over NaN, so NaN never counts.
-template <class Ops>
-typename Ops::V abs_max_fold(typename Ops::V v, typename Ops::V m) {
-  return Ops::max(Ops::max(v, Ops::sub(Ops::zero(), v)), m);
+// The limit for the gates' fp32 bounds of |q| and |k|: each is within (n + 2)·2⁻²⁴ of the exact
+// norm, relative, so under this no pair of l2_norm's can pass large_score_limit.
+inline float large_gate_limit(float scale, int64_t D) {
+  return large_score_limit(scale) * std::max(0.0f, 1.0f - static_cast<float>(D + 16) * 0x1p-22f);
 }
 
-// max |x[r·row_stride + d·stride]| over r < rows, d < n, and 0: exact in any order. One vector of
-// maxima serves the whole matrix, with one horizontal step at the end (a step per row cost S2's
-// forward 3%). NaN never counts.
-template <class Ops>
-float abs_max(const float* x, int64_t row_stride, int64_t stride, int64_t rows, int64_t n) {
-  using V = typename Ops::V;
-  constexpr int L = Ops::kLanes;
-  const V zero = Ops::zero();
-  auto fold = [](const float* p, V m) { return abs_max_fold<Ops>(Ops::load(p), m); };
-  V m0 = zero, m1 = zero, m2 = zero, m3 = zero;  // four chains: one waited on max's latency
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+
+// |x| of n elements `stride` apart, from exact squares summed in double in one fixed order (four
+// partial sums), rounded once: both passes call it on the same values, so they get the same bits.
+template <class T>
+float l2_norm(const T* x, int64_t stride, int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t d = 0;
+  for (; d + 4 <= n; d += 4)
+    for (int64_t i = 0; i < 4; ++i) {
+      const double e = widen(x[(d + i) * stride]);
+      s[i] += e * e;
+    }
+  for (; d < n; ++d) {
+    const double e = widen(x[d * stride]);
+    s[d % 4] += e * e;
+  }
+  return static_cast<float>(std::sqrt((s[0] + s[1]) + (s[2] + s[3])));
+}
+
+// Eight doubles, and the eight floats they widen: GCC's generic vectors, which each family's
+// source compiles to its own registers (one zmm, two ymm, four xmm), so this is written once.
+using Wide = double __attribute__((vector_size(64)));
+using Narrow = float __attribute__((vector_size(32)));
+
+// The gates' bound: max_r |x_r| in fp32, any order, over rows row_stride apart of n elements
+// stride apart (contiguous float rows in 16 lanes). NaN never counts.
+template <class T>
+float max_row_norm(const T* x, int64_t row_stride, int64_t stride, int64_t rows, int64_t n) {
   float m = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * row_stride;
+    const T* row = x + r * row_stride;
+    float sum = 0.0f;
     int64_t d = 0;
-    if (stride == 1) {
-      for (; d + 4 * L <= n; d += 4 * L)
-        m0 = fold(row + d, m0), m1 = fold(row + d + L, m1), m2 = fold(row + d + 2 * L, m2),
-        m3 = fold(row + d + 3 * L, m3);
-      for (; d + L <= n; d += L) m0 = fold(row + d, m0);
+    if constexpr (std::is_same_v<T, float>) {
+      if (stride == 1) {
+        Narrow a{}, b{};
+        for (; d + 16 <= n; d += 16) {
+          Narrow u, v;
+          std::memcpy(&u, row + d, sizeof u);
+          std::memcpy(&v, row + d + 8, sizeof v);
+          a += u * u;
+          b += v * v;
+        }
+        const Narrow c = a + b;
+        sum = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+      }
     }
-    for (; d < n; ++d) m = std::max(m, std::fabs(row[d * stride]));
+    for (; d < n; ++d) {
+      const float e = widen(row[d * stride]);
+      sum += e * e;
+    }
+    m = std::max(m, sum);
   }
-  alignas(64) float lanes[L];
-  Ops::store(lanes, Ops::max(Ops::max(m0, m1), Ops::max(m2, m3)));
-  for (float lane : lanes) m = std::max(m, lane);
-  return m;
+  return std::sqrt(m);
 }
 
 // The largest of x[0, n) and 0; NaN never counts.
@@ -79,26 +110,20 @@ inline float smallest(const float* x, int64_t n) {
   return m;
 }
 
-// Eight doubles, and the eight floats they widen: GCC's generic vectors, which each family's
-// source compiles to its own registers (one zmm, two ymm, four xmm), so this is written once.
-using Wide = double __attribute__((vector_size(64)));
-using Narrow = float __attribute__((vector_size(32)));
 constexpr int64_t kWideCols = 64;  // columns of one pass: 8 Wide per row
+constexpr int kRefineRows = 3;     // rows of a pass: 24 accumulators
 
-// acc[r][v] = Σ_d a_r[d·a_stride] · bt[d·ldb + 8v .. 8v + 8) for d < kdim, v < NV, in double in
-// the order of d. R rows share each widened load of bt; NV is a template parameter so that the
-// accumulators stay in registers.
+// acc[r][v] = Σ_d a_r[d·a_stride] · bt[d·kWideCols + 8v .. 8v + 8) for d < kdim, v < NV, in
+// double in the order of d; bt is already widened (refine_scores), since converting it at every
+// use put a vcvtps2pd beside every two FMAs. R rows share each load of bt; NV is a template
+// parameter so that the accumulators stay in registers.
 template <int R, int NV>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const float* bt, int64_t ldb, int64_t kdim,
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim,
                Wide (&acc)[R][kWideCols / 8]) {
   Wide sum[R][NV] = {};
   for (int64_t d = 0; d < kdim; ++d) {
     Wide b[NV];
-    for (int v = 0; v < NV; ++v) {
-      Narrow f;
-      std::memcpy(&f, bt + d * ldb + 8 * v, sizeof f);
-      b[v] = Wide{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};  // one vcvtps2pd (GCC 12 splits convertvector)
-    }
+    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bt + d * kWideCols + 8 * v, sizeof b[v]);
     for (int r = 0; r < R; ++r) {
       const double ar = a[r][d * a_stride];
       for (int v = 0; v < NV; ++v) sum[r][v] += ar * b[v];
@@ -110,30 +135,30 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const float* bt, in
 
 // The same for a count nv in [1, 8] known only at run time: one instance per count.
 template <int R, std::size_t... Counts>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const float* bt, int64_t ldb, int64_t kdim, int64_t nv,
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t nv,
                Wide (&acc)[R][kWideCols / 8], std::index_sequence<Counts...>) {
-  using Fn = void (*)(const float* const(&)[R], int64_t, const float*, int64_t, int64_t, Wide(&)[R][kWideCols / 8]);
+  using Fn = void (*)(const float* const(&)[R], int64_t, const double*, int64_t, Wide(&)[R][kWideCols / 8]);
   static constexpr Fn kByCount[] = {&wide_dots<R, static_cast<int>(Counts) + 1>...};
-  kByCount[nv - 1](a, a_stride, bt, ldb, kdim, acc);
+  kByCount[nv - 1](a, a_stride, bt, kdim, acc);
 }
 
 template <int R>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const float* bt, int64_t ldb, int64_t kdim, int64_t nv,
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t nv,
                Wide (&acc)[R][kWideCols / 8]) {
-  wide_dots<R>(a, a_stride, bt, ldb, kdim, nv, acc, std::make_index_sequence<kWideCols / 8>{});
+  wide_dots<R>(a, a_stride, bt, kdim, nv, acc, std::make_index_sequence<kWideCols / 8>{});
 }
 
 // Row r < rows of the scores s (at s + r·lds; columns x < n <= 64): where size_a[r] · sizes[x] >
-// limit (max-norms; sizes holds n rounded up to 8 entries, 0 past n), the score becomes
+// limit (Euclidean norms; sizes holds n rounded up to 8 entries, 0 past n), the score becomes
 // Σ_d a_r[d·a_stride] · bt[d·ldb + x] with a_r = a + r·a_row, summed in double in the order of d
 // and rounded to float. The forward passes rows of k against qᵀ, the backward rows of q against
 // kᵀ: the products are exact, so both get the same bits. With `every` (the caller found that all
 // the scores pass), every column of every row is written and s need not hold anything before.
 // Rows of bt and s are read in whole groups of 8 columns: n rounded up to 8 must not pass ldb or
-// lds.
+// lds. wide: room for kdim·kWideCols doubles (64-byte aligned), where bt is widened once.
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
                           int64_t ldb, const float* sizes, int64_t kdim, float* s, int64_t lds, int64_t rows, int64_t n,
-                          float limit, bool every) {
+                          float limit, bool every, double* wide) {
   const float nmax = largest(sizes, n);
   const int64_t nv = (n + 7) / 8;
   const Narrow limits = Narrow{} + limit;
@@ -155,24 +180,30 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
       std::memcpy(s + r * lds + 8 * v, &chosen, sizeof chosen);
     }
   };
-  int64_t pending = -1;  // rows go in pairs: the pair shares the loads of bt
+  bool widened = false;
+  auto widen_bt = [&] {
+    for (int64_t d = 0; d < kdim; ++d)
+      for (int64_t x = 0; x < 8 * nv; ++x) wide[d * kWideCols + x] = bt[d * ldb + x];
+    widened = true;
+  };
+  // Rows go in groups of kRefineRows, which share each load of the widened bt.
+  int64_t group[kRefineRows];
+  int count = 0;
+  auto flush = [&]<int R>(std::integral_constant<int, R>) {
+    const float* rows_a[R];
+    for (int i = 0; i < R; ++i) rows_a[i] = a + group[i] * a_row;
+    Wide acc[R][kWideCols / 8];
+    wide_dots<R>(rows_a, a_stride, wide, kdim, nv, acc);
+    for (int i = 0; i < R; ++i) write(group[i], acc[i]);
+  };
   for (int64_t r = 0; r < rows; ++r) {
     if (!every && !(size_a[r] * nmax > limit)) continue;
-    if (pending < 0) {
-      pending = r;
-      continue;
-    }
-    Wide acc[2][kWideCols / 8];
-    wide_dots<2>({a + pending * a_row, a + r * a_row}, a_stride, bt, ldb, kdim, nv, acc);
-    write(pending, acc[0]);
-    write(r, acc[1]);
-    pending = -1;
+    if (!widened) widen_bt();
+    group[count++] = r;
+    if (count == kRefineRows) flush(std::integral_constant<int, kRefineRows>{}), count = 0;
   }
-  if (pending >= 0) {
-    Wide acc[1][kWideCols / 8];
-    wide_dots<1>({a + pending * a_row}, a_stride, bt, ldb, kdim, nv, acc);
-    write(pending, acc[0]);
-  }
+  if (count == 2) flush(std::integral_constant<int, 2>{});
+  if (count == 1) flush(std::integral_constant<int, 1>{});
 }
 
 }  // namespace

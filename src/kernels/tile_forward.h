@@ -21,8 +21,6 @@
 namespace qkv::kernels {
 namespace {
 
-inline float widen(float x) { return x; }
-inline float widen(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
 // Two bf16 as one 32-bit pair, the first in the low half (the order vdpbf16ps multiplies).
 inline uint32_t pair_bits(bf16 lo, bf16 hi) { return lo.bits | static_cast<uint32_t>(hi.bits) << 16; }
 
@@ -56,11 +54,12 @@ class ForwardTile {
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
  public:
-  // k_max: max|k_d| over the whole kv head (key_abs_max in tile_group.h; 0 with Pairs).
-  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed, float k_max)
+  // k_bound: an upper bound of |k| over the whole kv head (key_norm_bound in tile_group.h; 0 with
+  // Pairs).
+  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed, float k_bound)
       : p_(p),
         packed_(packed),
-        k_max_(k_max),
+        k_bound_(k_bound),
         s_(p.shape),
         mask_(*p.mask),
         b_(t.b),
@@ -178,25 +177,32 @@ class ForwardTile {
     }
   }
 
-  // max|q_d| of each of the tile's rows, from Qᵀ (0 past them, up to kMaxTileRows), and their
-  // largest: refine_large's side of the bound.
+  // large_scores.h's norms for the tile: a bound of |q| over its rows from Qᵀ against the head's
+  // bound of |k| first (ordinary inputs stop there), then |q| of each row (0 past them, up to
+  // kMaxTileRows) and their largest and smallest, for refine_large.
   void q_sizes() {
     std::fill(qa_.begin(), qa_.end(), 0.0f);
     for (int64_t d = 0; d < s_.D; ++d)  // d outer: the rows' vectors are independent chains
-      for (int64_t g = 0; g < qvecs_; ++g)
-        Ops::store(qa_.data() + g * L,
-                   abs_max_fold<Ops>(Ops::load(qt_ + d * bq_ + g * L), Ops::load(qa_.data() + g * L)));
-    std::fill(qa_.begin() + rows_, qa_.end(), 0.0f);
+      for (int64_t g = 0; g < qvecs_; ++g) {
+        const V v = Ops::load(qt_ + d * bq_ + g * L);
+        Ops::store(qa_.data() + g * L, Ops::fma(v, v, Ops::load(qa_.data() + g * L)));
+      }
+    refine_ = std::sqrt(largest(qa_.data(), rows_)) * k_bound_ > large_gate_limit(p_.scale, s_.D);
+    if (!refine_) return;  // ordinary inputs
+    for (int64_t r = 0; r < kMaxTileRows; ++r) qa_[r] = r < rows_ ? l2_norm(qt_ + r, bq_, s_.D) : 0.0f;
     qa_max_ = largest(qa_.data(), rows_);
     qa_min_ = smallest(qa_.data(), rows_);
-    refine_ = qa_max_ * k_max_ > large_score_limit(p_.scale, s_.D);  // ordinary inputs: never
   }
 
  public:
-  // Whether a score of the tile may pass the bound: then forward_group hands it max|k_d| of every
-  // key of the head, which refine_large reads.
+  // Whether a score of the tile may pass the bound: then forward_group hands it |k| of every key
+  // of the head, which refine_large reads.
   bool wants_key_sizes() const { return refine_; }
-  void use_key_sizes(const float* sizes) { k_sizes_ = sizes; }
+  // wide: room for large_scores.h to widen Qᵀ (D·kWideCols doubles, shared by the group's tiles).
+  void use_key_sizes(const float* sizes, double* wide) {
+    k_sizes_ = sizes;
+    wide_ = wide;
+  }
 
  private:
   void block(int64_t j0, int64_t nb) {
@@ -250,7 +256,7 @@ class ForwardTile {
       } else {
         gemm_blocked<Ops, Dot>(g, nb, qvecs_);
       }
-    } else if (refine_ && smallest(k_sizes_ + j0, nb) * qa_min_ > large_score_limit(p_.scale, s_.D)) {
+    } else if (refine_ && smallest(k_sizes_ + j0, nb) * qa_min_ > large_score_limit(p_.scale)) {
       refine_large(g, j0, nb, true);  // every score is summed again: the fp32 product would be wasted
     } else {
       gemm_blocked<Ops, Dot>(g, nb, qvecs_);
@@ -272,10 +278,10 @@ class ForwardTile {
   // row jj of K (as the product read it) against qt.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
     if (!refine_) return;
-    const float limit = large_score_limit(p_.scale, s_.D);
+    const float limit = large_score_limit(p_.scale);
     const float* ka = k_sizes_ + j0;
     if (!(largest(ka, nb) * qa_max_ > limit)) return;
-    refine_scores(g.a, g.a_row, g.a_k, ka, qt_, bq_, qa_.data(), dk_, st_, bq_, nb, qvecs_ * L, limit, every);
+    refine_scores(g.a, g.a_row, g.a_k, ka, qt_, bq_, qa_.data(), dk_, st_, bq_, nb, qvecs_ * L, limit, every, wide_);
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
@@ -531,8 +537,9 @@ class ForwardTile {
 
   const ForwardParams& p_;
   PackedBlock* packed_;             // shared by the group's tiles
-  float k_max_;                     // max|k_d| over the kv head
-  const float* k_sizes_ = nullptr;  // max|k_d| of every key of the head, when refine_
+  float k_bound_;                   // an upper bound of |k| over the kv head
+  const float* k_sizes_ = nullptr;  // |k| of every key of the head, when refine_
+  double* wide_ = nullptr;          // large_scores.h's room for Qᵀ in double, when refine_
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;

@@ -6,26 +6,21 @@
 namespace qkv::kernels {
 namespace {
 
-// max|k_d| over keys [j0, j0 + keys) of the task's kv head, for large_scores.h's bound: over the
-// whole head first (one vector of maxima, cheap), then key by key only when a tile may refine.
-template <class Ops, class In>
-float key_abs_max(const ForwardParams& p, const TileTask& task, int64_t j0, int64_t keys) {
+// large_scores.h's norms of the task's kv head: a bound of |k| over every key (fp32, cheap), and
+// |k| of each key, only when a tile's gate passes.
+template <class In>
+float key_norm_bound(const ForwardParams& p, const TileTask& task) {
   const AttentionShape& s = p.shape;
-  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), j0);
-  if constexpr (std::is_same_v<In, float>) {
-    return abs_max<Ops>(k, p.k_stride.row, p.k_stride.col, keys, s.D);
-  } else {
-    float m = 0.0f;
-    for (int64_t j = 0; j < keys; ++j)
-      for (int64_t d = 0; d < s.D; ++d) m = std::max(m, std::fabs(widen(k[j * p.k_stride.row + d * p.k_stride.col])));
-    return m;
-  }
+  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
+  return max_row_norm(k, p.k_stride.row, p.k_stride.col, s.M, s.D);
 }
 
-template <class Ops, class In>
+template <class In>
 const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& ws) {
-  float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(p.shape.M));
-  for (int64_t j = 0; j < p.shape.M; ++j) sizes[j] = key_abs_max<Ops, In>(p, task, j, 1);
+  const AttentionShape& s = p.shape;
+  float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(s.M));
+  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
+  for (int64_t j = 0; j < s.M; ++j) sizes[j] = l2_norm(k + j * p.k_stride.row, p.k_stride.col, s.D);
   return sizes;
 }
 
@@ -43,18 +38,19 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
   Tile* group = ws.get<Tile>(forward_slot::tiles, static_cast<std::size_t>(tiles));
   std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
   PackedBlock packed;
-  const float k_max = Pairs ? 0.0f : key_abs_max<Ops, In>(p, task, 0, p.shape.M);
+  const float k_bound = Pairs ? 0.0f : key_norm_bound<In>(p, task);
   int64_t most = 0;
   bool refine = false;
   for (int64_t t = 0; t < tiles; ++t) {
-    new (group + t) Tile(p, task, t, ws, &packed, k_max);
+    new (group + t) Tile(p, task, t, ws, &packed, k_bound);
     blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
     refine |= group[t].wants_key_sizes();
   }
   if (refine) {
-    const float* sizes = key_sizes<Ops, In>(p, task, ws);
-    for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes);
+    const float* sizes = key_sizes<In>(p, task, ws);
+    double* wide = ws.get<double>(forward_slot::wide, static_cast<std::size_t>(p.shape.D * kWideCols));
+    for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes, wide);
   }
   if constexpr (Pairs) {
     if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
