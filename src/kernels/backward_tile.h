@@ -247,10 +247,12 @@ class BackwardChunk {
     // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
     const bool every =
         refine_ && smallest(q_sizes_ + (i0 - r0_), rows) * smallest(k_sizes_ + j0, cols) > large_score_limit(p_.scale);
-    if (!every) product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
-    refine_large(i0, rows, j0, cols, qp, kt, every);
-    const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
-    for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
+    if (!every) {
+      product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
+      const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
+      for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
+    }
+    refine_large(i0, rows, j0, cols, qp, kt, every);  // written scaled
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
@@ -263,15 +265,15 @@ class BackwardChunk {
     product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
   }
 
-  // The scores of large |q|·|k| summed again in double, as the forward does (large_scores.h): row
-  // r of st is row r of q against kᵀ.
+  // The scores of large |q|·|k| summed again and scaled in double, as the forward does
+  // (large_scores.h): row r of st is row r of q against kᵀ.
   void refine_large(int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
     if (!refine_) return;
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
     const float* qa = q_sizes_ + (i0 - r0_);
     const float limit = large_score_limit(p_.scale);
     if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return;
-    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, st_, T, rows, T, limit, every, wide_);
+    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, p_.scale, st_, T, rows, T, limit, every, wide_);
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].

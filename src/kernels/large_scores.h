@@ -149,16 +149,18 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 }
 
 // Row r < rows of the scores s (at s + r·lds; columns x < n <= 64): where size_a[r] · sizes[x] >
-// limit (Euclidean norms; sizes holds n rounded up to 8 entries, 0 past n), the score becomes
-// Σ_d a_r[d·a_stride] · bt[d·ldb + x] with a_r = a + r·a_row, summed in double in the order of d
-// and rounded to float. The forward passes rows of k against qᵀ, the backward rows of q against
-// kᵀ: the products are exact, so both get the same bits. With `every` (the caller found that all
+// limit (Euclidean norms; sizes holds n rounded up to 8 entries, 0 past n), the scaled score
+// becomes scale · Σ_d a_r[d·a_stride] · bt[d·ldb + x] with a_r = a + r·a_row, summed and scaled in
+// double in the order of d and rounded to float once (one rounding of a score of ~100 is what
+// remains of the error; a second one, of q·k before scaling, added ~15% to the median error).
+// The forward passes rows of k against qᵀ, the backward rows of q against kᵀ: the products are
+// exact, so both get the same bits. With `every` (the caller found that all
 // the scores pass), every column of every row is written and s need not hold anything before.
 // Rows of bt and s are read in whole groups of 8 columns: n rounded up to 8 must not pass ldb or
 // lds. wide: room for kdim·kWideCols doubles (64-byte aligned), where bt is widened once.
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
-                          int64_t ldb, const float* sizes, int64_t kdim, float* s, int64_t lds, int64_t rows, int64_t n,
-                          float limit, bool every, double* wide) {
+                          int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, int64_t lds,
+                          int64_t rows, int64_t n, float limit, bool every, double* wide) {
   const float nmax = largest(sizes, n);
   const int64_t nv = (n + 7) / 8;
   const Narrow limits = Narrow{} + limit;
@@ -167,7 +169,7 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
     for (int64_t v = 0; v < nv; ++v) {
       Narrow nx, old;
       std::memcpy(&nx, sizes + 8 * v, sizeof nx);
-      const Wide& w = acc[v];
+      const Wide w = acc[v] * static_cast<double>(scale);
       const Narrow fresh = {static_cast<float>(w[0]), static_cast<float>(w[1]), static_cast<float>(w[2]),
                             static_cast<float>(w[3]), static_cast<float>(w[4]), static_cast<float>(w[5]),
                             static_cast<float>(w[6]), static_cast<float>(w[7])};

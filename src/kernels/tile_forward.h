@@ -207,15 +207,17 @@ class ForwardTile {
  private:
   void block(int64_t j0, int64_t nb) {
     const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;
-    scores(j0, nb);
+    const bool scaled = scores(j0, nb);
     if (mask_.has_elementwise()) adjust(j0, nb);
-    softmax(j0, nb, interior);
+    softmax(j0, nb, interior, !scaled);
     accumulate(j0, nb, interior);
   }
 
-  // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice (the backward computes the same bits).
-  // With AMX, rows nb up to the next multiple of 16 are written too (zero keys).
-  void scores(int64_t j0, int64_t nb) {
+  // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums
+  // again (the backward computes the same bits). Returns whether st is scaled already: otherwise
+  // softmax() scales in its first pass over the block. With AMX, rows nb up to the next multiple
+  // of 16 are written too (zero keys).
+  bool scores(int64_t j0, int64_t nb) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
     const int64_t nb16 = amx_ ? (nb + 15) / 16 * 16 : nb;
@@ -258,30 +260,36 @@ class ForwardTile {
       }
     } else if (refine_ && smallest(k_sizes_ + j0, nb) * qa_min_ > large_score_limit(p_.scale)) {
       refine_large(g, j0, nb, true);  // every score is summed again: the fp32 product would be wasted
+      return true;
     } else {
       gemm_blocked<Ops, Dot>(g, nb, qvecs_);
-      refine_large(g, j0, nb, false);
+      if (refine_ && largest(k_sizes_ + j0, nb) * qa_max_ > large_score_limit(p_.scale)) {
+        scale_scores(nb);  // first: the second sums are written scaled
+        refine_large(g, j0, nb, false);
+        return true;
+      }
     }
     // Without elementwise terms softmax() scales in its first pass over the block instead.
-    if (mask_.has_elementwise()) {
-      // Locals: the vector stores may alias the members, which were reloaded at every store.
-      const V scale = Ops::set1(p_.scale);
-      float* const st = st_;
-      const int64_t lanes = qvecs_ * L, bq = bq_;
-      for (int64_t jj = 0; jj < nb; ++jj)
-        for (int64_t g0 = 0; g0 < lanes; g0 += L)
-          Ops::store(st + jj * bq + g0, Ops::mul(Ops::load(st + jj * bq + g0), scale));
-    }
+    if (!mask_.has_elementwise()) return false;
+    scale_scores(nb);
+    return true;
   }
 
-  // The block's scores of large |q|·|k| summed again in double (large_scores.h): row jj of st is
-  // row jj of K (as the product read it) against qt.
+  void scale_scores(int64_t nb) {
+    // Locals: the vector stores may alias the members, which were reloaded at every store.
+    const V scale = Ops::set1(p_.scale);
+    float* const st = st_;
+    const int64_t lanes = qvecs_ * L, bq = bq_;
+    for (int64_t jj = 0; jj < nb; ++jj)
+      for (int64_t g0 = 0; g0 < lanes; g0 += L)
+        Ops::store(st + jj * bq + g0, Ops::mul(Ops::load(st + jj * bq + g0), scale));
+  }
+
+  // The block's scores of large |q|·|k| summed again in double and scaled there (large_scores.h):
+  // row jj of st is row jj of K (as the product read it) against qt.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
-    if (!refine_) return;
-    const float limit = large_score_limit(p_.scale);
-    const float* ka = k_sizes_ + j0;
-    if (!(largest(ka, nb) * qa_max_ > limit)) return;
-    refine_scores(g.a, g.a_row, g.a_k, ka, qt_, bq_, qa_.data(), dk_, st_, bq_, nb, qvecs_ * L, limit, every, wide_);
+    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, bq_, nb, qvecs_ * L,
+                  large_score_limit(p_.scale), every, wide_);
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
@@ -294,10 +302,9 @@ class ForwardTile {
     }
   }
 
-  // Online softmax over the block: scales the scores (unless scores() did), masks the band edges,
-  // updates m and l, turns st into P and leaves in alpha the factor that rescales the rows of O.
-  void softmax(int64_t j0, int64_t nb, bool interior) {
-    const bool scale = !mask_.has_elementwise();
+  // Online softmax over the block: scales the scores (if `scale`), masks the band edges, updates m
+  // and l, turns st into P and leaves in alpha the factor that rescales the rows of O.
+  void softmax(int64_t j0, int64_t nb, bool interior, bool scale) {
     const V sc = Ops::set1(p_.scale);
     if (!interior) {
       // Block-relative bounds are small integers, exact in fp32; dead lanes mask everything.
