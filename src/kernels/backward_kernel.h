@@ -43,7 +43,7 @@ struct BackwardLayout {
     dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
     kt = take(p.key_group * dp * t), vt = take(p.key_group * dvp * t), k = take(p.key_group * t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
-    wide = take(2 * s.D * t);
+    wide = take(2 * s.D * t), s_lo = take(t * t);
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
@@ -58,8 +58,9 @@ struct BackwardLayout {
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
   int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;
-  // kᵀ of a key tile widened to double, for large_scores.h's second sum.
-  int64_t wide = 0;
+  // kᵀ of a key tile widened to double for large_scores.h's second sum, and the low parts of the
+  // scores it writes.
+  int64_t wide = 0, s_lo = 0;
   int64_t total = 0;
 };
 

@@ -56,6 +56,7 @@ class BackwardChunk {
     st_ = scratch + lay.s_, ds_ = scratch + lay.ds, dcap_ = scratch + lay.dcap;
     ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
     wide_ = reinterpret_cast<double*>(scratch + lay.wide);
+    slo_ = scratch + lay.s_lo;
     for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
   }
 
@@ -252,7 +253,7 @@ class BackwardChunk {
       const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
       for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     }
-    refine_large(i0, rows, j0, cols, qp, kt, every);  // written scaled
+    lo_pair_ = refine_large(i0, rows, j0, cols, qp, kt, every);  // written scaled
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
@@ -267,13 +268,17 @@ class BackwardChunk {
 
   // The scores of large |q|·|k| summed again and scaled in double, as the forward does
   // (large_scores.h): row r of st is row r of q against kᵀ.
-  void refine_large(int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
-    if (!refine_) return;
+  // Returns whether slo_ holds the pair's low parts (as the forward: not with elementwise terms).
+  bool refine_large(int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
+    if (!refine_) return false;
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
     const float* qa = q_sizes_ + (i0 - r0_);
     const float limit = large_score_limit(p_.scale);
-    if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return;
-    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, p_.scale, st_, T, rows, T, limit, every, wide_);
+    if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return false;
+    float* s_lo = elementwise_ ? nullptr : slo_;
+    if (s_lo && !every) std::fill(s_lo, s_lo + rows * T, 0.0f);
+    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, p_.scale, st_, s_lo, T, rows, T, limit, every, wide_);
+    return s_lo != nullptr;
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
@@ -320,8 +325,11 @@ class BackwardChunk {
       const V lse = Ops::set1(lse_[r]), lse_lo = Ops::set1(lse_lo_[r]);
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
       const bool banded = !elementwise_ && !interior_;
+      const float* slo = slo_ + r * T;
       for (int64_t c = 0; c < T; c += L) {
-        V x = Ops::mul(Ops::sub(Ops::sub(Ops::load(st + c), lse), lse_lo), log2e);
+        V arg = Ops::sub(Ops::load(st + c), lse);
+        if (lo_pair_) arg = Ops::add(arg, Ops::load(slo + c));  // the score's low part, as the forward
+        V x = Ops::mul(Ops::sub(arg, lse_lo), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
         Ops::store(st + c, Ops::exp2(x));
       }
@@ -425,6 +433,8 @@ class BackwardChunk {
   std::array<float, T> lse_{}, lse_lo_{};
   std::array<float, T> ka_{};  // |k| of the current key tile's keys (0 past them), for refine_large
   double* wide_;               // refine_large's kᵀ in double (BackwardLayout::wide: D·T)
+  float* slo_;                 // the scores' low parts, T·T, when lo_pair_
+  bool lo_pair_ = false;       // whether slo_ holds the current pair's
   static_assert(T == kWideCols);
   std::array<bool, T> single_{};
 };

@@ -28,7 +28,7 @@ struct TileTask {
 // stream of calls allocates nothing.
 class Workspace {
  public:
-  static constexpr int kSlots = 11;
+  static constexpr int kSlots = 12;
   // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
   // (< kSlots); the previous contents of the slot are not kept.
   template <class T>
@@ -59,6 +59,7 @@ enum : int {
   p_rows,   // P's pairs transposed, one row per query (the AMX tile product's A)
   k_sizes,  // |k| of each key of the task's kv head (large_scores.h)
   wide,     // Qᵀ widened to double for large_scores.h's second sum
+  s_lo,     // what rounding the second sums to float left, laid out as scores
 };
 }  // namespace forward_slot
 

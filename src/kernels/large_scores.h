@@ -110,8 +110,9 @@ inline float smallest(const float* x, int64_t n) {
   return m;
 }
 
-constexpr int64_t kWideCols = 64;  // columns of one pass: 8 Wide per row
-constexpr int kRefineRows = 3;     // rows of a pass: 24 accumulators
+constexpr int64_t kWideCols = 64;          // columns of one pass: 8 Wide per row
+constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of scores below this
+constexpr int kRefineRows = 3;             // rows of a pass: 24 accumulators
 
 // acc[r][v] = Σ_d a_r[d·a_stride] · bt[d·kWideCols + 8v .. 8v + 8) for d < kdim, v < NV, in
 // double in the order of d; bt is already widened (refine_scores), since converting it at every
@@ -158,28 +159,46 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // the scores pass), every column of every row is written and s need not hold anything before.
 // Rows of bt and s are read in whole groups of 8 columns: n rounded up to 8 must not pass ldb or
 // lds. wide: room for kdim·kWideCols doubles (64-byte aligned), where bt is widened once.
+// s_lo (optional, laid out as s): where a score is written, what its rounding left, score − s
+// rounded to float (0 where s is not finite); elsewhere s_lo is left as it is. The softmax adds it
+// to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
+// rounding of a score of ~100 (TESTING.md, "Round 10").
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
-                          int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, int64_t lds,
-                          int64_t rows, int64_t n, float limit, bool every, double* wide) {
+                          int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, float* s_lo,
+                          int64_t lds, int64_t rows, int64_t n, float limit, bool every, double* wide) {
   const float nmax = largest(sizes, n);
   const int64_t nv = (n + 7) / 8;
   const Narrow limits = Narrow{} + limit;
+
   // Row r's chosen scores from acc, 8 at a time (the tail past n compares zero norms).
   auto write = [&](int64_t r, const Wide* acc) {
     for (int64_t v = 0; v < nv; ++v) {
-      Narrow nx, old;
+      Narrow nx, old, old_lo{};
       std::memcpy(&nx, sizes + 8 * v, sizeof nx);
       const Wide w = acc[v] * static_cast<double>(scale);
-      const Narrow fresh = {static_cast<float>(w[0]), static_cast<float>(w[1]), static_cast<float>(w[2]),
-                            static_cast<float>(w[3]), static_cast<float>(w[4]), static_cast<float>(w[5]),
-                            static_cast<float>(w[6]), static_cast<float>(w[7])};
+      const Narrow fresh = __builtin_convertvector(w, Narrow);
+      // convertvector both ways: GCC 12 folded the element-wise double(float(w)) back into w in
+      // the AVX-512 family, and the residual came out as w − w. Not past 2^16: there the part
+      // would outweigh s − max's own rounding and push 2^x past the float range at scores of 1e30
+      // (Limits tests); inf − inf would be NaN.
+      const Narrow lo = (fresh - fresh == 0) & (fresh < kLowPartLimit) & (fresh > -kLowPartLimit)
+                            ? __builtin_convertvector(w - __builtin_convertvector(fresh, Wide), Narrow)
+                            : Narrow{};
+      float* out = s + r * lds + 8 * v;
+      float* out_lo = s_lo ? s_lo + r * lds + 8 * v : nullptr;
       if (every) {
-        std::memcpy(s + r * lds + 8 * v, &fresh, sizeof fresh);
+        std::memcpy(out, &fresh, sizeof fresh);
+        if (out_lo) std::memcpy(out_lo, &lo, sizeof lo);
         continue;
       }
-      std::memcpy(&old, s + r * lds + 8 * v, sizeof old);
-      const Narrow chosen = size_a[r] * nx > limits ? fresh : old;
-      std::memcpy(s + r * lds + 8 * v, &chosen, sizeof chosen);
+      std::memcpy(&old, out, sizeof old);
+      const auto pass = size_a[r] * nx > limits;
+      const Narrow chosen = pass ? fresh : old;
+      std::memcpy(out, &chosen, sizeof chosen);
+      if (!out_lo) continue;
+      std::memcpy(&old_lo, out_lo, sizeof old_lo);
+      const Narrow chosen_lo = pass ? lo : old_lo;
+      std::memcpy(out_lo, &chosen_lo, sizeof chosen_lo);
     }
   };
   bool widened = false;

@@ -198,15 +198,18 @@ class ForwardTile {
   // Whether a score of the tile may pass the bound: then forward_group hands it |k| of every key
   // of the head, which refine_large reads.
   bool wants_key_sizes() const { return refine_; }
-  // wide: room for large_scores.h to widen Qᵀ (D·kWideCols doubles, shared by the group's tiles).
-  void use_key_sizes(const float* sizes, double* wide) {
+  // wide, s_lo: room for large_scores.h to widen Qᵀ (D·kWideCols doubles) and for the scores' low
+  // parts (kBc·bq floats), shared by the group's tiles.
+  void use_key_sizes(const float* sizes, double* wide, float* s_lo) {
     k_sizes_ = sizes;
     wide_ = wide;
+    slo_ = s_lo;
   }
 
  private:
   void block(int64_t j0, int64_t nb) {
     const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;
+    lo_block_ = false;
     const bool scaled = scores(j0, nb);
     if (mask_.has_elementwise()) adjust(j0, nb);
     softmax(j0, nb, interior, !scaled);
@@ -265,6 +268,7 @@ class ForwardTile {
       gemm_blocked<Ops, Dot>(g, nb, qvecs_);
       if (refine_ && largest(k_sizes_ + j0, nb) * qa_max_ > large_score_limit(p_.scale)) {
         scale_scores(nb);  // first: the second sums are written scaled
+        if (!mask_.has_elementwise()) std::fill(slo_, slo_ + nb * bq_, 0.0f);
         refine_large(g, j0, nb, false);
         return true;
       }
@@ -287,9 +291,12 @@ class ForwardTile {
 
   // The block's scores of large |q|·|k| summed again in double and scaled there (large_scores.h):
   // row jj of st is row jj of K (as the product read it) against qt.
+  // Their low parts go to slo_ for softmax() unless elementwise terms (bias, ALiBi, softcap) follow,
+  // which would round the score again.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
-    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, bq_, nb, qvecs_ * L,
-                  large_score_limit(p_.scale), every, wide_);
+    lo_block_ = !mask_.has_elementwise();
+    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_,
+                  lo_block_ ? slo_ : nullptr, bq_, nb, qvecs_ * L, large_score_limit(p_.scale), every, wide_);
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
@@ -342,10 +349,20 @@ class ForwardTile {
       const V m_use = Ops::neg_inf_to_zero(mx);
       const V log2e = Ops::set1(kLog2e);
       V sum = Ops::zero();
-      for (int64_t jj = 0; jj < nb; ++jj) {
-        const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * bq_), m_use), log2e));
-        Ops::store(st + jj * bq_, pv);
-        sum = Ops::add(sum, pv);
+      if (lo_block_) {  // s − m is exact near the max, so the low part adds what its rounding lost
+        const float* slo = slo_ + g * L;
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          const V x = Ops::add(Ops::sub(Ops::load(st + jj * bq_), m_use), Ops::load(slo + jj * bq_));
+          const V pv = Ops::exp2(Ops::mul(x, log2e));
+          Ops::store(st + jj * bq_, pv);
+          sum = Ops::add(sum, pv);
+        }
+      } else {
+        for (int64_t jj = 0; jj < nb; ++jj) {
+          const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * bq_), m_use), log2e));
+          Ops::store(st + jj * bq_, pv);
+          sum = Ops::add(sum, pv);
+        }
       }
       const V alpha = Ops::exp2(Ops::mul(Ops::sub(m_old, m_use), log2e));
       Ops::store(alpha_ + g * L, alpha);
@@ -547,6 +564,8 @@ class ForwardTile {
   float k_bound_;                   // an upper bound of |k| over the kv head
   const float* k_sizes_ = nullptr;  // |k| of every key of the head, when refine_
   double* wide_ = nullptr;          // large_scores.h's room for Qᵀ in double, when refine_
+  float* slo_ = nullptr;            // the scores' low parts (refine_large), when refine_
+  bool lo_block_ = false;           // whether slo_ holds the current block's low parts
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
