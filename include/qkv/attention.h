@@ -21,7 +21,7 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
 // out [B,H,N,Dv] is written; lse [B,H,N] is written unless empty. Any strides are accepted.
 // Accuracy (fp32 rule): within 2e-5·(1 + max|ref|) of the float64 reference plus the rounding of
 // scores of size |s| (4·eps32·|s| relative), and within FlashAttention's rule below with x_pt the
-// fp32 composite (tests/large_score_test.cpp). A score whose |q|·|k|·scale exceeds 64 is summed
+// fp32 composite (tests/large_score_test.cpp). A score whose |q|·|k|·scale exceeds 32 is summed
 // again in double, since one fp32 chain over d rounds at the size of the vectors whatever the
 // score: inputs where every score does (q·50 in FlashAttention's tests) take ~2.3x the forward's
 // time and ~1.6x the backward's; unit-variance inputs (|q|·|k|·scale about √D) do not.

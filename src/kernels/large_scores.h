@@ -7,8 +7,8 @@
 // in 16 lanes along d. The softmax turns a score's absolute error into its weight's relative
 // error, and dk, which multiplies by the large q, then missed FlashAttention's rule by up to 7x in
 // about 1 case in 700; all of it came from S (with exact scores the same cases sit at 0.2-1.8x).
-// So a score whose |q|·|k|·scale passes kLargeScore is summed again in double, where every product
-// is exact, and rounded once. The forward (from Qᵀ and rows of k) and the backward (from rows of q
+// So a score whose |q|·|k|·scale passes kLargeScore is summed (and scaled) again in double, where
+// every product is exact, and rounded once; what that rounding left goes to the softmax too. The forward (from Qᵀ and rows of k) and the backward (from rows of q
 // and k) take the norms from l2_norm on the same values in the same order, so they choose the same
 // scores and refine them to the same bits, and P = exp(S − lse) stays consistent. Those norms are
 // taken only where cheap fp32 bounds of them (any order, vectorised) let a score pass: ordinary
@@ -19,12 +19,11 @@ namespace qkv::kernels {
 namespace {
 
 // |q|·|k|·scale past which a score is summed again (Euclidean norms). Unit-variance k and q·m give
-// about m·√D (D = 64: 8 at q·1, 32 at q·4, 64 at q·8, 400 at q·50). Over 1500 fresh
-// cases with q·1 to q·50 the gradients' worst against FlashAttention's rule per scaling were those
-// of the earlier bound D·max|q_d|·max|k_d|·scale > 256, which took the second sum for most of
-// q·4's scores as well (2.4x its forward's time); without any second sum q·8 reached 2.3x the rule
-// (TESTING.md, "Round 10").
-constexpr float kLargeScore = 64.0f;
+// about m·√D (D = 64: 8 at q·1, 32 at q·4, 64 at q·8, 400 at q·50; D = 128: 11 at q·1). Over 1000
+// fresh cases per scaling, the scores left in fp32 below 64 took dk to 1.10x FlashAttention's rule
+// at q·4 and 1.43x at q·8 (0.5-0.9% of cases over); below 32 the worst was 0.78x at q·4 and 0.62x at
+// q·2, with every score summed again 0.61x at q·8 (TESTING.md, "Round 10").
+constexpr float kLargeScore = 32.0f;
 
 // The limit for |q|·|k|, which is what the kernels multiply.
 inline float large_score_limit(float scale) { return kLargeScore / scale; }
