@@ -8,11 +8,12 @@
 // error, and dk, which multiplies by the large q, then missed FlashAttention's rule by up to 7x in
 // about 1 case in 700; all of it came from S (with exact scores the same cases sit at 0.2-1.8x).
 // So a score whose |q|·|k|·scale passes kLargeScore is summed (and scaled) again in double, where
-// every product is exact, and rounded once; what that rounding left goes to the softmax too. The forward (from Qᵀ and rows of k) and the backward (from rows of q
-// and k) take the norms from l2_norm on the same values in the same order, so they choose the same
-// scores and refine them to the same bits, and P = exp(S − lse) stays consistent. Those norms are
-// taken only where cheap fp32 bounds of them (any order, vectorised) let a score pass: ordinary
-// inputs pay one pass over q and k per task and a comparison per tile.
+// every product is exact, and rounded once; what that rounding left goes to the softmax too. The
+// forward (from Qᵀ and rows of k) and the backward (from rows of q and k) take the norms from
+// l2_norm on the same values in the same order, so they choose the same scores and refine them to
+// the same bits, and P = exp(S − lse) stays consistent. Those norms are taken only where cheap fp32
+// bounds of them (any order, vectorised) let a score pass: ordinary inputs pay one pass over q and
+// k per task and a comparison per tile.
 #pragma once
 
 namespace qkv::kernels {
