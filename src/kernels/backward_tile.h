@@ -246,14 +246,14 @@ class BackwardChunk {
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
-    const bool every =
-        refine_ && smallest(q_sizes_ + (i0 - r0_), rows) * smallest(k_sizes_ + j0, cols) > large_score_limit(p_.scale);
-    if (!every) {
+    const Refine extent =
+        refine_ ? refine_extent(q_sizes_ + row, rows, k_sizes_ + j0, cols, large_score_limit(p_.scale)) : Refine::none;
+    if (extent != Refine::every) {
       product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
       const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
       for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     }
-    lo_pair_ = refine_large(i0, rows, j0, cols, qp, kt, every);  // written scaled
+    lo_pair_ = extent != Refine::none && refine_large(row, rows, j0, cols, qp, kt, extent == Refine::every);
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
@@ -266,18 +266,14 @@ class BackwardChunk {
     product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
   }
 
-  // The scores of large |q|·|k| summed again and scaled in double, as the forward does
-  // (large_scores.h): row r of st is row r of q against kᵀ.
-  // Returns whether slo_ holds the pair's low parts (as the forward: not with elementwise terms).
-  bool refine_large(int64_t i0, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
-    if (!refine_) return false;
+  // The scores of large |q|·|k| summed again and scaled in double (written scaled), as the forward
+  // does (large_scores.h): row r of st is query row `row` + r against kᵀ. Returns whether slo_
+  // holds the pair's low parts (as the forward: not with elementwise terms).
+  bool refine_large(int64_t row, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
-    const float* qa = q_sizes_ + (i0 - r0_);
-    const float limit = large_score_limit(p_.scale);
-    if (!(largest(qa, rows) * largest(ka_.data(), T) > limit)) return false;
     float* s_lo = elementwise_ ? nullptr : slo_;
-    if (s_lo && !every) std::fill(s_lo, s_lo + rows * T, 0.0f);
-    refine_scores(qp, dp_, 1, qa, kt, T, ka_.data(), s_.D, p_.scale, st_, s_lo, T, rows, T, limit, every, wide_);
+    refine_scores(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, s_lo, T, rows, T,
+                  large_score_limit(p_.scale), every, wide_);
     return s_lo != nullptr;
   }
 

@@ -110,6 +110,16 @@ inline float smallest(const float* x, int64_t n) {
   return m;
 }
 
+// How many of a block's scores pass large_score_limit (rows of norms size_a against columns of
+// norms size_b): none, some, or every one, when the fp32 product is not worth computing. The
+// forward and the backward decide with this, on the same norms.
+enum class Refine { none, some, every };
+inline Refine refine_extent(const float* size_a, int64_t rows, const float* size_b, int64_t cols, float limit) {
+  if (smallest(size_a, rows) * smallest(size_b, cols) > limit) return Refine::every;
+  if (largest(size_a, rows) * largest(size_b, cols) > limit) return Refine::some;
+  return Refine::none;
+}
+
 constexpr int64_t kWideCols = 64;          // columns of one pass: 8 Wide per row
 constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of scores below this
 constexpr int kRefineRows = 3;             // rows of a pass: 24 accumulators
@@ -159,8 +169,8 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // the scores pass), every column of every row is written and s need not hold anything before.
 // Rows of bt and s are read in whole groups of 8 columns: n rounded up to 8 must not pass ldb or
 // lds. wide: room for kdim·kWideCols doubles (64-byte aligned), where bt is widened once.
-// s_lo (optional, laid out as s): where a score is written, what its rounding left, score − s
-// rounded to float (0 where s is not finite); elsewhere s_lo is left as it is. The softmax adds it
+// s_lo (optional, laid out as s, rows x lds): where a score is written, what its rounding left,
+// score − s rounded to float (0 where s is not finite or past kLowPartLimit); 0 elsewhere. The softmax adds it
 // to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
 // rounding of a score of ~100 (TESTING.md, "Round 10").
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
@@ -169,11 +179,11 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
   const float nmax = largest(sizes, n);
   const int64_t nv = (n + 7) / 8;
   const Narrow limits = Narrow{} + limit;
-
+  if (s_lo && !every) std::fill(s_lo, s_lo + rows * lds, 0.0f);
   // Row r's chosen scores from acc, 8 at a time (the tail past n compares zero norms).
   auto write = [&](int64_t r, const Wide* acc) {
     for (int64_t v = 0; v < nv; ++v) {
-      Narrow nx, old, old_lo{};
+      Narrow nx, old;
       std::memcpy(&nx, sizes + 8 * v, sizeof nx);
       const Wide w = acc[v] * static_cast<double>(scale);
       const Narrow fresh = __builtin_convertvector(w, Narrow);
@@ -196,8 +206,7 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
       const Narrow chosen = pass ? fresh : old;
       std::memcpy(out, &chosen, sizeof chosen);
       if (!out_lo) continue;
-      std::memcpy(&old_lo, out_lo, sizeof old_lo);
-      const Narrow chosen_lo = pass ? lo : old_lo;
+      const Narrow chosen_lo = pass ? lo : Narrow{};
       std::memcpy(out_lo, &chosen_lo, sizeof chosen_lo);
     }
   };

@@ -179,7 +179,7 @@ class ForwardTile {
 
   // large_scores.h's norms for the tile: a bound of |q| over its rows from Qᵀ against the head's
   // bound of |k| first (ordinary inputs stop there), then |q| of each row (0 past them, up to
-  // kMaxTileRows) and their largest and smallest, for refine_large.
+  // kMaxTileRows), for refine_extent and refine_large.
   void q_sizes() {
     std::fill(qa_.begin(), qa_.end(), 0.0f);
     for (int64_t d = 0; d < s_.D; ++d)  // d outer: the rows' vectors are independent chains
@@ -190,8 +190,6 @@ class ForwardTile {
     refine_ = std::sqrt(largest(qa_.data(), rows_)) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;  // ordinary inputs
     for (int64_t r = 0; r < kMaxTileRows; ++r) qa_[r] = r < rows_ ? l2_norm(qt_ + r, bq_, s_.D) : 0.0f;
-    qa_max_ = largest(qa_.data(), rows_);
-    qa_min_ = smallest(qa_.data(), rows_);
   }
 
  public:
@@ -261,15 +259,13 @@ class ForwardTile {
       } else {
         gemm_blocked<Ops, Dot>(g, nb, qvecs_);
       }
-    } else if (refine_ && smallest(k_sizes_ + j0, nb) * qa_min_ > large_score_limit(p_.scale)) {
-      refine_large(g, j0, nb, true);  // every score is summed again: the fp32 product would be wasted
-      return true;
     } else {
-      gemm_blocked<Ops, Dot>(g, nb, qvecs_);
-      if (refine_ && largest(k_sizes_ + j0, nb) * qa_max_ > large_score_limit(p_.scale)) {
-        scale_scores(nb);  // first: the second sums are written scaled
-        if (!mask_.has_elementwise()) std::fill(slo_, slo_ + nb * bq_, 0.0f);
-        refine_large(g, j0, nb, false);
+      const Refine extent =
+          refine_ ? refine_extent(k_sizes_ + j0, nb, qa_.data(), rows_, large_score_limit(p_.scale)) : Refine::none;
+      if (extent != Refine::every) gemm_blocked<Ops, Dot>(g, nb, qvecs_);  // else it would be wasted
+      if (extent != Refine::none) {
+        if (extent == Refine::some) scale_scores(nb);  // first: the second sums are written scaled
+        refine_large(g, j0, nb, extent == Refine::every);
         return true;
       }
     }
@@ -576,8 +572,7 @@ class ForwardTile {
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
   std::array<float, kMaxTileRows> qa_;  // written by q_sizes
-  float qa_max_ = 0.0f, qa_min_ = 0.0f;
-  bool refine_ = false;  // whether any score of the tile can pass the bound
+  bool refine_ = false;                 // whether any score of the tile can pass the bound
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
