@@ -57,10 +57,15 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
 }
 
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::dict& mask,
-                const py::object& scale, bool return_lse, bool lse64, const std::string& kernel, int num_threads,
-                const std::string& simd, bool finite) {
+                const py::object& scale, bool return_lse, bool lse64, const py::object& kernel,
+                const py::object& num_threads, const py::object& simd, const py::object& check_finite) {
   const auto [q, k, v] = qkv_arrays(q_obj, k_obj, v_obj);
-  const CallOptions options{.mask = mask, .scale = scale, .kernel = kernel, .num_threads = num_threads, .simd = simd};
+  const CallOptions options{.mask = mask,
+                            .scale = scale,
+                            .kernel = string_arg(kernel, "kernel"),
+                            .num_threads = threads_arg(num_threads),
+                            .simd = string_arg(simd, "simd")};
+  const bool finite = flag_arg(check_finite, "check_finite");
   const AttentionCall call = prepare_call(q, k, v, options);
   switch (call.dtype) {
     case DType::f64:

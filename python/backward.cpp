@@ -89,10 +89,16 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
 
 py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
                    const py::object& dout_obj, const py::object& out_obj, const py::object& lse_obj,
-                   const py::dict& mask, const py::object& scale, bool return_dbias, const std::string& kernel,
-                   int num_threads, const std::string& simd, bool finite) {
+                   const py::dict& mask, const py::object& scale, const py::object& return_dbias_obj,
+                   const py::object& kernel, const py::object& num_threads, const py::object& simd,
+                   const py::object& check_finite) {
   const std::array<py::array, 3> arrays = qkv_arrays(q_obj, k_obj, v_obj);
-  const CallOptions options{.mask = mask, .scale = scale, .kernel = kernel, .num_threads = num_threads, .simd = simd};
+  const CallOptions options{.mask = mask,
+                            .scale = scale,
+                            .kernel = string_arg(kernel, "kernel"),
+                            .num_threads = threads_arg(num_threads),
+                            .simd = string_arg(simd, "simd")};
+  const bool return_dbias = flag_arg(return_dbias_obj, "return_dbias"), finite = flag_arg(check_finite, "check_finite");
   const AttentionCall call = prepare_call(arrays[0], arrays[1], arrays[2], options);
   if (call.dtype == DType::bf16)
     throw py::type_error("attention_backward: uint16 (bfloat16) inputs are not supported; pass float32");

@@ -1,8 +1,10 @@
 #include "bind_util.h"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
+#include <pybind11/stl.h>
 
 #include "qkv/mask.h"
 
@@ -210,8 +212,7 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   qkv::Mask& mask = out.mask;
   const qkv::CausalAlign align = parse_align(get("causal_align"));
   const py::object causal = get("causal");
-  if (!causal.is_none() && !py::isinstance<py::bool_>(causal)) throw py::type_error("causal must be True or False");
-  if (!causal.is_none() && causal.cast<bool>()) mask.causal = align;
+  if (!causal.is_none() && flag_arg(causal, "causal")) mask.causal = align;
   mask.diagonal = align;
   mask.window = parse_window(get("window"));
   mask.key_lengths = parse_lengths(get("key_lengths"), B, "key_lengths");
@@ -316,17 +317,13 @@ CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
     } else if (key == "scale") {
       call.scale = py::reinterpret_borrow<py::object>(value);
     } else if (key == "kernel") {
-      if (!py::isinstance<py::str>(value)) throw py::type_error("kernel must be a string");
-      call.kernel = py::cast<std::string>(value);
+      call.kernel = string_arg(value, "kernel");
     } else if (key == "num_threads") {
-      if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value))
-        throw py::type_error("num_threads must be an integer");
-      call.num_threads = py::cast<int>(value);
+      call.num_threads = threads_arg(value);
     } else if (key == "simd") {
-      if (!py::isinstance<py::str>(value)) throw py::type_error("simd must be a string");
-      call.simd = py::cast<std::string>(value);
+      call.simd = string_arg(value, "simd");
     } else if (key == "check_finite") {
-      call.check_finite = py::cast<bool>(py::bool_(py::reinterpret_borrow<py::object>(value)));
+      call.check_finite = flag_arg(value, "check_finite");
     } else {
       throw py::type_error(fmt::format("{}() got an unexpected keyword argument '{}'", function, key));
     }
@@ -335,19 +332,58 @@ CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
 }
 
 void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
-  if (!call.scale.is_none()) {
-    if (py::isinstance<py::bool_>(call.scale) || PyNumber_Check(call.scale.ptr()) == 0)
-      throw py::type_error("scale must be a number or None");
-    options.scale = py::float_(call.scale).cast<double>();
-  }
+  options.scale = scale_arg(call.scale);
   options.kernel = qkv::parse_kernel(call.kernel);
-  if (call.num_threads < 0)
-    throw py::value_error(fmt::format("num_threads must be >= 0 (0 = default), got {}", call.num_threads));
   options.num_threads = call.num_threads;
   options.simd = qkv::parse_simd(call.simd);
 }
 
 int64_t index_arg(const py::handle& obj, const std::string& name) { return to_index(obj, name); }
+
+std::vector<int64_t> index_list_arg(const py::handle& obj, const std::string& name) {
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || !py::isinstance<py::sequence>(obj))
+    throw py::type_error(fmt::format("{} must be a sequence of integers, got {}", name, std::string(py::repr(obj))));
+  std::vector<int64_t> out;
+  for (const py::handle item : obj) out.push_back(to_index(item, fmt::format("{}[{}]", name, out.size())));
+  return out;
+}
+
+int threads_arg(const py::handle& obj) {
+  const int64_t n = to_index(obj, "num_threads");
+  if (n < 0) throw py::value_error(fmt::format("num_threads must be >= 0 (0 = default), got {}", n));
+  if (n > std::numeric_limits<int>::max()) throw py::value_error(fmt::format("num_threads = {} is out of range", n));
+  return static_cast<int>(n);
+}
+
+bool flag_arg(const py::handle& obj, const std::string& name) {
+  static const py::handle numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release();  // kept
+  if (!py::isinstance<py::bool_>(obj) && !py::isinstance(obj, numpy_bool))
+    throw py::type_error(fmt::format("{} must be True or False, got {}", name, std::string(py::repr(obj))));
+  return obj.cast<bool>();
+}
+
+std::string string_arg(const py::handle& obj, const std::string& name) {
+  if (!py::isinstance<py::str>(obj))
+    throw py::type_error(fmt::format("{} must be a string, got {}", name, std::string(py::repr(obj))));
+  return obj.cast<std::string>();
+}
+
+double number_arg(const py::handle& obj, const std::string& name) { return to_float(obj, name); }
+
+void bind_argument_checks(py::module_& m) {
+  m.def("_index_arg", [](const py::object& obj, const std::string& name) { return index_arg(obj, name); });
+  m.def("_number_arg", [](const py::object& obj, const std::string& name) { return number_arg(obj, name); });
+  m.def("_flag_arg", [](const py::object& obj, const std::string& name) { return flag_arg(obj, name); });
+  m.def("_threads_arg", [](const py::object& obj) { return threads_arg(obj); });
+  m.def("_scale_arg", [](const py::object& obj) { return scale_arg(obj); });
+}
+
+std::optional<double> scale_arg(const py::handle& obj) {
+  if (obj.is_none()) return std::nullopt;
+  if (py::isinstance<py::bool_>(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj))
+    throw py::type_error(fmt::format("scale must be a number or None, got {}", std::string(py::repr(obj))));
+  return to_float(obj, "scale");
+}
 
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
   const qkv::TensorView<const uint16_t> bits = array_view<uint16_t>(a, name);

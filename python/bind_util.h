@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,7 @@ struct CallOptions {
   py::dict mask;
   py::object scale = py::none();
   std::string kernel = "auto";
-  int num_threads = 0;
+  int num_threads = 0;  // as threads_arg gives it
   std::string simd = "auto";
   bool check_finite = false;
 };
@@ -120,6 +121,25 @@ qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 // An integer argument (Python int or numpy integer, not bool): TypeError naming `name` otherwise,
 // ValueError if it does not fit in int64.
 int64_t index_arg(const py::handle& obj, const std::string& name);
+
+// A sequence of integer arguments, each as index_arg ("<name>[i]"); TypeError for a non-sequence.
+std::vector<int64_t> index_list_arg(const py::handle& obj, const std::string& name);
+
+// num_threads: an integer in [0, INT_MAX] (0 = default); TypeError / ValueError otherwise.
+int threads_arg(const py::handle& obj);
+
+// True or False (or numpy's bool): TypeError "<name> must be True or False, got <repr>" otherwise,
+// so no truthy string or list passes as a flag.
+bool flag_arg(const py::handle& obj, const std::string& name);
+
+// A str argument: TypeError "<name> must be a string, got <repr>" otherwise.
+std::string string_arg(const py::handle& obj, const std::string& name);
+
+// A real number (not bool or str): TypeError "<name> must be a number, got <repr>" otherwise.
+double number_arg(const py::handle& obj, const std::string& name);
+
+// scale: None (the default 1/sqrt(D)) or a number; TypeError "scale must be a number or None".
+std::optional<double> scale_arg(const py::handle& obj);
 
 // A view of bf16 bits widened exactly to float32.
 qkv::Tensor<float> widen_bf16(const py::array& a, const char* name);

@@ -26,9 +26,9 @@ std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
   const py::dict d = rotary.cast<py::dict>();
   qkv::RotaryOptions o;
   for (const auto& [key_obj, value] : d) {
-    const std::string key = py::cast<std::string>(key_obj);
+    const std::string key = string_arg(key_obj, "a rotary key");
     if (key == "layout") {
-      const std::string layout = py::cast<std::string>(value);
+      const std::string layout = string_arg(value, "rotary layout");
       if (layout == "interleaved")
         o.layout = qkv::RotaryLayout::interleaved;
       else if (layout == "half_split")
@@ -36,7 +36,7 @@ std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
       else
         throw py::value_error(fmt::format("rotary layout must be 'interleaved' or 'half_split', got '{}'", layout));
     } else if (key == "theta") {
-      o.theta = py::cast<double>(value);
+      o.theta = number_arg(value, "rotary theta");
     } else if (key == "rotary_dim") {
       o.rotary_dim = index_arg(value, "rotary_dim");
     } else {
@@ -87,6 +87,13 @@ py::object raw_scales(const py::object& self, bool values) {
   return pool_view(self, scales, py::dtype::of<float>(), {g.num_pages, g.Hkv, g.page_tokens});
 }
 
+// The cache argument: TypeError "cache must be a qkv.KVCache, got <repr>" for anything else.
+const qkv::KVCache& cache_arg(const py::object& obj) {
+  if (!py::isinstance<qkv::KVCache>(obj))
+    throw py::type_error(fmt::format("cache must be a qkv.KVCache, got {}", std::string(py::repr(obj))));
+  return obj.cast<const qkv::KVCache&>();
+}
+
 // What decode_attention and its weights share: q as float32 [B, H, N, D], the sequences' pages,
 // and the options (causal bottom-right unless the mask dict says otherwise).
 struct DecodeCall {
@@ -96,32 +103,42 @@ struct DecodeCall {
   qkv::DecodeOptions options;
 };
 
-DecodeCall decode_call(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
-                       const py::dict& mask, const py::object& scale, const std::vector<float>& sinks,
-                       int64_t sink_tokens, int num_threads, const std::string& simd) {
+// The caller's arguments as given (the Python wrapper passes them unconverted, so a float id or a
+// truthy string is refused here, not rounded or taken as True).
+DecodeCall decode_call(const py::object& q_obj, const py::object& cache_obj, const py::object& seq_ids,
+                       const py::dict& mask, const py::object& scale, const py::object& sinks,
+                       const py::object& sink_tokens, int num_threads, const std::string& simd) {
   DecodeCall c;
   c.q = float32_view(q_obj, "q", c.owner);
   if (c.q.rank() != 4)
     throw py::value_error(fmt::format("q must be [B, H, N, D], got {}", qkv::shape_string(c.q.shape())));
-  c.kv = cache.paged(seq_ids);
+  c.kv = cache_arg(cache_obj).paged(index_list_arg(seq_ids, "seq_ids"));
   int64_t M = 0;
   for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
   py::dict m = mask;
   if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
   c.options.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
-  if (!scale.is_none()) c.options.scale = scale.cast<double>();
-  c.options.sinks = sinks;
-  c.options.sink_tokens = sink_tokens;
+  c.options.scale = scale_arg(scale);
+  if (!sinks.is_none()) {
+    if (py::isinstance<py::str>(sinks) || !py::isinstance<py::sequence>(sinks))
+      throw py::type_error(
+          fmt::format("sinks must be None or a sequence of numbers, got {}", std::string(py::repr(sinks))));
+    for (const py::handle s : sinks)
+      c.options.sinks.push_back(static_cast<float>(number_arg(s, fmt::format("sinks[{}]", c.options.sinks.size()))));
+  }
+  c.options.sink_tokens = index_arg(sink_tokens, "sink_tokens");
   c.options.num_threads = num_threads;
   c.options.simd = qkv::parse_simd(simd);
   return c;
 }
 
-py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
-                  const py::dict& mask, const py::object& scale, const std::vector<float>& sinks, int64_t sink_tokens,
-                  bool return_lse, int num_threads, const std::string& simd) {
-  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, num_threads, simd);
-  py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), cache.config().Dv});
+py::object decode(const py::object& q_obj, const py::object& cache, const py::object& seq_ids, const py::dict& mask,
+                  const py::object& scale, const py::object& sinks, const py::object& sink_tokens,
+                  const py::object& return_lse_obj, const py::object& num_threads, const py::object& simd) {
+  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, threads_arg(num_threads),
+                                   string_arg(simd, "simd"));
+  const bool return_lse = flag_arg(return_lse_obj, "return_lse");
+  py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), cache_arg(cache).config().Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
     py::gil_scoped_release release;
@@ -132,9 +149,9 @@ py::object decode(const py::array& q_obj, const qkv::KVCache& cache, const std::
 }
 
 // Full rows [B, H, N, max len], or the top_k largest as (values, indices) [B, H, N, top_k].
-py::object decode_weights(const py::array& q_obj, const qkv::KVCache& cache, const std::vector<int64_t>& seq_ids,
-                          const py::dict& mask, const py::object& scale, const std::vector<float>& sinks,
-                          int64_t sink_tokens, const py::object& top_k) {
+py::object decode_weights(const py::object& q_obj, const py::object& cache, const py::object& seq_ids,
+                          const py::dict& mask, const py::object& scale, const py::object& sinks,
+                          const py::object& sink_tokens, const py::object& top_k) {
   const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, 1, "auto");
   const int64_t B = c.q.dim(0), H = c.q.dim(1), N = c.q.dim(2);
   if (top_k.is_none()) {

@@ -35,12 +35,12 @@ std::vector<int64_t> parse_rows(const py::object& rows, int64_t N) {
 
 py::object weights(const py::object& q_obj, const py::object& k_obj, const py::object& rows_obj,
                    const py::object& top_k, const py::object& lse_obj, const py::dict& mask, const py::object& scale,
-                   int num_threads) {
+                   const py::object& num_threads) {
   py::array q_owner, k_owner, lse_owner;
   const qkv::TensorView<const float> q = float32_view(q_obj, "q", q_owner);
   const qkv::TensorView<const float> k = float32_view(k_obj, "k", k_owner);
   check_qkv_shapes(q_owner, k_owner, k_owner);
-  const CallOptions options{.mask = mask, .scale = scale, .num_threads = num_threads};
+  const CallOptions options{.mask = mask, .scale = scale, .num_threads = threads_arg(num_threads)};
   const AttentionCall call = prepare_call(q_owner, k_owner, k_owner, options);
   const int64_t N = q.dim(q.rank() - 2), M = k.dim(k.rank() - 2);
   const std::vector<int64_t> rows = parse_rows(rows_obj, N);

@@ -500,7 +500,7 @@ TEST(Decode, RefusesBadInputByName) {
   const std::vector<int64_t> ids{99};
   test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
                      {"unknown sequence id 99"});
-  // A NaN in q, or scores past fp32 (q 1e38 with a scale of 1e300): both were merged into out = 0,
+  // A NaN in q, or scores past fp32 (q 1e38 with a scale of 1e30): both were merged into out = 0,
   // lse = -inf as if every key were masked.
   Tensor<float> q_nan = rng.normal32({1, 4, 1, 8});
   q_nan[9] = std::numeric_limits<float>::quiet_NaN();
@@ -510,10 +510,14 @@ TEST(Decode, RefusesBadInputByName) {
   for (int threads : {1, 2}) {
     o = {};
     o.num_threads = threads;
-    o.scale = 1e300;
+    o.scale = 1e30;
     expect_error(good, q_huge.cview(), o,
                  "decode_attention: the output overflowed float32 although q and the cache are finite");
   }
+  // A scale fp32 cannot hold is the caller's error, named as such (it was blamed on q and the cache).
+  o = {};
+  o.scale = 1e300;
+  expect_error(good, q.cview(), o, "decode_attention: scale must be finite and at most FLT_MAX (3.4e38)");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // RoPE against its float64 formula (both layouts, offsets, partial rotary_dim, strided views), on
 // append to a KVCache, and its refusals.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -87,6 +88,27 @@ TEST(Rotary, AppendRotatesKeysAtTheSequencePositions) {
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << i;
   const Tensor<float> vals = cache.values(s);
   EXPECT_EQ(vals[16], v[32]);  // values are not rotated: head 0, token 1 in both layouts
+}
+
+// A key the storage holds can rotate past it (f16: (60000, 60000) turned by 1 radian at position
+// 1 has a component 82906): refused as the rotated value, with nothing appended; a key that was
+// never storable is named as the caller's.
+TEST(Rotary, AppendRefusesARotatedKeyTheStorageCannotHold) {
+  KVCache cache({2, 4, 1, 2, 2, KVDtype::f16});
+  const int64_t s = cache.create();
+  Tensor<float> k({2, 1, 2}), v({2, 1, 2}), big({1, 1, 2});
+  std::fill(k.data(), k.data() + k.numel(), 60000.0f);
+  std::fill(v.data(), v.data() + v.numel(), 1.0f);
+  std::fill(big.data(), big.data() + big.numel(), 70000.0f);
+  const RotaryOptions o;
+  test::expect_error([&] { cache.append(s, k.cview(), v.cview(), &o); },
+                     {"rotated k[1, 0, 1] = 82906", "cannot be stored as f16"});
+  EXPECT_EQ(cache.length(s), 0);
+  test::expect_error(
+      [&] {
+        cache.append(s, big.cview(), TensorView<const float>(v.data(), {1, 1, 2}), &o);
+      },
+      {"KVCache::append: k[0, 0, 0] = 70000 cannot be stored as f16"});
 }
 
 TEST(Rotary, RefusesBadOptions) {

@@ -57,6 +57,10 @@ struct AttentionShape {
 // The scale a call with head dim D uses: options.scale if set, else 1/sqrt(D). Pure.
 double attention_scale(const std::optional<double>& scale, int64_t D);
 
+// Throws qkv::Error "<caller>: scale must be finite and at most FLT_MAX ..." for a scale the fp32
+// kernels cannot multiply by (they round it to float). Unset passes. Pure.
+void require_scale(const std::optional<double>& scale, std::string_view caller);
+
 // The names users type for kernels and SIMD paths, for the CLI, Python and QKV_SIMD alike.
 // Kernel: "auto" (or "automatic"), "reference", "fused". Simd: "auto" (or "automatic" or ""),
 // "avx512", "avx2", "neon", "scalar". Throws qkv::Error "<what> must be 'auto', ..., got '<text>'".

@@ -73,10 +73,11 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
     released while computing, so other Python threads keep running.
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
-    if return_lse not in (False, True, "float64"):
+    if not (isinstance(return_lse, (bool, np.bool_)) or (isinstance(return_lse, str) and return_lse == "float64")):
         raise ValueError(f'return_lse must be False, True or "float64", got {return_lse!r}')
-    return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, return_lse is not False, return_lse == "float64",
-                                             kernel, int(num_threads), simd, bool(check_finite))
+    lse64 = isinstance(return_lse, str)
+    return _qkv.scaled_dot_product_attention(q, k, v, mask, scale, lse64 or bool(return_lse), lse64,
+                                             kernel, num_threads, simd, check_finite)
 
 
 scaled_dot_product_attention.__doc__ = scaled_dot_product_attention.__doc__.replace("{mask}", _MASK_DOC)
@@ -114,8 +115,8 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     Raises TypeError / ValueError as scaled_dot_product_attention does (dout too). Releases the GIL.
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
-    grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, bool(return_dbias), kernel,
-                                    int(num_threads), simd, bool(check_finite))
+    grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, return_dbias, kernel, num_threads, simd,
+                                    check_finite)
     if return_dbias and bias is not None:
         dq, dk, dv, dbias = grads
         return dq, dk, dv, _reduce_to_shape(dbias, np.shape(bias)).astype(dbias.dtype, copy=False)
@@ -148,7 +149,7 @@ def attention_weights(q, k, *, rows=None, top_k=None, lse=None, causal=False, ca
     Raises TypeError / ValueError for bad types, shapes, row indices or top_k < 1.
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
-    return _qkv.attention_weights(q, k, rows, top_k, lse, mask, scale, int(num_threads))
+    return _qkv.attention_weights(q, k, rows, top_k, lse, mask, scale, num_threads)
 
 
 attention_weights.__doc__ = attention_weights.__doc__.replace("{mask}", _MASK_DOC)

@@ -17,9 +17,8 @@ def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slope
     first sink_tokens keys stay visible in addition to the window. Rows with no allowed key are 0.
     Bitwise the same result for any num_threads.
     """
-    return _qkv.decode_attention(q, cache, [int(s) for s in seq_ids], _mask(causal, window, alibi_slopes, softcap,
-                                 query_lengths), scale, _sinks(sinks), int(sink_tokens), bool(return_lse),
-                                 int(num_threads), simd)
+    return _qkv.decode_attention(q, cache, seq_ids, _mask(causal, window, alibi_slopes, softcap, query_lengths),
+                                 scale, sinks, sink_tokens, return_lse, num_threads, simd)
 
 
 def decode_attention_weights(q, cache, seq_ids, *, top_k=None, causal=True, window=None, alibi_slopes=None,
@@ -34,14 +33,11 @@ def decode_attention_weights(q, cache, seq_ids, *, top_k=None, causal=True, wind
     the lower key), index -1 and value 0 past the keys a row sees. Memory O(max length) per row
     besides the result.
     """
-    return _qkv.decode_attention_weights(q, cache, [int(s) for s in seq_ids], _mask(causal, window, alibi_slopes,
-                                         softcap, query_lengths), scale, _sinks(sinks), int(sink_tokens), top_k)
+    return _qkv.decode_attention_weights(q, cache, seq_ids, _mask(causal, window, alibi_slopes, softcap, query_lengths),
+                                         scale, sinks, sink_tokens, top_k)
 
 
 def _mask(causal, window, alibi_slopes, softcap, query_lengths):
-    return {"causal": bool(causal), "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
+    # Unconverted: the binding refuses what is not True/False, an integer or a number by name.
+    return {"causal": causal, "window": window, "alibi_slopes": alibi_slopes, "softcap": softcap,
             "query_lengths": query_lengths}
-
-
-def _sinks(sinks):
-    return [] if sinks is None else [float(s) for s in sinks]

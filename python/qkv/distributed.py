@@ -19,6 +19,7 @@ For a fixed number of ranks the results are bitwise the same for any num_threads
 
 import numpy as np
 
+from . import _qkv
 from . import _qkv_distributed as _d
 
 
@@ -29,7 +30,8 @@ def _comm_address(comm):
 
 def shard_ranges(length, ranks, rank, sharding="zigzag"):
     """The [begin, end) token ranges of `rank`, in the order they are stored in its shard."""
-    return _d.shard_ranges(int(length), int(ranks), int(rank), sharding)
+    return _d.shard_ranges(_qkv._index_arg(length, "length"), _qkv._index_arg(ranks, "ranks"),
+                           _qkv._index_arg(rank, "rank"), sharding)
 
 
 def shard(x, comm, sharding="zigzag"):
@@ -60,13 +62,17 @@ def _as4(x, name):
 
 def _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap, scale, num_threads,
              sharding):
-    def ints(x):
-        return [] if x is None else [int(v) for v in np.atleast_1d(x)]
+    # The main module's checks, so nothing is truncated or taken as truthy (1.5 as 1, "no" as True).
+    def ints(x, name):
+        return [] if x is None else [_qkv._index_arg(v, f"{name}[{i}]") for i, v in enumerate(np.atleast_1d(x))]
     if window is not None:
-        window = (-1 if window[0] is None else int(window[0]), -1 if window[1] is None else int(window[1]))
-    slopes = [] if alibi_slopes is None else [float(s) for s in alibi_slopes]
-    return _d.ring_options(bool(causal), causal_align, window, ints(key_lengths), ints(query_lengths), slopes,
-                           float(softcap or 0.0), None if scale is None else float(scale), int(num_threads), sharding)
+        window = tuple(-1 if window[i] is None else _qkv._index_arg(window[i], f"window[{i}]") for i in (0, 1))
+    slopes = [] if alibi_slopes is None else [_qkv._number_arg(s, f"alibi_slopes[{i}]")
+                                              for i, s in enumerate(alibi_slopes)]
+    return _d.ring_options(_qkv._flag_arg(causal, "causal"), causal_align, window, ints(key_lengths, "key_lengths"),
+                           ints(query_lengths, "query_lengths"), slopes,
+                           0.0 if softcap is None else _qkv._number_arg(softcap, "softcap"), _qkv._scale_arg(scale),
+                           _qkv._threads_arg(num_threads), sharding)
 
 
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,

@@ -208,7 +208,7 @@ def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
     q4, k4, v4 = layout.to4(q, layout.lead), layout.to4(k, layout.kv_lead), layout.to4(v, layout.kv_lead)
     keep4 = None if keep is None else layout.to4(keep.expand(*layout.lead, L, S), layout.lead)
     bias4 = None if bias is None else layout.to4(bias.expand(*layout.lead, L, S), layout.lead)
-    out4, lse4 = _AttentionFunction.apply(q4, k4, v4, bias4, keep4, extras, scale, int(num_threads))
+    out4, lse4 = _AttentionFunction.apply(q4, k4, v4, bias4, keep4, extras, scale, num_threads)
     return layout.back(out4, (v.size(-1),)), layout.back(lse4, ())
 
 

@@ -39,7 +39,7 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (s.H <= 0 || s.Hkv <= 0) throw Error(fmt::format("head counts must be positive: H = {}, Hkv = {}", s.H, s.Hkv));
   if (s.H % s.Hkv != 0)
     throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));
-  if (options.scale && !std::isfinite(*options.scale)) throw Error("scale must be finite");
+  require_scale(options.scale, "attention");
 
   const Mask& m = options.mask;
   auto check_lengths = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* name) {

@@ -83,6 +83,7 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
     throw Error(fmt::format("decode_attention: mismatched head dims: q has D = {}, the cache D = {}", q.dim(3), kv.D));
   if (!o.mask.key_lengths.empty())
     throw Error("decode_attention: mask.key_lengths must be empty (the sequence lengths are the key lengths)");
+  require_scale(o.scale, "decode_attention");
   const int64_t M = kv.seq_lens.empty() ? 0 : *std::max_element(kv.seq_lens.begin(), kv.seq_lens.end());
   const std::array<int64_t, 4> ks{q.dim(0), kv.Hkv, M, kv.D}, vs{q.dim(0), kv.Hkv, M, kv.Dv};
   AttentionOptions ao;

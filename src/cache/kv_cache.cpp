@@ -167,7 +167,11 @@ void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const fl
     const int64_t T = k.dim(0), Hkv = k.dim(1), D = k.dim(2);
     const std::array<int64_t, 4> shape{1, Hkv, T, D}, strides{0, D, Hkv * D, 1};
     const std::array<int64_t, 1> offset{s.length};
+    // The caller's values first, then what the rotation made of them: a finite key can rotate
+    // past what the storage holds, and the message should say the rotation did it.
+    check_values(k, config_.dtype, "k");
     apply_rotary(TensorView<float>(rotated.data(), shape, strides), offset, *rotary);
+    check_values(rotated.cview(), config_.dtype, "rotated k");
     append(seq, rotated.cview(), v);
     return;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -27,6 +28,12 @@ int resolve_num_threads(int requested, int64_t items) {
 
 double attention_scale(const std::optional<double>& scale, int64_t D) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
+void require_scale(const std::optional<double>& scale, std::string_view caller) {
+  if (scale && !(std::fabs(*scale) <= std::numeric_limits<float>::max()))
+    throw Error(
+        fmt::format("{}: scale must be finite and at most FLT_MAX (3.4e38) in magnitude, got {}", caller, *scale));
 }
 
 Kernel parse_kernel(std::string_view text, std::string_view what) {

@@ -82,3 +82,19 @@ def test_mismatched_shapes_raise_on_every_rank():
     x = np.zeros((1, 1, n, D), dtype=np.float32)
     with pytest.raises(ValueError, match=rf"rank {last} has \[B, H, Hkv, D, Dv\]"):
         qd.ring_attention(COMM, x, x, x)
+
+
+def test_arguments_are_refused_by_name_not_coerced():
+    """Checked on each rank before any message: a float length or window, a truthy string for
+    causal, a float num_threads were truncated or taken as True before (int(), bool())."""
+    n = sum(e - b for b, e in qd.shard_ranges(8, COMM.Get_size(), COMM.Get_rank()))
+    x = np.zeros((1, 1, n, 4), dtype=np.float32)
+    for kwargs, message in [(dict(causal="no"), "causal must be True or False, got 'no'"),
+                            (dict(window=(1.5, None)), r"window\[0\] must be an integer, got 1.5"),
+                            (dict(key_lengths=[2.5]), r"key_lengths\[0\] must be an integer, got 2.5"),
+                            (dict(num_threads=1.5), "num_threads must be an integer, got 1.5"),
+                            (dict(scale="x"), "scale must be a number or None, got 'x'")]:
+        with pytest.raises(TypeError, match=message):
+            qd.ring_attention(COMM, x, x, x, **kwargs)
+    with pytest.raises(TypeError, match="length must be an integer, got 8.5"):
+        qd.shard_ranges(8.5, COMM.Get_size(), COMM.Get_rank())

@@ -114,7 +114,7 @@ def test_npy_shape_overflowing_size_t_is_refused(qkv_bin, inputs):
     (["--alibi-slopes", "1e39"], 2, "'1e39' is not a finite number"),
     (["--alibi-slopes", "nan"], 2, "'nan' is not a finite number"),
     (["--scale", "nan"], 1, "scale must be finite"),
-    (["--scale", "1e300"], 1, "the output overflowed float32 although q, k and v are finite"),
+    (["--scale", "1e300"], 1, "scale must be finite and at most FLT_MAX (3.4e38) in magnitude, got 1e+300"),
     (["--softcap", "nan"], 2, "--softcap: 'nan' is not a finite number"),
     (["--softcap", "inf"], 2, "--softcap"),
     (["--threads", "99999"], 2, "--threads"),

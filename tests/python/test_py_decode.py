@@ -108,6 +108,51 @@ def test_cache_views_fork_free_and_errors(seed):
         qkv.KVCache(num_pages=1, page_tokens=4, kv_heads=1, head_dim=4, dtype="int4")
 
 
+def test_decode_arguments_are_refused_by_name_not_coerced():
+    """A float or string sequence id, a truthy string for a flag, an out-of-range int: each is a
+    TypeError / ValueError naming the argument. Before, [s + 0.99] silently used sequence s,
+    causal='no' meant True, and out-of-range ints dumped the binding's private signature."""
+    cache = qkv.KVCache(num_pages=4, page_tokens=4, kv_heads=1, head_dim=4)
+    s = cache.create()
+    cache.append(s, np.ones((3, 1, 4), np.float32), np.ones((3, 1, 4), np.float32))
+    q = np.ones((1, 2, 1, 4), np.float32)
+    cases = [
+        (dict(seq_ids=[s + 0.99]), TypeError, r"seq_ids\[0\] must be an integer, got 0.99"),
+        (dict(seq_ids=["0"]), TypeError, r"seq_ids\[0\] must be an integer, got '0'"),
+        (dict(seq_ids="0"), TypeError, "seq_ids must be a sequence of integers, got '0'"),
+        (dict(seq_ids=[True]), TypeError, r"seq_ids\[0\] must be an integer, got True"),
+        (dict(seq_ids=[1 << 63]), ValueError, r"seq_ids\[0\] = 9223372036854775808 is out of range"),
+        (dict(causal="no"), TypeError, "causal must be True or False, got 'no'"),
+        (dict(sink_tokens=1.5), TypeError, "sink_tokens must be an integer, got 1.5"),
+        (dict(num_threads=-1), ValueError, r"num_threads must be >= 0 \(0 = default\), got -1"),
+        (dict(num_threads=1 << 31), ValueError, "num_threads = 2147483648 is out of range"),
+        (dict(return_lse="float64"), TypeError, "return_lse must be True or False, got 'float64'"),
+        (dict(simd=None), TypeError, "simd must be a string, got None"),
+        (dict(scale="x"), TypeError, "scale must be a number or None, got 'x'"),
+        (dict(scale=1e300), ValueError, r"decode_attention: scale must be finite and at most FLT_MAX"),
+        (dict(sinks=["1", 0]), TypeError, r"sinks\[0\] must be a number, got '1'"),
+        (dict(q=None), TypeError, "q must be a numpy array"),
+        (dict(cache=None), TypeError, "cache must be a qkv.KVCache, got None"),
+    ]
+    for change, exc, message in cases:
+        kw = dict(q=q, cache=cache, seq_ids=[s])
+        kw.update(change)
+        args = (kw.pop("q"), kw.pop("cache"), kw.pop("seq_ids"))
+        with pytest.raises(exc, match=message):
+            qkv.decode_attention(*args, **kw)
+    with pytest.raises(TypeError, match="scale must be a number or None, got 'x'"):
+        qkv.decode_attention_weights(q, cache, [s], scale="x")
+    # numpy integers and booleans are integers and booleans.
+    out = qkv.decode_attention(q, cache, np.array([s]), causal=np.bool_(True), num_threads=np.int64(1))
+    assert out.shape == (1, 2, 1, 4)
+    for rotary, message in [({"theta": "x"}, "rotary theta must be a number, got 'x'"),
+                            ({"layout": None}, "rotary layout must be a string, got None"),
+                            ({1: 2}, "a rotary key must be a string, got 1")]:
+        with pytest.raises(TypeError, match=message):
+            cache.append(s, np.ones((1, 1, 4), np.float32), np.ones((1, 1, 4), np.float32), rotary=rotary)
+    assert cache.length(s) == 3
+
+
 def test_rotary_on_append_matches_formula(seed):
     rng = np.random.default_rng(seed)
     D = 8

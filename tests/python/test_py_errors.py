@@ -132,6 +132,16 @@ def test_check_finite_index_for_rank4_float64():
     (dict(scale="x"), TypeError, "scale must be a number or None"),
     (dict(kernel="gpu"), ValueError, "kernel must be 'auto', 'reference' or 'fused', got 'gpu'"),
     (dict(num_threads=-2), ValueError, r"num_threads must be >= 0 \(0 = default\), got -2"),
+    # Nothing is coerced: a float, a string or an out-of-range int is refused by name, never
+    # truncated, taken as truthy or reported as a pybind11 signature.
+    (dict(num_threads=1.5), TypeError, "num_threads must be an integer, got 1.5"),
+    (dict(num_threads="2"), TypeError, "num_threads must be an integer, got '2'"),
+    (dict(num_threads=True), TypeError, "num_threads must be an integer, got True"),
+    (dict(num_threads=1 << 31), ValueError, "num_threads = 2147483648 is out of range"),
+    (dict(check_finite="yes"), TypeError, "check_finite must be True or False, got 'yes'"),
+    (dict(return_lse=1), ValueError, 'return_lse must be False, True or "float64", got 1'),
+    (dict(simd=None), TypeError, "simd must be a string, got None"),
+    (dict(scale=1e300), ValueError, r"scale must be finite and at most FLT_MAX \(3.4e38\) in magnitude, got 1e\+300"),
 ])
 def test_bad_mask_and_option_arguments(kwargs, exc, message):
     q, k, v = _qkv(3010)

@@ -326,6 +326,12 @@ ERRORS = [
     ("key_lengths", lambda: qt.scaled_dot_product_attention(*q3(), key_lengths=[1, 2, 3]), ValueError,
      "key_lengths: expected 2 entries"),
     ("softcap", lambda: qt.scaled_dot_product_attention(*q3(), softcap=-1.0), ValueError, "softcap must be"),
+    ("num_threads float", lambda: qt.scaled_dot_product_attention(*q3(), num_threads=1.5), TypeError,
+     "num_threads must be an integer, got 1.5"),
+    ("num_threads range", lambda: qt.scaled_dot_product_attention(*q3(), num_threads=1 << 31), ValueError,
+     "num_threads = 2147483648 is out of range"),
+    ("scale range", lambda: qt.scaled_dot_product_attention(*q3(), scale=1e300), ValueError,
+     "scale must be finite and at most FLT_MAX"),
 ]
 
 
