@@ -149,8 +149,14 @@ void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v
 
 namespace {
 
+// Python's bool or numpy's: a flag, never a number (numpy's bool_ passes PyNumber_Check).
+bool is_bool(const py::handle& obj) {
+  static const py::handle numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release();  // kept
+  return py::isinstance<py::bool_>(obj) || py::isinstance(obj, numpy_bool);
+}
+
 int64_t to_index(const py::handle& obj, const std::string& name) {
-  if (py::isinstance<py::bool_>(obj) || PyIndex_Check(obj.ptr()) == 0)
+  if (is_bool(obj) || PyIndex_Check(obj.ptr()) == 0)
     throw py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
   PyObject* i = PyNumber_Index(obj.ptr());
   if (i == nullptr) throw py::error_already_set();
@@ -163,9 +169,12 @@ int64_t to_index(const py::handle& obj, const std::string& name) {
 
 std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char* name) {
   if (obj.is_none()) return {};
-  if (PyIndex_Check(obj.ptr()) && !py::isinstance<py::bool_>(obj) && !py::isinstance<py::array>(obj))
+  if (PyIndex_Check(obj.ptr()) && !is_bool(obj) && !py::isinstance<py::array>(obj))
     return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj, name));
-  if (!py::isinstance<py::sequence>(obj) && !py::isinstance<py::array>(obj))
+  if (py::isinstance<py::array>(obj) && py::array(py::reinterpret_borrow<py::object>(obj)).ndim() == 0)
+    return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj.attr("item")(), name));
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
+      (!py::isinstance<py::sequence>(obj) && !py::isinstance<py::array>(obj)))
     throw py::type_error(fmt::format("{} must be an int or a sequence of {} ints (one per batch row)", name, B));
   std::vector<int64_t> out;
   std::size_t i = 0;
@@ -176,7 +185,7 @@ std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char*
 }
 
 double to_float(const py::handle& obj, const std::string& name) {
-  if (py::isinstance<py::bool_>(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj))
+  if (is_bool(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj) || PyComplex_Check(obj.ptr()) != 0)
     throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
   if (f == nullptr) throw py::error_already_set();
@@ -245,8 +254,13 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   }
   if (const py::object cap = get("softcap"); !cap.is_none()) {
     const double c = to_float(cap, "softcap");
-    if (!(c >= 0.0) || !std::isfinite(c)) throw py::value_error("softcap must be a finite number >= 0 (0 = off)");
-    mask.softcap = static_cast<float>(c);
+    const float f = static_cast<float>(c);
+    if (!(c >= 0.0) || !std::isfinite(f))
+      throw py::value_error(fmt::format("softcap must be a finite number >= 0 (0 = off), got {}", c));
+    // Rounded to float32 a tiny cap would become 0, which turns the cap off instead.
+    if (c > 0.0 && !(f >= std::numeric_limits<float>::min()))
+      throw py::value_error(fmt::format("softcap = {} is below float32's normal range; pass 0 to turn the cap off", c));
+    mask.softcap = f;
   }
   return out;
 }
@@ -356,8 +370,7 @@ int threads_arg(const py::handle& obj) {
 }
 
 bool flag_arg(const py::handle& obj, const std::string& name) {
-  static const py::handle numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release();  // kept
-  if (!py::isinstance<py::bool_>(obj) && !py::isinstance(obj, numpy_bool))
+  if (!is_bool(obj))
     throw py::type_error(fmt::format("{} must be True or False, got {}", name, std::string(py::repr(obj))));
   return obj.cast<bool>();
 }
@@ -370,6 +383,15 @@ std::string string_arg(const py::handle& obj, const std::string& name) {
 
 double number_arg(const py::handle& obj, const std::string& name) { return to_float(obj, name); }
 
+std::string path_arg(const py::handle& obj, const std::string& name) {
+  if (py::isinstance<py::str>(obj)) return obj.cast<std::string>();
+  if (py::hasattr(obj, "__fspath__")) {
+    const py::object path = obj.attr("__fspath__")();
+    if (py::isinstance<py::str>(path)) return path.cast<std::string>();
+  }
+  throw py::type_error(fmt::format("{} must be a path (str or os.PathLike), got {}", name, std::string(py::repr(obj))));
+}
+
 void bind_argument_checks(py::module_& m) {
   m.def("_index_arg", [](const py::object& obj, const std::string& name) { return index_arg(obj, name); });
   m.def("_number_arg", [](const py::object& obj, const std::string& name) { return number_arg(obj, name); });
@@ -380,7 +402,7 @@ void bind_argument_checks(py::module_& m) {
 
 std::optional<double> scale_arg(const py::handle& obj) {
   if (obj.is_none()) return std::nullopt;
-  if (py::isinstance<py::bool_>(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj))
+  if (is_bool(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj) || PyComplex_Check(obj.ptr()) != 0)
     throw py::type_error(fmt::format("scale must be a number or None, got {}", std::string(py::repr(obj))));
   return to_float(obj, "scale");
 }

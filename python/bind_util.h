@@ -135,6 +135,9 @@ bool flag_arg(const py::handle& obj, const std::string& name);
 // A str argument: TypeError "<name> must be a string, got <repr>" otherwise.
 std::string string_arg(const py::handle& obj, const std::string& name);
 
+// A file path: str or os.PathLike (pathlib.Path); TypeError "<name> must be a path, got <repr>".
+std::string path_arg(const py::handle& obj, const std::string& name);
+
 // A real number (not bool or str): TypeError "<name> must be a number, got <repr>" otherwise.
 double number_arg(const py::handle& obj, const std::string& name);
 

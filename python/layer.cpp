@@ -52,19 +52,26 @@ void set_parameter(PyLayer& layer, const std::string& name, const py::object& va
   std::copy(copy.data(), copy.data() + copy.numel(), t.data());
 }
 
-PyLayer make_layer(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
-                   std::optional<int64_t> head_dim, std::optional<int64_t> value_dim, bool bias, bool output_projection,
-                   bool parameter_free, uint64_t seed) {
+// Arguments as given: a float size, a truthy string or bool for a flag or a size is refused by
+// name (pybind11's own conversion took bias=1.5 as True and embed_dim=True as 1).
+PyLayer make_layer(const py::object& embed_dim, const py::object& num_heads, const py::object& num_kv_heads,
+                   const py::object& head_dim, const py::object& value_dim, const py::object& bias,
+                   const py::object& output_projection, const py::object& parameter_free, const py::object& seed) {
+  auto optional_size = [](const py::object& obj, const char* name) {
+    return obj.is_none() ? int64_t{0} : index_arg(obj, name);
+  };
   qkv::LayerConfig c;
-  c.embed_dim = embed_dim;
-  c.num_heads = num_heads;
-  c.num_kv_heads = num_kv_heads.value_or(0);
-  c.head_dim = head_dim.value_or(0);
-  c.value_dim = value_dim.value_or(0);
-  c.bias = bias;
-  c.output_projection = output_projection;
-  c.parameter_free = parameter_free;
-  c.seed = seed;
+  c.embed_dim = index_arg(embed_dim, "embed_dim");
+  c.num_heads = index_arg(num_heads, "num_heads");
+  c.num_kv_heads = optional_size(num_kv_heads, "num_kv_heads");
+  c.head_dim = optional_size(head_dim, "head_dim");
+  c.value_dim = optional_size(value_dim, "value_dim");
+  c.bias = flag_arg(bias, "bias");
+  c.output_projection = flag_arg(output_projection, "output_projection");
+  c.parameter_free = flag_arg(parameter_free, "parameter_free");
+  const int64_t s = index_arg(seed, "seed");
+  if (s < 0) throw py::value_error(fmt::format("seed must be >= 0, got {}", s));
+  c.seed = static_cast<uint64_t>(s);
   return PyLayer(MultiHeadAttention(c));
 }
 
@@ -206,18 +213,30 @@ void bind_layer(py::module_& m) {
   cls.def("backward", &backward, py::arg("dout"), kBackwardDoc);
   cls.def_property_readonly("grads", &grads_of,
                             "Gradients of the last backward() as {name: float32 array} (empty before the first).");
-  cls.def_readwrite("training", &PyLayer::training,
-                    "If True (the default), forward() keeps what backward() needs (inputs, projections, lse) "
-                    "until the next forward(); set False for inference to keep no activations.");
+  cls.def_property(
+      "training", [](const PyLayer& l) { return l.training; },
+      [](PyLayer& l, const py::object& on) { l.training = flag_arg(on, "training"); },
+      "If True (the default), forward() keeps what backward() needs (inputs, projections, lse) "
+      "until the next forward(); set False for inference to keep no activations.");
   cls.def(
-      "save", [](const PyLayer& l, const std::string& path) { l.layer.save(path); }, py::arg("path"),
-      "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).",
-      py::call_guard<py::gil_scoped_release>());
+      "save",
+      [](const PyLayer& l, const py::object& path) {
+        const std::string p = path_arg(path, "path");
+        py::gil_scoped_release release;
+        l.layer.save(p);
+      },
+      py::arg("path"),
+      "Writes the weights and config as a .safetensors file (atomically: a failure leaves no partial file).");
   cls.def_static(
-      "load", [](const std::string& path) { return PyLayer(MultiHeadAttention::load(path)); }, py::arg("path"),
+      "load",
+      [](const py::object& path) {
+        const std::string p = path_arg(path, "path");
+        py::gil_scoped_release release;
+        return PyLayer(MultiHeadAttention::load(p));
+      },
+      py::arg("path"),
       "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
-      "malformed file, a wrong shape or a non-finite weight.",
-      py::call_guard<py::gil_scoped_release>());
+      "malformed file, a wrong shape or a non-finite weight.");
   cls.def(
       "parameters",
       [](py::object self) {

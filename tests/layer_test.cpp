@@ -152,6 +152,11 @@ TEST(Layer, RefusesBadConfigsAndShapes) {
                "num_heads = 4 must be a multiple of num_kv_heads = 3");
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true}); },
                "parameter-free mode needs 1 head");
+  // Widths that wrap in int64 (4 · 2^62 = 0) built empty weights, and forward died of SIGFPE.
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 4, .num_heads = 4, .head_dim = int64_t{1} << 62}); },
+               "layer: num_heads · head_dim = 4 · 4611686018427387904 is too large");
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = int64_t{1} << 40, .num_heads = 1}); },
+               "layer: embed_dim · num_heads · head_dim = 1099511627776 · 1099511627776 is too large");
   MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2});
   Tensor<float> x({2, 3, 5}), x4({1, 1, 3, 4}), good({2, 3, 4}), kv({3, 5, 4}), kv2({5, 4});
   expect_error([&] { layer.forward(x.cview()); }, "x has width 5 but the layer's embed_dim is 4");

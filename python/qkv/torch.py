@@ -251,7 +251,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"dropout_p={dropout_p}: qkv has no attention dropout; pass dropout_p=0.0 (e.g. "
                          f"dropout_p=p if self.training else 0.0 and use qkv only at eval), or use {_TORCH_SDPA}")
     extras = _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths)
-    layout = _Layout(query, key, value, bool(enable_gqa))
+    # Flags are True or False, as PyTorch's own argument parser requires of enable_gqa.
+    layout = _Layout(query, key, value, _qkv._flag_arg(enable_gqa, "enable_gqa"))
+    return_lse = _qkv._flag_arg(return_lse, "return_lse")
     keep = bias = None
     if attn_mask is not None:
         if is_causal:

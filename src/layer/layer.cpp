@@ -12,6 +12,10 @@
 namespace qkv {
 namespace {
 
+// At most 2^40 elements (4 TiB of float32) per weight: far past any machine, and small enough
+// that every byte count and product of the layer fits in int64.
+constexpr int64_t kMaxLayerElements = int64_t{1} << 40;
+
 LayerConfig resolve(const LayerConfig& in) {
   LayerConfig c = in;
   if (c.embed_dim < 1) throw Error(fmt::format("layer: embed_dim must be at least 1, got {}", c.embed_dim));
@@ -41,6 +45,20 @@ LayerConfig resolve(const LayerConfig& in) {
     c.head_dim = c.embed_dim / c.num_heads;
   }
   if (c.value_dim == 0) c.value_dim = c.head_dim;
+  // The projections' widths and weight counts, without wrapping: head_dim = 2^62 with 4 heads
+  // wrapped to a width of 0, built a layer of empty weights and crashed (SIGFPE) in forward.
+  auto count = [](int64_t a, int64_t b, const char* what) {
+    int64_t n = 0;
+    if (__builtin_mul_overflow(a, b, &n) || n > kMaxLayerElements)
+      throw Error(fmt::format("layer: {} = {} · {} is too large (at most {} elements)", what, a, b, kMaxLayerElements));
+    return n;
+  };
+  count(c.embed_dim, count(c.num_heads, c.head_dim, "num_heads · head_dim"), "embed_dim · num_heads · head_dim");
+  count(c.embed_dim, count(c.num_kv_heads, c.head_dim, "num_kv_heads · head_dim"),
+        "embed_dim · num_kv_heads · head_dim");
+  count(c.embed_dim, count(c.num_kv_heads, c.value_dim, "num_kv_heads · value_dim"),
+        "embed_dim · num_kv_heads · value_dim");
+  count(c.embed_dim, count(c.num_heads, c.value_dim, "num_heads · value_dim"), "embed_dim · num_heads · value_dim");
   return c;
 }
 

@@ -88,3 +88,8 @@ def test_malformed_files_raise_value_error_naming_the_file(tmp_path):
         qkv.load_embeddings(str(truncated), format="word2vec_binary")
     with pytest.raises(ValueError, match="format must be 'auto', 'glove'"):
         qkv.load_embeddings(str(ragged), format="fasttext")
+    # A message quoting bytes that are not UTF-8 keeps its text (it was an empty ValueError).
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(b"\x80")
+    with pytest.raises(ValueError, match=r"binary.bin: line 1: expected a word2vec header .*\\x80"):
+        qkv.load_embeddings(str(binary), format="word2vec_binary")

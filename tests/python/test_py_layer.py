@@ -142,6 +142,8 @@ def test_save_and_load_round_trip(tmp_path):
     layer.save(path)
     loaded = qkv.MultiHeadAttention.load(path)
     assert repr(loaded) == repr(layer)
+    layer.save(tmp_path / "as_path.safetensors")  # os.PathLike too
+    assert repr(qkv.MultiHeadAttention.load(tmp_path / "as_path.safetensors")) == repr(layer)
     for name, w in layer.parameters().items():
         assert np.array_equal(getattr(loaded, name), w), name
     x = rng.standard_normal((3, 12)).astype(np.float32)
@@ -161,7 +163,25 @@ def test_bad_layer_arguments():
         qkv.MultiHeadAttention(12, 4, num_kv_heads=3)
     with pytest.raises(TypeError):
         qkv.MultiHeadAttention("12")
+    # Checked, never coerced: bias=1.5 was True and embed_dim=True was 1 (pybind11's conversion).
+    for kwargs, exc, message in [
+            (dict(embed_dim=16.0), TypeError, "embed_dim must be an integer, got 16.0"),
+            (dict(embed_dim=True), TypeError, "embed_dim must be an integer, got True"),
+            (dict(embed_dim=1 << 63), ValueError, "embed_dim = 9223372036854775808 is out of range"),
+            (dict(embed_dim=16, bias=1.5), TypeError, "bias must be True or False, got 1.5"),
+            (dict(embed_dim=16, output_projection=None), TypeError, "output_projection must be True or False"),
+            (dict(embed_dim=16, seed=-1), ValueError, "seed must be >= 0, got -1"),
+            # 4 · 2^62 wrapped to a width of 0: empty weights, then SIGFPE in forward.
+            (dict(embed_dim=4, num_heads=4, head_dim=1 << 62), ValueError,
+             "num_heads · head_dim = 4 · 4611686018427387904 is too large")]:
+        with pytest.raises(exc, match=message):
+            qkv.MultiHeadAttention(**kwargs)
+    assert "num_heads=2" in repr(qkv.MultiHeadAttention(16, np.int64(2), bias=np.bool_(True), seed=np.uint8(3)))
     layer = qkv.MultiHeadAttention(4, 2)
+    with pytest.raises(TypeError, match="training must be True or False, got 'no'"):
+        layer.training = "no"
+    with pytest.raises(TypeError, match=r"path must be a path \(str or os.PathLike\), got None"):
+        layer.save(None)
     x = np.ones((3, 4), np.float32)
     with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'casual'"):
         layer.forward(x, casual=True)

@@ -332,6 +332,10 @@ ERRORS = [
      "num_threads = 2147483648 is out of range"),
     ("scale range", lambda: qt.scaled_dot_product_attention(*q3(), scale=1e300), ValueError,
      "scale must be finite and at most FLT_MAX"),
+    ("return_lse", lambda: qt.scaled_dot_product_attention(*q3(), return_lse="no"), TypeError,
+     "return_lse must be True or False, got 'no'"),
+    ("enable_gqa", lambda: qt.scaled_dot_product_attention(*q3(), enable_gqa=1), TypeError,
+     "enable_gqa must be True or False, got 1"),
 ]
 
 
