@@ -1,6 +1,8 @@
 // qkv.Optimizer (SGD with momentum, AdamW) over a MultiHeadAttention's parameters, gradient
 // clipping and the learning-rate schedule. The friendly constructors SGD() and AdamW() are in
 // qkv/optim.py.
+#include <cmath>
+
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
@@ -22,18 +24,31 @@ struct PyOptimizer {
   double lr;
 };
 
+// A learning rate: a finite number >= 0 (inf was taken at construction and refused only by step()).
+double lr_arg(const py::handle& obj) {
+  const double lr = number_arg(obj, "lr");
+  if (!(lr >= 0.0) || !std::isfinite(lr)) throw py::value_error(fmt::format("lr must be >= 0 and finite, got {}", lr));
+  return lr;
+}
+
 qkv::TensorMap grads_from_dict(const py::dict& grads) {
   qkv::TensorMap map;
   for (const auto& [key, value] : grads) {
-    const std::string name = py::cast<std::string>(key);
+    const std::string name = string_arg(key, "a tensor name");
     py::array owner;
     map.emplace(name, qkv::to_contiguous<float>(float32_view(value, name.c_str(), owner)));
   }
   return map;
 }
 
-PyOptimizer make_optimizer(PyLayer& layer, const std::string& kind, double lr, double momentum,
-                           std::pair<double, double> betas, double eps, double weight_decay) {
+// Numbers as given: True is not a learning rate, '0.1' is not a number (pybind11 took both).
+PyOptimizer make_optimizer(PyLayer& layer, const py::object& kind_obj, const py::object& lr_obj,
+                           const py::object& momentum, const py::object& betas, const py::object& eps,
+                           const py::object& weight_decay) {
+  const std::string kind = string_arg(kind_obj, "kind");
+  const double lr = lr_arg(lr_obj);
+  if (py::isinstance<py::str>(betas) || !py::isinstance<py::sequence>(betas) || py::len(betas) != 2)
+    throw py::type_error(fmt::format("betas must be a pair (beta1, beta2), got {}", std::string(py::repr(betas))));
   qkv::OptimizerConfig c;
   if (kind == "sgd")
     c.kind = qkv::OptimizerKind::sgd;
@@ -41,18 +56,21 @@ PyOptimizer make_optimizer(PyLayer& layer, const std::string& kind, double lr, d
     c.kind = qkv::OptimizerKind::adamw;
   else
     throw py::value_error(fmt::format("kind must be 'sgd' or 'adamw', got '{}'", kind));
-  if (!(lr >= 0.0)) throw py::value_error(fmt::format("lr must be >= 0, got {}", lr));
-  c.momentum = momentum;
-  c.beta1 = betas.first;
-  c.beta2 = betas.second;
-  c.eps = eps;
-  c.weight_decay = weight_decay;
+  c.momentum = number_arg(momentum, "momentum");
+  c.beta1 = number_arg(betas[py::int_(0)], "betas[0]");
+  c.beta2 = number_arg(betas[py::int_(1)], "betas[1]");
+  c.eps = number_arg(eps, "eps");
+  c.weight_decay = number_arg(weight_decay, "weight_decay");
   return PyOptimizer(layer, c, lr);
 }
 
-void step(PyOptimizer& self, const std::optional<py::dict>& grads, std::optional<double> lr) {
-  const double rate = lr.value_or(self.lr);
-  if (!(rate >= 0.0)) throw py::value_error(fmt::format("lr must be >= 0, got {}", rate));
+void step(PyOptimizer& self, const py::object& grads_obj, const py::object& lr) {
+  const double rate = lr.is_none() ? self.lr : lr_arg(lr);
+  if (!grads_obj.is_none() && !py::isinstance<py::dict>(grads_obj))
+    throw py::type_error(
+        fmt::format("grads must be a dict {{name: array}} or None, got {}", std::string(py::repr(grads_obj))));
+  const std::optional<py::dict> grads =
+      grads_obj.is_none() ? std::nullopt : std::optional<py::dict>(grads_obj.cast<py::dict>());
   if (grads) {
     const qkv::TensorMap map = grads_from_dict(*grads);
     self.optimizer.step(map, rate);
@@ -89,26 +107,34 @@ void bind_optim(py::module_& m) {
           "One update. grads: {name: array} for every parameter (default: layer.grads from the last "
           "backward()); lr: this step's rate (default: the optimizer's lr). ValueError for a missing or "
           "misshapen gradient, before anything changes.");
-  cls.def_readwrite("lr", &PyOptimizer::lr, "The learning rate step() uses by default.");
+  cls.def_property(
+      "lr", [](const PyOptimizer& o) { return o.lr; }, [](PyOptimizer& o, const py::object& lr) { o.lr = lr_arg(lr); },
+      "The learning rate step() uses by default.");
   cls.def_property_readonly(
       "step_count", [](const PyOptimizer& o) { return o.optimizer.step_count(); }, "Updates done so far.");
   cls.def("state", &state_of, "The optimizer state as {name: float32 array} (copies), e.g. 'adamw.m.w_q'.");
   cls.def(
       "load_state",
-      [](PyOptimizer& o, const py::dict& tensors, int64_t step_count) {
-        o.optimizer.load_state(grads_from_dict(tensors), step_count);
+      [](PyOptimizer& o, const py::dict& tensors, const py::object& step_count) {
+        o.optimizer.load_state(grads_from_dict(tensors), index_arg(step_count, "step_count"));
       },
       py::arg("state"), py::arg("step_count"), "Restores what state() returned and the step count.");
 
   m.def(
-      "clip_grad_norm", [](PyLayer& layer, double max_norm) { return qkv::clip_grad_norm(layer.grads(), max_norm); },
+      "clip_grad_norm",
+      [](PyLayer& layer, const py::object& max_norm) {
+        return qkv::clip_grad_norm(layer.grads(), number_arg(max_norm, "max_norm"));
+      },
       py::arg("layer"), py::arg("max_norm"),
       "Scales layer.grads (the last backward()'s gradients) so their global L2 norm is at most max_norm "
       "(max_norm <= 0: never). Returns the norm before clipping.");
   m.def(
       "lr_at",
-      [](int64_t step, double base, double min_lr, int64_t warmup, int64_t total) {
-        return qkv::LrSchedule{base, min_lr, warmup, total}.at(step);
+      [](const py::object& step, const py::object& base, const py::object& min_lr, const py::object& warmup,
+         const py::object& total) {
+        return qkv::LrSchedule{number_arg(base, "base"), number_arg(min_lr, "min_lr"), index_arg(warmup, "warmup"),
+                               index_arg(total, "total")}
+            .at(index_arg(step, "step"));
       },
       py::arg("step"), py::arg("base") = 1e-3, py::arg("min_lr") = 0.0, py::arg("warmup") = 0, py::arg("total") = 1,
       "The learning rate at `step` (from 0): linear warm-up from base/warmup to base over `warmup` steps, then "

@@ -60,10 +60,12 @@ class Optimizer {
 
 // Scales every gradient by max_norm / norm when the global L2 norm over all of them exceeds
 // max_norm (max_norm <= 0: never). Returns the norm before clipping (summed in float64 in name order).
+// Throws qkv::Error for a NaN max_norm.
 double clip_grad_norm(TensorMap& grads, double max_norm);
 
 // Learning rate per step (counting from 0): linear warm-up from base/warmup to base over `warmup`
-// steps, then cosine decay from base to min_lr, reaching min_lr at step `total`.
+// steps, then cosine decay from base to min_lr, reaching min_lr at step `total`. at() throws
+// qkv::Error for a negative step, warmup or total, or unless 0 <= min_lr <= base, both finite.
 struct LrSchedule {
   double base = 1e-3;
   double min_lr = 0.0;

@@ -14,4 +14,4 @@ def AdamW(layer, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     """AdamW over `layer`'s parameters, as torch.optim.AdamW: p -= lr * weight_decay * p, then
     p -= lr * m_hat / (sqrt(v_hat) + eps) with bias-corrected moments. Call .step() after
     layer.backward()."""
-    return _qkv.Optimizer(layer, kind="adamw", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    return _qkv.Optimizer(layer, kind="adamw", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

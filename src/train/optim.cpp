@@ -7,6 +7,10 @@
 #include <fmt/format.h>
 
 namespace qkv {
+
+namespace {
+constexpr int64_t kMaxSteps = int64_t{1} << 62;
+}  // namespace
 namespace {
 
 const Tensor<float>& find_same_shape(const TensorMap& map, const std::string& key, const Tensor<float>& like,
@@ -30,8 +34,9 @@ Optimizer::Optimizer(const OptimizerConfig& config, ParameterList params)
     throw Error(fmt::format("optimizer: momentum {} is outside [0, 1)", c.momentum));
   if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1))
     throw Error(fmt::format("optimizer: betas ({}, {}) must be in [0, 1)", c.beta1, c.beta2));
-  if (!(c.eps > 0) || !(c.weight_decay >= 0))
-    throw Error(fmt::format("optimizer: eps {} must be > 0 and weight decay {} >= 0", c.eps, c.weight_decay));
+  if (!(c.eps > 0) || !(c.weight_decay >= 0) || !std::isfinite(c.eps) || !std::isfinite(c.weight_decay))
+    throw Error(fmt::format("optimizer: eps {} must be finite and > 0, and weight decay {} finite and >= 0", c.eps,
+                            c.weight_decay));
   for (const auto& [name, p] : params_) {
     first_.emplace_back(p->shape(), name);
     if (c.kind == OptimizerKind::adamw) second_.emplace_back(p->shape(), name);
@@ -40,6 +45,9 @@ Optimizer::Optimizer(const OptimizerConfig& config, ParameterList params)
 
 void Optimizer::step(const TensorMap& grads, double lr) {
   if (!std::isfinite(lr) || lr < 0) throw Error(fmt::format("optimizer: learning rate {} must be finite and >= 0", lr));
+  if (!std::isfinite(lr * config_.weight_decay))
+    throw Error(
+        fmt::format("optimizer: learning rate {} times weight decay {} is not finite", lr, config_.weight_decay));
   std::vector<const Tensor<float>*> g;
   for (const auto& [name, p] : params_) g.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
   // A non-finite gradient (training diverged, or bad input) would turn every weight it touches
@@ -94,12 +102,29 @@ std::vector<std::pair<std::string, TensorView<const float>>> Optimizer::state() 
 }
 
 void Optimizer::load_state(const TensorMap& tensors, int64_t step_count) {
-  if (step_count < 0) throw Error(fmt::format("optimizer state: step count {} is negative", step_count));
+  // A count near INT64_MAX would wrap at the next step (and the bias corrections with it).
+  if (step_count < 0 || step_count > kMaxSteps)
+    throw Error(fmt::format("optimizer state: step count {} is outside [0, 2^62]", step_count));
   std::vector<const Tensor<float>*> src;
+  std::vector<std::string> names;
   for (std::size_t k = 0; k < params_.size(); ++k) {
-    src.push_back(&find_same_shape(tensors, first_name(config_.kind) + params_[k].first, first_[k], "optimizer state"));
-    if (config_.kind == OptimizerKind::adamw)
-      src.push_back(&find_same_shape(tensors, "adamw.v." + params_[k].first, second_[k], "optimizer state"));
+    names.push_back(first_name(config_.kind) + params_[k].first);
+    src.push_back(&find_same_shape(tensors, names.back(), first_[k], "optimizer state"));
+    if (config_.kind == OptimizerKind::adamw) {
+      names.push_back("adamw.v." + params_[k].first);
+      src.push_back(&find_same_shape(tensors, names.back(), second_[k], "optimizer state"));
+    }
+  }
+  // Moments that are not finite (or a negative second moment) would turn the weights into NaN at
+  // the next step, which refuses such gradients: refused here too, before anything is copied.
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const bool second = config_.kind == OptimizerKind::adamw && i % 2 == 1;
+    for (int64_t e = 0; e < src[i]->numel(); ++e) {
+      const float x = (*src[i])[e];
+      if (!std::isfinite(x) || (second && x < 0))
+        throw Error(fmt::format("optimizer state: {} has {} at flat index {}; it must be finite{}", names[i], x, e,
+                                second ? " and >= 0 (a second moment)" : ""));
+    }
   }
   std::size_t s = 0;
   for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -110,6 +135,7 @@ void Optimizer::load_state(const TensorMap& tensors, int64_t step_count) {
 }
 
 double clip_grad_norm(TensorMap& grads, double max_norm) {
+  if (std::isnan(max_norm)) throw Error("clip_grad_norm: max_norm is NaN (pass a number; <= 0 never clips)");
   double sum = 0.0;
   for (const auto& [name, g] : grads)
     for (int64_t i = 0; i < g.numel(); ++i) sum += double(g[i]) * double(g[i]);
@@ -123,6 +149,11 @@ double clip_grad_norm(TensorMap& grads, double max_norm) {
 }
 
 double LrSchedule::at(int64_t step) const {
+  if (step < 0 || warmup < 0 || total < 0)
+    throw Error(fmt::format("lr schedule: step {}, warmup {} and total {} must be >= 0", step, warmup, total));
+  if (!(std::isfinite(base) && std::isfinite(min_lr) && 0 <= min_lr && min_lr <= base))
+    throw Error(
+        fmt::format("lr schedule: need 0 <= min_lr <= base, both finite; got min_lr {}, base {}", min_lr, base));
   if (warmup > 0 && step < warmup) return base * static_cast<double>(step + 1) / static_cast<double>(warmup);
   const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
   const double progress = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);

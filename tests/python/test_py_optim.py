@@ -98,3 +98,51 @@ def test_optimizer_bad_inputs():
         qkv.SGD(layer, lr=-1.0)
     with pytest.raises(TypeError):
         qkv.SGD("not a layer", lr=0.1)
+
+
+def test_optimizer_values_that_would_make_nan_weights_are_refused():
+    """Each of these was taken and then turned every weight into NaN (or wrapped the step count,
+    or skipped clipping) without a word: refused by name, before anything changes."""
+    layer = qkv.MultiHeadAttention(4, 1)
+    grads = _grads(layer, rng_for(9400))
+    for make, exc, message in [
+            (lambda: qkv.SGD(layer, lr=np.inf), ValueError, "lr must be >= 0 and finite, got inf"),
+            (lambda: qkv.SGD(layer, lr=True), TypeError, "lr must be a number, got True"),
+            (lambda: qkv.SGD(layer, lr="0.1"), TypeError, "lr must be a number, got '0.1'"),
+            (lambda: qkv.AdamW(layer, weight_decay=np.inf), ValueError, "weight decay inf finite and >= 0"),
+            (lambda: qkv.AdamW(layer, betas=5), TypeError, r"betas must be a pair \(beta1, beta2\), got 5"),
+            (lambda: qkv.Optimizer(layer, kind=None), TypeError, "kind must be a string, got None")]:
+        with pytest.raises(exc, match=message):
+            make()
+    before = layer.w_q.copy()
+    with pytest.raises(ValueError, match="learning rate 1e\\+300 times weight decay 1e\\+300 is not finite"):
+        qkv.AdamW(layer, lr=1e300, weight_decay=1e300).step(grads)
+    opt = qkv.AdamW(layer)
+    with pytest.raises(TypeError, match="lr must be a number, got '0.1'"):
+        opt.step(grads, lr="0.1")
+    with pytest.raises(TypeError, match=r"grads must be a dict \{name: array\} or None, got \[1, 2\]"):
+        opt.step([1, 2])
+    with pytest.raises(TypeError, match="a tensor name must be a string, got 1"):
+        opt.step({**grads, 1: np.zeros(3, np.float32)})
+    with pytest.raises(TypeError, match="lr must be a number, got None"):
+        opt.lr = None
+    state = opt.state()
+    with pytest.raises(ValueError, match=r"optimizer state: adamw.m.w_q has nan at flat index 0; it must be finite"):
+        opt.load_state({k: v * np.nan for k, v in state.items()}, 1)
+    with pytest.raises(ValueError, match=r"adamw.v.w_q has -1 at flat index 0; it must be finite and >= 0"):
+        opt.load_state({k: (-np.ones_like(v) if ".v." in k else v) for k, v in state.items()}, 1)
+    with pytest.raises(ValueError, match=r"step count 9223372036854775807 is outside \[0, 2\^62\]"):
+        opt.load_state(state, (1 << 63) - 1)
+    with pytest.raises(TypeError, match="step_count must be an integer, got 1.5"):
+        opt.load_state(state, 1.5)
+    assert np.array_equal(layer.w_q, before), "refused calls change nothing"
+    layer(np.ones((3, 4), np.float32))
+    layer.backward(np.ones((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"clip_grad_norm: max_norm is NaN"):
+        qkv.clip_grad_norm(layer, np.nan)
+    with pytest.raises(ValueError, match="lr schedule: step -5, warmup 10 and total 1 must be >= 0"):
+        qkv.lr_at(-5, warmup=10)
+    with pytest.raises(ValueError, match="need 0 <= min_lr <= base, both finite; got min_lr 1, base 0.1"):
+        qkv.lr_at(5, base=0.1, min_lr=1.0)
+    with pytest.raises(TypeError, match="step must be an integer, got True"):
+        qkv.lr_at(True)
