@@ -50,6 +50,13 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
   const qkv::TensorView<T> dq = grad_view(0, "dq"), dk = grad_view(1, "dk"), dv = grad_view(2, "dv"),
                            dbias = return_dbias ? grad_view(3, "dbias") : qkv::TensorView<T>();
   if constexpr (std::is_same_v<T, double>) {
+    if (!out_obj.is_none()) {  // checked as for float32, though the float64 reference recomputes them
+      py::array out_owner, lse_owner;
+      if (dtype_of(out_obj, "out") != DType::f64) throw py::type_error("out must be float64 like the forward's result");
+      if (dtype_of(lse_obj, "lse") != DType::f64) throw py::type_error("lse must be float64 like the forward's result");
+      given<double>(out_obj, "out", call.out_shape, out_owner);
+      given<double>(lse_obj, "lse", call.lse_shape, lse_owner);
+    }
     InterruptibleRelease release;  // Ctrl-C stops it
     qkv::reference_attention_backward(dq, dk, dv, dbias, dout4, q4, k4, v4, call.options);
   } else {

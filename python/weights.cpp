@@ -49,9 +49,8 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   const std::vector<int64_t> rows = parse_rows(rows_obj, N);
   qkv::TensorView<const float> lse3;
   if (!lse_obj.is_none()) {
-    lse_owner = py::array_t<float>::ensure(lse_obj);
-    if (!lse_owner) throw py::type_error("lse must be a float array (the forward's return_lse result)");
-    const qkv::TensorView<const float> lse = array_view<float>(lse_owner, "lse");
+    // float32 or float64 only, as the forward returns it (ensure() cast strings and complex too).
+    const qkv::TensorView<const float> lse = float32_view(lse_obj, "lse", lse_owner);
     qkv::require_shape(lse.shape(), call.lse_shape, "lse");
     lse3 = lse_view(lse);
   }

@@ -107,6 +107,15 @@ def test_backward_bad_inputs():
         qkv.attention_backward(q, q, q, dout, out=out, lse=lse[:4])
     with pytest.raises(TypeError, match="out must be float32"):
         qkv.attention_backward(q, q, q, dout, out=out.astype(np.float64), lse=lse)
+    # float64 recomputes out and lse, but what is passed is checked the same way (it was ignored).
+    q64, dout64 = q.astype(np.float64), dout.astype(np.float64)
+    out64, lse64 = qkv.scaled_dot_product_attention(q64, q64, q64, return_lse=True)
+    with pytest.raises(TypeError, match="out must be a numpy array, got str"):
+        qkv.attention_backward(q64, q64, q64, dout64, out="x", lse="y")
+    with pytest.raises(ValueError, match=r"lse: shape \[9\] must be \[5\]"):
+        qkv.attention_backward(q64, q64, q64, dout64, out=out64, lse=np.zeros(9))
+    with pytest.raises(TypeError, match="out must be float64"):
+        qkv.attention_backward(q64, q64, q64, dout64, out=out, lse=lse64)
     bf = q.view(np.uint16)[:, ::2].copy()
     with pytest.raises(TypeError, match="bfloat16\\) inputs are not supported"):
         qkv.attention_backward(bf, bf, bf, bf)

@@ -142,6 +142,13 @@ def test_check_finite_index_for_rank4_float64():
     (dict(return_lse=1), ValueError, 'return_lse must be False, True or "float64", got 1'),
     (dict(simd=None), TypeError, "simd must be a string, got None"),
     (dict(scale=1e300), ValueError, r"scale must be finite and at most FLT_MAX \(3.4e38\) in magnitude, got 1e\+300"),
+    (dict(scale=np.bool_(True)), TypeError, "scale must be a number or None, got True"),
+    (dict(scale=1 + 2j), TypeError, r"scale must be a number or None, got \(1\+2j\)"),
+    (dict(key_lengths=np.array([True])), TypeError, r"key_lengths\[0\] must be an integer, got True"),
+    (dict(key_lengths=b"\x01"), TypeError, "key_lengths must be an int or a sequence of 1 ints"),
+    (dict(alibi_slopes=[1 + 1j]), TypeError, r"alibi_slopes\[0\] must be a number, got \(1\+1j\)"),
+    (dict(softcap=1e-300), ValueError, "softcap = 1e-300 is below float32's normal range; pass 0 to turn the cap off"),
+    (dict(softcap=1e300), ValueError, r"softcap must be a finite number >= 0 \(0 = off\), got 1e\+300"),
 ])
 def test_bad_mask_and_option_arguments(kwargs, exc, message):
     q, k, v = _qkv(3010)

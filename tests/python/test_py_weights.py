@@ -99,6 +99,16 @@ def test_weights_bad_inputs():
         qkv.attention_weights(q, q, top_k=2.0)
     with pytest.raises(ValueError, match=r"lse: shape \[2\] must be \[3\]"):
         qkv.attention_weights(q, q, lse=np.zeros(2, np.float32))
+    # Only float arrays, as the forward returns lse (strings and ints were cast, complex truncated).
+    for bad in (np.zeros(3).astype(str), np.zeros(3, np.int32), np.zeros(3, np.complex64)):
+        with pytest.raises(TypeError, match=f"lse: dtype {bad.dtype} is not supported"):
+            qkv.attention_weights(q, q, lse=bad)
+    # numpy bools are not row indices, bytes are not a list of rows; a 0-d integer array is one row.
+    with pytest.raises(TypeError, match="rows entry must be an integer, got True"):
+        qkv.attention_weights(q, q, rows=np.array([True, False, True]))
+    with pytest.raises(TypeError, match="rows must be an int or a sequence of ints"):
+        qkv.attention_weights(q, q, rows=b"\x01")
+    assert qkv.attention_weights(q, q, rows=np.array(1)).shape == (1, 3)
     with pytest.raises(ValueError, match="must have the same last dim"):
         qkv.attention_weights(q, np.ones((3, 5), np.float32))
     with pytest.raises(TypeError, match="q: dtype int64 is not supported"):
