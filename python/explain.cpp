@@ -67,6 +67,12 @@ std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
     std::vector<std::string> out;
     for (const py::handle t : tokens) {
       if (!py::isinstance<py::str>(t)) throw py::type_error("tokens must be a list of strings, one per row");
+      // A lone surrogate ('\udcff', from undecodable bytes) has no UTF-8 form.
+      if (PyUnicode_AsUTF8AndSize(t.ptr(), nullptr) == nullptr) {
+        PyErr_Clear();
+        throw py::value_error(fmt::format("tokens[{}] = {} is not valid Unicode text (a lone surrogate)", out.size(),
+                                          std::string(py::repr(t))));
+      }
       out.push_back(t.cast<std::string>());
     }
     return out;
@@ -95,7 +101,7 @@ qkv::Explanation build(const ExplainArgs& a) {
   }
   if (!a.example.is_none() || (a.x.is_none() && a.layer.is_none() && !have_w)) {
     if (!a.x.is_none() || !a.tokens.is_none()) throw py::value_error("explain: an example brings its own tokens and x");
-    const std::string name = a.example.is_none() ? "seed-003" : a.example.cast<std::string>();
+    const std::string name = a.example.is_none() ? "seed-003" : string_arg(a.example, "example");
     return qkv::explain_example(name);
   }
   if (a.x.is_none()) throw py::value_error("explain: x (the embeddings [N, E]) is required");
@@ -104,6 +110,9 @@ qkv::Explanation build(const ExplainArgs& a) {
     const qkv::TensorView<const float> x = float32_view(a.x, "x", owner);
     if (x.rank() != 2)
       throw py::value_error(fmt::format("x: expected [N, E], got shape {}", qkv::shape_string(x.shape())));
+    if (!py::isinstance<PyLayer>(a.layer))
+      throw py::type_error(
+          fmt::format("layer must be a qkv.MultiHeadAttention, got {}", std::string(py::repr(a.layer))));
     const auto& layer = a.layer.cast<const PyLayer&>().layer;
     return qkv::explain_layer(tokens_for(a.tokens, x.dim(0)), x, layer);
   }
@@ -140,8 +149,15 @@ Raises ValueError for inconsistent shapes or an unknown example name.)";
 py::object explain(const py::object& example, const py::object& tokens, const py::object& x, const py::object& layer,
                    const py::object& q, const py::object& k, const py::object& v, const py::object& w_q,
                    const py::object& w_k, const py::object& w_v, const py::object& b_q, const py::object& b_k,
-                   const py::object& b_v, const py::object& w_o, const py::object& b_o, int64_t num_heads,
-                   std::optional<int64_t> num_kv_heads, const std::string& format, int precision) {
+                   const py::object& b_v, const py::object& w_o, const py::object& b_o, const py::object& heads,
+                   const py::object& kv_heads, const py::object& format_obj, const py::object& precision_obj) {
+  const std::string format = string_arg(format_obj, "format");
+  const int64_t num_heads = index_arg(heads, "num_heads");
+  const std::optional<int64_t> num_kv_heads =
+      kv_heads.is_none() ? std::nullopt : std::optional<int64_t>(index_arg(kv_heads, "num_kv_heads"));
+  const int64_t digits = index_arg(precision_obj, "precision");
+  if (digits < 0 || digits > 17) throw py::value_error(fmt::format("precision must be in [0, 17], got {}", digits));
+  const int precision = static_cast<int>(digits);
   if (format != "dict" && format != "text" && format != "json")
     throw py::value_error(fmt::format("format must be 'dict', 'text' or 'json', got '{}'", format));
   const ExplainArgs args{example, tokens, x,   layer, q,   k,   v,         w_q,         w_k,

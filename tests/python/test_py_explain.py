@@ -97,3 +97,17 @@ def test_explain_bad_arguments():
         qkv.explain(x=np.ones((2, 2)), tokens=5)
     with pytest.raises(TypeError, match="x: dtype int64 is not supported"):
         qkv.explain(x=np.ones((2, 2), np.int64))
+    # Refused by name (these leaked pybind11's "Unable to cast" or its signature of explain()).
+    x = np.ones((2, 4), np.float32)
+    for kwargs, exc, message in [
+            (dict(example=1), TypeError, "example must be a string, got 1"),
+            (dict(x=x, layer="x"), TypeError, "layer must be a qkv.MultiHeadAttention, got 'x'"),
+            (dict(x=x, tokens=["a", "\udcff"]), ValueError, "tokens\\[1\\] = .* is not valid Unicode text"),
+            (dict(format=None), TypeError, "format must be a string, got None"),
+            (dict(format="text", precision=1.5), TypeError, "precision must be an integer, got 1.5"),
+            (dict(format="text", precision=1 << 31), ValueError, r"precision must be in \[0, 17\], got 2147483648"),
+            (dict(x=x, w_q=np.ones((4, 4)), w_k=np.ones((4, 4)), w_v=np.ones((4, 4)), num_heads="2"), TypeError,
+             "num_heads must be an integer, got '2'")]:
+        example = kwargs.pop("example", None)
+        with pytest.raises(exc, match=message):
+            qkv.explain(example, **kwargs)
