@@ -378,7 +378,14 @@ bool flag_arg(const py::handle& obj, const std::string& name) {
 std::string string_arg(const py::handle& obj, const std::string& name) {
   if (!py::isinstance<py::str>(obj))
     throw py::type_error(fmt::format("{} must be a string, got {}", name, std::string(py::repr(obj))));
-  return obj.cast<std::string>();
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(obj.ptr(), &size);
+  if (utf8 == nullptr) {  // a lone surrogate ('\udcff', from undecodable bytes) has no UTF-8 form
+    PyErr_Clear();
+    throw py::value_error(
+        fmt::format("{} = {} is not valid Unicode text (a lone surrogate)", name, std::string(py::repr(obj))));
+  }
+  return std::string(utf8, static_cast<std::size_t>(size));
 }
 
 double number_arg(const py::handle& obj, const std::string& name) { return to_float(obj, name); }

@@ -132,7 +132,8 @@ int threads_arg(const py::handle& obj);
 // so no truthy string or list passes as a flag.
 bool flag_arg(const py::handle& obj, const std::string& name);
 
-// A str argument: TypeError "<name> must be a string, got <repr>" otherwise.
+// A str argument: TypeError "<name> must be a string, got <repr>" otherwise; ValueError for a str
+// with a lone surrogate, which has no UTF-8 form.
 std::string string_arg(const py::handle& obj, const std::string& name);
 
 // A file path: str or os.PathLike (pathlib.Path); TypeError "<name> must be a path, got <repr>".

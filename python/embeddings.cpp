@@ -96,8 +96,8 @@ std::vector<std::string> words_of(const Embeddings& e) {
   return words;
 }
 
-py::tuple embed(const Embeddings& e, const std::string& sentence, const std::string& oov) {
-  qkv::EmbeddedSentence s = qkv::embed_sentence(e, sentence, parse_oov(oov));
+py::tuple embed(const Embeddings& e, const py::object& sentence, const py::object& oov) {
+  qkv::EmbeddedSentence s = qkv::embed_sentence(e, string_arg(sentence, "sentence"), parse_oov(string_arg(oov, "oov")));
   return py::make_tuple(s.tokens, tensor_to_numpy(std::move(s.x)), s.missing);
 }
 
@@ -113,7 +113,12 @@ Immutable; safe to share between threads.)";
 
 void bind_embeddings(py::module_& m) {
   py::class_<Embeddings, std::shared_ptr<Embeddings>> cls(m, "Embeddings", kEmbeddingsDoc);
-  cls.def(py::init([](std::vector<std::string> words, const py::object& matrix) {
+  cls.def(py::init([](const py::object& words_obj, const py::object& matrix) {
+            if (py::isinstance<py::str>(words_obj) || !py::isinstance<py::sequence>(words_obj))
+              throw py::type_error(
+                  fmt::format("words must be a list of strings, got {}", std::string(py::repr(words_obj))));
+            std::vector<std::string> words;
+            for (const py::handle w : words_obj) words.push_back(string_arg(w, fmt::format("words[{}]", words.size())));
             py::array owner;
             const qkv::TensorView<const float> v = float32_view(matrix, "matrix", owner);
             if (v.rank() != 2 || v.dim(0) != static_cast<int64_t>(words.size()))
@@ -122,21 +127,30 @@ void bind_embeddings(py::module_& m) {
             return std::make_shared<Embeddings>(std::move(words), qkv::to_contiguous<float>(v));
           }),
           py::arg("words"), py::arg("matrix"), "Builds embeddings from words and a [V, E] matrix (copied).");
-  cls.def_static("load", &load, py::arg("path"), py::arg("format") = "auto",
-                 "Loads GloVe / word2vec text / word2vec binary embeddings (see the class docstring).");
+  cls.def_static(
+      "load",
+      [](const py::object& path, const py::object& format) {
+        return load(path_arg(path, "path"), string_arg(format, "format"));
+      },
+      py::arg("path"), py::arg("format") = "auto",
+      "Loads GloVe / word2vec text / word2vec binary embeddings (see the class docstring).");
   cls.def_property_readonly("matrix", &matrix_view, "The vectors [V, E] as a read-only float32 view (no copy).");
   cls.def_property_readonly("words", &words_of, "The vocabulary as a list of V words, in file order.");
   cls.def_property_readonly("dim", &Embeddings::dim, "E, the width of each vector.");
   cls.def("__len__", &Embeddings::size, "V, the number of words.");
   cls.def(
-      "find", [](const Embeddings& e, const std::string& w) { return e.find(w); }, py::arg("word"),
+      "find", [](const Embeddings& e, const py::object& w) { return e.find(string_arg(w, "word")); }, py::arg("word"),
       "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");
   cls.def(
-      "__contains__", [](const Embeddings& e, const std::string& w) { return e.find(w) >= 0; }, py::arg("word"),
-      "True if find(word) finds it.");
+      "__contains__",
+      [](const Embeddings& e, const py::object& w) {
+        return py::isinstance<py::str>(w) && e.find(string_arg(w, "word")) >= 0;  // `1 in e` is False, as for a list
+      },
+      py::arg("word"), "True if find(word) finds it.");
   cls.def(
       "vector",
-      [](const py::object& self, const std::string& w) -> py::object {
+      [](const py::object& self, const py::object& word) -> py::object {
+        const std::string w = string_arg(word, "word");
         const int64_t i = self.cast<const Embeddings&>().find(w);
         if (i < 0) throw py::key_error(fmt::format("'{}' is not in the vocabulary", w));
         return matrix_view(self)[py::int_(i)];
@@ -152,8 +166,8 @@ drops them. ValueError if the sentence has no tokens or none remain.)");
 
   m.def(
       "load_embeddings",
-      [](const std::string& path, const std::string& format) {
-        const std::shared_ptr<Embeddings> e = load(path, format);
+      [](const py::object& path, const py::object& format) {
+        const std::shared_ptr<Embeddings> e = load(path_arg(path, "path"), string_arg(format, "format"));
         return py::make_tuple(words_of(*e), matrix_view(py::cast(e)));
       },
       py::arg("path"), py::arg("format") = "auto",
@@ -161,9 +175,11 @@ drops them. ValueError if the sentence has no tokens or none remain.)");
 array [V, E] (no copy of the vectors). format: "auto", "glove", "word2vec_text" or
 "word2vec_binary". Raises ValueError naming the file (and line) for anything malformed.
 Use qkv.Embeddings.load for lookups and sentence embedding.)");
-  m.def("tokenize", &qkv::tokenize, py::arg("sentence"),
-        "Lowercases and splits on whitespace and ASCII punctuation (dropped); bytes >= 0x80 stay inside words. "
-        "\"The bank's\" -> ['the', 'bank', 's'].");
+  m.def(
+      "tokenize", [](const py::object& sentence) { return qkv::tokenize(string_arg(sentence, "sentence")); },
+      py::arg("sentence"),
+      "Lowercases and splits on whitespace and ASCII punctuation (dropped); bytes >= 0x80 stay inside words. "
+      "\"The bank's\" -> ['the', 'bank', 's'].");
 }
 
 }  // namespace qkvpy

@@ -65,16 +65,7 @@ std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
     if (py::isinstance<py::str>(tokens) || !py::isinstance<py::sequence>(tokens))
       throw py::type_error("tokens must be a list of strings, one per row");
     std::vector<std::string> out;
-    for (const py::handle t : tokens) {
-      if (!py::isinstance<py::str>(t)) throw py::type_error("tokens must be a list of strings, one per row");
-      // A lone surrogate ('\udcff', from undecodable bytes) has no UTF-8 form.
-      if (PyUnicode_AsUTF8AndSize(t.ptr(), nullptr) == nullptr) {
-        PyErr_Clear();
-        throw py::value_error(fmt::format("tokens[{}] = {} is not valid Unicode text (a lone surrogate)", out.size(),
-                                          std::string(py::repr(t))));
-      }
-      out.push_back(t.cast<std::string>());
-    }
+    for (const py::handle t : tokens) out.push_back(string_arg(t, fmt::format("tokens[{}]", out.size())));
     return out;
   }
   std::vector<std::string> out;

@@ -88,6 +88,24 @@ def test_malformed_files_raise_value_error_naming_the_file(tmp_path):
         qkv.load_embeddings(str(truncated), format="word2vec_binary")
     with pytest.raises(ValueError, match="format must be 'auto', 'glove'"):
         qkv.load_embeddings(str(ragged), format="fasttext")
+    # Paths may be os.PathLike; arguments of the wrong kind are refused by name (they dumped the
+    # binding's signature, and a lone surrogate leaked pybind11's cast error).
+    ok = tmp_path / "ok.txt"
+    ok.write_text("a 1 2\nb 3 4\n")
+    assert qkv.load_embeddings(ok)[0] == ["a", "b"]
+    e = qkv.Embeddings.load(ok)
+    assert "a" in e and 1 not in e
+    for call, exc, message in [
+            (lambda: qkv.Embeddings.load(None), TypeError, r"path must be a path \(str or os.PathLike\), got None"),
+            (lambda: qkv.Embeddings.load(str(ragged), format=None), TypeError, "format must be a string, got None"),
+            (lambda: qkv.Embeddings("ab", np.ones((2, 2), np.float32)), TypeError, "words must be a list of strings"),
+            (lambda: qkv.Embeddings([1, 2], np.ones((2, 2), np.float32)), TypeError,
+             r"words\[0\] must be a string, got 1"),
+            (lambda: e.find(None), TypeError, "word must be a string, got None"),
+            (lambda: e.embed("a", oov=None), TypeError, "oov must be a string, got None"),
+            (lambda: qkv.tokenize("\udcff"), ValueError, "sentence = .* is not valid Unicode text")]:
+        with pytest.raises(exc, match=message):
+            call()
     # A message quoting bytes that are not UTF-8 keeps its text (it was an empty ValueError).
     binary = tmp_path / "binary.bin"
     binary.write_bytes(b"\x80")
