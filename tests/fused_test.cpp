@@ -119,10 +119,13 @@ TEST(FusedForward, RefusesAnOverflowFromFiniteInputs) {
   Tensor<float> q({1, 1, N, D}), k({1, 1, N, D}), v = rng.normal32({1, 1, N, D});
   // Equal scores: the unnormalised P·V sum is N·3e38 whatever the draw (with random scores one
   // key could dominate, and then the sum, and the result, stays finite: a flaky test).
-  Tensor<float> zero({1, 1, N, D}), huge_v({1, 1, N, D});
+  // k_neg: every score -1e40·D, -inf in fp32, so each row looked fully masked and came out 0
+  // (the float64 reference gives mean(v)); it is the same overflow, below instead of above.
+  Tensor<float> zero({1, 1, N, D}), huge_v({1, 1, N, D}), k_neg({1, 1, N, D});
   for (int64_t i = 0; i < q.numel(); ++i) {
     q[i] = 1e20f;
     k[i] = i / D == 1 ? -1e20f : 1e20f;
+    k_neg[i] = -1e20f;
     huge_v[i] = 3e38f;
     zero[i] = 0.0f;
   }
@@ -130,12 +133,16 @@ TEST(FusedForward, RefusesAnOverflowFromFiniteInputs) {
     AttentionOptions options;
     options.simd = simd;
     Tensor<float> out({1, 1, N, D});
-    for (const auto& [qq, kk, vv] : {std::tuple{&q, &k, &v}, std::tuple{&zero, &zero, &huge_v}}) {
+    for (const auto& [qq, kk, vv] :
+         {std::tuple{&q, &k, &v}, std::tuple{&zero, &zero, &huge_v}, std::tuple{&q, &k_neg, &v}}) {
       options.kernel = Kernel::fused;
       try {
         attention_forward(out.view(), {}, qq->cview(), kk->cview(), vv->cview(), options);
         ADD_FAILURE() << simd_path_name(simd) << ": an overflow was returned ("
-                      << (qq == &q ? "scores of 1e40" : "v of 3e38") << ")";
+                      << (kk == &k       ? "scores of 1e40"
+                          : kk == &k_neg ? "scores of -1e40"
+                                         : "v of 3e38")
+                      << ")";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("the output overflowed float32 although q, k and v are finite"),
                   std::string::npos)

@@ -126,7 +126,20 @@ bool all_finite(TensorView<const T> t) {
 // finite inputs (q scaled by 1e20, v near FLT_MAX, a scale of 1e300). Refused rather than returned.
 // Non-finite inputs, or a bias with NaN or +inf, are the caller's own and give what any fp32
 // composite gives. Called only when the kernel saw a non-finite result in a row with an allowed
-// key (ForwardParams::nonfinite, flagged as the rows are written: no pass of its own).
+// key (ForwardParams::nonfinite, flagged as the rows are written: no pass of its own), or such a
+// row with every score -inf where no bias or keep-mask could have masked it (q = 1e20 against
+// k = -1e20: the row came out 0 as if masked, where the float64 reference gives mean(v)).
+// A keep-mask, or a bias with a -inf, can take every key of a row away (scores -inf, l = 0).
+bool may_mask_whole_rows(const Mask& mask) {
+  if (!mask.keep.empty()) return true;
+  bool minus_inf = false;
+  if (!mask.bias.empty())
+    for_each_element(mask.bias, [&](const float& x, const auto&) {
+      minus_inf = minus_inf || x == -std::numeric_limits<float>::infinity();
+    });
+  return minus_inf;
+}
+
 template <class T>
 void refuse_overflow(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
   if (!all_finite(q) || !all_finite(k) || !all_finite(v)) return;
@@ -163,10 +176,12 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   else
     p.lse = lse.empty() ? nullptr : lse.data();
   p.lse_stride = kernels::strides_of(lse);
-  std::atomic<bool> nonfinite{false};
+  std::atomic<bool> nonfinite{false}, emptied{false};
   p.nonfinite = &nonfinite;
+  p.emptied = &emptied;
   kernels::fused_forward(p, path, threads_for(s, options));
-  if (nonfinite.load()) refuse_overflow(q, k, v, options.mask);
+  if (nonfinite.load() || (emptied.load() && !may_mask_whole_rows(options.mask)))
+    refuse_overflow(q, k, v, options.mask);
 }
 
 }  // namespace

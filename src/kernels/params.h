@@ -59,6 +59,10 @@ struct ForwardParams {
   // Set (if not null) when a row that has an allowed key comes out with a non-finite out or lse:
   // the caller then tells an fp32 overflow from non-finite inputs. Only ever set to true.
   std::atomic<bool>* nonfinite = nullptr;
+  // Set (if not null) when a row that has an allowed key comes out with every score -inf (l = 0):
+  // a -inf bias or keep-mask zeros over the whole row, or scores below -3.4e38 from finite inputs,
+  // which the caller tells apart. Only ever set to true.
+  std::atomic<bool>* emptied = nullptr;
 
   bool is_bf16() const { return dtype == InputType::bf16; }
   template <class T>

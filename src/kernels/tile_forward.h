@@ -523,11 +523,13 @@ class ForwardTile {
   void write_rows() {
     // Exponent bits all set: inf or NaN (a bit test, so the common loop below still vectorizes).
     uint32_t nonfinite = 0;
+    bool emptied = false;
     auto flag = [&](float x) { nonfinite |= (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u; };
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
+      emptied |= live_[r] && l_[r] == 0.0f;
       const float inv = masked ? 0.0f : 1.0f / l_[r];
       const float* o = o_ + r * dvp_;
       if (masked) {
@@ -551,6 +553,7 @@ class ForwardTile {
       nonfinite |= !masked && !std::isfinite(lse);
     }
     if (nonfinite != 0 && p_.nonfinite != nullptr) p_.nonfinite->store(true, std::memory_order_relaxed);
+    if (emptied && p_.emptied != nullptr) p_.emptied->store(true, std::memory_order_relaxed);
   }
 
   using Dot = typename DotOf<Ops, Pairs>::type;
