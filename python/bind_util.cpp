@@ -155,7 +155,18 @@ bool is_bool(const py::handle& obj) {
   return py::isinstance<py::bool_>(obj) || py::isinstance(obj, numpy_bool);
 }
 
-int64_t to_index(const py::handle& obj, const std::string& name) {
+// A real number: not a bool, str or complex (all three pass PyNumber_Check or convert to float).
+bool is_real(const py::handle& obj) {
+  return !is_bool(obj) && PyNumber_Check(obj.ptr()) != 0 && !py::isinstance<py::str>(obj) &&
+         PyComplex_Check(obj.ptr()) == 0;
+}
+
+int64_t to_index(const py::handle& obj_in, const std::string& name) {
+  // A 0-d array is its element (numpy's own message for a 0-d float array names no argument).
+  const py::object obj =
+      py::isinstance<py::array>(obj_in) && py::array(py::reinterpret_borrow<py::object>(obj_in)).ndim() == 0
+          ? obj_in.attr("item")()
+          : py::reinterpret_borrow<py::object>(obj_in);
   if (is_bool(obj) || PyIndex_Check(obj.ptr()) == 0)
     throw py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
   PyObject* i = PyNumber_Index(obj.ptr());
@@ -169,13 +180,11 @@ int64_t to_index(const py::handle& obj, const std::string& name) {
 
 std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char* name) {
   if (obj.is_none()) return {};
-  if (PyIndex_Check(obj.ptr()) && !is_bool(obj) && !py::isinstance<py::array>(obj))
-    return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj, name));
-  if (py::isinstance<py::array>(obj) && py::array(py::reinterpret_borrow<py::object>(obj)).ndim() == 0)
-    return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj.attr("item")(), name));
-  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
-      (!py::isinstance<py::sequence>(obj) && !py::isinstance<py::array>(obj)))
+  if (!is_list_arg(obj)) {
+    if (PyIndex_Check(obj.ptr()) && !is_bool(obj))
+      return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj, name));
     throw py::type_error(fmt::format("{} must be an int or a sequence of {} ints (one per batch row)", name, B));
+  }
   std::vector<int64_t> out;
   std::size_t i = 0;
   for (const py::handle item : obj) out.push_back(to_index(item, fmt::format("{}[{}]", name, i++)));
@@ -185,8 +194,7 @@ std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char*
 }
 
 double to_float(const py::handle& obj, const std::string& name) {
-  if (is_bool(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj) || PyComplex_Check(obj.ptr()) != 0)
-    throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
+  if (!is_real(obj)) throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
   if (f == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(f).cast<double>();
@@ -202,7 +210,7 @@ qkv::CausalAlign parse_align(const py::handle& obj) {
 
 std::optional<qkv::Window> parse_window(const py::handle& obj) {
   if (obj.is_none()) return std::nullopt;
-  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) || py::len(obj) != 2)
+  if (!is_list_arg(obj) || py::len(obj) != 2)
     throw py::type_error("window must be a pair (left, right); None or a negative bound means unbounded");
   const py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
   qkv::Window w;
@@ -243,8 +251,7 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
     mask.bias = qkv::broadcast_mask(array_view<float>(out.bias_owner, "bias"), B, H, N, M, "bias");
   }
   if (const py::object slopes = get("alibi_slopes"); !slopes.is_none()) {
-    if (!py::isinstance<py::sequence>(slopes) && !py::isinstance<py::array>(slopes))
-      throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");
+    if (!is_list_arg(slopes)) throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");
     std::size_t i = 0;
     for (const py::handle s : slopes)
       mask.alibi_slopes.push_back(static_cast<float>(to_float(s, fmt::format("alibi_slopes[{}]", i++))));
@@ -354,8 +361,13 @@ void apply_options(const CallOptions& call, qkv::AttentionOptions& options) {
 
 int64_t index_arg(const py::handle& obj, const std::string& name) { return to_index(obj, name); }
 
+bool is_list_arg(const py::handle& obj) {
+  if (py::isinstance<py::array>(obj)) return py::array(py::reinterpret_borrow<py::object>(obj)).ndim() > 0;
+  return py::isinstance<py::sequence>(obj) && !py::isinstance<py::str>(obj) && !py::isinstance<py::bytes>(obj);
+}
+
 std::vector<int64_t> index_list_arg(const py::handle& obj, const std::string& name) {
-  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || !py::isinstance<py::sequence>(obj))
+  if (!is_list_arg(obj))
     throw py::type_error(fmt::format("{} must be a sequence of integers, got {}", name, std::string(py::repr(obj))));
   std::vector<int64_t> out;
   for (const py::handle item : obj) out.push_back(to_index(item, fmt::format("{}[{}]", name, out.size())));
@@ -409,7 +421,7 @@ void bind_argument_checks(py::module_& m) {
 
 std::optional<double> scale_arg(const py::handle& obj) {
   if (obj.is_none()) return std::nullopt;
-  if (is_bool(obj) || PyNumber_Check(obj.ptr()) == 0 || py::isinstance<py::str>(obj) || PyComplex_Check(obj.ptr()) != 0)
+  if (!is_real(obj))
     throw py::type_error(fmt::format("scale must be a number or None, got {}", std::string(py::repr(obj))));
   return to_float(obj, "scale");
 }

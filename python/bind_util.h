@@ -122,6 +122,10 @@ qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 // ValueError if it does not fit in int64.
 int64_t index_arg(const py::handle& obj, const std::string& name);
 
+// A list-like argument: a sequence or a numpy array of rank >= 1, not a str or bytes (whose
+// items are characters and small ints) and not a 0-d array (a scalar).
+bool is_list_arg(const py::handle& obj);
+
 // A sequence of integer arguments, each as index_arg ("<name>[i]"); TypeError for a non-sequence.
 std::vector<int64_t> index_list_arg(const py::handle& obj, const std::string& name);
 

@@ -120,7 +120,7 @@ DecodeCall decode_call(const py::object& q_obj, const py::object& cache_obj, con
   c.options.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
   c.options.scale = scale_arg(scale);
   if (!sinks.is_none()) {
-    if (py::isinstance<py::str>(sinks) || !py::isinstance<py::sequence>(sinks))
+    if (!is_list_arg(sinks))
       throw py::type_error(
           fmt::format("sinks must be None or a sequence of numbers, got {}", std::string(py::repr(sinks))));
     for (const py::handle s : sinks)
@@ -138,7 +138,7 @@ py::object decode(const py::object& q_obj, const py::object& cache, const py::ob
   const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, threads_arg(num_threads),
                                    string_arg(simd, "simd"));
   const bool return_lse = flag_arg(return_lse_obj, "return_lse");
-  py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), cache_arg(cache).config().Dv});
+  py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), c.kv.Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
     py::gil_scoped_release release;

@@ -114,7 +114,7 @@ Immutable; safe to share between threads.)";
 void bind_embeddings(py::module_& m) {
   py::class_<Embeddings, std::shared_ptr<Embeddings>> cls(m, "Embeddings", kEmbeddingsDoc);
   cls.def(py::init([](const py::object& words_obj, const py::object& matrix) {
-            if (py::isinstance<py::str>(words_obj) || !py::isinstance<py::sequence>(words_obj))
+            if (!is_list_arg(words_obj))
               throw py::type_error(
                   fmt::format("words must be a list of strings, got {}", std::string(py::repr(words_obj))));
             std::vector<std::string> words;

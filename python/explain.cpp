@@ -62,8 +62,7 @@ py::dict to_dict(const qkv::Explanation& e) { return FieldObject{}.dict(e); }
 
 std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
   if (!tokens.is_none()) {
-    if (py::isinstance<py::str>(tokens) || !py::isinstance<py::sequence>(tokens))
-      throw py::type_error("tokens must be a list of strings, one per row");
+    if (!is_list_arg(tokens)) throw py::type_error("tokens must be a list of strings, one per row");
     std::vector<std::string> out;
     for (const py::handle t : tokens) out.push_back(string_arg(t, fmt::format("tokens[{}]", out.size())));
     return out;

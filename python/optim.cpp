@@ -47,7 +47,7 @@ PyOptimizer make_optimizer(PyLayer& layer, const py::object& kind_obj, const py:
                            const py::object& weight_decay) {
   const std::string kind = string_arg(kind_obj, "kind");
   const double lr = lr_arg(lr_obj);
-  if (py::isinstance<py::str>(betas) || !py::isinstance<py::sequence>(betas) || py::len(betas) != 2)
+  if (!is_list_arg(betas) || py::len(betas) != 2)
     throw py::type_error(fmt::format("betas must be a pair (beta1, beta2), got {}", std::string(py::repr(betas))));
   qkv::OptimizerConfig c;
   if (kind == "sgd")

@@ -22,16 +22,12 @@ std::vector<int64_t> parse_rows(const py::object& rows, int64_t N) {
     if (r < -N || r >= N) throw py::value_error(fmt::format("rows: index {} is outside [-{}, {})", r, N, N));
     out.push_back(r < 0 ? r + N : r);  // negative indices count from the end, as in numpy
   };
-  const bool array = py::isinstance<py::array>(rows);
-  if (array && py::array(rows).ndim() == 0) {
-    add(rows.attr("item")());
-  } else if (PyIndex_Check(rows.ptr()) && !array) {
-    add(rows);
-  } else if (py::isinstance<py::str>(rows) || py::isinstance<py::bytes>(rows) ||
-             !(py::isinstance<py::sequence>(rows) || array)) {
-    throw py::type_error("rows must be an int or a sequence of ints");
-  } else {
+  if (is_list_arg(rows)) {
     for (const py::handle item : rows) add(item);
+  } else if (PyIndex_Check(rows.ptr())) {
+    add(rows);
+  } else {
+    throw py::type_error("rows must be an int or a sequence of ints");
   }
   return out;
 }
