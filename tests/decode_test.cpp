@@ -514,6 +514,28 @@ TEST(Decode, RefusesBadInputByName) {
     expect_error(good, q_huge.cview(), o,
                  "decode_attention: the output overflowed float32 although q and the cache are finite");
   }
+  // Every score below -FLT_MAX (q = -1e20 against keys of 1e20, finite): the rows came out 0 as if
+  // masked, where the float64 reference gives the mean of v. Sequence 1 sees no key (length 0) and
+  // stays 0, so only a row with allowed keys is refused.
+  KVCache ones({4, 4, 1, 2, 2, KVDtype::f32});
+  const std::vector<int64_t> two{ones.create(), ones.create()};
+  Tensor<float> k_big({3, 1, 2}), v_one({3, 1, 2});
+  for (int64_t e = 0; e < 6; ++e) k_big[e] = 1e20f, v_one[e] = 1.0f;
+  ones.append(two[0], k_big.cview(), v_one.cview());
+  Tensor<float> q_neg({2, 1, 1, 2}), out2({2, 1, 1, 2});
+  for (int64_t e = 0; e < 4; ++e) q_neg[e] = -1e20f;
+  for (int threads : {1, 2}) {
+    o = {};
+    o.num_threads = threads;
+    test::expect_error([&] { decode_attention(out2.view(), TensorView<float>(), q_neg.cview(), ones, two, o); },
+                       {"decode_attention: the output overflowed float32 although q and the cache are finite"});
+  }
+  const std::vector<int64_t> empty_only{two[1]};
+  Tensor<float> q1({1, 1, 1, 2}), out1({1, 1, 1, 2});
+  q1[0] = q1[1] = -1e20f;
+  decode_attention(out1.view(), TensorView<float>(), q1.cview(), ones, empty_only, {});
+  EXPECT_EQ(out1[0], 0.0f);
+  EXPECT_EQ(out1[1], 0.0f);
   // A scale fp32 cannot hold is the caller's error, named as such (it was blamed on q and the cache).
   o = {};
   o.scale = 1e300;

@@ -63,6 +63,32 @@ TEST(Reference, FullyMaskedRowsAreZeroWithMinusInfLse) {
     }
 }
 
+// Finite inputs whose scores or P·V sums pass float64's range gave NaN or a row of zeros without
+// an error (q = 1e200 against k = ±1e200; v = 1e308 under equal scores); now refused as the fused
+// kernel refuses its float32 overflow. NaN inputs, and rows a -inf bias empties, are not refused.
+TEST(Reference, RefusesAnOverflowFromFiniteInputs) {
+  const int64_t N = 3, D = 2;
+  Tensor<double> q({1, 1, N, D}), k_pos({1, 1, N, D}), k_neg({1, 1, N, D}), zero({1, 1, N, D}), v({1, 1, N, D}),
+      huge_v({1, 1, N, D}), out({1, 1, N, D});
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    q[i] = 1e200, k_pos[i] = 1e200, k_neg[i] = -1e200, zero[i] = 0.0, v[i] = 1.0, huge_v[i] = 1e308;
+  }
+  for (const auto& [qq, kk, vv] :
+       {std::tuple{&q, &k_pos, &v}, std::tuple{&q, &k_neg, &v}, std::tuple{&zero, &zero, &huge_v}})
+    test::expect_error([&] { reference_attention_forward(out.view(), {}, {}, qq->cview(), kk->cview(), vv->cview()); },
+                       {"reference_attention_forward: the output overflowed float64 although q, k and v are finite"});
+  q[0] = std::numeric_limits<double>::quiet_NaN();
+  reference_attention_forward(out.view(), {}, {}, q.cview(), zero.cview(), v.cview());
+  EXPECT_TRUE(std::isnan(out[0]));
+  AttentionOptions options;  // a -inf bias that takes every key of row 0 away: that row is 0
+  Tensor<float> bias({N, N});
+  for (int64_t j = 0; j < N; ++j) bias[j] = -std::numeric_limits<float>::infinity();
+  options.mask.bias = broadcast_mask(bias.cview(), 1, 1, N, N, "bias");
+  reference_attention_forward(out.view(), {}, {}, zero.cview(), zero.cview(), v.cview(), options);
+  EXPECT_EQ(out[0], 0.0);
+  EXPECT_EQ(out[D], 1.0);
+}
+
 TEST(Reference, CausalBottomRightLastQuerySeesAllKeys) {
   test::Rng rng("Reference.CausalBottomRight");
   Tensor<double> q = rng.normal64({1, 1, 2, 4}), k = rng.normal64({1, 1, 5, 4}), v = rng.normal64({1, 1, 5, 4});

@@ -10,6 +10,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/fused_forward.h"
+#include "attention/overflow.h"
 #include "kernels/mask_eval.h"
 #include "qkv/reference.h"
 
@@ -65,8 +66,9 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (!m.bias.empty()) check_mask_view(m.bias.shape(), "bias");
   if (!m.alibi_slopes.empty() && static_cast<int64_t>(m.alibi_slopes.size()) != s.H)
     throw Error(fmt::format("alibi slopes: expected H = {} entries, got {}", s.H, m.alibi_slopes.size()));
-  for (float slope : m.alibi_slopes)
-    if (!std::isfinite(slope)) throw Error("alibi slopes must be finite");
+  for (std::size_t h = 0; h < m.alibi_slopes.size(); ++h)
+    if (!std::isfinite(m.alibi_slopes[h]))
+      throw Error(fmt::format("alibi_slopes[{}] = {} must be finite", h, m.alibi_slopes[h]));
   if (!(m.softcap >= 0) || !std::isfinite(m.softcap)) throw Error("softcap must be finite and >= 0 (0 = off)");
   return s;
 }
@@ -115,46 +117,6 @@ TensorView<const float> as_float(TensorView<const bf16> x, Tensor<float>& storag
   return storage.cview();
 }
 
-template <class T>
-bool all_finite(TensorView<const T> t) {
-  bool finite = true;
-  for_each_element(t, [&](const T& x, const auto&) { finite = finite && std::isfinite(element_cast<float>(x)); });
-  return finite;
-}
-
-// The fused kernel computes in fp32: scores or P·V sums beyond its range come out inf or NaN from
-// finite inputs (q scaled by 1e20, v near FLT_MAX, a scale of 1e300). Refused rather than returned.
-// Non-finite inputs, or a bias with NaN or +inf, are the caller's own and give what any fp32
-// composite gives. Called only when the kernel saw a non-finite result in a row with an allowed
-// key (ForwardParams::nonfinite, flagged as the rows are written: no pass of its own), or such a
-// row with every score -inf where no bias or keep-mask could have masked it (q = 1e20 against
-// k = -1e20: the row came out 0 as if masked, where the float64 reference gives mean(v)).
-// A keep-mask, or a bias with a -inf, can take every key of a row away (scores -inf, l = 0).
-bool may_mask_whole_rows(const Mask& mask) {
-  if (!mask.keep.empty()) return true;
-  bool minus_inf = false;
-  if (!mask.bias.empty())
-    for_each_element(mask.bias, [&](const float& x, const auto&) {
-      minus_inf = minus_inf || x == -std::numeric_limits<float>::infinity();
-    });
-  return minus_inf;
-}
-
-template <class T>
-void refuse_overflow(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
-  if (!all_finite(q) || !all_finite(k) || !all_finite(v)) return;
-  bool bias_ok = true;
-  if (!mask.bias.empty())
-    for_each_element(mask.bias, [&](const float& x, const auto&) {
-      bias_ok = bias_ok && !std::isnan(x) && x != std::numeric_limits<float>::infinity();
-    });
-  if (!bias_ok) return;
-  throw Error(
-      "attention_forward: the output overflowed float32 although q, k and v are finite (scores or P·V sums beyond "
-      "3.4e38); scale the inputs down or use the float64 reference kernel (Kernel::reference; kernel=\"reference\" "
-      "in Python)");
-}
-
 // q, k, v of element type T (float or bf16), lse of L (float or double): checks, then the
 // reference or the fused kernel.
 template <class T, class L>
@@ -180,8 +142,13 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   p.nonfinite = &nonfinite;
   p.emptied = &emptied;
   kernels::fused_forward(p, path, threads_for(s, options));
-  if (nonfinite.load() || (emptied.load() && !may_mask_whole_rows(options.mask)))
-    refuse_overflow(q, k, v, options.mask);
+  // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
+  // (l = 0), as it writes the rows: no pass of its own.
+  if (nonfinite.load() || (emptied.load() && !detail::may_mask_whole_rows(options.mask)))
+    detail::refuse_overflow("attention_forward", "float32", "3.4e38",
+                            "scale the inputs down or use the float64 reference kernel (Kernel::reference; "
+                            "kernel=\"reference\" in Python)",
+                            q, k, v, options.mask);
 }
 
 }  // namespace

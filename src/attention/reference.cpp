@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/overflow.h"
 #include "attention/row_logits.h"
 #include "qkv/interrupt.h"
 
@@ -19,6 +20,7 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
   const detail::MaskEval mask(options.mask, s);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<double> row(static_cast<std::size_t>(s.M));
+  bool nonfinite = false, emptied = false;  // as the fused kernel flags its rows (overflow.h)
   detail::for_each_query_row(s, [&](int64_t b, int64_t h, int64_t hk, int64_t i) {
     const detail::RowLogits r = detail::row_logits(row.data(), nullptr, mask, q, k, scale, b, h, hk, i);
     const detail::KeyBand band = r.band;
@@ -30,7 +32,9 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
       if (!masked)
         for (int64_t j = band.lo; j < band.hi; ++j) acc += row[j] * v(b, hk, j, e);
       out(b, h, i, e) = masked ? 0.0 : acc / sum;
+      nonfinite |= !std::isfinite(out(b, h, i, e));
     }
+    emptied |= masked && !band.empty();
     if (!lse.empty()) lse(b, h, i) = masked ? kNegInf : row_max + std::log(sum);
     if (!weights.empty()) {
       for (int64_t j = 0; j < s.M; ++j) {
@@ -39,6 +43,9 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
       }
     }
   });
+  if (nonfinite || (emptied && !detail::may_mask_whole_rows(options.mask)))
+    detail::refuse_overflow("reference_attention_forward", "float64", "1.8e308", "scale the inputs down", q, k, v,
+                            options.mask);
 }
 
 }  // namespace qkv

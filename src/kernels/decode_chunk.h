@@ -81,6 +81,11 @@ class DecodeChunk {
       }
       j += nb;
     }
+    // A row that sees keys here but kept none (l = 0) had every allowed score at -inf: from a
+    // finite q and cache that is an fp32 overflow (q = 1e20 against k = -1e20), not a mask, so
+    // m = NaN makes the merge refuse it instead of returning the row as 0.
+    for (int64_t r = 0; r < rows_; ++r)
+      if (t_.l[r] == 0.0f && row_sees(r, t_.j0, t_.j1)) t_.m[r] = std::numeric_limits<float>::quiet_NaN();
   }
 
  private:
