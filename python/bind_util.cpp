@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "qkv/address_space.h"
 #include "qkv/mask.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkvpy {
 
@@ -84,10 +86,30 @@ qkv::TensorView<T> mutable_view(py::array& a, const char* name) {
                             std::span<const int64_t>(strides.data(), shape.size()));
 }
 
+namespace {
+
+// Results of `shape` with `element_bytes` per element must fit in the machine's memory: a larger
+// request (decode_attention_weights(top_k=2**31) over 5 keys: 24 GB) could be granted by
+// overcommit, and the process SIGKILLed as it is written, instead of raising MemoryError.
+void require_in_memory(const std::vector<int64_t>& shape, std::size_t element_bytes) {
+  unsigned __int128 bytes = element_bytes;
+  for (int64_t d : shape) bytes = std::min<unsigned __int128>(bytes * std::max<int64_t>(d, 0), UINT64_MAX);
+  const unsigned long long physical = qkv::physical_memory_bytes();
+  if (physical != 0 && bytes > physical)
+    throw qkv::OutOfMemory(fmt::format("results of shape {}", qkv::shape_string(shape)), static_cast<uint64_t>(bytes));
+}
+
+}  // namespace
+
 template <class T>
 py::array_t<T> new_array(const std::vector<int64_t>& shape) {
-  std::vector<py::ssize_t> dims(shape.begin(), shape.end());
-  return py::array_t<T>(dims);
+  require_in_memory(shape, sizeof(T));
+  return py::array_t<T>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+}
+
+std::pair<py::array, py::array> new_top_k(const std::vector<int64_t>& shape) {
+  require_in_memory(shape, sizeof(float) + sizeof(int64_t));  // both arrays at once
+  return {new_array<float>(shape), new_array<int64_t>(shape)};
 }
 
 template <class T>
@@ -253,8 +275,15 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   if (const py::object slopes = get("alibi_slopes"); !slopes.is_none()) {
     if (!is_list_arg(slopes)) throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");
     std::size_t i = 0;
-    for (const py::handle s : slopes)
-      mask.alibi_slopes.push_back(static_cast<float>(to_float(s, fmt::format("alibi_slopes[{}]", i++))));
+    for (const py::handle s : slopes) {
+      const double x = to_float(s, fmt::format("alibi_slopes[{}]", i));
+      // A finite slope that float32 cannot hold (1e300) would reach the kernels as inf.
+      if (std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
+        throw py::value_error(
+            fmt::format("alibi_slopes[{}] = {} must be at most FLT_MAX (3.4e38) in magnitude (kept as float32)", i, x));
+      mask.alibi_slopes.push_back(static_cast<float>(x));
+      ++i;
+    }
     if (static_cast<int64_t>(mask.alibi_slopes.size()) != H)
       throw py::value_error(
           fmt::format("alibi_slopes: expected {} entries (one per query head), got {}", H, mask.alibi_slopes.size()));
@@ -318,9 +347,13 @@ template qkv::TensorView<const float> lse_view(qkv::TensorView<const float>);
 template qkv::TensorView<const double> lse_view(qkv::TensorView<const double>);
 
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner) {
+  // Not dtype_of's message: its uint16 (bfloat16 bits) is for attention only, and float16 would
+  // then be pointed at it.
+  if (py::isinstance<py::array>(obj) && !py::isinstance<py::array_t<float>>(obj) &&
+      !py::isinstance<py::array_t<double>>(obj))
+    throw py::type_error(fmt::format("{}: dtype {} is not supported; pass float32 (or float64, rounded to float32)",
+                                     name, std::string(py::str(py::reinterpret_borrow<py::array>(obj).dtype()))));
   const DType t = dtype_of(obj, name);
-  if (t == DType::bf16)
-    throw py::type_error(fmt::format("{}: pass float32 or float64 (uint16/bfloat16 is only for attention)", name));
   owner = t == DType::f32 ? aligned(obj) : py::array(py::array_t<float>::ensure(obj));
   return array_view<float>(owner, name);
 }

@@ -40,9 +40,14 @@ qkv::TensorView<T> mutable_view(py::array& a, const char* name);
 // contiguous copy: kernels may use aligned vector loads on element boundaries.
 py::array aligned(const py::handle& obj);
 
-// A new C-contiguous array of T with the given shape.
+// A new C-contiguous array of T with the given shape. qkv::OutOfMemory (MemoryError) if it is
+// larger than the machine's physical memory.
 template <class T>
 py::array_t<T> new_array(const std::vector<int64_t>& shape);
+
+// The (float32 values, int64 indices) results of a top-k tool, checked against the machine's
+// memory together.
+std::pair<py::array, py::array> new_top_k(const std::vector<int64_t>& shape);
 
 // Moves a tensor into a numpy array that owns it (no copy).
 template <class T>

@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
 #include "qkv/kv_cache.h"
+#include "qkv/rotary.h"
 
 namespace qkvpy {
 namespace {
@@ -44,6 +46,30 @@ std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
     }
   }
   return o;
+}
+
+// A rotated copy of x [N, D], [H, N, D] or [B, H, N, D]: token n of batch row b at position
+// positions[b] + n (positions: one integer for every row, or one per batch row).
+py::array rotated(const py::object& x_obj, const py::object& positions, const py::object& rotary) {
+  py::array owner;
+  const qkv::TensorView<const float> x = float32_view(x_obj, "x", owner);
+  if (x.rank() < 2 || x.rank() > 4)
+    throw py::value_error(
+        fmt::format("x: expected [N, D], [H, N, D] or [B, H, N, D], got shape {}", qkv::shape_string(x.shape())));
+  py::array out = tensor_to_numpy(qkv::to_contiguous<float>(x));
+  const qkv::TensorView<float> x4 = mutable_view<float>(out, "x").as_rank4();
+  std::vector<int64_t> offsets;
+  if (is_list_arg(positions)) {
+    offsets = index_list_arg(positions, "positions");
+    if (static_cast<int64_t>(offsets.size()) != x4.dim(0))
+      throw py::value_error(
+          fmt::format("positions: expected one per batch row (B = {}), got {}", x4.dim(0), offsets.size()));
+  } else {
+    offsets.assign(static_cast<std::size_t>(x4.dim(0)), index_arg(positions, "positions"));
+  }
+  const std::optional<qkv::RotaryOptions> r = parse_rotary(rotary);
+  qkv::apply_rotary(x4, offsets, r ? *r : qkv::RotaryOptions{});
+  return out;
 }
 
 // A read-only numpy view of a pool, owned by the Python cache object.
@@ -166,8 +192,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
   }
   const int64_t k = index_arg(top_k, "top_k");
   // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
-  py::array values = new_array<float>({B, H, N, std::max<int64_t>(k, 0)});
-  py::array indices = new_array<int64_t>({B, H, N, std::max<int64_t>(k, 0)});
+  auto [values, indices] = new_top_k({B, H, N, std::max<int64_t>(k, 0)});
   {
     py::gil_scoped_release release;
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
@@ -190,7 +215,9 @@ void bind_cache(py::module_& m) {
            }),
            py::arg("num_pages"), py::arg("page_tokens"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("value_dim") = py::none(), py::arg("dtype") = "f32")
-      .def("create", &qkv::KVCache::create, "A new empty sequence; returns its id.")
+      // Methods take the cache by reference, never by pointer: pybind11 passes None as a null pointer.
+      .def(
+          "create", [](qkv::KVCache& c) { return c.create(); }, "A new empty sequence; returns its id.")
       .def(
           "append",
           [](qkv::KVCache& c, int64_t seq, const py::object& k, const py::object& v, const py::object& rotary) {
@@ -202,9 +229,13 @@ void bind_cache(py::module_& m) {
           py::arg("seq"), py::arg("k"), py::arg("v"), py::arg("rotary") = py::none(),
           "Appends k [T, kv_heads, head_dim] and v [T, kv_heads, value_dim]; all or nothing. rotary: a dict "
           "(layout='half_split'|'interleaved', theta=10000, rotary_dim=0) rotates k at the sequence's positions.")
-      .def("fork", &qkv::KVCache::fork, py::arg("seq"), "A new sequence sharing seq's pages; returns its id.")
-      .def("free", &qkv::KVCache::free, py::arg("seq"))
-      .def("length", &qkv::KVCache::length, py::arg("seq"))
+      .def(
+          "fork", [](qkv::KVCache& c, int64_t seq) { return c.fork(seq); }, py::arg("seq"),
+          "A new sequence sharing seq's pages; returns its id.")
+      .def(
+          "free", [](qkv::KVCache& c, int64_t seq) { c.free(seq); }, py::arg("seq"))
+      .def(
+          "length", [](const qkv::KVCache& c, int64_t seq) { return c.length(seq); }, py::arg("seq"))
       .def(
           "pages",
           [](const qkv::KVCache& c, int64_t seq) {
@@ -212,8 +243,8 @@ void bind_cache(py::module_& m) {
             return std::vector<int32_t>(p.begin(), p.end());
           },
           py::arg("seq"))
-      .def_property_readonly("free_pages", &qkv::KVCache::free_pages)
-      .def_property_readonly("pool_bytes", &qkv::KVCache::pool_bytes)
+      .def_property_readonly("free_pages", [](const qkv::KVCache& c) { return c.free_pages(); })
+      .def_property_readonly("pool_bytes", [](const qkv::KVCache& c) { return c.pool_bytes(); })
       .def(
           "keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
           "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
@@ -228,6 +259,9 @@ void bind_cache(py::module_& m) {
           "k_scales", [](const py::object& self) { return raw_scales(self, false); },
           "i8 only: read-only view of the key scales [num_pages, kv_heads, page_tokens]; else None.")
       .def_property_readonly("v_scales", [](const py::object& self) { return raw_scales(self, true); });
+  refuse_bare_new(m.attr("KVCache"));
+  m.def("apply_rotary", &rotated, py::arg("x"), py::arg("positions"), py::arg("rotary"),
+        "Core of qkv.apply_rotary; rotary is a dict(layout=, theta=, rotary_dim=).");
   m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("seq_ids"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("sink_tokens"), py::arg("return_lse"), py::arg("num_threads"),
         py::arg("simd"), "Core of qkv.decode_attention; mask is a dict of mask keyword arguments.");

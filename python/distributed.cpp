@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bare_new.h"
 #include "qkv/distributed.h"
 
 namespace py = pybind11;
@@ -67,7 +68,7 @@ PYBIND11_MODULE(_qkv_distributed, m) {
     }
   });
   m.def("ring_options", &ring_options);
-  py::class_<qkv::RingOptions>(m, "RingOptions");
+  qkvpy::refuse_bare_new(py::class_<qkv::RingOptions>(m, "RingOptions"));
   m.def("forward", [](uintptr_t comm, const Array& q, const Array& k, const Array& v, const qkv::RingOptions& o) {
     const auto qv = view(q, "q"), kv = view(k, "k"), vv = view(v, "v");
     Array out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), vv.dim(3)});

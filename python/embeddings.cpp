@@ -8,6 +8,7 @@
 #include <memory>
 #include <string_view>
 
+#include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
 #include "qkv/embeddings.h"
@@ -113,6 +114,7 @@ Immutable; safe to share between threads.)";
 
 void bind_embeddings(py::module_& m) {
   py::class_<Embeddings, std::shared_ptr<Embeddings>> cls(m, "Embeddings", kEmbeddingsDoc);
+  refuse_bare_new(cls);
   cls.def(py::init([](const py::object& words_obj, const py::object& matrix) {
             if (!is_list_arg(words_obj))
               throw py::type_error(
@@ -136,8 +138,10 @@ void bind_embeddings(py::module_& m) {
       "Loads GloVe / word2vec text / word2vec binary embeddings (see the class docstring).");
   cls.def_property_readonly("matrix", &matrix_view, "The vectors [V, E] as a read-only float32 view (no copy).");
   cls.def_property_readonly("words", &words_of, "The vocabulary as a list of V words, in file order.");
-  cls.def_property_readonly("dim", &Embeddings::dim, "E, the width of each vector.");
-  cls.def("__len__", &Embeddings::size, "V, the number of words.");
+  cls.def_property_readonly(
+      "dim", [](const Embeddings& e) { return e.dim(); }, "E, the width of each vector.");
+  cls.def(
+      "__len__", [](const Embeddings& e) { return e.size(); }, "V, the number of words.");
   cls.def(
       "find", [](const Embeddings& e, const py::object& w) { return e.find(string_arg(w, "word")); }, py::arg("word"),
       "Index of `word` (exact, else lowercased, else ignoring ASCII case), or -1 if absent.");

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
 #include "layer_binding.h"
@@ -204,6 +205,7 @@ ValueError without a preceding forward or for a wrong dout shape.)";
 
 void bind_layer(py::module_& m) {
   py::class_<PyLayer> cls(m, "MultiHeadAttention", kClassDoc);
+  refuse_bare_new(cls);
   cls.def(py::init(&make_layer), py::arg("embed_dim"), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
           py::arg("head_dim") = py::none(), py::arg("value_dim") = py::none(), py::arg("bias") = false,
           py::arg("output_projection") = true, py::arg("parameter_free") = false, py::arg("seed") = 0,

@@ -1,11 +1,13 @@
 // qkv.Optimizer (SGD with momentum, AdamW) over a MultiHeadAttention's parameters, gradient
 // clipping and the learning-rate schedule. The friendly constructors SGD() and AdamW() are in
 // qkv/optim.py.
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
 #include "layer_binding.h"
@@ -41,6 +43,21 @@ qkv::TensorMap grads_from_dict(const py::dict& grads) {
   return map;
 }
 
+// A name the optimizer does not know is a caller's slip (a misspelt parameter would otherwise
+// never be updated, or a state entry never restored), refused as PyTorch's strict load_state_dict
+// does. The library takes larger maps (a checkpoint's tensors), so the rule is the binding's.
+template <class Names>
+void refuse_unknown_names(const qkv::TensorMap& map, const Names& known, const char* what) {
+  for (const auto& entry : map) {
+    const std::string& name = entry.first;
+    if (std::ranges::none_of(known, [&](const auto& k) { return k.first == name; })) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k.first;
+      throw py::value_error(fmt::format("{}: '{}' is not one of this optimizer's names ({})", what, name, list));
+    }
+  }
+}
+
 // Numbers as given: True is not a learning rate, '0.1' is not a number (pybind11 took both).
 PyOptimizer make_optimizer(PyLayer& layer, const py::object& kind_obj, const py::object& lr_obj,
                            const py::object& momentum, const py::object& betas, const py::object& eps,
@@ -73,6 +90,7 @@ void step(PyOptimizer& self, const py::object& grads_obj, const py::object& lr) 
       grads_obj.is_none() ? std::nullopt : std::optional<py::dict>(grads_obj.cast<py::dict>());
   if (grads) {
     const qkv::TensorMap map = grads_from_dict(*grads);
+    refuse_unknown_names(map, self.layer.layer.parameters(), "step: grads");
     self.optimizer.step(map, rate);
     return;
   }
@@ -100,6 +118,7 @@ bitwise reproducible. ValueError for a bad config. Not thread-safe.)";
 
 void bind_optim(py::module_& m) {
   py::class_<PyOptimizer> cls(m, "Optimizer", kOptimizerDoc);
+  refuse_bare_new(cls);
   cls.def(py::init(&make_optimizer), py::arg("layer"), py::arg("kind") = "adamw", py::arg("lr") = 1e-3,
           py::arg("momentum") = 0.9, py::arg("betas") = std::pair<double, double>(0.9, 0.999), py::arg("eps") = 1e-8,
           py::arg("weight_decay") = 0.0, py::keep_alive<1, 2>(), "See the class docstring.");
@@ -116,7 +135,9 @@ void bind_optim(py::module_& m) {
   cls.def(
       "load_state",
       [](PyOptimizer& o, const py::dict& tensors, const py::object& step_count) {
-        o.optimizer.load_state(grads_from_dict(tensors), index_arg(step_count, "step_count"));
+        const qkv::TensorMap map = grads_from_dict(tensors);
+        refuse_unknown_names(map, o.optimizer.state(), "load_state");
+        o.optimizer.load_state(map, index_arg(step_count, "step_count"));
       },
       py::arg("state"), py::arg("step_count"), "Restores what state() returned and the step count.");
 

@@ -62,8 +62,7 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   }
   const int64_t kk = index_arg(top_k, "top_k");
   shape.push_back(std::max<int64_t>(kk, 0));  // a k below 1: empty arrays, refused by the library's rule
-  py::array values = new_array<float>(shape);
-  py::array indices = new_array<int64_t>(shape);
+  auto [values, indices] = new_top_k(shape);
   const qkv::TensorView<float> vv = mutable_view<float>(values, "values").as_rank4();
   const qkv::TensorView<int64_t> iv = mutable_view<int64_t>(indices, "indices").as_rank4();
   {

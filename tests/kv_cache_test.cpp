@@ -185,7 +185,7 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
       [&] {
         cache.append(s, k_nan.cview(), TensorView<const float>(v.data(), {2, 2, 3}));
       },
-      {"k[1, 0, 3] = nan cannot be stored as i8"});
+      {"k[1, 0, 3] = nan: the cache holds finite values only"});
   KVCache half(config(KVDtype::f16));
   const int64_t hs = half.create();
   Tensor<float> k_big = rng.normal32({1, 2, 5});

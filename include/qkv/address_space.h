@@ -17,4 +17,10 @@ inline constexpr unsigned long long kAddressSpaceReserve = 1ull << 30;
 // the address space is unlimited. Thread-safe (reads the limit only).
 int blas_threads_within_address_space(int wanted);
 
+// This machine's physical memory in bytes (sysconf: _SC_PHYS_PAGES x _SC_PAGESIZE), 0 if the
+// system does not say. Beyond it an allocation may be granted (overcommit) and the process then
+// SIGKILLed by the OOM killer on first touch instead of failing: readers and result allocations
+// compare a size against it first. Thread-safe.
+unsigned long long physical_memory_bytes();
+
 }  // namespace qkv

@@ -5,6 +5,18 @@ from . import _qkv
 KVCache = _qkv.KVCache
 
 
+def apply_rotary(x, positions=0, *, layout="half_split", theta=10000.0, rotary_dim=0):
+    """Rotary position embeddings (RoPE) of x [N, D], [H, N, D] or [B, H, N, D] (float32; float64
+    is rounded), returned as a new float32 array: token n of batch row b sits at position
+    positions + n, or positions[b] + n with one integer per batch row. layout "half_split" pairs
+    (x[p], x[p + rotary_dim/2]) (GPT-NeoX, Llama), "interleaved" pairs (x[2p], x[2p+1]) (GPT-J);
+    the angle is position * theta^(-2p / rotary_dim); elements past rotary_dim (0 = all D) pass
+    through. The same rotation KVCache.append(..., rotary=) gives the keys, so for a decode step
+    rotate q at the new tokens' positions: apply_rotary(q, [cache.length(s) - N for s in seq_ids]).
+    Angles are computed in float64."""
+    return _qkv.apply_rotary(x, positions, {"layout": layout, "theta": theta, "rotary_dim": rotary_dim})
+
+
 def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slopes=None, softcap=None,
                      query_lengths=None, sinks=None, sink_tokens=0, scale=None, return_lse=False, num_threads=0,
                      simd="auto"):
@@ -14,7 +26,11 @@ def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slope
     causal: bottom-right aligned (the new tokens' keys are already appended, so query i sits at
     position length - N + i). window: (left, right) around that diagonal. sinks: one logit per
     query head that joins each row's softmax denominator (gpt-oss). sink_tokens: StreamingLLM, the
-    first sink_tokens keys stay visible in addition to the window. Rows with no allowed key are 0.
+    first sink_tokens keys stay visible in addition to the window (never past the diagonal, causal
+    or not). q is used as given: rotate it first where the cache's keys were rotated on append
+    (apply_rotary). ALiBi adds -slope * |j - diag(i)|, so the output equals FlashAttention's causal
+    ALiBi but lse differs from its by slope * (length - 1 - diag(i)) (its causal bias is
+    slope * (j - length + 1)). Rows with no allowed key are 0.
     Bitwise the same result for any num_threads.
     """
     return _qkv.decode_attention(q, cache, seq_ids, _mask(causal, window, alibi_slopes, softcap, query_lengths),

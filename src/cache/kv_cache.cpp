@@ -103,7 +103,12 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
     for (int64_t h = 0; h < x.dim(1); ++h)
       for (int64_t e = 0; e < x.dim(2); ++e) {
         const float value = x(t, h, e);
-        if (!std::isfinite(value) || !storable(dtype, value))
+        // NaN and inf are refused in every dtype: the decode reads a non-finite result as an
+        // overflow of finite inputs (decode.cpp), which a stored inf would make false.
+        if (!std::isfinite(value))
+          throw Error(fmt::format("KVCache::append: {}[{}, {}, {}] = {}: the cache holds finite values only", name, t,
+                                  h, e, value));
+        if (!storable(dtype, value))
           throw Error(fmt::format("KVCache::append: {}[{}, {}, {}] = {} cannot be stored as {}", name, t, h, e, value,
                                   kv_dtype_name(dtype)));
       }

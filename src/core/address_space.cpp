@@ -1,7 +1,9 @@
-// blas_threads_within_address_space: how many OpenBLAS workers RLIMIT_AS leaves room for.
+// blas_threads_within_address_space: how many OpenBLAS workers RLIMIT_AS leaves room for; the
+// machine's physical memory.
 #include "qkv/address_space.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -15,6 +17,12 @@ int blas_threads_within_address_space(int wanted) {
   if (cap <= kAddressSpaceReserve) return 1;
   const unsigned long long workers = (cap - kAddressSpaceReserve) / kBlasWorkerBytes;
   return static_cast<int>(std::min<unsigned long long>(static_cast<unsigned long long>(wanted), workers + 1));
+}
+
+unsigned long long physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<unsigned long long>(pages) * static_cast<unsigned long long>(page);
 }
 
 }  // namespace qkv

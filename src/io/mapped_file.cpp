@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "qkv/address_space.h"
+
 #include "qkv/error.h"
 
 namespace qkv::detail {
@@ -23,10 +25,8 @@ std::string errno_text(int errnum) {
 }
 
 void check_fits_in_memory(unsigned __int128 bytes, const std::string& what) {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;  // unknown: leave it to the allocation
-  const uint64_t physical = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-  if (bytes <= physical) return;
+  const uint64_t physical = physical_memory_bytes();
+  if (physical == 0 || bytes <= physical) return;  // unknown: leave it to the allocation
   const uint64_t shown = static_cast<uint64_t>(std::min<unsigned __int128>(bytes, UINT64_MAX));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   throw Error(

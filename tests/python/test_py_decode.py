@@ -132,6 +132,9 @@ def test_decode_arguments_are_refused_by_name_not_coerced():
         (dict(scale=1e300), ValueError, r"decode_attention: scale must be finite and at most FLT_MAX"),
         (dict(sinks=["1", 0]), TypeError, r"sinks\[0\] must be a number, got '1'"),
         (dict(q=None), TypeError, "q must be a numpy array"),
+        # float16 was pointed at "uint16 holding bfloat16 bits", which decode then refused.
+        (dict(q=q.astype(np.float16)), TypeError,
+         r"q: dtype float16 is not supported; pass float32 \(or float64, rounded to float32\)"),
         (dict(cache=None), TypeError, "cache must be a qkv.KVCache, got None"),
     ]
     for change, exc, message in cases:
@@ -169,6 +172,60 @@ def test_rotary_on_append_matches_formula(seed):
     want[:, 1::2] = x0 * np.sin(angle) + x1 * np.cos(angle)
     np.testing.assert_allclose(cache.keys(s)[0], want, atol=1e-5)
     np.testing.assert_array_equal(cache.values(s)[0], k[:, 0])
+
+
+def _rotary_reference(x, pos, theta, rotary_dim, layout):
+    """x [..., N, D] float64 rotated at positions pos [..., N] (the RoPE formula, in float64)."""
+    x = x.astype(np.float64).copy()
+    half = rotary_dim // 2
+    angle = pos[..., None] * theta ** (-2 * np.arange(half) / rotary_dim)
+    if layout == "interleaved":
+        a, b = x[..., 0:rotary_dim:2].copy(), x[..., 1:rotary_dim:2].copy()
+        x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2] = a * np.cos(angle) - b * np.sin(angle), \
+            a * np.sin(angle) + b * np.cos(angle)
+    else:
+        a, b = x[..., :half].copy(), x[..., half:rotary_dim].copy()
+        x[..., :half], x[..., half:rotary_dim] = a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)
+    return x
+
+
+def test_apply_rotary_matches_the_formula_and_the_keys_rotated_on_append(seed):
+    """qkv.apply_rotary (for q, and for prefill) is the rotation append gives the keys: a decode
+    step with q rotated at the new tokens' positions equals attention over unrotated keys with the
+    rotation applied to both by the formula."""
+    rng = np.random.default_rng(seed)
+    note = f"seed {seed} (QKV_TEST_SEED={seed})"
+    for layout in ("half_split", "interleaved"):
+        for rotary_dim in (0, 6):
+            B, H, N, D = 2, 2, 3, 10
+            x = rng.standard_normal((B, H, N, D), dtype=np.float32)
+            got = qkv.apply_rotary(x, [5, 123456], layout=layout, theta=500000.0, rotary_dim=rotary_dim)
+            pos = np.array([5, 123456])[:, None, None] + np.arange(N)
+            want = _rotary_reference(x, pos, 500000.0, rotary_dim or D, layout)
+            np.testing.assert_allclose(got, want, atol=2e-6, err_msg=note)
+            assert got.dtype == np.float32 and got.shape == x.shape
+            np.testing.assert_array_equal(qkv.apply_rotary(x[0, 0], 7, layout=layout, rotary_dim=rotary_dim),
+                                          qkv.apply_rotary(x[:1, :1], [7], layout=layout, rotary_dim=rotary_dim)[0, 0])
+    # Keys rotated on append and q rotated by apply_rotary at the same positions.
+    rotary = {"layout": "half_split", "theta": 10000.0}
+    cache = qkv.KVCache(num_pages=8, page_tokens=4, kv_heads=1, head_dim=8)
+    s = cache.create()
+    k = rng.standard_normal((9, 1, 8), dtype=np.float32)
+    cache.append(s, k, k, rotary=rotary)
+    q = rng.standard_normal((1, 2, 2, 8), dtype=np.float32)
+    qr = qkv.apply_rotary(q, [cache.length(s) - 2])
+    np.testing.assert_allclose(qr, _rotary_reference(q, np.array([7, 8]), 10000.0, 8, "half_split"), atol=2e-6)
+    np.testing.assert_allclose(cache.keys(s)[0], _rotary_reference(k[:, 0], np.arange(9), 10000.0, 8, "half_split"),
+                               atol=2e-6)
+    for bad, exc, message in [(dict(positions=[1, 2, 3]), ValueError, r"positions: expected one per batch row \(B = 1\)"),
+                              (dict(positions=-1), ValueError, "negative"),
+                              (dict(positions=1.5), TypeError, "positions must be an integer"),
+                              (dict(rotary_dim=3), ValueError, "rotary_dim"),
+                              (dict(layout="x"), ValueError, "rotary layout must be")]:
+        with pytest.raises(exc, match=message):
+            qkv.apply_rotary(q, **bad)
+    with pytest.raises(ValueError, match=r"x: expected \[N, D\], \[H, N, D\] or \[B, H, N, D\]"):
+        qkv.apply_rotary(np.zeros(4, np.float32))
 
 
 def test_decode_weights_and_top_k_match_the_reference(seed):

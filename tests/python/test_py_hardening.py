@@ -202,3 +202,94 @@ def test_a_nul_byte_in_a_path_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"cannot write .*: the name contains a NUL byte"):
         qkv.MultiHeadAttention(8, 2).save(target + "\0b")
     assert not os.path.exists(target)
+
+
+def _classes():
+    out = [(qkv.KVCache, (4, 4, 1, 2)), (qkv.MultiHeadAttention, (8, 2)),
+           (qkv.Embeddings, (["a", "b"], np.ones((2, 3), np.float32)))]
+    out.append((qkv.Optimizer, (qkv.MultiHeadAttention(8, 2),)))
+    return out
+
+
+@pytest.mark.parametrize("cls,args", _classes(), ids=lambda x: getattr(x, "__name__", ""))
+def test_an_object_from_new_alone_is_refused(cls, args):
+    """cls.__new__(cls) made an object whose C++ part was never constructed: KVCache.create() on it
+    died of SIGSEGV, and other methods read uninitialised memory (repr showed embed_dim=0)."""
+    with pytest.raises(TypeError, match=rf"{cls.__name__}.__new__ alone would make an object with no state; "
+                                        rf"create one by calling {cls.__name__}\(...\)"):
+        cls.__new__(cls)
+    obj = cls(*args)  # calling the class still works
+    import copy
+    with pytest.raises(TypeError):
+        copy.copy(obj)
+
+    class Sub(cls):  # and a Python subclass, which goes through __new__ with its own type
+        pass
+    assert type(Sub(*args)) is Sub
+
+
+def test_an_unbound_method_given_none_is_a_type_error():
+    """Methods bound as member pointers took self as a pointer, and None became a null one:
+    qkv.KVCache.create(None) died of SIGSEGV."""
+    script = textwrap.dedent("""
+        import numpy as np, qkv
+        calls = [lambda: qkv.KVCache.create(None), lambda: qkv.KVCache.fork(None, 0),
+                 lambda: qkv.KVCache.free(None, 0), lambda: qkv.KVCache.length(None, 0),
+                 lambda: qkv.KVCache.free_pages.fget(None), lambda: qkv.KVCache.pool_bytes.fget(None),
+                 lambda: qkv.Embeddings.__len__(None), lambda: qkv.Embeddings.dim.fget(None),
+                 lambda: qkv.MultiHeadAttention.forward(None, np.zeros((2, 8), np.float32)),
+                 lambda: qkv.Optimizer.step(None)]
+        for call in calls:
+            try:
+                call()
+                print("no error")
+            except TypeError:
+                print("TypeError")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert proc.stdout.split() == ["TypeError"] * 10, proc.stdout
+
+
+def test_float64_overflow_from_finite_inputs_is_refused():
+    """float64 q, k of 1e200 (scores past 1.8e308) gave NaN without an error; k = -1e200 gave rows of 0
+    as if masked. Refused like the float32 kernels' overflow; NaN inputs still pass through."""
+    q = np.full((1, 1, 3, 2), 1e200)
+    v = np.ones((1, 1, 3, 2))
+    for k in (q, -q):
+        with pytest.raises(ValueError, match="the output overflowed float64 although q, k and v are finite"):
+            qkv.scaled_dot_product_attention(q, k, v)
+    q[0, 0, 0, 0] = np.nan
+    out = qkv.scaled_dot_product_attention(q, np.zeros_like(q), v, check_finite=False)
+    assert np.isnan(out[0, 0, 0]).all() and (out[0, 0, 1:] == 1).all()
+
+
+def test_a_top_k_larger_than_memory_is_a_memory_error():
+    """top_k sizes the results, not the keys: top_k=2**31 over 5 keys asked for 24 GB, which
+    overcommit granted and the OOM killer then ended with SIGKILL (found by running FlashAttention's
+    and vLLM's decode tests against qkv). Run in a child process so a regression cannot kill pytest."""
+    script = textwrap.dedent("""
+        import numpy as np, qkv
+        c = qkv.KVCache(8, 4, 1, 8)
+        s = c.create()
+        c.append(s, np.ones((5, 1, 8), np.float32), np.ones((5, 1, 8), np.float32))
+        q = np.ones((1, 1, 1, 8), np.float32)
+        x = np.ones((1, 1, 5, 8), np.float32)
+        for call in (lambda: qkv.decode_attention_weights(q, c, [s], top_k=2**31),
+                     lambda: qkv.attention_weights(x, x, top_k=2**31)):
+            try:
+                call()
+                print("no error")
+            except MemoryError as e:
+                print("MemoryError:", e)
+        values, indices = qkv.decode_attention_weights(q, c, [s], top_k=7)  # past the keys: padding
+        print(indices.tolist())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    lines = proc.stdout.splitlines()
+    for line in lines[:2]:
+        assert line.startswith("MemoryError: results of shape [1, 1, ") and "2147483648]: cannot allocate" in line, line
+    assert lines[2] == "[[[[0, 1, 2, 3, 4, -1, -1]]]]", lines[2]

@@ -98,6 +98,19 @@ def test_optimizer_bad_inputs():
         qkv.SGD(layer, lr=-1.0)
     with pytest.raises(TypeError):
         qkv.SGD("not a layer", lr=0.1)
+    # A name the optimizer does not know (a misspelt parameter, a state entry of another layer) was
+    # ignored: that parameter was never updated, or that moment never restored.
+    grads = _grads(layer, rng_for(9301))
+    grads["w_qq"] = grads["w_q"]
+    with pytest.raises(ValueError, match=r"step: grads: 'w_qq' is not one of this optimizer's names \(w_q, w_k, w_v, "
+                                         r"w_o\)"):
+        opt.step(grads)
+    assert np.array_equal(layer.w_q, before)
+    state = opt.state()
+    state["adamw.m.b_q"] = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match=r"load_state: 'adamw.m.b_q' is not one of this optimizer's names"):
+        opt.load_state(state, 3)
+    assert opt.step_count == 0
 
 
 def test_optimizer_values_that_would_make_nan_weights_are_refused():
