@@ -11,29 +11,78 @@ Memory: CPU tensors of float32, bfloat16 or float64 are read in place through nu
 their storage (any strides, broadcast views included), and results are wrapped without a copy.
 Copies happen only (a) when inputs of rank > 4 have several batch dims that cannot be flattened
 into one by a view (torch.reshape copies then), (b) for the bfloat16 backward, which widens q, k,
-v and dout to float32, (c) for bfloat16 or float64 masks (qkv reads float32 masks) and (d) for a
-MultiheadAttention that gets a boolean and a float mask of the same kind to merge.
+v and dout to float32, (c) for bfloat16 or float64 masks (qkv reads float32 masks), (d) for a
+MultiheadAttention that gets a boolean and a float mask of the same kind to merge, (e) for views
+with the negative bit set (x.conj().imag) and (f) for enable_gqa with fewer value heads than key
+heads (or the other way round), which repeats both to the query's heads.
+
+Errors: TypeError for a wrong type or dtype, ValueError for a wrong value or shape, as classes
+that are also RuntimeError (PyTorch's SDPA raises RuntimeError) and, from MultiheadAttention,
+AssertionError (what its shape checks raise in PyTorch): code written against PyTorch catches them.
 
 Differences from PyTorch, all deliberate:
-  - a query row with no allowed key gives output 0 (and zero gradients) where PyTorch gives NaN;
+  - a query row with no allowed key gives output 0 (and zero gradients), as PyTorch >= 2.5's
+    scaled_dot_product_attention does (earlier versions, and nn.MultiheadAttention's weights, NaN);
+  - second-order gradients (create_graph=True, then differentiating the gradients) raise
+    RuntimeError when used, instead of being silently 0;
   - dropout is not implemented: dropout_p > 0 (or a training MultiheadAttention with dropout > 0)
     raises ValueError instead of silently not dropping;
-  - float64 inputs run qkv's float64 reference, but a float mask is rounded to float32 first.
+  - float64 inputs run qkv's float64 reference, but a float mask is rounded to float32 first
+    (finite values saturate at float32's largest: torch.finfo(torch.float64).min stays a very
+    negative finite bias, as in PyTorch, not -inf).
 """
 
+import functools
 import math
-import numbers
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from . import _qkv
 
-__all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
+__all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
+           "MhaTypeError"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+class SdpaValueError(ValueError, RuntimeError):
+    """A bad value or shape given to scaled_dot_product_attention (PyTorch raises RuntimeError)."""
+
+
+class SdpaTypeError(TypeError, RuntimeError):
+    """A bad type or dtype given to scaled_dot_product_attention (PyTorch raises RuntimeError)."""
+
+
+class MhaValueError(ValueError, RuntimeError, AssertionError):
+    """A bad value or shape given to MultiheadAttention (PyTorch asserts, or raises RuntimeError)."""
+
+
+class MhaTypeError(TypeError, RuntimeError, AssertionError):
+    """A bad type or dtype given to MultiheadAttention (PyTorch asserts, or raises RuntimeError)."""
+
+
+def _raising(value_error, type_error):
+    """Re-raises the ValueError or TypeError of the decorated function as value_error / type_error
+    (same message and traceback): the checks stay plain ValueError / TypeError in one place."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (value_error, type_error):
+                raise
+            except ValueError as e:
+                raise value_error(*e.args).with_traceback(e.__traceback__) from None
+            except TypeError as e:
+                raise type_error(*e.args).with_traceback(e.__traceback__) from None
+
+        return call
+
+    return wrap
 _TORCH_SDPA = "torch.nn.functional.scaled_dot_product_attention (PyTorch >= 2.0)"
 
 
@@ -69,8 +118,9 @@ def _check_qkv(q, k, v):
 
 
 def _numpy(t):
-    """A numpy view of CPU tensor t's memory (no copy); bfloat16 as its uint16 bit patterns."""
-    t = t.detach()
+    """A numpy view of CPU tensor t's memory (no copy unless its negative bit is set); bfloat16 as
+    its uint16 bit patterns."""
+    t = t.detach().resolve_neg()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
@@ -93,8 +143,8 @@ class _Layout:
                 raise ValueError("enable_gqa=True needs query, key and value of rank >= 3 (heads at dim -3)")
             hq, hk = q.size(-3), k.size(-3)
             if v.size(-3) != hk or hk == 0 or hq % hk != 0:
-                raise ValueError(f"enable_gqa: query heads {hq} must be a multiple of key heads {hk} and value heads "
-                                 f"{v.size(-3)}, which must be equal")
+                raise ValueError(f"enable_gqa: query heads {hq} must be a multiple of key heads {hk} and of value "
+                                 f"heads {v.size(-3)}")
             self.batch = _broadcast([q.shape[:-3], k.shape[:-3], v.shape[:-3]], "query, key, value")
             self.lead = self.batch + (hq,)
             self.kv_lead = self.batch + (hk,)
@@ -126,8 +176,12 @@ def _mask_numpy(mask, dtype):
         return None
     if mask.dtype == torch.bool:
         return _numpy(mask)
-    if mask.dtype != torch.float32:
-        mask = mask.detach().float()
+    if mask.dtype == torch.float64:
+        # Finite values saturate (float64's finfo.min, HuggingFace's mask value, is not -inf).
+        m = mask.detach()
+        mask = torch.where(torch.isfinite(m), m.clamp(-_FLT_MAX, _FLT_MAX), m).float()
+    elif mask.dtype != torch.float32:
+        mask = mask.detach().float()  # bfloat16 and float16 widen exactly
     return _numpy(mask)
 
 
@@ -151,8 +205,24 @@ class _AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable  # qkv's backward is not itself differentiable: double backward raises
     def backward(ctx, dout, _dlse):
+        # qkv's backward is not itself differentiable. torch's once_differentiable marks the
+        # gradients only when dout requires grad, so a gradient penalty (grad(out.sum(), q,
+        # create_graph=True), then backward through it) silently lost its term: the gradients are
+        # marked whenever the graph is being built and an input requires grad.
+        with torch.no_grad():
+            grads = _AttentionFunction._backward(ctx, dout)
+        q, k, v, bias = ctx.saved_tensors[:4]
+        if not torch.is_grad_enabled() or not any(
+                t is not None and t.requires_grad for t in (q, k, v, bias, dout)):
+            return grads
+        err = torch._C._functions.DelayedError(
+            b"qkv.torch: second-order gradients are not supported (the gradients of scaled_dot_product_attention "
+            b"were built with create_graph=True and are now being differentiated)", 1)
+        return tuple(None if g is None else err(g.detach().requires_grad_()) for g in grads)
+
+    @staticmethod
+    def _backward(ctx, dout):
         q, k, v, bias, keep, out, lse = ctx.saved_tensors
         want_dbias = ctx.needs_input_grad[3]
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
@@ -173,10 +243,13 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None, None, None
 
 
+def _scalar(x):
+    """A 0-d tensor as its Python number (PyTorch's argument parser takes one for a float)."""
+    return x.item() if isinstance(x, torch.Tensor) and x.dim() == 0 else x
+
+
 def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths):
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
-    return dict(causal=is_causal, causal_align=causal_align, window=window, alibi_slopes=alibi_slopes,
+    return dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window, alibi_slopes=alibi_slopes,
                 softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
 
 
@@ -197,11 +270,9 @@ def _check_mask(mask, name, scores_shape):
 
 def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
     """Runs the autograd function on the caller's tensors; returns (out, lse) in the caller's shape."""
-    # Any real number (numpy's scalars too, as PyTorch takes them), as a Python float.
+    # Any real number (numpy's scalars and 0-d tensors too, as PyTorch takes them), as a float.
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # numpy's bool is not Real
-            raise TypeError(f"scale must be a number or None, got {scale!r}")
-        scale = float(scale)
+        scale = _qkv._scale_arg(_scalar(scale))
     if num_threads is None:
         num_threads = torch.get_num_threads()
     L, S = q.size(-2), k.size(-2)
@@ -212,6 +283,7 @@ def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
     return layout.back(out4, (v.size(-1),)), layout.back(lse4, ())
 
 
+@_raising(SdpaValueError, SdpaTypeError)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, window=None, alibi_slopes=None, softcap=None, key_lengths=None,
                                  query_lengths=None, causal_align="top_left", return_lse=False, num_threads=None):
@@ -241,18 +313,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       num_threads: threads for this call; default torch.get_num_threads(). Results are bitwise
           identical for any thread count.
 
-    A query row with no allowed key returns 0 (PyTorch returns NaN). Raises TypeError for a wrong
-    type or dtype and ValueError for a wrong device, shape, or dropout_p > 0, naming the argument.
+    A query row with no allowed key returns 0 (as PyTorch >= 2.5). Raises SdpaTypeError (a
+    TypeError and RuntimeError) for a wrong type or dtype and SdpaValueError (a ValueError and
+    RuntimeError) for a wrong device, shape, or dropout_p > 0, naming the argument.
     """
     _check_qkv(query, key, value)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p <= 1.0:
+    dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
+    if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
     if dropout_p > 0.0:
         raise ValueError(f"dropout_p={dropout_p}: qkv has no attention dropout; pass dropout_p=0.0 (e.g. "
                          f"dropout_p=p if self.training else 0.0 and use qkv only at eval), or use {_TORCH_SDPA}")
     extras = _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths)
     # Flags are True or False, as PyTorch's own argument parser requires of enable_gqa.
-    layout = _Layout(query, key, value, _qkv._flag_arg(enable_gqa, "enable_gqa"))
+    enable_gqa = _qkv._flag_arg(enable_gqa, "enable_gqa")
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
+        # PyTorch lets key and value have different head counts that both divide the query's:
+        # qkv's kernels take one count, so both are repeated to the query's heads (a copy).
+        hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
+        if hk != hv and hk > 0 and hv > 0 and hq % hk == 0 and hq % hv == 0:
+            key, value = key.repeat_interleave(hq // hk, dim=-3), value.repeat_interleave(hq // hv, dim=-3)
+    layout = _Layout(query, key, value, enable_gqa)
     return_lse = _qkv._flag_arg(return_lse, "return_lse")
     keep = bias = None
     if attn_mask is not None:
@@ -306,6 +387,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     instance of this class swapped into it runs only in training or with grad enabled.
     """
 
+    @_raising(MhaValueError, MhaTypeError)
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         if self.training and self.dropout > 0.0:

@@ -353,11 +353,26 @@ def test_backward_through_lse_raises():
 
 
 def test_double_backward_raises():
+    """Second-order gradients raise when used. A gradient penalty, out.sum() + (g**2).sum() with g
+    from create_graph=True, silently lost its term before (torch's once_differentiable marks the
+    gradients only when dout requires grad), and gradgradcheck saw zeros."""
     q = torch.randn(4, 8, requires_grad=True)
+    message = "qkv.torch: second-order gradients are not supported"
     out = qt.scaled_dot_product_attention(q, q, q)
     (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad|differentiable"):
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match=message):
         g.sum().backward()
+    k = torch.randn(4, 8, dtype=torch.float64)
+    q64 = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q64, k, k)
+    (g,) = torch.autograd.grad(out.sum(), q64, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        (out.sum() + (g ** 2).sum()).backward()
+    # Without create_graph the gradients are plain tensors, as before.
+    out = qt.scaled_dot_product_attention(q, q, q)
+    (g,) = torch.autograd.grad(out.sum(), q)
+    assert not g.requires_grad
 
 
 def test_empty_dimensions():
@@ -370,3 +385,61 @@ def test_empty_dimensions():
     assert qt.scaled_dot_product_attention(torch.randn(2, 0, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 5)).shape \
         == (2, 0, 5)
     assert qt.scaled_dot_product_attention(*(torch.randn(0, 2, 3, 8) for _ in range(3))).shape == (0, 2, 3, 8)
+
+
+def test_errors_are_also_what_pytorch_raises():
+    """PyTorch's own tests expect RuntimeError from F.scaled_dot_product_attention (mismatched
+    dtypes, rank-1 inputs, attn_mask with is_causal, ...) and AssertionError from
+    nn.MultiheadAttention's shape checks: qkv's TypeError / ValueError are those classes too."""
+    q, k, v = q3()
+    for call in (lambda: qt.scaled_dot_product_attention(q, k.double(), v),
+                 lambda: qt.scaled_dot_product_attention(torch.zeros(8), k, v),
+                 lambda: qt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool),
+                                                         is_causal=True)):
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert isinstance(e.value, (TypeError, ValueError)), type(e.value)
+    mha = qt.MultiheadAttention(8, 2)
+    with pytest.raises(AssertionError, match="must be embed_dim=8"):
+        mha(torch.zeros(3, 1, 6), torch.zeros(3, 1, 8), torch.zeros(3, 1, 8))
+    with pytest.raises(AssertionError, match="dtype torch.int64 is not supported"):
+        mha(*(torch.zeros(3, 1, 8) for _ in range(3)), attn_mask=torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="is_causal=True is a hint"):
+        mha(*(torch.zeros(3, 1, 8) for _ in range(3)), is_causal=True)
+
+
+def test_float64_mask_of_finfo_min_is_a_large_finite_bias():
+    """HuggingFace-style masks fill with torch.finfo(dtype).min. In float64 that rounded to -inf in
+    float32, so a row masked that way came out 0 where PyTorch gives the mean of v."""
+    rng = rng_for(4202)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 1, 3, 8))) for _ in range(3))
+    m = torch.zeros(3, 3, dtype=torch.float64)
+    m[1] = torch.finfo(torch.float64).min
+    m[2, 0] = -math.inf  # a real -inf still removes the key
+    out = qt.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    ref = composite(q, k, v, attn_mask=m.clamp(min=-3.4e38).masked_fill(torch.isneginf(m), -math.inf))
+    assert torch.allclose(out[0, 0, 1], v[0, 0].mean(0), atol=1e-6), out[0, 0, 1]
+    assert (out - ref).abs().max() <= 2e-5 * (1 + ref.abs().max())
+
+
+def test_pytorch_argument_forms_are_taken():
+    """Forms PyTorch's argument parser takes: enable_gqa with key heads != value heads (both divide
+    the query's), views with the negative bit set, numpy bools for flags, 0-d tensors for numbers."""
+    rng = rng_for(4203)
+    q = torch.from_numpy(rng.standard_normal((2, 4, 3, 8)))
+    k = torch.from_numpy(rng.standard_normal((2, 2, 5, 8)))
+    v = torch.from_numpy(rng.standard_normal((2, 1, 5, 6)))
+    out = qt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    ref = composite(q, k, v, enable_gqa=True)
+    assert (out - ref).abs().max() <= 2e-5 * (1 + ref.abs().max())
+    x = torch.randn(2, 4, 8, dtype=torch.cfloat).conj().imag
+    assert x.is_neg()
+    xr = x.resolve_neg()
+    assert torch.equal(qt.scaled_dot_product_attention(x, x, x), qt.scaled_dot_product_attention(xr, xr, xr))
+    q, k, v = q3()
+    want = qt.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    got = qt.scaled_dot_product_attention(q, k, v, dropout_p=torch.tensor(0.0), is_causal=np.bool_(True),
+                                          scale=torch.tensor(0.3))
+    assert torch.equal(got, want)
+    assert torch.equal(qt.scaled_dot_product_attention(q, k, v, dropout_p=np.float32(0.0)),
+                       qt.scaled_dot_product_attention(q, k, v))
