@@ -208,10 +208,14 @@ void bind_cache(py::module_& m) {
                            "A paged KV cache of one attention layer (see include/qkv/kv_cache.h): pools of "
                            "num_pages pages of page_tokens tokens, for kv_heads heads of head_dim (keys) and "
                            "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'.")
-      .def(py::init([](int64_t num_pages, int64_t page_tokens, int64_t kv_heads, int64_t head_dim,
-                       const py::object& value_dim, const std::string& dtype) {
-             const int64_t dv = value_dim.is_none() ? head_dim : index_arg(value_dim, "value_dim");
-             return qkv::KVCache({num_pages, page_tokens, kv_heads, head_dim, dv, parse_dtype(dtype)});
+      // Sizes and sequence ids are checked by index_arg: pybind11's int64_t took True as 1, and
+      // a float as a signature dump.
+      .def(py::init([](const py::object& num_pages, const py::object& page_tokens, const py::object& kv_heads,
+                       const py::object& head_dim, const py::object& value_dim, const py::object& dtype) {
+             const int64_t d = index_arg(head_dim, "head_dim");
+             const int64_t dv = value_dim.is_none() ? d : index_arg(value_dim, "value_dim");
+             return qkv::KVCache({index_arg(num_pages, "num_pages"), index_arg(page_tokens, "page_tokens"),
+                                  index_arg(kv_heads, "kv_heads"), d, dv, parse_dtype(string_arg(dtype, "dtype"))});
            }),
            py::arg("num_pages"), py::arg("page_tokens"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("value_dim") = py::none(), py::arg("dtype") = "f32")
@@ -220,36 +224,41 @@ void bind_cache(py::module_& m) {
           "create", [](qkv::KVCache& c) { return c.create(); }, "A new empty sequence; returns its id.")
       .def(
           "append",
-          [](qkv::KVCache& c, int64_t seq, const py::object& k, const py::object& v, const py::object& rotary) {
+          [](qkv::KVCache& c, const py::object& seq, const py::object& k, const py::object& v,
+             const py::object& rotary) {
             py::array ko, vo;
             const auto kv = float32_view(k, "k", ko), vv = float32_view(v, "v", vo);
             const std::optional<qkv::RotaryOptions> r = parse_rotary(rotary);
-            c.append(seq, kv, vv, r ? &*r : nullptr);
+            c.append(index_arg(seq, "seq"), kv, vv, r ? &*r : nullptr);
           },
           py::arg("seq"), py::arg("k"), py::arg("v"), py::arg("rotary") = py::none(),
           "Appends k [T, kv_heads, head_dim] and v [T, kv_heads, value_dim]; all or nothing. rotary: a dict "
           "(layout='half_split'|'interleaved', theta=10000, rotary_dim=0) rotates k at the sequence's positions.")
       .def(
-          "fork", [](qkv::KVCache& c, int64_t seq) { return c.fork(seq); }, py::arg("seq"),
+          "fork", [](qkv::KVCache& c, const py::object& seq) { return c.fork(index_arg(seq, "seq")); }, py::arg("seq"),
           "A new sequence sharing seq's pages; returns its id.")
       .def(
-          "free", [](qkv::KVCache& c, int64_t seq) { c.free(seq); }, py::arg("seq"))
+          "free", [](qkv::KVCache& c, const py::object& seq) { c.free(index_arg(seq, "seq")); }, py::arg("seq"))
       .def(
-          "length", [](const qkv::KVCache& c, int64_t seq) { return c.length(seq); }, py::arg("seq"))
+          "length", [](const qkv::KVCache& c, const py::object& seq) { return c.length(index_arg(seq, "seq")); },
+          py::arg("seq"))
       .def(
           "pages",
-          [](const qkv::KVCache& c, int64_t seq) {
-            const auto p = c.pages(seq);
+          [](const qkv::KVCache& c, const py::object& seq) {
+            const auto p = c.pages(index_arg(seq, "seq"));
             return std::vector<int32_t>(p.begin(), p.end());
           },
           py::arg("seq"))
       .def_property_readonly("free_pages", [](const qkv::KVCache& c) { return c.free_pages(); })
       .def_property_readonly("pool_bytes", [](const qkv::KVCache& c) { return c.pool_bytes(); })
       .def(
-          "keys", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.keys(seq)); }, py::arg("seq"),
-          "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
+          "keys",
+          [](const qkv::KVCache& c, const py::object& seq) { return tensor_to_numpy(c.keys(index_arg(seq, "seq"))); },
+          py::arg("seq"), "The stored keys of seq as float32 [kv_heads, length, head_dim] (a copy).")
       .def(
-          "values", [](const qkv::KVCache& c, int64_t seq) { return tensor_to_numpy(c.values(seq)); }, py::arg("seq"))
+          "values",
+          [](const qkv::KVCache& c, const py::object& seq) { return tensor_to_numpy(c.values(index_arg(seq, "seq"))); },
+          py::arg("seq"))
       .def_property_readonly(
           "k_pool", [](const py::object& self) { return raw_pool(self, false); },
           "Read-only view of the raw key pages [num_pages, kv_heads, page_tokens, head_dim] "

@@ -83,6 +83,8 @@ def _raising(value_error, type_error):
         return call
 
     return wrap
+
+
 _TORCH_SDPA = "torch.nn.functional.scaled_dot_product_attention (PyTorch >= 2.0)"
 
 

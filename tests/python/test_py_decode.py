@@ -145,6 +145,15 @@ def test_decode_arguments_are_refused_by_name_not_coerced():
             qkv.decode_attention(*args, **kw)
     with pytest.raises(TypeError, match="scale must be a number or None, got 'x'"):
         qkv.decode_attention_weights(q, cache, [s], scale="x")
+    # The cache's own sizes and sequence ids: pybind11 took True as 1.
+    for call, message in [(lambda: qkv.KVCache(True, 4, 1, 2), "num_pages must be an integer, got True"),
+                          (lambda: qkv.KVCache(4, 4, 1, 2, dtype=None), "dtype must be a string, got None"),
+                          (lambda: cache.length(True), "seq must be an integer, got True"),
+                          (lambda: cache.fork(0.5), "seq must be an integer, got 0.5"),
+                          (lambda: cache.keys("0"), "seq must be an integer, got '0'")]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    assert cache.length(np.int64(s)) == cache.length(s)
     # numpy integers and booleans are integers and booleans.
     out = qkv.decode_attention(q, cache, np.array([s]), causal=np.bool_(True), num_threads=np.int64(1))
     assert out.shape == (1, 2, 1, 4)
