@@ -344,6 +344,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              "attn_mask instead")
         _check_mask(attn_mask, "attn_mask", layout.lead + (query.size(-2), key.size(-2)))
         keep, bias = (attn_mask, None) if attn_mask.dtype == torch.bool else (None, attn_mask)
+    if not return_lse and math.prod(layout.lead) * query.size(-2) * value.size(-1) == 0:
+        # An empty result (no heads, value dim 0, ...) is empty, as in PyTorch; qkv's kernels refuse
+        # zero heads and Dv = 0. The zero term keeps autograd's view: zero gradients for the inputs.
+        out = query.new_zeros(*layout.lead, query.size(-2), value.size(-1))
+        inputs = [t for t in (query, key, value, bias) if t is not None and t.requires_grad]
+        return out + sum(t.sum() for t in inputs) * 0 if inputs else out
     out, lse = _attention(query, key, value, layout, keep, bias, extras, scale, num_threads)
     return (out, lse) if return_lse else out
 

@@ -385,6 +385,17 @@ def test_empty_dimensions():
     assert qt.scaled_dot_product_attention(torch.randn(2, 0, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 5)).shape \
         == (2, 0, 5)
     assert qt.scaled_dot_product_attention(*(torch.randn(0, 2, 3, 8) for _ in range(3))).shape == (0, 2, 3, 8)
+    # No heads, or a value dim of 0: empty results as PyTorch gives them (qkv's kernels refuse both).
+    q0 = torch.randn(2, 0, 3, 8, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q0, torch.randn(2, 0, 4, 8), torch.randn(2, 0, 4, 5))
+    assert out.shape == (2, 0, 3, 5)
+    out.sum().backward()
+    assert q0.grad.shape == q0.shape
+    v0 = torch.randn(2, 4, 0, requires_grad=True)
+    out = qt.scaled_dot_product_attention(q, torch.randn(2, 4, 8), v0)
+    assert out.shape == (2, 3, 0)
+    out.sum().backward()
+    assert torch.equal(v0.grad, torch.zeros_like(v0))
 
 
 def test_errors_are_also_what_pytorch_raises():
