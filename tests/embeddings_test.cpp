@@ -105,6 +105,21 @@ TEST(Embeddings, BinaryFirstVectorHoldingANewlineIsDetectedAsBinary) {
   }
 }
 
+// The other side of that rule: a word2vec text row whose values do not parse ("0,1" with a decimal
+// comma, "1.5abc") but whose bytes happen to line up as a binary row (3 dims of 4-byte numbers)
+// loaded as binary, values like 1.5e-19, without an error (found by running gensim's format tests
+// against qkv). A row printable across the whole would-be vector is text: its error is reported.
+TEST(Embeddings, TextRowsThatDoNotParseAreNotReadAsBinary) {
+  TempDir dir;
+  for (const auto& [body, bad] :
+       {std::pair{"katze 0,1 0,2 0,3\nhund 0,4 0,5 0,6\n", "(\"0,1\") is not a number"},
+        std::pair{"katze 1.5abc 0.2 0.3\nhund 0.4 0.5 0.6\n", "(\"1.5abc\") is not a number"},
+        std::pair{"katze 0x1p3 1.0 2.0\nhund 0.4 0.5 0.6\n", "(\"0x1p3\") is not a number"}}) {
+    write_raw(dir.file("w.txt"), std::string("2 3\n") + body);
+    expect_error([&] { Embeddings::load(dir.file("w.txt")); }, {"w.txt: line 2: value 1 of \"katze\"", bad});
+  }
+}
+
 TEST(Embeddings, LookupIsExactThenLowercaseAndDuplicatesKeepTheFirst) {
   TempDir dir;
   write_raw(dir.file("g.txt"), "the 1 2\nBank 3 4\nthe 5 6\nbank 7 8\r\n\n  \nParis 9 10\nPARIS 11 12\n");

@@ -332,6 +332,33 @@ TEST(Limits, EmptyQueriesOrKeysOnEveryPath) {
   }
 }
 
+// Head dims past kMaxHeadDim are refused on every path. With N = 0 and D = 2^60 (an empty .npy of
+// shape (0, 2^60)) the fused kernel's tile-group size wrapped to 0 and the process died of SIGFPE;
+// the reference returned an empty result. Stride-0 views: no memory behind the huge dim.
+TEST(Limits, HeadDimsPastTheLimitAreRefusedOnEveryPath) {
+  float one = 1.0f;
+  for (const int64_t D : {kMaxHeadDim + 1, int64_t{1} << 60})
+    for (const int64_t N : {int64_t{0}, int64_t{1}}) {
+      const std::array<int64_t, 4> shape{1, 1, N, D}, zero{0, 0, 0, 0};
+      const TensorView<const float> q(&one, shape, zero);
+      Tensor<float> out({1, 1, N, D == kMaxHeadDim + 1 ? int64_t{4} : int64_t{4}});
+      Tensor<float> v4({1, 1, N, 4});
+      for (Kernel kernel : {Kernel::fused, Kernel::reference}) {
+        AttentionOptions options;
+        options.kernel = kernel;
+        test::expect_error([&] { attention_forward(out.view(), {}, q, q, v4.cview(), options); },
+                           {"head dims D = " + std::to_string(D) + " and Dv = 4 must be at most 1048576"});
+      }
+    }
+  float* none = nullptr;
+  const std::array<int64_t, 4> wide{1, 1, 1, kMaxHeadDim}, zero{0, 0, 0, 0};
+  const TensorView<const float> q(&one, wide, zero);
+  Tensor<float> v4({1, 1, 1, 4}), out({1, 1, 1, 4});
+  v4[0] = 2.0f;
+  attention_forward(out.view(), TensorView<float>(none, {}), q, q, v4.cview());  // the limit itself runs
+  EXPECT_EQ(out[0], 2.0f);
+}
+
 TEST(Limits, MinusInfinityBiasMasksWholeRowsOnEveryPath) {
   test::Rng rng("Limits.MinusInfBias");
   const int64_t N = 7, M = 20;

@@ -212,7 +212,11 @@ TEST(Npy, MalformedFilesAreRefusedWithAReason) {
       {"trailing", make_npy(good_dict, data + "junk"), {"declares 24 bytes but the file holds 28", "4 trailing bytes"}},
       {"complex",
        make_npy("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", data),
-       {"unsupported .npy dtype '<c8'"}},
+       {"unsupported .npy dtype \"<c8\""}},
+      // The descr is the file's text: control bytes are escaped, so the message stays one line.
+      {"control_bytes_in_descr",
+       make_npy("{'descr': '<f4\nzz', 'fortran_order': False, 'shape': (3,), }", data),
+       {"unsupported .npy dtype \"<f4\\x0azz\""}},
       {"big_endian",
        make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (6,), }", data),
        {"big-endian", "'>f4'", "astype('<f4')"}},

@@ -198,6 +198,10 @@ TEST(Safetensors, MalformedFilesAreRefusedWithAReason) {
        make_st(R"({"a": {"dtype": "F32", "shape": [1], "dtype": "F16", "data_offsets": [0, 4]}})", 4),
        {"key \"dtype\" twice"}},
       {"dup_meta", make_st(R"({"__metadata__": {"k": "1", "k": "2"}})", 0), {"key \"k\" twice"}},
+      // nlohmann's lexer stopped at a NUL, so JSON followed by "\0garbage" loaded (safetensors' tests).
+      {"nul_after_json",
+       make_st("{" + entry("a", "F32", "[1]", 0, 4) + "}" + std::string("\0x", 2), 4),
+       {"the safetensors header holds a NUL byte at offset"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

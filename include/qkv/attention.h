@@ -13,7 +13,8 @@ namespace qkv {
 
 // Checks the ranks and sizes of q [B,H,N,D], k [B,Hkv,M,D], v [B,Hkv,M,Dv] and of every mask in
 // `options` (key/query lengths, keep, bias, ALiBi), and returns the sizes. Throws qkv::Error
-// naming the offending argument. D = 0 is refused; N = 0 or M = 0 is allowed (rows are masked).
+// naming the offending argument. D = 0 and head dims past kMaxHeadDim are refused; N = 0 or M = 0
+// is allowed (rows are masked).
 AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<const int64_t> k,
                                       std::span<const int64_t> v, const AttentionOptions& options);
 

@@ -49,6 +49,12 @@ constexpr int kMaxThreads = 4096;
 // kMaxThreads. No result depends on it. Thread-safe.
 int resolve_num_threads(int requested, int64_t items = std::numeric_limits<int64_t>::max());
 
+// The largest head dim (D, Dv) any path takes. Kernels keep tiles of up to 64 rows of D floats per
+// buffer, grouped up to 16 tiles; 2^20 keeps every such size far inside int64 (D = 2^60 wrapped
+// the tile group's size to 0, a SIGFPE) while real models use 64-256 (embedding widths as head
+// dims of the parameter-free layer: up to a few thousand).
+constexpr int64_t kMaxHeadDim = int64_t{1} << 20;
+
 // The sizes of one attention call, checked for consistency (check_attention_shapes).
 struct AttentionShape {
   int64_t B = 0, H = 0, Hkv = 0, N = 0, M = 0, D = 0, Dv = 0;

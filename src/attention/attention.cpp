@@ -37,6 +37,8 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
     throw Error(fmt::format("k {} and v {} must agree on [B, Hkv, M]", shape_string(k), shape_string(v)));
   if (s.D <= 0) throw Error("head dim D must be at least 1, got 0");
   if (s.Dv <= 0) throw Error("value head dim Dv must be at least 1, got 0");
+  if (s.D > kMaxHeadDim || s.Dv > kMaxHeadDim)
+    throw Error(fmt::format("head dims D = {} and Dv = {} must be at most {} (kMaxHeadDim)", s.D, s.Dv, kMaxHeadDim));
   if (s.H <= 0 || s.Hkv <= 0) throw Error(fmt::format("head counts must be positive: H = {}, Hkv = {}", s.H, s.Hkv));
   if (s.H % s.Hkv != 0)
     throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));

@@ -173,7 +173,11 @@ void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path
   } kTypes[] = {{"f4", NpyType::f4, 4}, {"f8", NpyType::f8, 8}, {"f2", NpyType::f2, 2}, {"b1", NpyType::b1, 1},
                 {"u1", NpyType::u1, 1}, {"i1", NpyType::i1, 1}, {"i4", NpyType::i4, 4}, {"i8", NpyType::i8, 8}};
   const std::string supported = "supported: <f4 <f8 <f2 |b1 |u1 |i1 <i4 <i8";
-  if (descr.size() < 2) throw Error(fmt::format("{}: unsupported .npy dtype '{}' ({})", path, descr, supported));
+  // quoted: the descr is the file's text, control bytes included (one line on stderr).
+  auto unsupported = [&] {
+    return Error(fmt::format("{}: unsupported .npy dtype {} ({})", path, quoted(descr, 40), supported));
+  };
+  if (descr.size() < 2) throw unsupported();
   char order = descr[0];
   std::string_view rest = std::string_view(descr).substr(1);
   for (const auto& t : kTypes) {
@@ -189,7 +193,7 @@ void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path
     h.item_size = t.size;
     return;
   }
-  throw Error(fmt::format("{}: unsupported .npy dtype '{}' ({})", path, descr, supported));
+  throw unsupported();
 }
 
 uint32_t read_le(std::string_view file, std::size_t at, int bytes) {

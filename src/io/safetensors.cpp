@@ -116,6 +116,10 @@ json parse_header_json(std::string_view text, const std::string& path) {
                               detail::quoted(parsed.get<std::string>())));
     return true;
   };
+  // nlohmann's lexer ends the input at a NUL byte, so "{...}\0garbage" parsed as "{...}";
+  // safetensors' own reader refuses it (and NUL padding) as trailing characters.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw Error(fmt::format("{}: the safetensors header holds a NUL byte at offset {} (JSON has none)", path, nul));
   try {
     return json::parse(text.begin(), text.end(), check);
   } catch (const json::exception& e) {

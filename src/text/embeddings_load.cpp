@@ -336,9 +336,9 @@ bool binary_row_fits(std::string_view bytes, std::size_t values, int64_t rows, i
 // After a word2vec header: text if the first row's values are printable ASCII, binary otherwise.
 // Raw float32 bytes are rarely printable for long, but a '\n' byte early in the first vector ends
 // the "row" after a few bytes that may all be printable (about 1 file in 400 with 5 dimensions);
-// so a printable row that does not end in `dim` numbers is taken as text only if a binary row
-// would not fit there. Only the first kMaxEmbeddingLineBytes of the row are looked at (a binary
-// row may hold no '\n').
+// so a printable row that does not end in `dim` numbers is taken as text if it spans the whole
+// vector, or if a binary row would not fit there. Only the first kMaxEmbeddingLineBytes of the row are looked at (a
+// binary row may hold no '\n').
 bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t rows, int64_t dim) {
   Line line = line_at(bytes, pos);
   auto printable = [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\t' || c == '\r'; };
@@ -354,6 +354,11 @@ bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t ro
   int64_t numbers = 0;
   while (numbers < static_cast<int64_t>(tokens.size()) && is_number(tokens[tokens.size() - 1 - numbers])) ++numbers;
   if (numbers == dim) return true;
+  // Printable across the whole would-be vector (4·dim bytes, the last may be the '\n', or as far
+  // as line_at looked): text whose values do not parse ("0,1", "1.5abc"), reported as such. Such
+  // a row read as binary gave values like 1.5e-19 without an error; a binary vector is all
+  // printable about once in 0.37^(4·dim).
+  if (line.too_long || (values.size() + 1) / 4 >= static_cast<uint64_t>(dim)) return true;
   return !binary_row_fits(bytes, pos + space + 1, rows, dim);
 }
 
