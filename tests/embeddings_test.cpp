@@ -120,6 +120,24 @@ TEST(Embeddings, TextRowsThatDoNotParseAreNotReadAsBinary) {
   }
 }
 
+// A binary file whose words start after '\n's (a blank line after the header; gensim's
+// test_load_word2vec_format_space_stripping) loaded only with the format named: automatic
+// detection saw the blank line as a text row.
+TEST(Embeddings, BinaryWordsAfterBlankLinesAreDetectedAsBinary) {
+  TempDir dir;
+  auto f32 = [](std::initializer_list<float> x) {
+    std::string out(x.size() * 4, '\0');
+    std::memcpy(out.data(), std::data(x), out.size());
+    return out;
+  };
+  write_raw(dir.file("sp.bin"),
+            "3 3\n\nabc " + f32({1, 2, 3}) + "cdefdg " + f32({4, 5, 6}) + "\n\ndef " + f32({7, 8, 9}));
+  const Embeddings emb = Embeddings::load(dir.file("sp.bin"));
+  ASSERT_EQ(emb.size(), 3);
+  EXPECT_EQ(emb.find("cdefdg"), 1);
+  EXPECT_EQ(emb.vector(2)[2], 9.0f);
+}
+
 TEST(Embeddings, LookupIsExactThenLowercaseAndDuplicatesKeepTheFirst) {
   TempDir dir;
   write_raw(dir.file("g.txt"), "the 1 2\nBank 3 4\nthe 5 6\nbank 7 8\r\n\n  \nParis 9 10\nPARIS 11 12\n");

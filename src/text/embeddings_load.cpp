@@ -340,6 +340,9 @@ bool binary_row_fits(std::string_view bytes, std::size_t values, int64_t rows, i
 // vector, or if a binary row would not fit there. Only the first kMaxEmbeddingLineBytes of the row are looked at (a
 // binary row may hold no '\n').
 bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t rows, int64_t dim) {
+  // Blank lines first: text may have them, and some binary writers put the '\n' before each word
+  // (gensim's test_load_word2vec_format_space_stripping), which both parsers skip.
+  while (pos < bytes.size() && (bytes[pos] == '\n' || bytes[pos] == '\r')) ++pos;
   Line line = line_at(bytes, pos);
   auto printable = [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\t' || c == '\r'; };
   std::size_t space = line.text.find_first_of(" \t");
