@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -87,6 +88,20 @@ TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
                "tensor w_v has shape [6, 5] but the config needs [6, 2]");
   std::filesystem::remove(dir / "w_v.npy");
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "missing tensor w_v");
+  save_npy<float>((dir / "w_v.npy").string(), layer.w_v.cview());
+  // The config is read by the same strict JSON rule as safetensors headers (it kept the last of
+  // two copies of a key, and read "{...}\0garbage" as "{...}").
+  auto write_config = [&](const std::string& text) {
+    std::ofstream((dir / "qkv_layer.json").string(), std::ios::binary) << text;
+  };
+  write_config(R"({"qkv.embed_dim": "6", "qkv.embed_dim": "8"})");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); },
+               "the layer config has the key \"qkv.embed_dim\" twice in one object");
+  write_config(std::string("{}\0x", 4));
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "the layer config holds a NUL byte at offset 2");
+  write_config("{\"a\": ");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "the layer config is not valid JSON");
+  std::filesystem::remove(dir / "w_v.npy");
   std::filesystem::remove(dir / "qkv_layer.json");
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "cannot open the layer config");
   // A FIFO in its place is refused at once (reading it waited for a writer).

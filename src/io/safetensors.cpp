@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/half.h"
 #include "io/mapped_file.h"
+#include "io/strict_json.h"
 #include "qkv/error.h"
 #include "qkv/atomic_file.h"
 #include "qkv/safetensors.h"
@@ -20,7 +20,6 @@ namespace {
 using nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
-constexpr int kMaxJsonDepth = 16;
 
 enum class StType { f64, f32, f16, bf16, i64, i32, i16, i8, u64, u32, u16, u8, boolean, unsupported };
 
@@ -101,32 +100,6 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
   throw Error(fmt::format("{}: unsupported dtype", where));
 }
 
-json parse_header_json(std::string_view text, const std::string& path) {
-  // Throwing from the callback bounds the nesting a hostile header can build, and refuses a key
-  // that appears twice in one object: nlohmann keeps the last copy, another reader the first,
-  // so such a header means different tensors to different programs.
-  std::vector<std::set<std::string>> keys;  // one per open object
-  json::parser_callback_t check = [&path, &keys](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth)
-      throw Error(fmt::format("{}: the safetensors header nests deeper than {} levels", path, kMaxJsonDepth));
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
-      throw Error(fmt::format("{}: the safetensors header has the key {} twice in one object", path,
-                              detail::quoted(parsed.get<std::string>())));
-    return true;
-  };
-  // nlohmann's lexer ends the input at a NUL byte, so "{...}\0garbage" parsed as "{...}";
-  // safetensors' own reader refuses it (and NUL padding) as trailing characters.
-  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos)
-    throw Error(fmt::format("{}: the safetensors header holds a NUL byte at offset {} (JSON has none)", path, nul));
-  try {
-    return json::parse(text.begin(), text.end(), check);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: the safetensors header is not valid JSON: {}", path, e.what()));
-  }
-}
-
 uint64_t get_unsigned(const json& v, const std::string& where, const char* what) {
   if (!v.is_number_unsigned())
     throw Error(fmt::format("{}: {} must be non-negative integers, got {}", where, what, v.dump()));
@@ -193,7 +166,8 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   if (header_len > kMaxHeaderBytes)
     throw Error(fmt::format("{}: the safetensors header length {} exceeds the {} byte limit", path, header_len,
                             kMaxHeaderBytes));
-  json header = parse_header_json(std::string_view(file.data() + 8, header_len), path);
+  json header =
+      detail::parse_strict_json(std::string_view(file.data() + 8, header_len), path, "the safetensors header");
   if (!header.is_object()) throw Error(fmt::format("{}: the safetensors header is not a JSON object", path));
 
   const char* buffer = file.data() + 8 + header_len;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/mapped_file.h"
+#include "io/strict_json.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
@@ -66,7 +67,7 @@ std::map<std::string, std::string> read_npy_config(const std::string& dir) {
     throw Error(fmt::format("{}: cannot open the layer config (a .npy weights directory needs {}): {}", path,
                             kNpyConfigName, e.what()));
   }
-  const nlohmann::json json = nlohmann::json::parse(file->bytes(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = detail::parse_strict_json(file->bytes(), path, "the layer config");
   if (!json.is_object()) throw Error(fmt::format("{}: not a JSON object of strings", path));
   std::map<std::string, std::string> meta;
   for (const auto& [key, value] : json.items()) {
