@@ -1,6 +1,7 @@
 // The float64 reference against the seeds' worked numbers and against direct definitions.
 #include "qkv/reference.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -73,10 +74,13 @@ TEST(Reference, RefusesAnOverflowFromFiniteInputs) {
   for (int64_t i = 0; i < q.numel(); ++i) {
     q[i] = 1e200, k_pos[i] = 1e200, k_neg[i] = -1e200, zero[i] = 0.0, v[i] = 1.0, huge_v[i] = 1e308;
   }
-  for (const auto& [qq, kk, vv] :
-       {std::tuple{&q, &k_pos, &v}, std::tuple{&q, &k_neg, &v}, std::tuple{&zero, &zero, &huge_v}})
-    test::expect_error([&] { reference_attention_forward(out.view(), {}, {}, qq->cview(), kk->cview(), vv->cview()); },
-                       {"reference_attention_forward: the output overflowed float64 although q, k and v are finite"});
+  // Views, not structured bindings: clang 14 cannot capture those in the lambda.
+  for (const std::array<const Tensor<double>*, 3>& c :
+       {std::array<const Tensor<double>*, 3>{&q, &k_pos, &v}, std::array<const Tensor<double>*, 3>{&q, &k_neg, &v},
+        std::array<const Tensor<double>*, 3>{&zero, &zero, &huge_v}})
+    test::expect_error(
+        [&] { reference_attention_forward(out.view(), {}, {}, c[0]->cview(), c[1]->cview(), c[2]->cview()); },
+        {"reference_attention_forward: the output overflowed float64 although q, k and v are finite"});
   q[0] = std::numeric_limits<double>::quiet_NaN();
   reference_attention_forward(out.view(), {}, {}, q.cview(), zero.cview(), v.cview());
   EXPECT_TRUE(std::isnan(out[0]));
