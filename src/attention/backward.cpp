@@ -110,7 +110,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   p.dq_stride = kernels::strides_of(dq), p.dk_stride = kernels::strides_of(dk), p.dv_stride = kernels::strides_of(dv);
   p.dbias = dbias.empty() ? nullptr : dbias.data(), p.dbias_stride = kernels::strides_of(dbias);
   p.bands = bands.data();
-  p.single_key_shortcut = !options.partial_rows;
+  p.whole_rows = !options.partial_rows;
   p.chunk_rows = plan_chunk_rows(s);
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
   p.key_group = plan_key_group(s);

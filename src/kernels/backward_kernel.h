@@ -37,6 +37,8 @@ struct BackwardLayout {
       return o;
     };
     q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows), q_sizes = take(rows);
+    dominant = take(2 * rows), dominant_cap = take(rows), others = take(2 * rows);
+    row_dot_wide = take(2 * rows);
     k_sizes = take(s.M);
     dk = take(s.M * dp), dv = take(s.M * dvp);
     const bool grouped = s.H > s.Hkv;
@@ -50,6 +52,10 @@ struct BackwardLayout {
   // Buffers of one head's chunk: packed q, dout, the dq sums, D = rowsum(dout ∘ out), and
   // |q| of each row; |k| of each key (both for large_scores.h, when its gate passes).
   int64_t q = 0, dout = 0, dq = 0, row_dot = 0, q_sizes = 0, k_sizes = 0;
+  // Per chunk row, for backward_tile.h's deferred dominant key: the key (int64), softcap's
+  // derivative there, and the sum of the other keys' dS (double).
+  int64_t dominant = 0, dominant_cap = 0, others = 0;
+  int64_t row_dot_wide = 0;  // D per chunk row in double, for large q (double)
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.

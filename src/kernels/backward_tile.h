@@ -50,6 +50,9 @@ class BackwardChunk {
     const BackwardLayout lay(p);
     q_ = scratch + lay.q, dout_ = scratch + lay.dout, dq_ = scratch + lay.dq, row_dot_ = scratch + lay.row_dot;
     q_sizes_ = scratch + lay.q_sizes, k_sizes_ = scratch + lay.k_sizes;
+    dominant_ = reinterpret_cast<int64_t*>(scratch + lay.dominant), dominant_cap_ = scratch + lay.dominant_cap;
+    others_ = reinterpret_cast<double*>(scratch + lay.others);
+    row_dot_wide_ = reinterpret_cast<double*>(scratch + lay.row_dot_wide);
     kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk,
     dv_ = scratch + lay.dv;
     dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
@@ -79,6 +82,7 @@ class BackwardChunk {
         if (stop_requested(p_.interrupt)) return;
         key_group(h, j0, std::min(T * p_.key_group, s_.M - j0));
       }
+      if (defer_) settle_dominant_keys(h);
       write_dq(h);
       if (g > 0) {
         add_to(dk_, dk_head_, s_.M * dp_);
@@ -100,6 +104,12 @@ class BackwardChunk {
     }
     sizes_for_refining();
     row_dots(h);
+    if (refine_) wide_row_dots(h);
+    defer_ = refine_ && p_.whole_rows;
+    if (defer_) {
+      std::fill(dominant_, dominant_ + (r1_ - r0_), int64_t{-1});
+      std::fill(others_, others_ + (r1_ - r0_), 0.0);
+    }
   }
 
   // large_scores.h's norms for the head's chunk: fp32 bounds over all its rows and keys first
@@ -141,6 +151,17 @@ class BackwardChunk {
             dot[r] = std::fma(dop[r][e], out[r][e * p_.out_stride.col], dot[r]);
         }
       for (int64_t r = 0; r < n; ++r) row_dot_[i - r0_ + r] = dot[r];
+    }
+  }
+
+  // D of each chunk row in double (exact products, one rounding per term), for heavy_keys.
+  void wide_row_dots(int64_t h) {
+    for (int64_t i = r0_; i < r1_; ++i) {
+      const float* out = p_.out + p_.out_stride.at(b_, h, i);
+      const float* dop = dout_ + (i - r0_) * dvp_;
+      double d = 0.0;
+      for (int64_t e = 0; e < s_.Dv; ++e) d += static_cast<double>(dop[e]) * out[e * p_.out_stride.col];
+      row_dot_wide_[i - r0_] = d;
     }
   }
 
@@ -224,7 +245,7 @@ class BackwardChunk {
       lse_lo_[r] = live ? static_cast<float>(lse - static_cast<double>(lse_[r])) : 0.0f;
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
-      single_[r] = p_.single_key_shortcut && live && band.hi - band.lo == 1;
+      single_[r] = p_.whole_rows && live && band.hi - band.lo == 1;
       any |= lo_[r] < hi_[r];
       interior_ &= lo_[r] <= 0 && hi_[r] >= T;
     }
@@ -253,7 +274,8 @@ class BackwardChunk {
       const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
       for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     }
-    lo_pair_ = extent != Refine::none && refine_large(row, rows, j0, cols, qp, kt, extent == Refine::every);
+    lo_pair_ = extent != Refine::none;  // then slo_ holds the refined scores' low parts
+    if (lo_pair_) refine_large(row, rows, j0, cols, qp, kt, extent == Refine::every);
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
@@ -267,14 +289,11 @@ class BackwardChunk {
   }
 
   // The scores of large |q|·|k| summed again and scaled in double (written scaled), as the forward
-  // does (large_scores.h): row r of st is query row `row` + r against kᵀ. Returns whether slo_
-  // holds the pair's low parts (as the forward: not with elementwise terms).
-  bool refine_large(int64_t row, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
+  // does (large_scores.h): row r of st is query row `row` + r against kᵀ; their low parts go to slo_.
+  void refine_large(int64_t row, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
-    float* s_lo = elementwise_ ? nullptr : slo_;
-    refine_scores(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, s_lo, T, rows, T,
+    refine_scores(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, slo_, T, rows, T,
                   large_score_limit(p_.scale), every, wide_);
-    return s_lo != nullptr;
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
@@ -295,21 +314,31 @@ class BackwardChunk {
 
   // st: scale·(q·kᵀ) on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
   // Keep-mask, bias, ALiBi and softcap go through MaskEval::adjust itself, in band only.
+  // The refined scores go through the elementwise terms with their low parts (adjust_refined), as
+  // in the forward.
   void probabilities(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
     if (elementwise_) {
+      const float limit = large_score_limit(p_.scale);
       for (int64_t r = 0; r < rows; ++r) {
         float* st = st_ + r * T;
+        float* slo = slo_ + r * T;
         float* dcap = dcap_ + r * T;
+        const float q_size = lo_pair_ ? q_sizes_[i0 - r0_ + r] : 0.0f;
         for (int64_t c = 0; c < T; ++c) {
           if (c < lo_[r] || c >= hi_[r]) {
             st[c] = kNegInf;
             dcap[c] = 1.0f;
             continue;
           }
-          const float x = st[c];
-          st[c] = mask_.adjust(x, b_, h, i0 + r, j0 + c);
+          double x = st[c];
+          if (lo_pair_ && refined(q_size, ka_[c], limit)) {
+            x += slo[c];
+            adjust_refined(mask_, st[c], slo[c], b_, h, i0 + r, j0 + c);
+          } else {
+            st[c] = mask_.adjust(st[c], b_, h, i0 + r, j0 + c);
+          }
           if (cap_ > 0) {  // in double: 1 − th² cancels where tanh saturates
-            const double th = std::tanh(static_cast<double>(x / cap_));
+            const double th = std::tanh(x / cap_);
             dcap[c] = static_cast<float>(1.0 - th * th);
           }
         }
@@ -346,7 +375,19 @@ class BackwardChunk {
         Ops::store(ds + c, Ops::mul(pv, Ops::sub(Ops::load(ds + c), dot)));
       }
     }
-    if (exceeds_half(pmax))  // rare unless the softmax is near one-hot (large scores)
+    if (refine_) {
+      for (int64_t r = 0; r < rows; ++r) {
+        V m = Ops::zero();
+        for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
+        alignas(64) float lanes[L];
+        Ops::store(lanes, m);
+        row_pmax_[r] = *std::max_element(lanes, lanes + L);
+      }
+      heavy_keys(row, rows, j0, cols);
+    }
+    if (defer_)
+      defer_dominant_keys(row, rows, j0, cols);
+    else if (exceeds_half(pmax))  // rare unless the softmax is near one-hot (large scores)
       for (int64_t r = 0; r < rows; ++r) {
         V m = Ops::zero();
         for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
@@ -371,7 +412,80 @@ class BackwardChunk {
     return std::any_of(lanes, lanes + L, [](float p) { return p > 0.5f; });
   }
 
-  // A row's dominant key (P > 1/2: at most one per row) gets dP − D as dout · (v − out), which
+  // With large q (refine_), the keys of a row's weight of at least 1/16 (at most 16 per row) take
+  // dP − D summed in double: dk = dSᵀ·q multiplies its rounding by that large q, and the fp32
+  // chains over Dv round at the size of their partial sums (~5x PyTorch's small matmuls, which sum
+  // in lanes): with keys sharing a row's weight that took dk to 2.5x PyTorch's error at q·50
+  // (TESTING.md, "Round 13"). Lighter keys pass on a rounding below 1/16 of it.
+  void heavy_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
+    constexpr float kHeavy = 0.0625f;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!(row_pmax_[r] >= kHeavy) || single_[r]) continue;  // most tiles of a peaked row
+      const float* pr = st_ + r * T;
+      const float* dop = dout_ + (row + r) * dvp_;
+      for (int64_t c = 0; c < cols; ++c) {
+        if (!(pr[c] >= kHeavy)) continue;
+        const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
+        double dp = 0.0;
+        for (int64_t e = 0; e < s_.Dv; ++e) dp += static_cast<double>(dop[e]) * v[e * p_.v_stride.col];
+        ds_[r * T + c] = pr[c] * static_cast<float>(dp - row_dot_wide_[row + r]);
+      }
+    }
+  }
+
+  // With large q (refine_) and whole rows, a row's dominant key (P > 1/2: at most one per row)
+  // takes its dS only once every key of the row is seen: dS_dom = −Σ of the other keys' dS (the
+  // logits' gradients sum to 0, as ΣP = 1 and D = ΣP·dP). Each of those carries D's rounding times
+  // its own P, so the dominant key gets it times 1 − P_dom, where P_dom·(dP − D) or
+  // dout·(v − out) gets all of out's rounding: with a near-one-hot row and q scaled by 50, one ulp
+  // of out took dk to 2.6x PyTorch's error (whose Σ P·dP cancels the same way; TESTING.md,
+  // "Round 13"). Here: the dominant key's dS leaves the tile's products (0) and the others' dS,
+  // before softcap's factor, join the row's sum in double, in key order.
+  // The sum runs in 8 double lanes (one serial chain of double adds cost 15% of q·50's backward),
+  // in a fixed order; columns past cols hold dS = 0.
+  void defer_dominant_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
+    static_assert(T % 8 == 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* ds = ds_ + r * T;
+      const float* pr = st_ + r * T;
+      if (row_pmax_[r] > 0.5f)
+        for (int64_t c = 0; c < cols; ++c)
+          if (pr[c] > 0.5f) {
+            dominant_[row + r] = j0 + c;
+            dominant_cap_[row + r] = cap_ > 0 ? dcap_[r * T + c] : 1.0f;
+            ds[c] = 0.0f;
+          }
+      Wide sum{};
+      for (int64_t c = 0; c < T; c += 8) {
+        Narrow x;
+        std::memcpy(&x, ds + c, sizeof x);
+        sum += __builtin_convertvector(x, Wide);
+      }
+      others_[row + r] += ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+    }
+  }
+
+  // The deferred dominant keys of head h's chunk (defer_dominant_keys): dS = −(the others' sum),
+  // written to dbias when asked, times softcap's factor, then dk += dS·q and dq += dS·k.
+  void settle_dominant_keys(int64_t h) {
+    for (int64_t row = 0; row < r1_ - r0_; ++row) {
+      const int64_t j = dominant_[row];
+      if (j < 0) continue;
+      const float logit_grad = static_cast<float>(-others_[row]);
+      if (p_.dbias != nullptr) p_.dbias[p_.dbias_stride.at(b_, h, r0_ + row) + j * p_.dbias_stride.col] = logit_grad;
+      const float ds = logit_grad * dominant_cap_[row];
+      const float* q = q_ + row * dp_;
+      const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j);
+      float* dk = dk_sum_ + j * dp_;
+      float* dq = dq_ + row * dp_;
+      for (int64_t d = 0; d < s_.D; ++d) {
+        dk[d] = std::fma(ds, q[d], dk[d]);
+        dq[d] = std::fma(ds, k[d * p_.k_stride.col], dq[d]);
+      }
+    }
+  }
+
+  // Otherwise a row's dominant key (P > 1/2: at most one per row) gets dP − D as dout · (v − out), which
   // is the same quantity in exact arithmetic: with a near-one-hot softmax dP and D are nearly
   // equal, their difference cancels and keeps only the two dot products' rounding, while
   // v − out is exact (Sterbenz) and small. That rounding, amplified by large q through dk, was the
@@ -427,10 +541,16 @@ class BackwardChunk {
   // Band of each row of the current query tile relative to j0 (clamped), and its lse.
   std::array<int64_t, T> lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
-  std::array<float, T> ka_{};  // |k| of the current key tile's keys (0 past them), for refine_large
-  double* wide_;               // refine_large's kᵀ in double (BackwardLayout::wide: D·T)
-  float* slo_;                 // the scores' low parts, T·T, when lo_pair_
-  bool lo_pair_ = false;       // whether slo_ holds the current pair's
+  std::array<float, T> ka_{};        // |k| of the current key tile's keys (0 past them), for refine_large
+  double* wide_;                     // refine_large's kᵀ in double (BackwardLayout::wide: D·T)
+  float* slo_;                       // the scores' low parts, T·T, when lo_pair_
+  bool lo_pair_ = false;             // whether slo_ holds the current pair's
+  bool defer_ = false;               // whether dominant keys wait for the whole row (defer_dominant_keys)
+  int64_t* dominant_;                // per chunk row: its dominant key, or -1
+  float* dominant_cap_;              // softcap's derivative at that key (1 without softcap)
+  double* others_;                   // the sum of the row's other keys' dS
+  double* row_dot_wide_;             // per chunk row: D in double (wide_row_dots), when refine_
+  std::array<float, T> row_pmax_{};  // the largest P of each row of the pair, when refine_
   static_assert(T == kWideCols);
   std::array<bool, T> single_{};
 };

@@ -202,7 +202,7 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
         continue;
       }
       std::memcpy(&old, out, sizeof old);
-      const auto pass = size_a[r] * nx > limits;
+      const auto pass = size_a[r] * nx > limits;  // refined(), 8 at a time
       const Narrow chosen = pass ? fresh : old;
       std::memcpy(out, &chosen, sizeof chosen);
       if (!out_lo) continue;
@@ -234,6 +234,25 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
   }
   if (count == 2) flush(std::integral_constant<int, 2>{});
   if (count == 1) flush(std::integral_constant<int, 1>{});
+}
+
+// Whether refine_scores sums the score of norms size_a, size_b again: its own test, taken in
+// float, so the forward (k against q) and the backward (q against k) decide alike for each score.
+inline bool refined(float size_a, float size_b, float limit) { return size_a * size_b > limit; }
+
+// A refined score s + s_lo through the elementwise terms (MaskEval::adjust: softcap, bias, ALiBi,
+// keep-mask) in double, split again into a float and what its rounding left (0 where the logit is
+// not finite or past kLowPartLimit, as refine_scores). The fp32 adjust rounded softcap's
+// cap·tanh(x/cap) at ~32 once more, an error of up to 1.9e-6 in the logit and so in P's relative
+// error: with q scaled by 50 that took dk to 2x FlashAttention's rule (TESTING.md, "Round 13").
+// Both passes call it on the same refined scores, so P = exp(S − lse) stays consistent.
+template <class Mask>
+void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const double logit = mask.adjust(static_cast<double>(s) + static_cast<double>(s_lo), b, h, i, j);
+  const float hi = static_cast<float>(logit);
+  const bool keeps_part = std::isfinite(hi) && std::fabs(hi) < kLowPartLimit;
+  s = hi;
+  s_lo = keeps_part ? static_cast<float>(logit - static_cast<double>(hi)) : 0.0f;
 }
 
 }  // namespace

@@ -101,8 +101,11 @@ struct BackwardParams : ForwardParams {
   float *dk_part = nullptr, *dv_part = nullptr;
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
   int64_t chunk_rows = 0, chunks = 1;
-  int64_t key_group = 1;            // key tiles packed at once, each query tile visiting them in turn
-  bool single_key_shortcut = true;  // off for AttentionOptions::partial_rows
+  int64_t key_group = 1;  // key tiles packed at once, each query tile visiting them in turn
+  // Whether each task sees every key of its rows (off for AttentionOptions::partial_rows, where the
+  // ring hands a task one block of keys): then a row's gradients may use identities over the whole
+  // row (backward_tile.h: a single key's dS is 0; a dominant key's dS is minus the others').
+  bool whole_rows = true;
   // Checked between key groups: a task (all keys of a head) can take seconds. A stopped task leaves
   // its outputs partial; the caller then throws qkv::Interrupted. nullptr: never stops.
   InterruptScope* interrupt = nullptr;

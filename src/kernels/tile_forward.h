@@ -286,22 +286,28 @@ class ForwardTile {
   }
 
   // The block's scores of large |q|·|k| summed again in double and scaled there (large_scores.h):
-  // row jj of st is row jj of K (as the product read it) against qt.
-  // Their low parts go to slo_ for softmax() unless elementwise terms (bias, ALiBi, softcap) follow,
-  // which would round the score again.
+  // row jj of st is row jj of K (as the product read it) against qt. Their low parts go to slo_
+  // for softmax(), through adjust() where elementwise terms follow.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
-    lo_block_ = !mask_.has_elementwise();
-    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_,
-                  lo_block_ ? slo_ : nullptr, bq_, nb, qvecs_ * L, large_score_limit(p_.scale), every, wide_);
+    lo_block_ = true;
+    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, bq_, nb,
+                  qvecs_ * L, large_score_limit(p_.scale), every, wide_);
   }
 
-  // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only.
+  // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only;
+  // the refined scores in double with their low parts (adjust_refined), as the backward does.
   void adjust(int64_t j0, int64_t nb) {
+    const float limit = large_score_limit(p_.scale);
     for (int64_t r = 0; r < rows_; ++r) {
       if (!live_[r]) continue;
       const int64_t lo = std::max<int64_t>(lo_[r] - j0, 0), hi = std::min<int64_t>(hi_[r] - j0, nb);
-      for (int64_t jj = lo; jj < hi; ++jj)
-        st_[jj * bq_ + r] = mask_.adjust(st_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
+      for (int64_t jj = lo; jj < hi; ++jj) {
+        float& s = st_[jj * bq_ + r];
+        if (lo_block_ && refined(k_sizes_[j0 + jj], qa_[r], limit))
+          adjust_refined(mask_, s, slo_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
+        else
+          s = mask_.adjust(s, b_, h_, i0_ + r, j0 + jj);
+      }
     }
   }
 

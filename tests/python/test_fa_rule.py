@@ -28,9 +28,9 @@ from py_oracle import as4, random_case, rng_for, seed_note, torch_scores
 HEADS = (9, 9, 3, 1)  # kv heads for 9 query heads: MHA, MHA, GQA 3, MQA
 LENGTHS = (1, 3, 17, 64, 113, 128, 239)
 DIMS = (32, 40, 59, 64, 111, 128)
-# Measured worst over 6000 cases 0.47, 0.48, 1.64, 0.49 (round 10); round 9's C++ twin saw dk 3.4
-# once. What is left of dk's tail at q·50 is not the scores (TESTING.md, "Round 10").
-SLACK = {"out": 1.5, "dq": 1.5, "dk": 5.0, "dv": 1.5}
+# Measured worst over 3000 fresh cases (q·1 to q·50, round 13): out 0.47, dq 0.37, dk 0.62, dv 0.55;
+# dk needed 5 until round 13 (TESTING.md).
+SLACK = {"out": 1.5, "dq": 1.5, "dk": 1.5, "dv": 1.5}
 
 
 def composite(q, k, v, dout, causal, softcap, dtype):
@@ -101,6 +101,39 @@ def test_fp32_within_flash_attention_rule(case):
         ratios = fa_rule_ratios(q, k, v, dout, causal, softcap, simd=simd)
         bad = {n: round(r, 2) for n, r in ratios.items() if not r <= SLACK[n]}
         assert not bad, f"error / FlashAttention bound > {SLACK}: {bad} ({simd}); {seed_note(case)} {desc}"
+
+
+# Rows that see a few keys, one of them holding most of the weight, with q scaled by 50: where dk
+# sat last (TESTING.md, "Round 13"): softcap's logits rounded in fp32, dP − D summed in fp32
+# chains, and out's rounding in a dominant key's dS. (kv heads, N, M, D, causal, softcap); 9 query
+# heads, B = 2, fresh inputs per case. Held to 3/4 of the rule: 41 seeds of these 48 cases passed
+# it with those fixed (worst 0.57), and before them each of 6 seeds had 1-4 cases over it (worst
+# 1.75), which the rule itself missed in most runs.
+FEW_KEYS_SLACK = 0.75
+FEW_KEYS = [
+    (1, 1, 3, 59, False, 0.0),
+    (3, 1, 3, 128, False, 0.0),
+    (9, 1, 3, 59, False, 50.0),
+    (1, 3, 3, 40, True, 0.0),
+    (3, 3, 3, 128, True, 0.0),
+    (1, 3, 17, 40, True, 50.0),
+    (9, 3, 17, 40, True, 50.0),
+    (3, 17, 17, 64, False, 50.0),
+]
+
+
+@pytest.mark.parametrize("shape", FEW_KEYS)
+@pytest.mark.parametrize("case", range(3100, 3110))
+def test_fp32_gradients_within_3_4_of_the_rule_on_few_keys_at_q_times_50(shape, case):
+    hkv, n, m, d, causal, softcap = shape
+    rng = rng_for(case)
+    q = (rng.standard_normal((2, 9, n, d)) * 50.0).astype(np.float32)
+    k, v = (rng.standard_normal((2, hkv, m, d)).astype(np.float32) for _ in range(2))
+    dout = rng.standard_normal((2, 9, n, d)).astype(np.float32)
+    for simd in available_paths():
+        ratios = fa_rule_ratios(q, k, v, dout, causal, softcap, simd=simd)
+        bad = {name: round(r, 2) for name, r in ratios.items() if not r <= FEW_KEYS_SLACK}
+        assert not bad, f"error / FlashAttention bound > {FEW_KEYS_SLACK}: {bad} ({simd}); {seed_note(case)} shape {shape}"
 
 
 def to_bf16(x):
