@@ -10,8 +10,14 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
+# With ccache (make deps installs it), the pip tests' own tree build-pip/ (setup.py) gets this
+# build's objects instead of compiling the library and module again inside ctest, even with an
+# empty cache; CCACHE_BASEDIR makes the two trees' paths hash alike.
+CCACHE := $(shell command -v ccache)
+export CCACHE_BASEDIR := $(CURDIR)
+
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
@@ -56,8 +62,9 @@ sanitize:
 fuzz:
 	JOBS=$(JOBS) scripts/fuzz.sh run $(FUZZ_SECONDS)
 
+# JOBS fuzzers at a time: each is single-threaded and runs for a fixed time.
 fuzz-smoke:
-	JOBS=$(JOBS) scripts/fuzz.sh smoke $(FUZZ_SMOKE_SECONDS)
+	JOBS=$(JOBS) FUZZ_PARALLEL=$(JOBS) scripts/fuzz.sh smoke $(FUZZ_SMOKE_SECONDS)
 
 # The kernels cross-built for aarch64 (build-arm64) and checked under qemu-aarch64; correctness
 # only. Skips, saying why, without g++-aarch64-linux-gnu or qemu-user.

@@ -22,8 +22,9 @@ jobs=${JOBS:-2}
 parallel=${FUZZ_PARALLEL:-1}
 
 if [ ! -f "$dir/CMakeCache.txt" ]; then
-  cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_FUZZ=ON \
-    -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_TOOLS=OFF -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF >/dev/null
+  cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Sanitize -DQKV_FUZZ=ON \
+    -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_TOOLS=OFF -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF -DQKV_MPI=OFF \
+    -DQKV_INSTALL=OFF >/dev/null
 fi
 [ -n "${FUZZ_SKIP_BUILD:-}" ] || cmake --build "$dir" -j"$jobs"
 

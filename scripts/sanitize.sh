@@ -17,7 +17,7 @@ cases=${QKV_SANITIZE_PROPERTY_CASES:-100}
 run_asan() {
   local dir=${ASAN_BUILD:-build-asan}
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=address,undefined \
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Sanitize -DQKV_SANITIZE=address,undefined \
       -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF -DQKV_BUILD_TOOLS=OFF >/dev/null
   fi
   cmake --build "$dir" -j"$jobs" --target qkv_tests
@@ -33,7 +33,7 @@ run_tsan() {
   local archer=/usr/lib/llvm-14/lib/libarcher.so
   [ -f "$archer" ] || { echo "missing $archer (install libomp-14-dev)" >&2; exit 1; }
   if [ ! -f "$dir/CMakeCache.txt" ]; then
-    cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=thread \
+    cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Sanitize -DQKV_SANITIZE=thread \
       -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF -DQKV_BUILD_TOOLS=OFF >/dev/null
   fi
   cmake --build "$dir" -j"$jobs" --target qkv_tests
