@@ -55,7 +55,7 @@ struct BackwardLayout {
   // Per chunk row, for backward_tile.h's deferred dominant key: the key (int64), softcap's
   // derivative there, and the sum of the other keys' dS (double).
   int64_t dominant = 0, dominant_cap = 0, others = 0;
-  int64_t row_dot_wide = 0;  // D per chunk row in double, for large q (double)
+  int64_t row_dot_wide = 0;  // D per chunk row in double, for large q
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.

@@ -154,15 +154,18 @@ class BackwardChunk {
     }
   }
 
-  // D of each chunk row in double (exact products, one rounding per term), for heavy_keys.
+  // D of each chunk row in double, for heavy_keys.
   void wide_row_dots(int64_t h) {
-    for (int64_t i = r0_; i < r1_; ++i) {
-      const float* out = p_.out + p_.out_stride.at(b_, h, i);
-      const float* dop = dout_ + (i - r0_) * dvp_;
-      double d = 0.0;
-      for (int64_t e = 0; e < s_.Dv; ++e) d += static_cast<double>(dop[e]) * out[e * p_.out_stride.col];
-      row_dot_wide_[i - r0_] = d;
-    }
+    for (int64_t i = r0_; i < r1_; ++i)
+      row_dot_wide_[i - r0_] =
+          wide_dot(dout_ + (i - r0_) * dvp_, p_.out + p_.out_stride.at(b_, h, i), p_.out_stride.col, s_.Dv);
+  }
+
+  // Σ a[e]·b[e·b_stride] for e < n in double: exact products, one rounding per term.
+  static double wide_dot(const float* a, const float* b, int64_t b_stride, int64_t n) {
+    double d = 0.0;
+    for (int64_t e = 0; e < n; ++e) d += static_cast<double>(a[e]) * b[e * b_stride];
+    return d;
   }
 
   // dst[0, n) += src[0, n); n is a multiple of L.
@@ -375,7 +378,10 @@ class BackwardChunk {
         Ops::store(ds + c, Ops::mul(pv, Ops::sub(Ops::load(ds + c), dot)));
       }
     }
-    if (refine_) {
+    // Each row's largest P, when a row may hold a heavy or dominant key (rare unless the softmax is
+    // near one-hot or q is large).
+    const bool any_dominant = exceeds_half(pmax);
+    if (refine_ || any_dominant)
       for (int64_t r = 0; r < rows; ++r) {
         V m = Ops::zero();
         for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
@@ -383,16 +389,12 @@ class BackwardChunk {
         Ops::store(lanes, m);
         row_pmax_[r] = *std::max_element(lanes, lanes + L);
       }
-      heavy_keys(row, rows, j0, cols);
-    }
+    if (refine_) heavy_keys(row, rows, j0, cols);
     if (defer_)
       defer_dominant_keys(row, rows, j0, cols);
-    else if (exceeds_half(pmax))  // rare unless the softmax is near one-hot (large scores)
-      for (int64_t r = 0; r < rows; ++r) {
-        V m = Ops::zero();
-        for (int64_t c = 0; c < T; c += L) m = Ops::max(m, Ops::load(st_ + r * T + c));
-        if (exceeds_half(m)) dominant_key(row + r, h, i0 + r, j0, cols, st_ + r * T, ds_ + r * T);
-      }
+    else if (any_dominant)
+      for (int64_t r = 0; r < rows; ++r)
+        if (row_pmax_[r] > 0.5f) dominant_key(row + r, h, i0 + r, j0, cols, st_ + r * T, ds_ + r * T);
     for (int64_t r = 0; r < rows; ++r)
       if (single_[r]) std::fill(ds_ + r * T, ds_ + (r + 1) * T, 0.0f);
     if (p_.dbias != nullptr)
@@ -425,9 +427,7 @@ class BackwardChunk {
       const float* dop = dout_ + (row + r) * dvp_;
       for (int64_t c = 0; c < cols; ++c) {
         if (!(pr[c] >= kHeavy)) continue;
-        const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
-        double dp = 0.0;
-        for (int64_t e = 0; e < s_.Dv; ++e) dp += static_cast<double>(dop[e]) * v[e * p_.v_stride.col];
+        const double dp = wide_dot(dop, p_.vf() + p_.v_stride.at(b_, hk_, j0 + c), p_.v_stride.col, s_.Dv);
         ds_[r * T + c] = pr[c] * static_cast<float>(dp - row_dot_wide_[row + r]);
       }
     }
@@ -550,7 +550,7 @@ class BackwardChunk {
   float* dominant_cap_;              // softcap's derivative at that key (1 without softcap)
   double* others_;                   // the sum of the row's other keys' dS
   double* row_dot_wide_;             // per chunk row: D in double (wide_row_dots), when refine_
-  std::array<float, T> row_pmax_{};  // the largest P of each row of the pair, when refine_
+  std::array<float, T> row_pmax_{};  // the largest P of each row of the pair (logit_grads)
   static_assert(T == kWideCols);
   std::array<bool, T> single_{};
 };
