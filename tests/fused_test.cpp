@@ -1,5 +1,7 @@
 // The fused forward kernel against the float64 reference: random problems on every SIMD path,
 // fully masked rows, NaN propagation, and the choice of path.
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +13,7 @@
 #include "attention_cases.h"
 #include "kernels/dispatch.h"
 #include "kernels/fused_forward.h"
+#include "kernels/softcap.h"
 #include "qkv/attention.h"
 #include "test_util.h"
 
@@ -260,6 +263,52 @@ TEST(Exp2, IsAccurateToTwoUlp) {
     EXPECT_EQ(got[0], 0.0f);
     EXPECT_TRUE(std::isnan(got[1]));
     EXPECT_EQ(got[2], 1.0f);
+  }
+}
+
+// Softcap's cap·tanh(x/cap) and its derivative 1 − tanh² (kernels/softcap.h, what every fused
+// path and the decode use) against long double, over magnitudes 2^-40..2^20 of the cap and caps
+// from 1e-3 to 3e38; the vectorized block gives the single call's bits; specials.
+TEST(Softcap, IsRoundedOnceAndTheBlockMatchesTheCall) {
+  test::Rng rng("Softcap.IsAccurate");
+  for (const float cap : {1e-3f, 1.0f, 5.0f, 30.0f, 50.0f, 1e30f, 3e38f}) {
+    std::vector<float> x(100000);
+    for (float& xi : x) {
+      const double magnitude = std::ldexp(1.0, static_cast<int>(rng.uniform_int(-40, 20)));
+      xi = static_cast<float>(std::clamp(cap * magnitude * rng.uniform(-1, 1), -3.4e38, 3.4e38));
+    }
+    std::vector<float> y = x, slope(x.size());
+    detail::softcap_scores(y.data(), slope.data(), static_cast<int64_t>(y.size()), cap);
+    double worst = 0, worst_slope = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float one = detail::softcap_score(x[i], cap), one_slope = detail::softcap_slope(x[i], cap);
+      ASSERT_EQ(std::memcmp(&one, &y[i], 4), 0) << "x " << x[i] << " cap " << cap;
+      ASSERT_EQ(std::memcmp(&one_slope, &slope[i], 4), 0) << "x " << x[i] << " cap " << cap;
+      const long double t = static_cast<long double>(x[i]) / cap, c = std::cosh(t);
+      const long double want = cap * std::tanh(t), want_slope = 1 / (c * c);
+      // ulps of fp32 at the wanted value (subnormal spacing below FLT_MIN)
+      auto ulps = [](float got, long double w) {
+        const double ulp = std::ldexp(1.0, std::max(std::ilogb(static_cast<double>(w)), -126) - 23);
+        return w == 0 ? (got == 0 ? 0.0 : 1e9) : static_cast<double>(std::fabs(got - w)) / ulp;
+      };
+      worst = std::max(worst, ulps(y[i], want));
+      if (want_slope >= 1e-37L) worst_slope = std::max(worst_slope, ulps(slope[i], want_slope));
+    }
+    std::printf("softcap %g: max error %.2f ulp, derivative %.2f ulp\n", cap, worst, worst_slope);
+    // Rounded once from double: half an ulp, and a hair more where the double steps land near a tie.
+    EXPECT_LE(worst, 0.6) << "cap " << cap;
+    EXPECT_LE(worst_slope, 0.6) << "cap " << cap;
+    float special[6] = {0.0f, -0.0f, kInf, -kInf, kNaN, 1e-45f};
+    float special_slope[6];
+    detail::softcap_scores(special, special_slope, 6, cap);
+    EXPECT_EQ(std::bit_cast<uint32_t>(special[0]), 0u);
+    EXPECT_EQ(std::bit_cast<uint32_t>(special[1]), 0x80000000u);
+    EXPECT_EQ(special[2], cap);
+    EXPECT_EQ(special[3], -cap);
+    EXPECT_TRUE(std::isnan(special[4]));
+    EXPECT_TRUE(std::isnan(special_slope[4]));
+    EXPECT_EQ(special_slope[0], 1.0f);
+    EXPECT_EQ(special_slope[2], 0.0f);
   }
 }
 

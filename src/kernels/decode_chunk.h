@@ -316,12 +316,14 @@ class DecodeChunk {
     }
     if (k_scale != nullptr)
       for (int64_t jj = 0; jj < nb; ++jj) s[jj] *= k_scale[jj];
+    // Softcap for the whole row at once (softcap.h: MaskEval's bits), before the band's -inf.
+    if (mask_.mask().softcap > 0) detail::softcap_scores(s, nullptr, nb, mask_.mask().softcap);
     if (!row_sees_all(r, j0, j0 + nb))
       for (int64_t jj = 0; jj < nb; ++jj)
         if (!allowed(r, j0 + jj)) s[jj] = kNegInf;
-    if (mask_.has_elementwise())
+    if (mask_.has_terms_after_softcap())
       for (int64_t jj = 0; jj < nb; ++jj)
-        if (s[jj] != kNegInf) s[jj] = mask_.adjust(s[jj], t_.b, head(r), query(r), j0 + jj);
+        if (s[jj] != kNegInf) s[jj] = mask_.add_terms(s[jj], t_.b, head(r), query(r), j0 + jj);
   }
 
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "kernels/softcap.h"
 #include "qkv/attention_options.h"
 
 namespace qkv::detail {
@@ -49,15 +51,32 @@ class MaskEval {
   }
 
   // True if scores need per-element work beyond the band (keep-mask, bias, ALiBi, softcap).
-  bool has_elementwise() const {
-    return !mask_.keep.empty() || !mask_.bias.empty() || !mask_.alibi_slopes.empty() || mask_.softcap > 0;
+  bool has_elementwise() const { return has_terms_after_softcap() || mask_.softcap > 0; }
+  // The elementwise terms that come after softcap: keep-mask, bias, ALiBi.
+  bool has_terms_after_softcap() const {
+    return !mask_.keep.empty() || !mask_.bias.empty() || !mask_.alibi_slopes.empty();
   }
 
   // Turns a scaled score of an in-band pair into the final logit; -inf if the keep-mask removes it.
   template <class T>
   T adjust(T s, int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return add_terms(mask_.softcap > 0 ? softcap(s) : s, b, h, i, j);
+  }
+
+  // cap·tanh(s/cap): fp32 scores through softcap.h (the kernels capping a block at once with
+  // softcap_scores get the same bits), the float64 reference through std::tanh.
+  template <class T>
+  T softcap(T s) const {
+    if constexpr (std::is_same_v<T, float>)
+      return softcap_score(s, mask_.softcap);
+    else
+      return T(mask_.softcap) * std::tanh(s / T(mask_.softcap));
+  }
+
+  // adjust() after softcap: a score already capped (or with softcap off) through the other terms.
+  template <class T>
+  T add_terms(T s, int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (!mask_.keep.empty() && mask_.keep(b, h, i, j) == 0) return -std::numeric_limits<T>::infinity();
-    if (mask_.softcap > 0) s = T(mask_.softcap) * std::tanh(s / T(mask_.softcap));
     if (!mask_.bias.empty()) s += T(mask_.bias(b, h, i, j));
     if (!mask_.alibi_slopes.empty()) {
       const int64_t distance = j > diagonal(b, i) ? j - diagonal(b, i) : diagonal(b, i) - j;

@@ -296,14 +296,22 @@ class ForwardTile {
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only;
   // the refined scores in double with their low parts (adjust_refined), as the backward does.
+  // Without refined scores softcap takes the whole block at once (softcap.h, the same bits as
+  // MaskEval's): scores outside the band are capped too, and softmax() masks them as before.
   void adjust(int64_t j0, int64_t nb) {
+    const float cap = mask_.mask().softcap;
+    const bool block_cap = cap > 0 && !lo_block_;
+    if (block_cap) detail::softcap_scores(st_, nullptr, nb * bq_, cap);
+    if (block_cap && !mask_.has_terms_after_softcap()) return;
     const float limit = large_score_limit(p_.scale);
     for (int64_t r = 0; r < rows_; ++r) {
       if (!live_[r]) continue;
       const int64_t lo = std::max<int64_t>(lo_[r] - j0, 0), hi = std::min<int64_t>(hi_[r] - j0, nb);
       for (int64_t jj = lo; jj < hi; ++jj) {
         float& s = st_[jj * bq_ + r];
-        if (lo_block_ && refined(k_sizes_[j0 + jj], qa_[r], limit))
+        if (block_cap)
+          s = mask_.add_terms(s, b_, h_, i0_ + r, j0 + jj);
+        else if (lo_block_ && refined(k_sizes_[j0 + jj], qa_[r], limit))
           adjust_refined(mask_, s, slo_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
         else
           s = mask_.adjust(s, b_, h_, i0_ + r, j0 + jj);
