@@ -298,6 +298,24 @@ TEST(Softcap, IsRoundedOnceAndTheBlockMatchesTheCall) {
     // Rounded once from double: half an ulp, and a hair more where the double steps land near a tie.
     EXPECT_LE(worst, 0.6) << "cap " << cap;
     EXPECT_LE(worst_slope, 0.6) << "cap " << cap;
+    // The double form, for refined scores with their low parts: to a few units of double's 2^-53.
+    double worst_wide = 0, worst_wide_slope = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double xd = static_cast<double>(x[i]) * (1 + rng.uniform(-1e-9, 1e-9));
+      const detail::SoftcapWide w = detail::softcap_wide(xd, cap);
+      const long double t = static_cast<long double>(xd) / cap, c = std::cosh(t);
+      const long double want = cap * std::tanh(t), want_slope = 1 / (c * c);
+      if (want != 0) worst_wide = std::max(worst_wide, static_cast<double>(std::fabs((w.value - want) / want)));
+      // Rounded to fp32 where used (the backward's dcap). sech² has condition number ~2|t|: the
+      // one rounding of |x|·2/cap moves it by |t|·2^-52 relative.
+      if (want_slope >= 1e-37L)
+        worst_wide_slope = std::max(
+            worst_wide_slope, static_cast<double>(std::fabs((w.slope - want_slope) / want_slope) / (1 + std::fabs(t))));
+    }
+    std::printf("softcap %g, double form: max relative error %.2g, derivative %.2g·(1 + |x/cap|)\n", cap, worst_wide,
+                worst_wide_slope);
+    EXPECT_LE(worst_wide, 2e-15) << "cap " << cap;
+    EXPECT_LE(worst_wide_slope, 2e-15) << "cap " << cap;
     float special[6] = {0.0f, -0.0f, kInf, -kInf, kNaN, 1e-45f};
     float special_slope[6];
     detail::softcap_scores(special, special_slope, 6, cap);

@@ -318,8 +318,8 @@ class BackwardChunk {
   // st: scale·(q·kᵀ) on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
   // Keep-mask, bias, ALiBi and softcap go through MaskEval::adjust itself, in band only.
   // The refined scores go through the elementwise terms with their low parts (adjust_refined), as
-  // in the forward. Without refined scores softcap and its derivative take the row at once
-  // (softcap.h, the forward's bits).
+  // in the forward. Softcap alone and its derivative take the row at once (softcap.h, or with
+  // refined scores softcap_refined_run: the forward's bits).
   void probabilities(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
     if (elementwise_) {
       const float limit = large_score_limit(p_.scale);
@@ -329,8 +329,11 @@ class BackwardChunk {
         float* slo = slo_ + r * T;
         float* dcap = dcap_ + r * T;
         const float q_size = lo_pair_ ? q_sizes_[i0 - r0_ + r] : 0.0f;
-        const bool row_cap = cap_ > 0 && !lo_pair_;
-        if (row_cap) detail::softcap_scores(st, dcap, T, cap_);
+        const bool row_cap = cap_ > 0 && (!lo_pair_ || !terms);
+        if (row_cap && lo_pair_)
+          softcap_refined_run(st, slo, dcap, ka_.data(), q_size, limit, T, cap_);
+        else if (row_cap)
+          detail::softcap_scores(st, dcap, T, cap_);
         for (int64_t c = 0; c < T; ++c) {
           if (c < lo_[r] || c >= hi_[r]) {
             st[c] = kNegInf;
@@ -338,12 +341,7 @@ class BackwardChunk {
           } else if (row_cap) {
             if (terms) st[c] = mask_.add_terms(st[c], b_, h, i0 + r, j0 + c);
           } else if (lo_pair_ && refined(q_size, ka_[c], limit)) {
-            const double x = static_cast<double>(st[c]) + slo[c];
-            adjust_refined(mask_, st[c], slo[c], b_, h, i0 + r, j0 + c);
-            if (cap_ > 0) {  // in double: 1 − th² cancels where tanh saturates
-              const double th = std::tanh(x / cap_);
-              dcap[c] = static_cast<float>(1.0 - th * th);
-            }
+            adjust_refined(mask_, st[c], slo[c], b_, h, i0 + r, j0 + c, dcap + c);
           } else {
             if (cap_ > 0) dcap[c] = detail::softcap_slope(st[c], cap_);
             st[c] = mask_.adjust(st[c], b_, h, i0 + r, j0 + c);

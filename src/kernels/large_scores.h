@@ -240,19 +240,67 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
 // float, so the forward (k against q) and the backward (q against k) decide alike for each score.
 inline bool refined(float size_a, float size_b, float limit) { return size_a * size_b > limit; }
 
-// A refined score s + s_lo through the elementwise terms (MaskEval::adjust: softcap, bias, ALiBi,
-// keep-mask) in double, split again into a float and what its rounding left (0 where the logit is
-// not finite or past kLowPartLimit, as refine_scores). The fp32 adjust rounded softcap's
-// cap·tanh(x/cap) at ~32 once more, an error of up to 1.9e-6 in the logit and so in P's relative
-// error: with q scaled by 50 that took dk to 2x FlashAttention's rule (TESTING.md, "Round 13").
-// Both passes call it on the same refined scores, so P = exp(S − lse) stays consistent.
+// A refined score s + s_lo through the elementwise terms (MaskEval::add_terms: bias, ALiBi,
+// keep-mask, after softcap) in double, split again into a float and what its rounding left (0
+// where the logit is not finite or past kLowPartLimit, as refine_scores); softcap by
+// softcap_wide, to double's accuracy, and its derivative to *slope when asked. The fp32 adjust
+// rounded softcap's cap·tanh(x/cap) at ~32 once more, an error of up to 1.9e-6 in the logit and
+// so in P's relative error: with q scaled by 50 that took dk to 2x FlashAttention's rule
+// (TESTING.md, "Round 13"). Both passes call it on the same refined scores, so P = exp(S − lse)
+// stays consistent.
 template <class Mask>
-void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t h, int64_t i, int64_t j) {
-  const double logit = mask.adjust(static_cast<double>(s) + static_cast<double>(s_lo), b, h, i, j);
+void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t h, int64_t i, int64_t j,
+                    float* slope = nullptr) {
+  double logit = static_cast<double>(s) + static_cast<double>(s_lo);
+  if (const double cap = mask.mask().softcap; cap > 0) {
+    const detail::SoftcapWide capped = detail::softcap_wide(logit, cap);
+    logit = capped.value;
+    if (slope != nullptr) *slope = static_cast<float>(capped.slope);
+  }
+  logit = mask.add_terms(logit, b, h, i, j);
   const float hi = static_cast<float>(logit);
   const bool keeps_part = std::isfinite(hi) && std::fabs(hi) < kLowPartLimit;
   s = hi;
   s_lo = keeps_part ? static_cast<float>(logit - static_cast<double>(hi)) : 0.0f;
+}
+
+// Softcap alone (no other elementwise term) over a run of n scores of a tile that has refined ones:
+// score j is refined when refined(sizes[j], size, limit), as the scores' own sum decided. Those
+// take adjust_refined's path (softcap_wide on s + s_lo, split again); the others softcap_score,
+// with s_lo 0 as refine_scores left it. Both are computed for every score and one is kept, so the
+// loop has no branch for the compiler to stop at; the bits are the per-score paths'. slope, when
+// not null, gets softcap's derivative at each.
+template <bool kSlope>
+void softcap_refined_run(float* __restrict s, float* __restrict s_lo, float* __restrict slope,
+                         const float* __restrict sizes, float size, float limit, int64_t n, float cap) {
+  const double two_over_cap = 2.0 / cap;
+  constexpr int32_t kLowPartBits = std::bit_cast<int32_t>(kLowPartLimit);
+  for (int64_t j = 0; j < n; ++j) {
+    const float x = s[j];
+    const double ef = detail::softcap_e(x, two_over_cap);
+    const detail::SoftcapWide w = detail::softcap_wide(static_cast<double>(x) + static_cast<double>(s_lo[j]), cap);
+    const float hi = static_cast<float>(w.value);
+    // adjust_refined's rule: a low part only below kLowPartLimit (the bits of |hi| also exclude inf, NaN)
+    const int32_t keep_lo = -static_cast<int32_t>((std::bit_cast<int32_t>(hi) & 0x7fffffff) < kLowPartBits);
+    const float lo =
+        std::bit_cast<float>(std::bit_cast<int32_t>(static_cast<float>(w.value - static_cast<double>(hi))) & keep_lo);
+    const int32_t wide = -static_cast<int32_t>(refined(sizes[j], size, limit));
+    auto pick = [wide](float a, float b) {
+      return std::bit_cast<float>((std::bit_cast<int32_t>(a) & wide) | (std::bit_cast<int32_t>(b) & ~wide));
+    };
+    s[j] = pick(hi, detail::softcap_value(x, ef, cap));
+    s_lo[j] = pick(lo, 0.0f);
+    if constexpr (kSlope) slope[j] = pick(static_cast<float>(w.slope), detail::softcap_derivative(ef));
+  }
+}
+
+inline void softcap_refined_run(float* s, float* s_lo, float* slope, const float* sizes, float size, float limit,
+                                int64_t n, float cap) {
+  // Two loops: a test of slope inside one stopped GCC from vectorizing it.
+  if (slope != nullptr)
+    softcap_refined_run<true>(s, s_lo, slope, sizes, size, limit, n, cap);
+  else
+    softcap_refined_run<false>(s, s_lo, slope, sizes, size, limit, n, cap);
 }
 
 }  // namespace

@@ -296,14 +296,21 @@ class ForwardTile {
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only;
   // the refined scores in double with their low parts (adjust_refined), as the backward does.
-  // Without refined scores softcap takes the whole block at once (softcap.h, the same bits as
-  // MaskEval's): scores outside the band are capped too, and softmax() masks them as before.
+  // Softcap alone takes the whole block at once (softcap.h, the same bits as MaskEval's; with
+  // refined scores softcap_refined_run, adjust_refined's bits): scores outside the band are capped
+  // too, and softmax() masks them as before.
   void adjust(int64_t j0, int64_t nb) {
     const float cap = mask_.mask().softcap;
+    const float limit = large_score_limit(p_.scale);
+    const bool terms = mask_.has_terms_after_softcap();
+    if (cap > 0 && lo_block_ && !terms) {  // softcap alone, some scores refined: a column at a time
+      for (int64_t jj = 0; jj < nb; ++jj)
+        softcap_refined_run(st_ + jj * bq_, slo_ + jj * bq_, nullptr, qa_.data(), k_sizes_[j0 + jj], limit, rows_, cap);
+      return;
+    }
     const bool block_cap = cap > 0 && !lo_block_;
     if (block_cap) detail::softcap_scores(st_, nullptr, nb * bq_, cap);
-    if (block_cap && !mask_.has_terms_after_softcap()) return;
-    const float limit = large_score_limit(p_.scale);
+    if (block_cap && !terms) return;
     for (int64_t r = 0; r < rows_; ++r) {
       if (!live_[r]) continue;
       const int64_t lo = std::max<int64_t>(lo_[r] - j0, 0), hi = std::min<int64_t>(hi_[r] - j0, nb);
