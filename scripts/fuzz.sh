@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang-14, ASan + UBSan, in build-fuzz) and runs them.
+# Builds the libFuzzer targets (clang-14, ASan + UBSan) in build-asan, the tree of the ASan test run
+# (scripts/asan_tree.sh), and runs them.
 #   scripts/fuzz.sh smoke [SECONDS=20]  replays each committed corpus (fuzz/corpus/<target>, which
 #                                       holds the regression inputs), then fuzzes a scratch copy
 #                                       of it for SECONDS; run by `make test`.
 #   scripts/fuzz.sh run [SECONDS=600]   replays, then fuzzes for SECONDS, growing the working
-#                                       corpus build-fuzz/corpus/<target>; run by `make fuzz`.
-# Environment: FUZZ_BUILD (build-fuzz), JOBS (2), FUZZERS (space-separated names; default all),
+#                                       corpus build-asan/corpus/<target>; run by `make fuzz`.
+# Environment: FUZZ_BUILD (build-asan), JOBS (2), FUZZERS (space-separated names; default all),
 # FUZZ_PARALLEL (fuzzers at a time; default 1). Exits non-zero on any crash, leak, timeout, OOM
-# or broken invariant, naming the input libFuzzer saved in build-fuzz/artifacts/. A summary of
-# executions, exec/s and corpus size goes to build-fuzz/fuzz-<mode>.txt.
+# or broken invariant, naming the input libFuzzer saved in build-asan/artifacts/. A summary of
+# executions, exec/s and corpus size goes to build-asan/fuzz-<mode>.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-smoke}
@@ -17,16 +18,13 @@ case "$mode" in
   run) seconds=${2:-600} ;;
   *) echo "usage: $0 smoke|run [seconds]" >&2; exit 2 ;;
 esac
-dir=${FUZZ_BUILD:-build-fuzz}
+dir=${FUZZ_BUILD:-build-asan}
 jobs=${JOBS:-2}
 parallel=${FUZZ_PARALLEL:-1}
 
-if [ ! -f "$dir/CMakeCache.txt" ]; then
-  cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Sanitize -DQKV_FUZZ=ON \
-    -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_TOOLS=OFF -DQKV_PYTHON=OFF -DQKV_BUILD_BENCH=OFF -DQKV_MPI=OFF \
-    -DQKV_INSTALL=OFF >/dev/null
-fi
-[ -n "${FUZZ_SKIP_BUILD:-}" ] || cmake --build "$dir" -j"$jobs"
+. scripts/asan_tree.sh
+configure_asan_tree "$dir"
+[ -n "${FUZZ_SKIP_BUILD:-}" ] || cmake --build "$dir" -j"$jobs" --target fuzzers
 
 fuzzers=${FUZZERS:-$(cd "$dir/fuzz" && ls fuzz_* | sed 's/^fuzz_//')}
 mkdir -p "$dir/artifacts" "$dir/logs" "$dir/corpus"
