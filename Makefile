@@ -3,7 +3,8 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test bench clean sanitize fuzz fuzz-smoke arm64 check-long package
+.PHONY: all deps build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
+  fuzz fuzz-smoke arm64 check-long package
 
 all: build
 
@@ -43,22 +44,31 @@ $(DEMO_LAYER): $(BUILD)/data/words.txt
 	$(BUILD)/qkv train --task masked-word --steps 1500 --seed 1 --threads 1 --save $@ \
 	  --loss-csv $(BUILD)/data/masked-word-loss.csv --loss-svg $(BUILD)/data/masked-word-loss.svg
 
-# ctest (with a 1,000-case property slice), then sanitizers, a fuzz smoke run and the kernels on
-# ARM64 under qemu (TESTING.md).
+# ctest (with a 1,000-case property slice; it builds the word vectors too, as Data.embeddings),
+# then sanitizers, a fuzz smoke run and the kernels on ARM64 under qemu (TESTING.md), as two
+# chains at once, each on its own trees: ASan then the fuzzers (the same tree), TSan then arm64.
+# One chain's runs that leave a core idle (the qemu run, the ASan tests, fuzz replays, links)
+# overlap the other's compiles; -Oline keeps each output line whole.
 test: build
-	cmake --build $(BUILD) --target embeddings
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
-	$(MAKE) sanitize fuzz-smoke arm64
+	$(MAKE) --no-print-directory -j2 -Oline test-asan-fuzz test-tsan-arm64
+
+# The two chains of `make test`, each in order (-j1).
+test-asan-fuzz:
+	$(MAKE) --no-print-directory -j1 sanitize-asan fuzz-smoke
+test-tsan-arm64:
+	$(MAKE) --no-print-directory -j1 sanitize-tsan arm64
 
 FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 20
 CHECK_LONG_CASES ?= 10000
 
-# ASan+UBSan build of every C++ test, TSan (clang, libomp + Archer) of the threaded ones.
-sanitize:
-	JOBS=$(JOBS) scripts/sanitize.sh all
+# ASan+UBSan build of every C++ test (clang, the fuzzers' tree), TSan (clang, libomp + Archer) of the threaded ones.
+sanitize: sanitize-asan sanitize-tsan
+sanitize-asan sanitize-tsan:
+	JOBS=$(JOBS) scripts/sanitize.sh $(@:sanitize-%=%)
 
-# Each libFuzzer target for FUZZ_SECONDS (build-fuzz, clang-14); fuzz-smoke: ~20 s each on the committed corpus.
+# Each libFuzzer target for FUZZ_SECONDS (build-asan, clang-14; the ASan tests' tree); fuzz-smoke: ~20 s each on the committed corpus.
 fuzz:
 	JOBS=$(JOBS) scripts/fuzz.sh run $(FUZZ_SECONDS)
 
