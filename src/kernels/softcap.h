@@ -7,7 +7,7 @@
 // the same bits as the vectorized loop: the same operations in the same order, which GCC contracts
 // into FMAs alike where the target has them (the Softcap test checks it on x86's baseline and, with
 // FMA, on NEON under qemu). Different families may differ in the last bit; a family's forward and
-// backward agree.
+// backward run the same code on the same scores.
 //
 // Through e = expm1(2|x|/cap): tanh = e/(e + 2) keeps its relative accuracy near 0, where
 // 1 − 2/(e^{2x} + 1) would lose cap·1e-7, and softcap's derivative 1 − tanh² = 4(e + 1)/(e + 2)²
