@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Where the fp32 backward's dk error comes from at large scores (TESTING.md, "Round 9").
+"""Where the fp32 backward's dk error comes from at large scores (ACCURACY.md, "Round 9").
 
 Emulates qkv's fused backward in numpy for one case of tests/python/test_fa_rule.py's `draw`
 (without softcap), with the scores S = q·k computed in one of four ways, everything after them

@@ -23,7 +23,7 @@ namespace {
 // about m·√D (D = 64: 8 at q·1, 32 at q·4, 64 at q·8, 400 at q·50; D = 128: 11 at q·1). Over 1000
 // fresh cases per scaling, the scores left in fp32 below 64 took dk to 1.10x FlashAttention's rule
 // at q·4 and 1.43x at q·8 (0.5-0.9% of cases over); below 32 the worst was 0.78x at q·4 and 0.62x at
-// q·2, with every score summed again 0.61x at q·8 (TESTING.md, "Round 10").
+// q·2, with every score summed again 0.61x at q·8 (ACCURACY.md, "Round 10").
 constexpr float kLargeScore = 32.0f;
 
 // The limit for |q|·|k|, which is what the kernels multiply.
@@ -172,7 +172,7 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // s_lo (optional, laid out as s, rows x lds): where a score is written, what its rounding left,
 // score − s rounded to float (0 where s is not finite or past kLowPartLimit); 0 elsewhere. The softmax adds it
 // to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
-// rounding of a score of ~100 (TESTING.md, "Round 10").
+// rounding of a score of ~100 (ACCURACY.md, "Round 10").
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
                           int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, float* s_lo,
                           int64_t lds, int64_t rows, int64_t n, float limit, bool every, double* wide) {
@@ -246,7 +246,7 @@ inline bool refined(float size_a, float size_b, float limit) { return size_a * s
 // softcap_wide, to double's accuracy, and its derivative to *slope when asked. The fp32 adjust
 // rounded softcap's cap·tanh(x/cap) at ~32 once more, an error of up to 1.9e-6 in the logit and
 // so in P's relative error: with q scaled by 50 that took dk to 2x FlashAttention's rule
-// (TESTING.md, "Round 13"). Both passes call it on the same refined scores, so P = exp(S − lse)
+// (ACCURACY.md, "Round 13"). Both passes call it on the same refined scores, so P = exp(S − lse)
 // stays consistent.
 template <class Mask>
 void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t h, int64_t i, int64_t j,
