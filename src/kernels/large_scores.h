@@ -240,6 +240,16 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
 // float, so the forward (k against q) and the backward (q against k) decide alike for each score.
 inline bool refined(float size_a, float size_b, float limit) { return size_a * size_b > limit; }
 
+// A logit in double as a float and what its rounding left: the low part only where |hi| is under
+// kLowPartLimit (as refine_scores; the integer compare of |hi|'s bits also leaves out inf and NaN,
+// and lets softcap_refined_run's loop vectorize).
+inline void split_logit(double logit, float& hi, float& lo) {
+  constexpr int32_t kLowPartBits = std::bit_cast<int32_t>(kLowPartLimit);
+  hi = static_cast<float>(logit);
+  const int32_t keep = -static_cast<int32_t>((std::bit_cast<int32_t>(hi) & 0x7fffffff) < kLowPartBits);
+  lo = std::bit_cast<float>(std::bit_cast<int32_t>(static_cast<float>(logit - static_cast<double>(hi))) & keep);
+}
+
 // A refined score s + s_lo through the elementwise terms (MaskEval::add_terms: bias, ALiBi,
 // keep-mask, after softcap) in double, split again into a float and what its rounding left (0
 // where the logit is not finite or past kLowPartLimit, as refine_scores); softcap by
@@ -257,11 +267,7 @@ void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t 
     logit = capped.value;
     if (slope != nullptr) *slope = static_cast<float>(capped.slope);
   }
-  logit = mask.add_terms(logit, b, h, i, j);
-  const float hi = static_cast<float>(logit);
-  const bool keeps_part = std::isfinite(hi) && std::fabs(hi) < kLowPartLimit;
-  s = hi;
-  s_lo = keeps_part ? static_cast<float>(logit - static_cast<double>(hi)) : 0.0f;
+  split_logit(mask.add_terms(logit, b, h, i, j), s, s_lo);
 }
 
 // Softcap alone (no other elementwise term) over a run of n scores of a tile that has refined ones:
@@ -274,16 +280,12 @@ template <bool kSlope>
 void softcap_refined_run(float* __restrict s, float* __restrict s_lo, float* __restrict slope,
                          const float* __restrict sizes, float size, float limit, int64_t n, float cap) {
   const double two_over_cap = 2.0 / cap;
-  constexpr int32_t kLowPartBits = std::bit_cast<int32_t>(kLowPartLimit);
   for (int64_t j = 0; j < n; ++j) {
     const float x = s[j];
     const double ef = detail::softcap_e(x, two_over_cap);
     const detail::SoftcapWide w = detail::softcap_wide(static_cast<double>(x) + static_cast<double>(s_lo[j]), cap);
-    const float hi = static_cast<float>(w.value);
-    // adjust_refined's rule: a low part only below kLowPartLimit (the bits of |hi| also exclude inf, NaN)
-    const int32_t keep_lo = -static_cast<int32_t>((std::bit_cast<int32_t>(hi) & 0x7fffffff) < kLowPartBits);
-    const float lo =
-        std::bit_cast<float>(std::bit_cast<int32_t>(static_cast<float>(w.value - static_cast<double>(hi))) & keep_lo);
+    float hi, lo;
+    split_logit(w.value, hi, lo);
     const int32_t wide = -static_cast<int32_t>(refined(sizes[j], size, limit));
     auto pick = [wide](float a, float b) {
       return std::bit_cast<float>((std::bit_cast<int32_t>(a) & wide) | (std::bit_cast<int32_t>(b) & ~wide));

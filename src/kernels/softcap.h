@@ -62,11 +62,13 @@ inline double softcap_e(float x, double two_over_cap) {
   return softcap_expm1<8>(softcap_clamp(std::fabs(static_cast<double>(x)) * two_over_cap));
 }
 
-// cap·tanh(x/cap) and 1 − tanh²(x/cap) from e, each rounded once to fp32.
+// cap·tanh(x/cap) and 1 − tanh²(x/cap) from e in double, and each rounded once to fp32.
+inline double softcap_value_wide(double x, double e, double cap) { return std::copysign(cap * (e / (e + 2.0)), x); }
+inline double softcap_derivative_wide(double e) { return 4.0 * (e + 1.0) / ((e + 2.0) * (e + 2.0)); }
 inline float softcap_value(float x, double e, float cap) {
-  return static_cast<float>(std::copysign(static_cast<double>(cap) * (e / (e + 2.0)), static_cast<double>(x)));
+  return static_cast<float>(softcap_value_wide(static_cast<double>(x), e, static_cast<double>(cap)));
 }
-inline float softcap_derivative(double e) { return static_cast<float>(4.0 * (e + 1.0) / ((e + 2.0) * (e + 2.0))); }
+inline float softcap_derivative(double e) { return static_cast<float>(softcap_derivative_wide(e)); }
 
 inline float softcap_score(float x, float cap) { return softcap_value(x, softcap_e(x, 2.0 / cap), cap); }
 inline float softcap_slope(float x, float cap) { return softcap_derivative(softcap_e(x, 2.0 / cap)); }
@@ -78,7 +80,7 @@ struct SoftcapWide {
 };
 inline SoftcapWide softcap_wide(double x, double cap) {
   const double e = softcap_expm1<13>(softcap_clamp(std::fabs(x) * (2.0 / cap)));
-  return {std::copysign(cap * (e / (e + 2.0)), x), 4.0 * (e + 1.0) / ((e + 2.0) * (e + 2.0))};
+  return {softcap_value_wide(x, e, cap), softcap_derivative_wide(e)};
 }
 
 // s[0, n) = softcap_score(s[·], cap), and slope[0, n) = softcap_slope(s[·], cap) unless null: one
