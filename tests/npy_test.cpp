@@ -232,6 +232,35 @@ TEST(Npy, MalformedFilesAreRefusedWithAReason) {
       {"nesting",
        make_npy("{'descr': " + std::string(50, '(') + std::string(50, ')') + "}", data),
        {"nesting is too deep"}},
+      // Read as Python reads the literal, as numpy does (each one numpy refuses; qkv once read the
+      // first two as '<f4', the list and (6) as shapes and 02 as 2).
+      {"escape_form_feed",
+       make_npy(R"({'descr': '<\f4', 'fortran_order': False, 'shape': (6,), })", data),
+       {"unsupported .npy dtype \"<\\x0c4\""}},
+      {"escape_unknown",
+       make_npy(R"({'descr': '\<f4', 'fortran_order': False, 'shape': (6,), })", data),
+       {"unsupported .npy dtype \"\\\\<f4\""}},
+      {"shape_list",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3], }", data),
+       {"bad .npy header", "'shape' is not a tuple (it is a list, which numpy refuses)"}},
+      {"shape_parenthesized_int",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (6), }", data),
+       {"bad .npy header", "'shape' is not a tuple"}},
+      {"leading_zero",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (02, 3), }", data),
+       {"bad .npy header", "the integer \"02\" has a leading zero"}},
+      {"lowercase_long",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2l, 3), }", data),
+       {"bad .npy header", "unexpected \"l\" after the integer \"2\""}},
+      {"long_in_version_3",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3), }", data, 3),
+       {"bad .npy header", "unexpected \"L\" after the integer \"2\""}},
+      {"short_hex_escape",
+       make_npy(R"({'descr': '<\x6', 'fortran_order': False, 'shape': (6,), })", data),
+       {"bad .npy header", "the escape \"\\\\x6'\" needs 2 hex digits"}},
+      {"named_escape",
+       make_npy(R"({'descr': '<\N{LATIN SMALL LETTER F}4', 'fortran_order': False, 'shape': (6,), })", data),
+       {"bad .npy header", "named escape", "not supported"}},
   };
   for (const BadFile& c : cases) {
     SCOPED_TRACE(c.name);
@@ -275,6 +304,99 @@ TEST(Npy, ByteOrderMarksNumpyMayWrite) {
   write_raw(path, make_npy("{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", "\xff\x05"));
   expect_error([&] { load_npy<uint8_t>(path); }, {"element 0 (-1) is not a uint8 value"});
   EXPECT_EQ(load_npy<float>(path)[0], -1.0f);
+}
+
+// qkv reads a header as numpy does: each header below is loaded by both or refused by both (numpy
+// 1.x's np.load is asked, not assumed). Byte-order characters: numpy reads 'f4', '=f4' and '|f4' as
+// the native float32 (qkv refused 'f4' and '|f4'); escapes are Python's ('<\x664' is '<f4');
+// (2, 3) may be spelled ((2, 3)) or with a trailing comma, and 2L in formats 1.0 and 2.0.
+TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
+  TempDir dir;
+  struct Case {
+    std::string descr, shape;
+    bool loads;
+    int major = 1;
+  };
+  const std::vector<Case> cases = {
+      {"'<f4'", "(2, 3)", true},
+      {"'f4'", "(2, 3)", true},
+      {"'=f4'", "(2, 3)", true},
+      {"'|f4'", "(2, 3)", true},
+      {"'f8'", "(2, 3)", true},
+      {"'|f8'", "(2, 3)", true},
+      {"'=f2'", "(2, 3)", true},
+      {"'f2'", "(2, 3)", true},
+      {"'b1'", "(2, 3)", true},
+      {"'>b1'", "(2, 3)", true},
+      {"'<u1'", "(2, 3)", true},
+      {"'=i1'", "(2, 3)", true},
+      {"'i4'", "(2, 3)", true},
+      {"'|i8'", "(2, 3)", true},
+      {R"('<\x664')", "(2, 3)", true},
+      {R"('<\1464')", "(2, 3)", true},
+      {R"('<\u0066\U00000034')", "(2, 3)", true},
+      {"'<f\\\n4'", "(2, 3)", true},  // a backslash-newline continues the string
+      {R"("<f4")", "((2, 3))", true},
+      {"'<f4'", "(2, 3,)", true},
+      {"'<f4'", "(2L, 3)", true},
+      {"'<f4'", "(2L, 3)", true, 2},
+      {"'<f4'", "(0_2, 3)", false},
+      {"'<f4'", "(2, 3)", true, 3},
+      {"'<f4'", "(2L, 3)", false, 3},
+      {R"('<\f4')", "(2, 3)", false},
+      {R"('\<f4')", "(2, 3)", false},
+      {R"('<\x6')", "(2, 3)", false},
+      {"'<f4'", "[2, 3]", false},
+      {"'<f4'", "(6)", false},
+      {"'<f4'", "(02, 3)", false},
+      {"'<f4'", "(2l, 3)", false},
+      {"'<f4'", "(2, 3j)", false},
+  };
+  std::string names;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    std::string dict = "{'descr': " + c.descr + ", 'fortran_order': False, 'shape': " + c.shape + ", }";
+    // The item size from the dtype's last digit: 6 elements of it.
+    const std::size_t item = static_cast<std::size_t>(c.descr[c.descr.size() - 2] - '0');
+    write_raw(dir.file(fmt::format("c{}.npy", i)), make_npy(dict, std::string(6 * item, '\0'), c.major));
+    names += fmt::format("{}'c{}'", i ? ", " : "", i);
+  }
+  ASSERT_EQ(test::run_python(R"(
+import sys, numpy as np
+d = sys.argv[1]
+with open(f'{d}/numpy.txt', 'w') as out:
+  for name in [)" + names + R"(]:
+    try:
+      np.load(f'{d}/{name}.npy')
+      out.write('1')
+    except ValueError:
+      out.write('0')
+)",
+                             dir.path()),
+            0);
+  const std::string numpy_says = read_raw(dir.file("numpy.txt"));
+  ASSERT_EQ(numpy_says.size(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(fmt::format("descr {} shape {} format {}.0", c.descr, c.shape, c.major));
+    EXPECT_EQ(numpy_says[i] == '1', c.loads) << "numpy";
+    const std::string path = dir.file(fmt::format("c{}.npy", i));
+    bool loaded = true;
+    try {
+      EXPECT_EQ(load_npy<double>(path).numel(), 6);
+      const NpyInfo info = read_npy_info(path);
+      EXPECT_EQ(info.shape, (std::vector<int64_t>{2, 3}));
+      // The descr as numpy writes the dtype: what `qkv attend` tests to tell float32 from float64.
+      EXPECT_TRUE(info.descr == "|b1" || info.descr == "|u1" || info.descr == "|i1" || info.descr[0] == '<')
+          << info.descr;
+    } catch (const Error& e) {
+      loaded = false;
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(loaded, c.loads) << "qkv";
+  }
+  EXPECT_EQ(read_npy_info(dir.file("c1.npy")).descr, "<f4");  // 'f4'
+  EXPECT_EQ(read_npy_info(dir.file("c9.npy")).descr, "|b1");  // '>b1'
 }
 
 // Every truncation and many random corruptions of a valid file either load or throw qkv::Error.

@@ -10,7 +10,9 @@
 
 namespace qkv {
 
-// What a .npy header declares. descr is numpy's dtype string, e.g. "<f4".
+// What a .npy header declares. descr is the dtype as numpy writes it (dtype.str), e.g. "<f4" also
+// for a header that says 'f4', '=f4' or '|f4' (native order, which numpy reads as little-endian
+// here), "|u1" for '<u1'.
 struct NpyInfo {
   std::string descr;
   bool fortran_order = false;
@@ -21,8 +23,10 @@ struct NpyInfo {
 // file holds exactly the data the header declares).
 NpyInfo read_npy_info(const std::string& path);
 
-// Reads a .npy file (format versions 1-3; dtypes <f4, <f8, <f2, |b1, |u1, |i1, <i4, <i8, with
-// '=' for native order) into a contiguous tensor of T, converting values. Rank 0-4.
+// Reads a .npy file (format versions 1-3; dtypes <f4, <f8, <f2, |b1, |u1, |i1, <i4, <i8, also
+// with '=', '|' or no byte-order character for native order, as numpy reads them) into a contiguous
+// tensor of T, converting values. Rank 0-4. The header is read as numpy reads it (a Python
+// literal): what numpy refuses is refused (a shape given as a list, escapes that spell no dtype).
 // Fortran-order arrays are transposed into row-major. T is float, double or uint8_t. A value T
 // cannot hold is refused, not wrapped: a finite double beyond float32's range, or for uint8_t
 // anything but an integer 0-255. Big-endian data, a header that does not parse, and a file

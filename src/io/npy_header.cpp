@@ -1,6 +1,8 @@
 // The .npy header: magic, version, header length, then a Python dict literal such as
 // {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }. A small recursive-descent parser
-// for the Python literal subset numpy writes; anything else is refused with a reason.
+// for the Python literal subset numpy writes, read as Python (numpy's ast.literal_eval) reads it:
+// string escapes decoded, a list is not a tuple, (3) is the integer 3, 03 is no integer. What it
+// does not read, or reads differently from Python, is refused with a reason, never guessed.
 #include "io/npy_header.h"
 
 #include <cctype>
@@ -23,8 +25,8 @@ constexpr std::string_view kMagic = "\x93NUMPY";
 struct DictEntry;
 
 struct PyValue {
-  enum Kind { string, integer, boolean, none, tuple, dict } kind = none;
-  std::string text;                // string
+  enum Kind { string, integer, boolean, none, tuple, list, dict } kind = none;
+  std::string text;                // string (escapes decoded; code points past 0x7f as UTF-8)
   int64_t number = 0;              // integer
   bool too_large = false;          // integer outside int64
   bool truth = false;              // boolean
@@ -40,7 +42,10 @@ struct DictEntry {
 
 class LiteralParser {
  public:
-  LiteralParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
+  // python2_longs: a trailing 'L' on an integer is dropped, as numpy does for format 1.0 and 2.0
+  // headers (which Python 2 may have written); in 3.0 it is a syntax error.
+  LiteralParser(std::string_view text, const std::string& path, bool python2_longs)
+      : text_(text), path_(path), python2_longs_(python2_longs) {}
 
   PyValue parse_all() {
     PyValue v = value(0);
@@ -88,15 +93,18 @@ class LiteralParser {
       integer_literal(v);
     } else if (c == '(' || c == '[') {
       ++pos_;
-      v.kind = PyValue::tuple;
+      v.kind = c == '(' ? PyValue::tuple : PyValue::list;
       char close = c == '(' ? ')' : ']';
+      bool comma = false;  // (x) is x in Python; (x,) and () are tuples
       while (!eat(close)) {
         v.items.push_back(value(depth + 1));
         if (!eat(',')) {
           if (eat(close)) break;
           fail(fmt::format("expected ',' or '{}' in a sequence", close));
         }
+        comma = true;
       }
+      if (c == '(' && v.items.size() == 1 && !comma) return std::move(v.items[0]);
     } else if (c == '{') {
       ++pos_;
       v.kind = PyValue::dict;
@@ -130,8 +138,10 @@ class LiteralParser {
     char q = text_[pos_++];
     std::string s;
     while (pos_ < text_.size() && text_[pos_] != q) {
-      if (text_[pos_] == '\\' && pos_ + 1 < text_.size()) ++pos_;
-      s += text_[pos_++];
+      if (text_[pos_] == '\\' && pos_ + 1 < text_.size())
+        escape(s);
+      else
+        s += text_[pos_++];
       if (s.size() > 256) fail("a string is too long");
     }
     if (pos_ >= text_.size()) fail("a string is not closed");
@@ -139,32 +149,147 @@ class LiteralParser {
     return s;
   }
 
+  // A backslash escape in a string, decoded as Python decodes it ('<\f4' is "<", form feed, "4",
+  // which numpy refuses as a dtype, not "<f4"); pos_ is at the backslash.
+  void escape(std::string& s) {
+    const std::size_t start = pos_++;
+    const char c = text_[pos_++];
+    switch (c) {
+      case '\n':  // a line continuation: nothing
+        return;
+      case '\r':
+        if (pos_ < text_.size() && text_[pos_] == '\n') ++pos_;
+        return;
+      case '\\':
+      case '\'':
+      case '"':
+        s += c;
+        return;
+      case 'a':
+        s += '\a';
+        return;
+      case 'b':
+        s += '\b';
+        return;
+      case 'f':
+        s += '\f';
+        return;
+      case 'n':
+        s += '\n';
+        return;
+      case 'r':
+        s += '\r';
+        return;
+      case 't':
+        s += '\t';
+        return;
+      case 'v':
+        s += '\v';
+        return;
+      case 'x':
+        append_utf8(s, hex_digits(2, start));
+        return;
+      case 'u':
+        append_utf8(s, hex_digits(4, start));
+        return;
+      case 'U': {
+        const uint32_t cp = hex_digits(8, start);
+        if (cp > 0x10ffff) fail(fmt::format("the escape {} is past Unicode", quoted(text_.substr(start, 10))));
+        append_utf8(s, cp);
+        return;
+      }
+      case 'N':
+        fail(fmt::format("the named escape {} in a string is not supported", quoted(text_.substr(start, 20))));
+      default:
+        break;
+    }
+    if (c >= '0' && c <= '7') {  // up to three octal digits
+      uint32_t cp = static_cast<uint32_t>(c - '0');
+      for (int n = 1; n < 3 && pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '7'; ++n)
+        cp = cp * 8 + static_cast<uint32_t>(text_[pos_++] - '0');
+      append_utf8(s, cp);
+      return;
+    }
+    // Python keeps an unknown escape as it is: '\<f4' is backslash, "<f4".
+    s += '\\';
+    --pos_;
+  }
+
+  // Exactly n hex digits after an escape starting at `start` (Python refuses fewer).
+  uint32_t hex_digits(int n, std::size_t start) {
+    uint32_t v = 0;
+    for (int i = 0; i < n; ++i) {
+      const char h = pos_ < text_.size() ? text_[pos_] : '\0';
+      const int digit = h >= '0' && h <= '9'   ? h - '0'
+                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                               : -1;
+      if (digit < 0) fail(fmt::format("the escape {} needs {} hex digits", quoted(text_.substr(start, 2 + i + 1)), n));
+      v = v * 16 + static_cast<uint32_t>(digit);
+      ++pos_;
+    }
+    return v;
+  }
+
+  static void append_utf8(std::string& s, uint32_t cp) {
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+      return;
+    }
+    if (cp < 0x800) {
+      s += static_cast<char>(0xc0 | cp >> 6);
+    } else {
+      if (cp < 0x10000) {
+        s += static_cast<char>(0xe0 | cp >> 12);
+      } else {
+        s += static_cast<char>(0xf0 | cp >> 18);
+        s += static_cast<char>(0x80 | (cp >> 12 & 0x3f));
+      }
+      s += static_cast<char>(0x80 | (cp >> 6 & 0x3f));
+    }
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+
   void integer_literal(PyValue& v) {
     bool negative = text_[pos_] == '-';
     if (text_[pos_] == '-' || text_[pos_] == '+') ++pos_;
     std::size_t start = pos_;
     uint64_t magnitude = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
+    bool nonzero = false;
+    auto is_digit = [&](std::size_t at) { return at < text_.size() && text_[at] >= '0' && text_[at] <= '9'; };
+    while (is_digit(pos_)) {
       unsigned digit = static_cast<unsigned>(text_[pos_++] - '0');
+      nonzero |= digit != 0;
       if (magnitude > (std::numeric_limits<uint64_t>::max() - digit) / 10)
         v.too_large = true;
       else
         magnitude = magnitude * 10 + digit;
+      if (pos_ + 1 < text_.size() && text_[pos_] == '_' && is_digit(pos_ + 1)) ++pos_;  // 1_000
     }
     if (pos_ == start) fail("a sign is not followed by digits");
-    if (pos_ < text_.size() && (text_[pos_] == 'L' || text_[pos_] == 'l')) ++pos_;  // Python 2 long
+    const std::string_view digits = text_.substr(start, pos_ - start);
+    // Python 3 refuses 03 ("leading zeros in decimal integer literals"); 0 and 00 are zero.
+    if (digits[0] == '0' && nonzero)
+      fail(fmt::format("the integer {} has a leading zero, which Python refuses", quoted(digits)));
+    if (python2_longs_ && pos_ < text_.size() && text_[pos_] == 'L') ++pos_;  // Python 2 long
     if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E'))
       fail("a number is not an integer");
+    if (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_'))
+      fail(fmt::format("unexpected {} after the integer {}", quoted(text_.substr(pos_, 1)), quoted(digits)));
     if (magnitude > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) v.too_large = true;
     v.number = v.too_large ? 0 : (negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude));
   }
 
   std::string_view text_;
   const std::string& path_;
+  bool python2_longs_;
   std::size_t pos_ = 0;
 };
 
-// numpy's descr: byte order ('<' little, '>' big, '=' native, '|' not applicable), kind, size.
+// numpy's descr: an optional byte order ('<' little, '>' big, '=' native, '|' not applicable;
+// none is native), kind and size, as numpy reads it (np.dtype): 'f4', '=f4' and '|f4' are the
+// native float32, little-endian here. Stored in h.info.descr the way numpy itself writes that
+// dtype (dtype.str): '<' for the multi-byte types, '|' for the one-byte ones.
 void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path) {
   static constexpr struct {
     std::string_view name;
@@ -173,27 +298,26 @@ void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path
   } kTypes[] = {{"f4", NpyType::f4, 4}, {"f8", NpyType::f8, 8}, {"f2", NpyType::f2, 2}, {"b1", NpyType::b1, 1},
                 {"u1", NpyType::u1, 1}, {"i1", NpyType::i1, 1}, {"i4", NpyType::i4, 4}, {"i8", NpyType::i8, 8}};
   const std::string supported = "supported: <f4 <f8 <f2 |b1 |u1 |i1 <i4 <i8";
-  // quoted: the descr is the file's text, control bytes included (one line on stderr).
-  auto unsupported = [&] {
-    return Error(fmt::format("{}: unsupported .npy dtype {} ({})", path, quoted(descr, 40), supported));
-  };
-  if (descr.size() < 2) throw unsupported();
-  char order = descr[0];
-  std::string_view rest = std::string_view(descr).substr(1);
+  std::string_view code = descr;
+  char order = '=';
+  if (!code.empty() && (code[0] == '<' || code[0] == '>' || code[0] == '=' || code[0] == '|')) {
+    order = code[0];
+    code.remove_prefix(1);
+  }
   for (const auto& t : kTypes) {
-    if (rest != t.name) continue;
+    if (code != t.name) continue;
     if (order == '>' && t.size > 1)
       throw Error(
           fmt::format("{}: big-endian .npy data ('{}') is not supported; convert it with "
                       "a.astype('<{}') before saving",
                       path, descr, t.name));
-    bool ok = order == '<' || order == '=' || (t.size == 1 && (order == '|' || order == '>'));
-    if (!ok) break;
     h.type = t.type;
     h.item_size = t.size;
+    h.info.descr = fmt::format("{}{}", t.size == 1 ? '|' : '<', t.name);
     return;
   }
-  throw unsupported();
+  // quoted: the descr is the file's text, control bytes included (one line on stderr).
+  throw Error(fmt::format("{}: unsupported .npy dtype {} ({})", path, quoted(descr, 40), supported));
 }
 
 uint32_t read_le(std::string_view file, std::size_t at, int bytes) {
@@ -223,7 +347,7 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
     throw Error(fmt::format("{}: truncated .npy file: the header length is {} bytes but only {} follow", path,
                             header_len, file.size() - prefix));
 
-  PyValue dict = LiteralParser(file.substr(prefix, header_len), path).parse_all();
+  PyValue dict = LiteralParser(file.substr(prefix, header_len), path, major <= 2).parse_all();
   if (dict.kind != PyValue::dict) throw Error(fmt::format("{}: bad .npy header: it is not a dict", path));
   const PyValue* descr = nullptr;
   const PyValue* fortran = nullptr;
@@ -242,10 +366,11 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
     throw Error(fmt::format("{}: unsupported .npy dtype: structured arrays are not supported", path));
   if (fortran->kind != PyValue::boolean)
     throw Error(fmt::format("{}: bad .npy header: 'fortran_order' is not True or False", path));
-  if (shape->kind != PyValue::tuple) throw Error(fmt::format("{}: bad .npy header: 'shape' is not a tuple", path));
+  if (shape->kind != PyValue::tuple)
+    throw Error(fmt::format("{}: bad .npy header: 'shape' is not a tuple{}", path,
+                            shape->kind == PyValue::list ? " (it is a list, which numpy refuses)" : ""));
 
   NpyHeader h;
-  h.info.descr = descr->text;
   h.info.fortran_order = fortran->truth;
   parse_descr(descr->text, h, path);
   for (const PyValue& d : shape->items) {

@@ -123,6 +123,46 @@ def test_garbled_npy(attend, seed, garble):
     attend.fails(1, "bad.npy", q="bad.npy")
 
 
+def _npy_with_header(header, data):
+    """A format 1.0 .npy file with the header dict text `header`, padded as numpy pads it."""
+    text = header.encode("latin1")
+    text += b" " * ((64 - (10 + len(text) + 1) % 64) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + data
+
+
+@pytest.mark.parametrize("descr, shape, needle", [
+    (r"'<\f8'", "(2, 3, 5, 4)", 'unsupported .npy dtype "<\\x0c8"'),  # a form feed, not '<f8'
+    (r"'\<f8'", "(2, 3, 5, 4)", 'unsupported .npy dtype "\\\\<f8"'),
+    ("'<f8'", "[2, 3, 5, 4]", "'shape' is not a tuple (it is a list, which numpy refuses)"),
+    ("'<f8'", "(120)", "'shape' is not a tuple"),
+    ("'<f8'", "(02, 3, 5, 4)", 'the integer "02" has a leading zero'),
+])
+def test_npy_headers_numpy_refuses(attend, descr, shape, needle):
+    """Headers numpy refuses (each was read: the escapes as '<f8', the list and (120) as shapes, 02
+    as 2) are refused with the file named."""
+    data = np.load(attend.dir / "q.npy").astype("<f8").tobytes()
+    attend.write("bad.npy", _npy_with_header(f"{{'descr': {descr}, 'fortran_order': False, 'shape': {shape}, }}",
+                                             data))
+    attend.fails(1, "bad.npy", needle, q="bad.npy")
+
+
+@pytest.mark.parametrize("descr", ["'f8'", "'=f8'", "'|f8'", r"'<\x668'"])
+def test_npy_native_byte_order_is_float64(attend, descr):
+    """numpy reads 'f8', '=f8' and '|f8' (and '<f8' spelled with an escape) as little-endian float64
+    here: qkv refused 'f8' and '|f8', and ran '=f8' in float32 (it tested the descr's text for '<f8')."""
+    assert attend("--kernel", "reference", lse="").returncode == 0
+    want = np.load(attend.dir / "out.npy")
+    assert want.dtype == np.float64
+    for name in ("q", "k", "v"):
+        a = np.load(attend.dir / f"{name}.npy")
+        attend.write(f"n{name}.npy", _npy_with_header(
+            f"{{'descr': {descr}, 'fortran_order': False, 'shape': {a.shape}, }}", a.astype("<f8").tobytes()))
+    proc = attend("--kernel", "reference", q="nq.npy", k="nk.npy", v="nv.npy", out="nout.npy", lse="")
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(attend.dir / "nout.npy")
+    assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
 # ---- shapes ----
 
 @pytest.mark.parametrize("shapes, needle", [
