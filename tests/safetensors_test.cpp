@@ -202,6 +202,11 @@ TEST(Safetensors, MalformedFilesAreRefusedWithAReason) {
       {"nul_after_json",
        make_st("{" + entry("a", "F32", "[1]", 0, 4) + "}" + std::string("\0x", 2), 4),
        {"the safetensors header holds a NUL byte at offset"}},
+      // nlohmann skips a UTF-8 byte-order mark; the reference (serde_json) refuses it, and the
+      // format has the header start with '{'.
+      {"bom",
+       make_st("\xEF\xBB\xBF{" + entry("a", "F32", "[1]", 0, 4) + "}", 4),
+       {"the safetensors header starts with a UTF-8 byte-order mark (EF BB BF)"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -213,6 +218,11 @@ TEST(Safetensors, MalformedFilesAreRefusedWithAReason) {
   }
   expect_error([&] { load_safetensors(dir.file("none")); }, {"cannot open", "No such file"});
   expect_error([&] { load_safetensors(dir.path()); }, {"is a directory"});
+  // JSON whitespace before the '{' and after the '}' is what the reference reads (serde_json skips
+  // it), so it still loads; the mark is refused only at the start, the bytes inside a name load.
+  const std::string path = dir.file("spaces.safetensors");
+  write_raw(path, make_st(" \n{" + entry("a\xEF\xBB\xBF", "F32", "[1]", 0, 4) + "} \t", 4));
+  EXPECT_EQ(load_safetensors(path).count("a\xEF\xBB\xBF"), 1u);
 }
 
 // A header length above 100 MB is refused before the header is read (a sparse file keeps this cheap).

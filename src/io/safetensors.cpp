@@ -166,8 +166,15 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   if (header_len > kMaxHeaderBytes)
     throw Error(fmt::format("{}: the safetensors header length {} exceeds the {} byte limit", path, header_len,
                             kMaxHeaderBytes));
-  json header =
-      detail::parse_strict_json(std::string_view(file.data() + 8, header_len), path, "the safetensors header");
+  const std::string_view text(file.data() + 8, header_len);
+  // The format says the header begins with '{'. A UTF-8 byte-order mark, which nlohmann skips,
+  // is refused, as the reference reader (the safetensors crate, through serde_json) refuses it.
+  if (text.starts_with("\xEF\xBB\xBF"))
+    throw Error(
+        fmt::format("{}: the safetensors header starts with a UTF-8 byte-order mark (EF BB BF); the format "
+                    "has the JSON start with '{{'",
+                    path));
+  json header = detail::parse_strict_json(text, path, "the safetensors header");
   if (!header.is_object()) throw Error(fmt::format("{}: the safetensors header is not a JSON object", path));
 
   const char* buffer = file.data() + 8 + header_len;
