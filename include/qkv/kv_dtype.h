@@ -6,8 +6,12 @@
 
 namespace qkv {
 
-// How keys and values are stored. i8 holds round(x / scale) with one fp32 scale per (token, head),
-// scale = max|x| / 127 over the token's head vector; the value it stands for is float(q) * scale.
+// How keys and values are stored. i8 holds q = round(x / scale), |q| <= 127, with one fp32 scale
+// per (token, head): max|x| / 127 over the token's head vector, rounded down to a float; the value
+// it stands for is float(q) * scale. Every value is then within half a step (max|x| / 254) of x,
+// before the float rounding of that product. Subnormal tokens keep the bound down to max|x| =
+// 127·255·2^-149 (4.5e-41); below it no float scale can, and the next float up is taken: within
+// half a step plus 2^-150 (half the smallest subnormal float).
 enum class KVDtype { f32, bf16, f16, i8 };
 
 const char* kv_dtype_name(KVDtype dtype);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -41,6 +42,21 @@ void* allocate(int64_t bytes, const char* what, std::size_t& mapped) {
   return p;
 }
 
+// The int8 scale of a (token, head) vector whose largest magnitude is amax (kv_dtype.h): the
+// largest float s with 127·s <= amax, so every |x| <= amax is within s/2 <= amax/254 (half the
+// step max|x| / 127) of a level q·s, |q| <= 127, and 127·s never overflows. Below FLT_MIN·127 the
+// scale is a subnormal, a multiple of 2^-149: rounding down then costs up to 2^-149 of it, which
+// is still within the step's half while amax >= 127·255·2^-149 (4.5e-41). Below that no float
+// scale keeps the bound (amax = 200·2^-149 needs a step of exactly 200/127 · 2^-149), and the next
+// float up is taken: every value is within s/2, at most half a step plus 2^-150.
+float int8_scale(float amax) {
+  const double limit = amax;  // 127·s and 127.5·s below are exact in double
+  float s = static_cast<float>(limit / 127.0);
+  if (127.0 * s > limit) s = std::nextafter(s, 0.0f);
+  if (127.5 * s < limit) s = std::nextafter(s, std::numeric_limits<float>::infinity());
+  return s;
+}
+
 // Writes one token's head vector x[0..n) (stride sx) at dst in the storage dtype.
 void store_row(KVDtype dtype, const float* x, int64_t sx, int64_t n, void* dst, float* scale) {
   switch (dtype) {
@@ -63,13 +79,15 @@ void store_row(KVDtype dtype, const float* x, int64_t sx, int64_t n, void* dst, 
       auto* d = static_cast<int8_t*>(dst);
       float amax = 0.0f;
       for (int64_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(x[e * sx]));
-      *scale = amax / 127.0f;
-      // Within an ulp or so of FLT_MAX the rounded scale can make 127 · scale overflow: one ulp
-      // smaller keeps the largest value finite (its error stays far below the step's half).
-      if (!std::isfinite(127.0f * *scale)) *scale = std::nextafter(*scale, 0.0f);
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int64_t e = 0; e < n; ++e)
-        d[e] = static_cast<int8_t>(std::clamp(std::nearbyint(x[e * sx] * inv), -127.0f, 127.0f));
+      const float s = int8_scale(amax);
+      *scale = s;
+      // q = round(x / s) in double (exact enough: the quotient of two floats): the nearest of the
+      // 255 levels, so |q·s - x| <= s/2. (127 / amax in float overflowed for amax < 3.7e-37 and
+      // turned every nonzero value into ±127, and a zero into 0 · inf = NaN.)
+      for (int64_t e = 0; e < n; ++e) {
+        const double q = s > 0.0f ? std::nearbyint(static_cast<double>(x[e * sx]) / s) : 0.0;
+        d[e] = static_cast<int8_t>(std::clamp(q, -127.0, 127.0));
+      }
       return;
     }
   }
