@@ -93,6 +93,69 @@ TEST(Reference, RefusesAnOverflowFromFiniteInputs) {
   EXPECT_EQ(out[D], 1.0);
 }
 
+// The float64 backward refuses the inputs the forward refuses, and gradients that overflow from
+// finite inputs and dout: it returned NaN for every gradient (q = 1e200 against k = 1e200), zeros
+// as if every row were masked (k = -1e200), and inf or NaN for dout·v past the range (v = 1e300,
+// dout = 1e300), all without an error. NaN inputs (or dout), and rows a -inf bias empties, are
+// not refused.
+TEST(Reference, BackwardRefusesAnOverflowFromFiniteInputs) {
+  const int64_t N = 3, D = 2;
+  Tensor<double> q({1, 1, N, D}), k_pos({1, 1, N, D}), k_neg({1, 1, N, D}), v({1, 1, N, D}), huge({1, 1, N, D}),
+      ones({1, 1, N, D});
+  test::Rng rng("Reference.BackwardOverflow");
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    q[i] = 1e200, k_pos[i] = 1e200, k_neg[i] = -1e200, v[i] = rng.uniform(-1, 1), ones[i] = 1.0;
+    huge[i] = 1e300 * (i % 2 ? 1 : -0.5);
+  }
+  Tensor<double> dq({1, 1, N, D}), dk({1, 1, N, D}), dv({1, 1, N, D}), dbias({1, 1, N, N});
+  const std::string message =
+      "reference_attention_backward: the gradients overflowed float64 although q, k, v and dout are finite";
+  // q, k, v, dout: scores past the range (either sign), then dout·v past it under distinct scores.
+  Tensor<double> q_small = rng.normal64({1, 1, N, D}), k_small = rng.normal64({1, 1, N, D});
+  for (const std::array<const Tensor<double>*, 4>& c :
+       {std::array<const Tensor<double>*, 4>{&q, &k_pos, &v, &ones},
+        std::array<const Tensor<double>*, 4>{&q, &k_neg, &v, &ones},
+        std::array<const Tensor<double>*, 4>{&q_small, &k_small, &huge, &huge}}) {
+    for (bool with_dbias : {false, true})
+      test::expect_error(
+          [&] {
+            reference_attention_backward(dq.view(), dk.view(), dv.view(),
+                                         with_dbias ? dbias.view() : TensorView<double>(), c[3]->cview(), c[0]->cview(),
+                                         c[1]->cview(), c[2]->cview());
+          },
+          {message, "scale the inputs down"});
+    // The forward refuses the first two itself; the third is the gradients' own overflow.
+    Tensor<double> out({1, 1, N, D});
+    if (c[1] != &k_small)
+      EXPECT_THROW(reference_attention_forward(out.view(), {}, {}, c[0]->cview(), c[1]->cview(), c[2]->cview()), Error);
+    else
+      EXPECT_NO_THROW(reference_attention_forward(out.view(), {}, {}, c[0]->cview(), c[1]->cview(), c[2]->cview()));
+  }
+  // Finite gradients of large but representable inputs are returned (q = 1e200 against k = 1).
+  reference_attention_backward(dq.view(), dk.view(), dv.view(), {}, ones.cview(), q.cview(), ones.cview(), v.cview());
+  for (const Tensor<double>* g : {&dq, &dk, &dv})
+    for (int64_t i = 0; i < g->numel(); ++i) EXPECT_TRUE(std::isfinite((*g)[i]));
+  // A NaN in q or in dout is the caller's own: NaN gradients, no error.
+  Tensor<double> nan_q = q_small.clone(), nan_dout = ones.clone();
+  nan_q[0] = std::numeric_limits<double>::quiet_NaN();
+  nan_dout[0] = std::numeric_limits<double>::quiet_NaN();
+  reference_attention_backward(dq.view(), dk.view(), dv.view(), {}, ones.cview(), nan_q.cview(), k_small.cview(),
+                               v.cview());
+  EXPECT_TRUE(std::isnan(dq[0]));
+  reference_attention_backward(dq.view(), dk.view(), dv.view(), {}, nan_dout.cview(), q_small.cview(), k_small.cview(),
+                               huge.cview());
+  EXPECT_TRUE(std::isnan(dq[0]));
+  // A -inf bias that takes every key of row 0 away: that row's gradients are 0, no error.
+  AttentionOptions options;
+  Tensor<float> bias({N, N});
+  for (int64_t j = 0; j < N; ++j) bias[j] = -std::numeric_limits<float>::infinity();
+  options.mask.bias = broadcast_mask(bias.cview(), 1, 1, N, N, "bias");
+  reference_attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), ones.cview(), q_small.cview(),
+                               k_small.cview(), v.cview(), options);
+  for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dq[d], 0.0);
+  for (int64_t i = 0; i < dq.numel(); ++i) EXPECT_TRUE(std::isfinite(dq[i]));
+}
+
 TEST(Reference, CausalBottomRightLastQuerySeesAllKeys) {
   test::Rng rng("Reference.CausalBottomRight");
   Tensor<double> q = rng.normal64({1, 1, 2, 4}), k = rng.normal64({1, 1, 5, 4}), v = rng.normal64({1, 1, 5, 4});

@@ -11,7 +11,8 @@ namespace qkv {
 // dL/dscores (= dL/dbias); the caller sums it over any dims it broadcast. out and lse are
 // attention_forward's results for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
 // thread count. options.kernel as in the forward: reference runs the float64 oracle
-// (reference_attention_backward, which needs no out or lse) and rounds each gradient once.
+// (reference_attention_backward, which needs no out or lse, and refuses finite inputs whose scores
+// or gradients overflow float64) and rounds each gradient once.
 void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                         TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,

@@ -13,7 +13,9 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
                                  const AttentionOptions& options = {});
 
 // The float64 oracle of attention_backward (backward.h): recomputes everything from q, k, v in
-// float64. options.kernel is ignored.
+// float64. options.kernel is ignored. Like the forward, throws qkv::Error when q, k, v and dout
+// (and the bias) hold no NaN or inf but a score or gradient overflowed float64, rather than
+// returning inf or NaN gradients.
 void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, TensorView<double> dv,
                                   TensorView<double> dbias, TensorView<const double> dout, TensorView<const double> q,
                                   TensorView<const double> k, TensorView<const double> v,

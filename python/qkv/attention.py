@@ -105,7 +105,8 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     [..., N, Dv] and dtype. out and lse are the forward's results for the same inputs (out float32;
     lse from return_lse="float64", or a float32 one, which at |lse| ~ 100 leaves up to 3.8e-6
     relative error in the recomputed softmax); when either is None the forward is run here first.
-    float64 inputs use the float64 reference backward.
+    float64 inputs use the float64 reference backward, which raises ValueError, as the forward does,
+    when finite inputs (dout included) overflow float64 in a score or gradient.
 
     Returns (dq, dk, dv), shaped like q, k, v (for grouped-query attention dk and dv sum over the
     query heads of each group), or (dq, dk, dv, dbias) if return_dbias. dbias = dL/dbias has the

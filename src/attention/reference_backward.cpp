@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "attention/backward_checks.h"
+#include "attention/overflow.h"
 #include "attention/row_logits.h"
 #include "qkv/backward.h"
 #include "qkv/reference.h"
@@ -35,10 +36,12 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   }
   // Per row: raw scaled scores x_j, logits l_j, probabilities p_j, and dL/dl_j.
   std::vector<double> x(static_cast<std::size_t>(s.M)), p(x.size()), dl(x.size());
+  bool emptied = false;  // a row with allowed keys whose every logit is -inf (overflow.h)
   detail::for_each_query_row(s, [&](int64_t b, int64_t h, int64_t hk, int64_t i) {
     const detail::RowLogits r = detail::row_logits(p.data(), x.data(), mask, q, k, scale, b, h, hk, i);
     const detail::KeyBand band = r.band;
     const bool masked = r.masked;
+    emptied |= masked && !band.empty();
     const double sum = masked ? 0.0 : detail::exp_in_place(p.data(), r);
     // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i).
     double row_dot = 0.0;
@@ -68,6 +71,15 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
       for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += p[j] * dout(b, h, i, e);
     }
   });
+  // As the forward refuses what overflows its output: scores past the range (q·1e155 against
+  // k·1e155) made every gradient NaN, and dout·v or a gradient's sum past it made them inf or NaN,
+  // all returned as if they were gradients.
+  bool finite = true;
+  for (const TensorView<double>* g : {&dq, &dk, &dv, &dbias})
+    if (!g->empty()) finite = finite && detail::all_finite(TensorView<const double>(*g));
+  if (!finite || (emptied && !detail::may_mask_whole_rows(options.mask)))
+    detail::refuse_gradient_overflow("reference_attention_backward", "float64", "1.8e308", "scale the inputs down", q,
+                                     k, v, dout, options.mask);
 }
 
 }  // namespace qkv

@@ -123,3 +123,50 @@ def test_backward_bad_inputs():
     bad[4, 1] = np.inf
     with pytest.raises(ValueError, match=r"dout contains \+inf at index \(4, 1\)"):
         qkv.attention_backward(q, q, q, bad, check_finite=True)
+
+
+def test_float64_backward_refuses_an_overflow_from_finite_inputs():
+    """The float64 backward returned NaN gradients for q, k of 1e200 (scores past 1.8e308; the
+    forward refuses them), zeros for k = -1e200 (every row taken for masked) and inf/NaN for dout·v
+    past the range, all silently; now refused like the forward. NaN inputs still pass through."""
+    rng = rng_for(5500)
+    match = "reference_attention_backward: the gradients overflowed float64 although q, k, v and dout are finite"
+    q = np.full((1, 3, 2), 1e200)
+    v = rng.standard_normal((1, 3, 2))
+    ones = np.ones((1, 3, 2))
+    for k in (q, -q):
+        with pytest.raises(ValueError, match="the output overflowed float64"):
+            qkv.scaled_dot_product_attention(q, k, v)
+        with pytest.raises(ValueError, match=match):
+            qkv.attention_backward(q, k, v, ones)
+        with pytest.raises(ValueError, match=match):
+            qkv.attention_backward(q, k, v, ones, return_dbias=True)
+    small = rng.standard_normal((1, 3, 2))
+    huge = np.array([-0.5e300, 1e300])[None, None, :].repeat(3, axis=1)
+    qkv.scaled_dot_product_attention(small, small, huge)  # the forward is fine: the gradients overflow
+    with pytest.raises(ValueError, match=match):
+        qkv.attention_backward(small, small, huge, huge)
+    # Large but representable gradients are returned; a NaN input is the caller's own.
+    grads = qkv.attention_backward(q, ones, v, ones)
+    assert all(np.isfinite(g).all() for g in grads)
+    nan_q = small.copy()
+    nan_q[0, 0, 0] = np.nan
+    dq, dk, dv = qkv.attention_backward(nan_q, small, v, ones)
+    assert np.isnan(dq[0, 0]).all()
+
+
+def test_float64_backward_through_torch_autograd_refuses_an_overflow():
+    """qkv.torch's float64 autograd runs the same backward: a dout past the range with v of 1e300
+    gave inf/NaN gradients without an error."""
+    import qkv.torch  # noqa: F401  (the module under test; torch is imported above)
+    rng = rng_for(5501)
+    q = torch.tensor(rng.standard_normal((1, 1, 3, 2)), requires_grad=True)
+    k = torch.tensor(rng.standard_normal((1, 1, 3, 2)), requires_grad=True)
+    v = torch.tensor([[-0.5e300, 1e300]], dtype=torch.float64).repeat(3, 1).reshape(1, 1, 3, 2).requires_grad_()
+    out = qkv.torch.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="the gradients overflowed float64 although q, k, v and dout are finite"):
+        out.backward(v.detach().clone())
+    out = qkv.torch.scaled_dot_product_attention(q, k, v)
+    out.backward(torch.ones_like(out))  # a finite gradient of the same forward
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
