@@ -31,13 +31,16 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t ldc = 0;
   const float* alpha = nullptr;  // per-row scale of the old C; nullptr: C is overwritten
+  bool add = false;              // with alpha null: C += A·B (gemm_blocked's later K chunks)
 };
 
+// How a micro-tile's accumulators start: 0, alpha ⊙ C, or C as it is. Each start has its own copy
+// of the loop (a template parameter): with one loop after a runtime branch, GCC built the
+// accumulators on the stack and reloaded them (12 stores and loads per AVX2 micro-tile of K = 64).
+enum class Start { zero, scaled, load };
+
 // KFixed > 0 fixes K at compile time (head dims 64 and 128), so the k loop can be unrolled.
-// Scaled: C starts as alpha ⊙ C (else as 0), a template parameter so that each start has its own
-// copy of the loop: with one loop after a runtime branch, GCC built the accumulators on the stack
-// and reloaded them (12 stores and loads per AVX2 micro-tile of K = 64).
-template <class Ops, class Dot, int R, int NV, int KFixed, bool Scaled>
+template <class Ops, class Dot, int R, int NV, int KFixed, Start From>
 void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
@@ -46,9 +49,11 @@ void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   const int64_t ldc = g.ldc;
   V acc[R][NV];
   for (int r = 0; r < R; ++r) {
-    if constexpr (Scaled) {
+    if constexpr (From == Start::scaled) {
       const V s = Ops::set1(g.alpha[r]);
       for (int v = 0; v < NV; ++v) acc[r][v] = Ops::mul(Ops::load(c + r * ldc + v * L), s);
+    } else if constexpr (From == Start::load) {
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::load(c + r * ldc + v * L);
     } else {
       for (int v = 0; v < NV; ++v) acc[r][v] = Ops::zero();
     }
@@ -75,9 +80,11 @@ void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
 template <class Ops, class Dot, int R, int NV, int KFixed>
 void gemm_micro(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   if (g.alpha != nullptr)
-    gemm_micro_from<Ops, Dot, R, NV, KFixed, true>(g);
+    gemm_micro_from<Ops, Dot, R, NV, KFixed, Start::scaled>(g);
+  else if (g.add)
+    gemm_micro_from<Ops, Dot, R, NV, KFixed, Start::load>(g);
   else
-    gemm_micro_from<Ops, Dot, R, NV, KFixed, false>(g);
+    gemm_micro_from<Ops, Dot, R, NV, KFixed, Start::zero>(g);
 }
 
 // Runtime choice among the instantiations for 1..Ops::kRows rows and 1..Ops::kVecs vectors.
@@ -104,28 +111,64 @@ class GemmTable {
   }
 };
 
-// C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel. The full-size
-// micro-tiles use a K-specialized instantiation for K = 32, 64, 128 (head dims 64 and 128, in
-// pairs for bf16, and full key blocks).
+// The row stride for a matrix of n columns that the micro-kernel reads down a column, one row per
+// k step (A with a_row = 1: the forward's P, transposed): a whole number of cache lines, and an odd one.
+// At 64 floats (four lines) the rows of such a walk fell into a quarter of L1's sets, beside B's
+// rows in all of them, and evicted one another: one more line per row took P·V from ~80% to
+// ~95% of the FMA peak (Skylake-SP, BENCHMARKS.md, "K chunks").
+constexpr int64_t column_read_stride(int64_t n) {
+  const int64_t lines = (n + 15) / 16;
+  return (lines | 1) * 16;
+}
+
+// The B rows one K chunk of gemm_blocked may span: with more, B fell out of L1 (32 KB on many
+// cores) between the strips of rows that reuse it. A block product of K = 128 over one panel of B
+// (P·V over a key block of 128 at Dv = 64, or the scores at head dim 128) ran at ~80% of the FMA
+// peak in one pass and ~95% in two chunks of 64 (Skylake-SP, BENCHMARKS.md, "K chunks"). Over two
+// panels (Dv = 128) chunks measured slower than one pass (84 against 103-113 GFLOP/s), so only one
+// panel is chunked.
+constexpr int64_t kChunkBytes = 16 * 1024;
+
+// The K chunk of gemm_blocked for B rows of `panels` panels of `width` elements of `bytes` each:
+// 64 when K > 64 and one panel's rows exceed kChunkBytes, else K itself (a micro-tile of fewer k
+// steps pays its start and stores more often: chunks of 32 measured no better than one pass).
+inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t bytes) {
+  return panels == 1 && kdim > 64 && kdim * width * bytes > kChunkBytes ? 64 : kdim;
+}
+
+// C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel, K in chunks
+// (k_chunk) each of which runs over every strip of rows before the next starts. A later chunk
+// carries on from C as the last one stored it, so the sums and their order, and so every bit,
+// are those of one pass. The full-size micro-tiles use a K-specialized instantiation for K = 32,
+// 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
 template <class Ops, class Dot = FloatDot<Ops>>
 void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
-  auto full = GemmTable<Ops, Dot>::get(kR, kNV);
-  if (g.kdim == 32) full = GemmTable<Ops, Dot, 32>::get(kR, kNV);
-  if (g.kdim == 64) full = GemmTable<Ops, Dot, 64>::get(kR, kNV);
-  if (g.kdim == 128) full = GemmTable<Ops, Dot, 128>::get(kR, kNV);
-  for (int64_t r0 = 0; r0 < rows; r0 += kR) {
-    const int r = static_cast<int>(std::min<int64_t>(kR, rows - r0));
-    for (int64_t v0 = 0; v0 < vecs; v0 += kNV) {
-      const int nv = static_cast<int>(std::min<int64_t>(kNV, vecs - v0));
-      auto t = g;
-      t.a = g.a + r0 * g.a_row;
-      t.b = g.b + v0 * L;
-      t.c = g.c + r0 * g.ldc + v0 * L;
-      t.alpha = g.alpha != nullptr ? g.alpha + r0 : nullptr;
-      (r == kR && nv == kNV ? full : GemmTable<Ops, Dot>::get(r, nv))(t);
+  const int64_t panels = (vecs + kNV - 1) / kNV;
+  const int64_t chunk = std::max<int64_t>(1, k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)));
+  int64_t k0 = 0;
+  do {  // once at K = 0, which still writes C (0 or alpha ⊙ C)
+    const int64_t kc = std::min(chunk, g.kdim - k0);
+    auto full = GemmTable<Ops, Dot>::get(kR, kNV);
+    if (kc == 32) full = GemmTable<Ops, Dot, 32>::get(kR, kNV);
+    if (kc == 64) full = GemmTable<Ops, Dot, 64>::get(kR, kNV);
+    if (kc == 128) full = GemmTable<Ops, Dot, 128>::get(kR, kNV);
+    for (int64_t r0 = 0; r0 < rows; r0 += kR) {
+      const int r = static_cast<int>(std::min<int64_t>(kR, rows - r0));
+      for (int64_t v0 = 0; v0 < vecs; v0 += kNV) {
+        const int nv = static_cast<int>(std::min<int64_t>(kNV, vecs - v0));
+        auto t = g;
+        t.kdim = kc;
+        t.a = g.a + r0 * g.a_row + k0 * g.a_k;
+        t.b = g.b + k0 * g.ldb + v0 * L;
+        t.c = g.c + r0 * g.ldc + v0 * L;
+        t.alpha = g.alpha != nullptr && k0 == 0 ? g.alpha + r0 : nullptr;
+        t.add = k0 > 0 || g.add;
+        (r == kR && nv == kNV ? full : GemmTable<Ops, Dot>::get(r, nv))(t);
+      }
     }
-  }
+    k0 += chunk;
+  } while (k0 < g.kdim);
 }
 
 }  // namespace qkv::kernels

@@ -70,6 +70,7 @@ class ForwardTile {
     k_ = ForwardParams::typed<In>(p.k) + p.k_stride.at(b_, hk_, 0);
     v_ = ForwardParams::typed<In>(p.v) + p.v_stride.at(b_, hk_, 0);
     bq_ = p.tile_rows;
+    ls_ = column_read_stride(bq_);
     rows_ = std::min(bq_, s_.N - i0_);
     qvecs_ = (rows_ + L - 1) / L;
     dvp_ = (s_.Dv + L - 1) / L * L;
@@ -82,7 +83,7 @@ class ForwardTile {
     v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv;
     const int64_t group = p.tile_group;
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
-    st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * bq_));
+    st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * ls_));
     o_ = ws.get<float>(forward_slot::out, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
     // P·V on bf16 pairs only from one full vector of outputs per row: with Dv < L (Dv = 1, 3 in
     // the tests) a row's few outputs left P's rounding no room to average out, and it exceeded
@@ -252,10 +253,10 @@ class ForwardTile {
     g.b = qt_;
     g.ldb = bq_;
     g.c = st_;
-    g.ldc = bq_;
+    g.ldc = ls_;
     if constexpr (Pairs) {
       if (amx_) {
-        Ops::TileDot::gemm(g.a, g.a_row * 4, qt_, bq_, st_, bq_, nb16, qvecs_ * L, dk_, false);
+        Ops::TileDot::gemm(g.a, g.a_row * 4, qt_, bq_, st_, ls_, nb16, qvecs_ * L, dk_, false);
       } else {
         gemm_blocked<Ops, Dot>(g, nb, qvecs_);
       }
@@ -279,10 +280,10 @@ class ForwardTile {
     // Locals: the vector stores may alias the members, which were reloaded at every store.
     const V scale = Ops::set1(p_.scale);
     float* const st = st_;
-    const int64_t lanes = qvecs_ * L, bq = bq_;
+    const int64_t lanes = qvecs_ * L, ls = ls_;
     for (int64_t jj = 0; jj < nb; ++jj)
       for (int64_t g0 = 0; g0 < lanes; g0 += L)
-        Ops::store(st + jj * bq + g0, Ops::mul(Ops::load(st + jj * bq + g0), scale));
+        Ops::store(st + jj * ls + g0, Ops::mul(Ops::load(st + jj * ls + g0), scale));
   }
 
   // The block's scores of large |q|·|k| summed again in double and scaled there (large_scores.h):
@@ -290,7 +291,7 @@ class ForwardTile {
   // for softmax(), through adjust() where elementwise terms follow.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
     lo_block_ = true;
-    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, bq_, nb,
+    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
                   qvecs_ * L, large_score_limit(p_.scale), every, wide_);
   }
 
@@ -305,21 +306,21 @@ class ForwardTile {
     const bool terms = mask_.has_terms_after_softcap();
     if (cap > 0 && lo_block_ && !terms) {  // softcap alone, some scores refined: a column at a time
       for (int64_t jj = 0; jj < nb; ++jj)
-        softcap_refined_run(st_ + jj * bq_, slo_ + jj * bq_, nullptr, qa_.data(), k_sizes_[j0 + jj], limit, rows_, cap);
+        softcap_refined_run(st_ + jj * ls_, slo_ + jj * ls_, nullptr, qa_.data(), k_sizes_[j0 + jj], limit, rows_, cap);
       return;
     }
     const bool block_cap = cap > 0 && !lo_block_;
-    if (block_cap) detail::softcap_scores(st_, nullptr, nb * bq_, cap);
+    if (block_cap) detail::softcap_scores(st_, nullptr, nb * ls_, cap);
     if (block_cap && !terms) return;
     for (int64_t r = 0; r < rows_; ++r) {
       if (!live_[r]) continue;
       const int64_t lo = std::max<int64_t>(lo_[r] - j0, 0), hi = std::min<int64_t>(hi_[r] - j0, nb);
       for (int64_t jj = lo; jj < hi; ++jj) {
-        float& s = st_[jj * bq_ + r];
+        float& s = st_[jj * ls_ + r];
         if (block_cap)
           s = mask_.add_terms(s, b_, h_, i0_ + r, j0 + jj);
         else if (lo_block_ && refined(k_sizes_[j0 + jj], qa_[r], limit))
-          adjust_refined(mask_, s, slo_[jj * bq_ + r], b_, h_, i0_ + r, j0 + jj);
+          adjust_refined(mask_, s, slo_[jj * ls_ + r], b_, h_, i0_ + r, j0 + jj);
         else
           s = mask_.adjust(s, b_, h_, i0_ + r, j0 + jj);
       }
@@ -344,8 +345,8 @@ class ForwardTile {
       V mx = m_old;
       if (interior && scale) {
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V sv = Ops::mul(Ops::load(st + jj * bq_), sc);
-          Ops::store(st + jj * bq_, sv);
+          const V sv = Ops::mul(Ops::load(st + jj * ls_), sc);
+          Ops::store(st + jj * ls_, sv);
           mx = Ops::max(sv, mx);
         }
       } else if (interior) {
@@ -353,9 +354,9 @@ class ForwardTile {
       } else {
         const V lo = Ops::load(lo_rel_ + g * L), hi = Ops::load(hi_rel_ + g * L);
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V s = scale ? Ops::mul(Ops::load(st + jj * bq_), sc) : Ops::load(st + jj * bq_);
+          const V s = scale ? Ops::mul(Ops::load(st + jj * ls_), sc) : Ops::load(st + jj * ls_);
           const V sv = Ops::band_mask(s, Ops::set1(static_cast<float>(jj)), lo, hi);
-          Ops::store(st + jj * bq_, sv);
+          Ops::store(st + jj * ls_, sv);
           mx = Ops::max(sv, mx);
         }
       }
@@ -369,15 +370,15 @@ class ForwardTile {
       if (lo_block_) {  // s − m is exact near the max, so the low part adds what its rounding lost
         const float* slo = slo_ + g * L;
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V x = Ops::add(Ops::sub(Ops::load(st + jj * bq_), m_use), Ops::load(slo + jj * bq_));
+          const V x = Ops::add(Ops::sub(Ops::load(st + jj * ls_), m_use), Ops::load(slo + jj * ls_));
           const V pv = Ops::exp2(Ops::mul(x, log2e));
-          Ops::store(st + jj * bq_, pv);
+          Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
         }
       } else {
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * bq_), m_use), log2e));
-          Ops::store(st + jj * bq_, pv);
+          const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * ls_), m_use), log2e));
+          Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
         }
       }
@@ -395,12 +396,12 @@ class ForwardTile {
     V m0 = m, m1 = m, m2 = m, m3 = m;
     int64_t jj = 0;
     for (; jj + 4 <= nb; jj += 4) {
-      m0 = Ops::max(Ops::load(st + jj * bq_), m0);
-      m1 = Ops::max(Ops::load(st + (jj + 1) * bq_), m1);
-      m2 = Ops::max(Ops::load(st + (jj + 2) * bq_), m2);
-      m3 = Ops::max(Ops::load(st + (jj + 3) * bq_), m3);
+      m0 = Ops::max(Ops::load(st + jj * ls_), m0);
+      m1 = Ops::max(Ops::load(st + (jj + 1) * ls_), m1);
+      m2 = Ops::max(Ops::load(st + (jj + 2) * ls_), m2);
+      m3 = Ops::max(Ops::load(st + (jj + 3) * ls_), m3);
     }
-    for (; jj < nb; ++jj) m0 = Ops::max(Ops::load(st + jj * bq_), m0);
+    for (; jj < nb; ++jj) m0 = Ops::max(Ops::load(st + jj * ls_), m0);
     return Ops::max(Ops::max(m0, m1), Ops::max(m2, m3));
   }
 
@@ -423,7 +424,7 @@ class ForwardTile {
     g.kdim = nb;
     g.a = st_;
     g.a_row = 1;
-    g.a_k = bq_;
+    g.a_k = ls_;
     if (v_direct_) {
       g.b = reinterpret_cast<const float*>(v);
       g.ldb = p_.v_stride.row;
@@ -444,10 +445,10 @@ class ForwardTile {
   void accumulate_pairs(const In* v, int64_t nb, bool first) {
     using Dot = typename Ops::PairDot;
     const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
-    std::fill(st_ + nb * bq_, st_ + 2 * kp * bq_, 0.0f);  // 2·kp <= kBc: room
+    std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kBc: room
     for (int64_t k = 0; k < kp; ++k)
       for (int64_t g = 0; g < lanes; g += L)
-        Dot::round_pairs(st_ + 2 * k * bq_ + g, st_ + (2 * k + 1) * bq_ + g, ppairs_ + k * bq_ + g);
+        Dot::round_pairs(st_ + 2 * k * ls_ + g, st_ + (2 * k + 1) * ls_ + g, ppairs_ + k * bq_ + g);
     const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     const int64_t full = se == 1 ? s_.Dv / L * L : 0;
     if (packed_->v != v || packed_->nb != nb) {  // another tile of the group may have packed it
@@ -515,7 +516,7 @@ class ForwardTile {
       for (int64_t e = 0; e < s_.Dv; ++e) {
         float acc = first ? 0.0f : alpha_[r] * o[e];
         for (int64_t jj = lo; jj < hi; ++jj)
-          acc += st_[jj * bq_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
+          acc += st_[jj * ls_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
         o[e] = acc;
       }
     }
@@ -590,7 +591,7 @@ class ForwardTile {
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
   const In *q_, *k_, *v_;
-  int64_t bq_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;
+  int64_t bq_ = 0, ls_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;  // ls_: st_'s row stride
   bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
