@@ -53,7 +53,12 @@ py::object forward_as(const py::array& q, const py::array& k, const py::array& v
   }
   if (!return_lse) return out;
   if (lse64 || std::is_same_v<R, double>) return py::make_tuple(out, lse);
-  return py::make_tuple(out, lse.attr("astype")("float32"));  // the same number the fp32 kernel rounds to
+  // The same number the fp32 kernel rounds to, refused where it would be inf from a finite value.
+  py::array lse32 = new_array<float>(call.lse_shape);
+  const double* from = static_cast<const double*>(lse.data());
+  float* to = static_cast<float*>(lse32.mutable_data());
+  for (py::ssize_t i = 0; i < lse.size(); ++i) to[i] = qkv::lse_to_float32(from[i]);
+  return py::make_tuple(out, lse32);
 }
 
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::dict& mask,

@@ -394,6 +394,56 @@ TEST(Backward, SingleKeyRowsGiveExactlyZeroQueryAndKeyGradients) {
   }
 }
 
+// A gradient past fp32's range from finite inputs is refused, as the forward refuses its output:
+// dout·v past 3.4e38 (v and dout ~1e36, D = 2) came back as inf and NaN gradients without an
+// error, from the fused kernels and from Kernel::reference (whose float64 gradients, ~1e72, round
+// to inf). Shapes with one and several query chunks (N = 200 sums partials), GQA, dbias on and
+// off, 1 and 2 threads. A NaN in dout or in out explains a NaN gradient: not refused.
+TEST(Backward, Fp32RefusesAGradientOverflowFromFiniteInputs) {
+  test::Rng rng("Backward.Fp32Overflow");
+  const std::string message =
+      "attention_backward: the gradients overflowed float32 although q, k, v and dout are finite";
+  for (const int64_t N : {3, 200})
+    for (const int64_t Hkv : {1, 2}) {
+      Case c;
+      c.s = AttentionShape{.B = 1, .H = 2, .Hkv = Hkv, .N = N, .M = N, .D = 4, .Dv = 2};
+      const AttentionShape& s = c.s;
+      Tensor<float> q = rng.normal32(dims4(1, 2, N, 4)), k = rng.normal32(dims4(1, Hkv, N, 4));
+      Tensor<float> v = rng.normal32(dims4(1, Hkv, N, 2)), dout = rng.normal32(dims4(1, 2, N, 2));
+      for (int64_t i = 0; i < v.numel(); ++i) v[i] *= 1e36f;
+      for (int64_t i = 0; i < dout.numel(); ++i) dout[i] *= 1e36f;
+      std::vector<std::pair<Kernel, Simd>> kernels{{Kernel::reference, Simd::automatic}};
+      for (Simd simd : test::available_paths()) kernels.emplace_back(Kernel::fused, simd);
+      for (const auto& [kernel, simd] : kernels)
+        for (const int threads : {1, 2}) {
+          c.options.kernel = kernel;
+          const std::string where =
+              fmt::format("{} {} threads={} N={} Hkv={}", kernel == Kernel::reference ? "reference" : "fused",
+                          simd_path_name(simd), threads, N, Hkv);
+          SCOPED_TRACE(where);
+          test::expect_error([&] { run_fp32(c, q, k, v, dout, threads, simd); }, {message, "Kernel::reference"});
+          // Without dbias, through the float64 lse too.
+          AttentionOptions options = c.options;
+          options.num_threads = threads, options.simd = simd;
+          Tensor<float> out({1, 2, N, 2}), dq({1, 2, N, 4}), dk({1, Hkv, N, 4}), dv({1, Hkv, N, 2});
+          Tensor<double> lse({1, 2, N});
+          attention_forward_lse64(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+          auto backward = [&](const Tensor<float>& d, const Tensor<float>& o) {
+            attention_backward(dq.view(), dk.view(), dv.view(), {}, d.cview(), q.cview(), k.cview(), v.cview(),
+                               o.cview(), lse.cview(), options);
+          };
+          test::expect_error([&] { backward(dout, out); }, {message});
+          Tensor<float> nan_dout = to_contiguous<float>(dout.cview()), nan_out = to_contiguous<float>(out.cview());
+          nan_dout[1] = std::nanf("");
+          nan_out[s.Dv] = std::nanf("");
+          EXPECT_NO_THROW(backward(nan_dout, out));
+          if (kernel == Kernel::fused) {  // the reference reads no out
+            EXPECT_NO_THROW(backward(dout, nan_out));
+          }
+        }
+    }
+}
+
 TEST(Backward, RefusesBadShapes) {
   test::Rng rng("Backward.BadShapes");
   Tensor<float> q = rng.normal32(dims4(1, 2, 3, 4)), k = rng.normal32(dims4(1, 2, 5, 4)),

@@ -287,7 +287,8 @@ TEST(Limits, NonPositiveScaleWithCausalMaskGivesTheReferenceGradients) {
 TEST(Limits, ScoresThatOverflowFloat32AreRefusedNotReturned) {
   // Row 0: q·k ~ 1e39 overflows fp32; the fused kernels returned that row as inf/NaN and now refuse
   // the call (FusedForward.RefusesAnOverflowFromFiniteInputs). The float64 reference computes
-  // row 0 but its lse overflows to +inf when rounded to fp32; row 1 (q·k ~ 1) is unaffected.
+  // row 0, but its lse (~1e39) is past fp32: it was returned as +inf, and is now refused unless
+  // asked for in float64; row 1 (q·k ~ 1) is unaffected.
   Tensor<float> q({1, 1, 2, 2}), k({1, 1, 3, 2}), v({1, 1, 3, 2});
   q[0] = q[1] = 1e30f;
   q[2] = q[3] = 5e-10f;
@@ -295,8 +296,19 @@ TEST(Limits, ScoresThatOverflowFloat32AreRefusedNotReturned) {
   for (int64_t i = 0; i < 6; ++i) v[i] = static_cast<float>(i);
   AttentionOptions options;
   options.kernel = Kernel::reference;
-  const Result want = run(q, k, v, options);
-  EXPECT_EQ(want.lse[0], std::numeric_limits<float>::infinity());
+  test::expect_error([&] { run(q, k, v, options); },
+                     {"attention_forward: lse = 7.78e+39 is finite but past float32's range (3.4e38); ask for it in "
+                      "float64 (attention_forward_lse64"});
+  Result want{Tensor<float>({1, 1, 2, 2}), Tensor<float>({1, 1, 2})};
+  Tensor<double> lse64({1, 1, 2});
+  attention_forward_lse64(want.out.view(), lse64.view(), q.cview(), k.cview(), v.cview(), options);
+  EXPECT_NEAR(lse64[0], 7.778e39, 1e36);
+  want.lse[1] = static_cast<float>(lse64[1]);
+  EXPECT_EQ(lse_to_float32(3.4e38), 3.4e38f);
+  EXPECT_EQ(lse_to_float32(std::numeric_limits<double>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(lse_to_float32(-std::numeric_limits<double>::infinity()), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(lse_to_float32(std::nan(""))));
+  test::expect_error([] { lse_to_float32(-1e39); }, {"lse = -1e+39 is finite but past float32's range"});
   options.kernel = Kernel::fused;
   for (Simd simd : test::available_paths()) {
     options.simd = simd;

@@ -399,6 +399,47 @@ with open(f'{d}/numpy.txt', 'w') as out:
   EXPECT_EQ(read_npy_info(dir.file("c9.npy")).descr, "|b1");  // '>b1'
 }
 
+// numpy refuses a header of over 10,000 characters (unsafe to parse); qkv accepted any length.
+// Formats 1.0 and 3.0, 10,000 and 10,001 characters, each verdict checked against np.load.
+TEST(Npy, HeadersOverNumpysLengthLimitAreRefused) {
+  TempDir dir;
+  const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+  std::string names;
+  for (const int major : {1, 3})
+    for (const std::size_t chars : {10000, 10001}) {
+      std::string header = dict + std::string(chars - 1 - dict.size(), ' ') + '\n';
+      std::string bytes = "\x93NUMPY";
+      bytes += static_cast<char>(major);
+      bytes += '\0';
+      const uint32_t len = static_cast<uint32_t>(header.size());
+      bytes.append(reinterpret_cast<const char*>(&len), major == 1 ? 2 : 4);
+      const std::string name = fmt::format("h{}_{}", major, chars);
+      write_raw(dir.file(name + ".npy"), bytes + header + std::string(24, '\0'));
+      names += fmt::format("{}'{}'", names.empty() ? "" : ", ", name);
+    }
+  ASSERT_EQ(test::run_python(R"(
+import sys, numpy as np
+d = sys.argv[1]
+with open(f'{d}/numpy.txt', 'w') as out:
+  for name in [)" + names + R"(]:
+    try:
+      np.load(f'{d}/{name}.npy')
+      out.write('1')
+    except ValueError:
+      out.write('0')
+)",
+                             dir.path()),
+            0);
+  EXPECT_EQ(read_raw(dir.file("numpy.txt")), "1010");
+  for (const int major : {1, 3}) {
+    EXPECT_EQ(load_npy<float>(dir.file(fmt::format("h{}_10000.npy", major))).numel(), 6);
+    const std::string path = dir.file(fmt::format("h{}_10001.npy", major));
+    test::expect_error([&] { load_npy<float>(path); },
+                       {path + ": bad .npy header: 10001 characters, over numpy's limit of 10000"});
+    test::expect_error([&] { read_npy_info(path); }, {"over numpy's limit"});
+  }
+}
+
 // Every truncation and many random corruptions of a valid file either load or throw qkv::Error.
 TEST(Npy, CorruptedFilesNeverCrash) {
   test::Rng rng("Npy.Corrupted");

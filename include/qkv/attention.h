@@ -27,7 +27,8 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
 // score: inputs where every score does (q·50 in FlashAttention's tests) take ~2.3x the forward's
 // time and ~1.6x the backward's; unit-variance inputs (|q|·|k|·scale about √D) do not.
 // Throws qkv::Error when q, k and v (and the bias) hold no NaN or +inf but the result overflowed
-// fp32 (the float64 reference, Kernel::reference, computes such inputs).
+// fp32 (the float64 reference, Kernel::reference, computes such inputs; its lse can still pass
+// fp32's range, which lse_to_float32 below refuses).
 // Results below FLT_MIN (1.2e-38) may come out as 0: the kernels flush subnormal results, which
 // cost x86 a microcode assist each (the caller's floating-point mode is restored on return).
 // A query row with no allowed key gets out = 0 and lse = -inf, never NaN. Thread-safe for
@@ -58,6 +59,12 @@ void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, Tens
                              const AttentionOptions& options = {});
 void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const bf16> q,
                              TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options = {});
+
+// An lse of attention_forward_lse64 rounded to float32, as attention_forward returns it. Throws
+// qkv::Error for a finite lse past float32's range (scores beyond 3.4e38, which the reference
+// kernel computes in double), rather than returning inf: ask for lse in float64 instead.
+// Thread-safe.
+float lse_to_float32(double lse);
 
 // The SIMD path ("avx512", "avx2", "neon" or "scalar") the fused kernel runs for `simd` on this CPU,
 // honouring QKV_SIMD. Throws qkv::Error if that path is not available here or QKV_SIMD is invalid.

@@ -12,7 +12,10 @@ namespace qkv {
 // attention_forward's results for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
 // thread count. options.kernel as in the forward: reference runs the float64 oracle
 // (reference_attention_backward, which needs no out or lse, and refuses finite inputs whose scores
-// or gradients overflow float64) and rounds each gradient once.
+// or gradients overflow float64) and rounds each gradient once. Throws qkv::Error, as the forward
+// does, when q, k, v, dout and out hold no NaN or inf (nor lse a NaN, nor the bias a NaN or +inf)
+// but a gradient came out inf or NaN (dout·v or a gradient's sum past 3.4e38, or on the reference
+// kernel a gradient past float32's range); the gradients are then unspecified.
 void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                         TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,

@@ -75,6 +75,16 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   return s;
 }
 
+float lse_to_float32(double lse) {
+  const float x = static_cast<float>(lse);
+  if (std::isinf(x) && std::isfinite(lse))
+    throw Error(fmt::format(
+        "attention_forward: lse = {:.3g} is finite but past float32's range (3.4e38); ask for it in float64 "
+        "(attention_forward_lse64; return_lse=\"float64\" in Python) or scale the inputs down",
+        lse));
+  return x;
+}
+
 namespace {
 
 template <class L>
@@ -87,7 +97,13 @@ void reference_forward_f32(TensorView<float> out, TensorView<L> lse, TensorView<
   const double* o = out64.data();
   for_each_element(out, [&](float& x, const auto&) { x = static_cast<float>(*o++); });
   const double* l = lse64.data();
-  if (!lse.empty()) for_each_element(lse, [&](L& x, const auto&) { x = static_cast<L>(*l++); });
+  if (!lse.empty())
+    for_each_element(lse, [&](L& x, const auto&) {
+      if constexpr (std::is_same_v<L, float>)
+        x = lse_to_float32(*l++);
+      else
+        x = *l++;
+    });
 }
 
 }  // namespace
@@ -147,10 +163,8 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
   // (l = 0), as it writes the rows: no pass of its own.
   if (nonfinite.load() || (emptied.load() && !detail::may_mask_whole_rows(options.mask)))
-    detail::refuse_overflow("attention_forward", "float32", "3.4e38",
-                            "scale the inputs down or use the float64 reference kernel (Kernel::reference; "
-                            "kernel=\"reference\" in Python)",
-                            q, k, v, options.mask);
+    detail::refuse_overflow({"attention_forward", "float32", "3.4e38", detail::kFp32OverflowRemedy}, q, k, v,
+                            options.mask);
 }
 
 }  // namespace

@@ -6,11 +6,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "attention/backward_checks.h"
+#include "attention/overflow.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
@@ -50,6 +52,10 @@ void fill4(const TensorView<float>& t, float value) {
   for_each_element(t, [value](float& x, const auto&) { x = value; });
 }
 
+detail::Overflow fp32_backward_overflow() {
+  return {"attention_backward", "float32", "3.4e38", detail::kFp32OverflowRemedy};
+}
+
 // Kernel::reference: the float64 oracle on widened inputs, each gradient rounded once.
 void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                             TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
@@ -63,11 +69,17 @@ void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorVi
                                k64.cview(), v64.cview(), options);
   const std::pair<TensorView<float>, const Tensor<double>*> outputs[] = {
       {dq, &dq64}, {dk, &dk64}, {dv, &dv64}, {dbias, &dbias64}};
+  bool finite = true;
   for (const auto& [to, from] : outputs) {
     if (to.empty()) continue;
     const double* x = from->data();
-    for_each_element(to, [&x](float& y, const auto&) { y = static_cast<float>(*x++); });
+    for_each_element(to, [&](float& y, const auto&) {
+      y = static_cast<float>(*x++);
+      finite = finite && std::isfinite(y);
+    });
   }
+  // A gradient past float32's range, rounded to inf, is refused as the fused kernel refuses it.
+  if (!finite) detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout);
 }
 
 // lse of L: float, or double (the forward's lse without its rounding to fp32).
@@ -136,7 +148,9 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
     const kernels::FlushSubnormals flush;
     fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
   };
-  // dk, dv += the later chunks' partial sums, in chunk order.
+  // dk, dv += the later chunks' partial sums, in chunk order; finite partials can sum past the range.
+  std::atomic<bool> nonfinite{false};
+  p.nonfinite = &nonfinite;
   auto add_partials = [&](int64_t key) {
     const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
     for (int64_t c = 1; c < p.chunks; ++c) {
@@ -145,36 +159,50 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
       for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += pk[d];
       for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += pv[e];
     }
+    bool finite = true;
+    for (int64_t d = 0; d < s.D; ++d) finite = finite && std::isfinite(dk(b, hk, j, d));
+    for (int64_t e = 0; e < s.Dv; ++e) finite = finite && std::isfinite(dv(b, hk, j, e));
+    if (!finite) nonfinite.store(true, std::memory_order_relaxed);
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
   // A stop request skips the remaining tasks (and key groups); the caller discards the partial gradients.
   InterruptScope* const interrupt = InterruptScope::current();
   p.interrupt = interrupt;
-  if (threads == 1) {
-    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
-    throw_if_stopped(interrupt);
-    for (int64_t key = 0; key < keys; ++key) add_partials(key);
-    return;
-  }
-  // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
-  // need), so there is one per call when the chunks need no sum.
-  if (keys == 0) {
+  [&] {
+    if (threads == 1) {
+      for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
+      throw_if_stopped(interrupt);
+      for (int64_t key = 0; key < keys; ++key) add_partials(key);
+      return;
+    }
+    // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
+    // need), so there is one per call when the chunks need no sum.
+    if (keys == 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t idx = 0; idx < tasks; ++idx)
-      if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
-    throw_if_stopped(interrupt);
-    return;
-  }
+      for (int64_t idx = 0; idx < tasks; ++idx)
+        if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+      throw_if_stopped(interrupt);
+      return;
+    }
 #pragma omp parallel num_threads(threads)
-  {
-    float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
+    {
+      float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t idx = 0; idx < tasks; ++idx)
-      if (!stop_requested(interrupt)) run_task(idx, mine);
+      for (int64_t idx = 0; idx < tasks; ++idx)
+        if (!stop_requested(interrupt)) run_task(idx, mine);
 #pragma omp for schedule(static) nowait
-    for (int64_t key = 0; key < keys; ++key) add_partials(key);
-  }
+      for (int64_t key = 0; key < keys; ++key) add_partials(key);
+    }
+  }();
   throw_if_stopped(interrupt);
+  // The tasks and partial sums flag an inf or NaN gradient as they write it. Non-finite inputs, out,
+  // or a NaN in lse explain it; otherwise it is an fp32 overflow (dout·v or a sum past the range).
+  if (nonfinite.load()) {
+    bool lse_nan = false;
+    for_each_element(lse, [&](const L& x, const auto&) { lse_nan = lse_nan || std::isnan(x); });
+    detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout,
+                            !detail::all_finite(out) || lse_nan);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // The one rule for a result past the arithmetic's range from finite inputs (q scaled by 1e20, v
 // near the type's maximum, q = 1e20 against k = -1e20): refused with qkv::Error, not returned as
 // inf, NaN or a row of zeros. Non-finite inputs, or a bias with NaN or +inf, are the caller's own
-// and give what any composite in that precision gives. Used by the fused forward (float32) and the
-// float64 reference forward and backward.
+// and give what any composite in that precision gives. Used by the fp32 forward and backward
+// (fused and reference kernels) and the float64 reference forward and backward.
 #pragma once
 
 #include <cmath>
@@ -48,30 +48,35 @@ bool inputs_explain_overflow(TensorView<const T> q, TensorView<const T> k, Tenso
   return !bias_ok;
 }
 
-// Call when a row with an allowed key came out non-finite (or emptied where no mask could have
-// emptied it): throws unless the inputs explain it. `type` names the arithmetic ("float32"),
-// `limit` its largest value, `remedy` what the caller can do.
-template <class T>
-void refuse_overflow(const char* who, const char* type, const char* limit, const char* remedy, TensorView<const T> q,
-                     TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
-  if (inputs_explain_overflow(q, k, v, mask)) return;
-  throw Error(
-      fmt::format("{}: the output overflowed {} although q, k and v are finite (scores or P·V sums beyond {}); "
-                  "{}",
-                  who, type, limit, remedy));
-}
+// What a caller of an fp32 kernel can do about an overflow: the float64 reference computes the
+// scores and sums in double and rounds only the results.
+inline constexpr const char* kFp32OverflowRemedy =
+    "scale the inputs down or use the float64 reference kernel (Kernel::reference; kernel=\"reference\" in Python)";
 
-// The same rule for a backward: call when a gradient came out non-finite (or a row was emptied as
-// above); throws unless the inputs, dout included, explain it.
+// Which result overflowed, and in what arithmetic, for the message of refuse_overflow.
+struct Overflow {
+  const char* who;     // the function the caller called ("attention_forward")
+  const char* type;    // the arithmetic ("float32")
+  const char* limit;   // its largest value ("3.4e38")
+  const char* remedy;  // what the caller can do
+};
+
+// Call when a row with an allowed key came out non-finite (or emptied where no mask could have
+// emptied it), or when a gradient did: throws unless the inputs explain it. A backward passes its
+// dout (its message then names the gradients) and, in `explained`, whether its other inputs (the
+// forward's out and lse) hold what explains a non-finite gradient.
 template <class T>
-void refuse_gradient_overflow(const char* who, const char* type, const char* limit, const char* remedy,
-                              TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                              TensorView<const T> dout, const Mask& mask) {
-  if (inputs_explain_overflow(q, k, v, mask) || !all_finite(dout)) return;
+void refuse_overflow(const Overflow& o, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                     const Mask& mask, const TensorView<const T>* dout = nullptr, bool explained = false) {
+  if (explained || inputs_explain_overflow(q, k, v, mask) || (dout != nullptr && !all_finite(*dout))) return;
+  if (dout == nullptr)
+    throw Error(
+        fmt::format("{}: the output overflowed {} although q, k and v are finite (scores or P·V sums beyond {}); {}",
+                    o.who, o.type, o.limit, o.remedy));
   throw Error(
       fmt::format("{}: the gradients overflowed {} although q, k, v and dout are finite (scores, dout·v or "
                   "gradient sums beyond {}); {}",
-                  who, type, limit, remedy));
+                  o.who, o.type, o.limit, o.remedy));
 }
 
 }  // namespace qkv::detail

@@ -44,7 +44,7 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
     }
   });
   if (nonfinite || (emptied && !detail::may_mask_whole_rows(options.mask)))
-    detail::refuse_overflow("reference_attention_forward", "float64", "1.8e308", "scale the inputs down", q, k, v,
+    detail::refuse_overflow({"reference_attention_forward", "float64", "1.8e308", "scale the inputs down"}, q, k, v,
                             options.mask);
 }
 

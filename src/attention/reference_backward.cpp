@@ -78,8 +78,8 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   for (const TensorView<double>* g : {&dq, &dk, &dv, &dbias})
     if (!g->empty()) finite = finite && detail::all_finite(TensorView<const double>(*g));
   if (!finite || (emptied && !detail::may_mask_whole_rows(options.mask)))
-    detail::refuse_gradient_overflow("reference_attention_backward", "float64", "1.8e308", "scale the inputs down", q,
-                                     k, v, dout, options.mask);
+    detail::refuse_overflow({"reference_attention_backward", "float64", "1.8e308", "scale the inputs down"}, q, k, v,
+                            options.mask, &dout);
 }
 
 }  // namespace qkv

@@ -3,6 +3,7 @@
 // for the Python literal subset numpy writes, read as Python (numpy's ast.literal_eval) reads it:
 // string escapes decoded, a list is not a tuple, (3) is the integer 3, 03 is no integer. What it
 // does not read, or reads differently from Python, is refused with a reason, never guessed.
+#include <algorithm>
 #include "io/npy_header.h"
 
 #include <cctype>
@@ -347,7 +348,18 @@ NpyHeader parse_npy_header(std::string_view file, const std::string& path) {
     throw Error(fmt::format("{}: truncated .npy file: the header length is {} bytes but only {} follow", path,
                             header_len, file.size() - prefix));
 
-  PyValue dict = LiteralParser(file.substr(prefix, header_len), path, major <= 2).parse_all();
+  // numpy (1.24+) refuses a header of over 10,000 characters as unsafe to parse; so does qkv, which
+  // would otherwise accept what numpy's np.load does not (format 3.0 counts UTF-8 code points).
+  constexpr std::size_t kMaxHeaderChars = 10000;
+  const std::string_view text = file.substr(prefix, header_len);
+  const std::size_t chars =
+      major <= 2 ? text.size() : static_cast<std::size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+        return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      }));
+  if (chars > kMaxHeaderChars)
+    throw Error(fmt::format("{}: bad .npy header: {} characters, over numpy's limit of {} (np.load refuses it too)",
+                            path, chars, kMaxHeaderChars));
+  PyValue dict = LiteralParser(text, path, major <= 2).parse_all();
   if (dict.kind != PyValue::dict) throw Error(fmt::format("{}: bad .npy header: it is not a dict", path));
   const PyValue* descr = nullptr;
   const PyValue* fortran = nullptr;

@@ -90,6 +90,7 @@ class BackwardChunk {
       }
     }
     write_key_sums();
+    report_nonfinite();
   }
 
  private:
@@ -182,12 +183,24 @@ class BackwardChunk {
     std::fill(dst + width, dst + n, 0.0f);
   }
 
-  // dst[d * stride] = scale · src[d] for d < width.
-  static void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
+  // dst[d * stride] = scale · src[d] for d < width; notes an inf or NaN written (note()).
+  void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
+    uint32_t worst = 0;
     if (stride == 1)
-      for (int64_t d = 0; d < width; ++d) dst[d] = scale * src[d];
+      for (int64_t d = 0; d < width; ++d) dst[d] = scale * src[d], worst = std::max(worst, exponent_bits(dst[d]));
     else
-      for (int64_t d = 0; d < width; ++d) dst[d * stride] = scale * src[d];
+      for (int64_t d = 0; d < width; ++d)
+        dst[d * stride] = scale * src[d], worst = std::max(worst, exponent_bits(dst[d * stride]));
+    worst_ = std::max(worst_, worst);
+  }
+
+  // Every gradient leaves the task through scale_row or the dbias writes, which keep in worst_ the
+  // largest exponent field they wrote: all ones is an inf or NaN, which run() reports through
+  // p_.nonfinite so the caller can tell an fp32 overflow from non-finite inputs (overflow.h).
+  // An integer max, so the loops stay vectorized, and no pass of its own over the gradients.
+  static uint32_t exponent_bits(float x) { return std::bit_cast<uint32_t>(x) & 0x7F800000u; }
+  void report_nonfinite() const {
+    if (worst_ == 0x7F800000u && p_.nonfinite != nullptr) p_.nonfinite->store(true, std::memory_order_relaxed);
   }
 
   // Keys [j0, j0 + keys): packs kᵀ, vᵀ and k of each of its key tiles (tile t in slot t), then
@@ -402,7 +415,10 @@ class BackwardChunk {
     if (p_.dbias != nullptr)
       for (int64_t r = 0; r < rows; ++r) {
         float* out = p_.dbias + p_.dbias_stride.at(b_, h, i0 + r) + j0 * p_.dbias_stride.col;
-        for (int64_t c = 0; c < cols; ++c) out[c * p_.dbias_stride.col] = ds_[r * T + c];
+        uint32_t worst = 0;
+        for (int64_t c = 0; c < cols; ++c)
+          out[c * p_.dbias_stride.col] = ds_[r * T + c], worst = std::max(worst, exponent_bits(ds_[r * T + c]));
+        worst_ = std::max(worst_, worst);
       }
     if (elementwise_ && cap_ > 0)
       for (int64_t r = 0; r < rows; ++r)
@@ -474,7 +490,10 @@ class BackwardChunk {
       const int64_t j = dominant_[row];
       if (j < 0) continue;
       const float logit_grad = static_cast<float>(-others_[row]);
-      if (p_.dbias != nullptr) p_.dbias[p_.dbias_stride.at(b_, h, r0_ + row) + j * p_.dbias_stride.col] = logit_grad;
+      if (p_.dbias != nullptr) {
+        p_.dbias[p_.dbias_stride.at(b_, h, r0_ + row) + j * p_.dbias_stride.col] = logit_grad;
+        worst_ = std::max(worst_, exponent_bits(logit_grad));
+      }
       const float ds = logit_grad * dominant_cap_[row];
       const float* q = q_ + row * dp_;
       const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j);
@@ -533,6 +552,7 @@ class BackwardChunk {
   int64_t b_, hk_, chunk_, group_;
   int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
   bool elementwise_ = false, interior_ = false;
+  uint32_t worst_ = 0;          // the largest exponent field of a gradient written (exponent_bits)
   bool refine_ = false;         // whether a score of the head's chunk may pass large_scores.h's bound
   bool k_sizes_ready_ = false;  // k_sizes_ holds this task's |k| of each key
   float k_bound_ = 0.0f;        // an upper bound of |k| over the task's kv head

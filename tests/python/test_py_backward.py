@@ -155,6 +155,52 @@ def test_float64_backward_refuses_an_overflow_from_finite_inputs():
     assert np.isnan(dq[0, 0]).all()
 
 
+def test_float32_backward_refuses_an_overflow_from_finite_inputs():
+    """The float32 backward (fused, and the reference kernel whose float64 gradients round to
+    inf) returned inf/NaN gradients for dout·v past 3.4e38 silently; now refused like the forward.
+    The same through qkv.torch's float32 autograd. A NaN in dout still passes through."""
+    import qkv.torch  # noqa: F401
+    rng = rng_for(5502)
+    match = "attention_backward: the gradients overflowed float32 although q, k, v and dout are finite"
+    q, k = (rng.standard_normal((2, 5, 4)).astype(np.float32) for _ in range(2))
+    v, dout = (rng.standard_normal((2, 5, 2)).astype(np.float32) * np.float32(1e36) for _ in range(2))
+    assert np.isfinite(qkv.scaled_dot_product_attention(q, k, v)).all()  # the forward is in range
+    for kernel in ("fused", "reference"):
+        for return_dbias in (False, True):
+            with pytest.raises(ValueError, match=match):
+                qkv.attention_backward(q, k, v, dout, kernel=kernel, return_dbias=return_dbias)
+        nan_dout = dout * np.float32(1e-36)  # in range but for the NaN
+        nan_dout[0, 0, 0] = np.nan
+        dq, dk, dv = qkv.attention_backward(q, k, v * np.float32(1e-36), nan_dout, kernel=kernel)
+        assert np.isnan(dq[0, 0]).all() and np.isnan(dk[0]).all() and np.isnan(dv[0, :, 0]).all()
+        assert np.isfinite(dq[1]).all() and np.isfinite(dv[0, :, 1]).all()  # the rest is computed
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    out = qkv.torch.scaled_dot_product_attention(tq, tk, tv)
+    with pytest.raises(ValueError, match=match):
+        out.backward(torch.tensor(dout))
+    out = qkv.torch.scaled_dot_product_attention(tq, tk, tv)
+    out.backward(torch.ones_like(out))
+    assert all(torch.isfinite(t.grad).all() for t in (tq, tk, tv))
+
+
+def test_float32_lse_past_its_range_is_refused_not_returned_as_inf():
+    """The reference kernel computes scores past 3.4e38 in double; its lse (~8e39) came back as
+    +inf in float32. Now refused, and given when asked for in float64."""
+    q = np.full((1, 2, 2), 1e30, dtype=np.float32)
+    k = (np.arange(1, 7, dtype=np.float32) * np.float32(1e9)).reshape(1, 3, 2)
+    v = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
+    with pytest.raises(ValueError, match="the output overflowed float32"):
+        qkv.scaled_dot_product_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"lse = 7.78e\+39 is finite but past float32's range \(3.4e38\); ask for it "
+                                         r"in float64 \(attention_forward_lse64; return_lse=\"float64\" in Python\)"):
+        qkv.scaled_dot_product_attention(q, k, v, return_lse=True, kernel="reference")
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse="float64", kernel="reference")
+    assert lse.dtype == np.float64 and np.isfinite(lse).all() and abs(lse[0, 0] / 7.778e39 - 1) < 1e-3
+    out32, lse32 = qkv.scaled_dot_product_attention(q[:, 1:] * np.float32(1e-40), k, v, return_lse=True,
+                                                   kernel="reference")
+    assert lse32.dtype == np.float32 and np.isfinite(lse32).all()
+
+
 def test_float64_backward_through_torch_autograd_refuses_an_overflow():
     """qkv.torch's float64 autograd runs the same backward: a dout past the range with v of 1e300
     gave inf/NaN gradients without an error."""
