@@ -310,6 +310,25 @@ TEST(Npy, ByteOrderMarksNumpyMayWrite) {
 // 1.x's np.load is asked, not assumed). Byte-order characters: numpy reads 'f4', '=f4' and '|f4' as
 // the native float32 (qkv refused 'f4' and '|f4'); escapes are Python's ('<\x664' is '<f4');
 // (2, 3) may be spelled ((2, 3)) or with a trailing comma, and 2L in formats 1.0 and 2.0.
+// np.load's verdict on each of `names` (quoted, comma-separated stems of .npy files in dir): one
+// '1' (loads) or '0' (ValueError) per file, in order.
+std::string numpy_verdicts(const TempDir& dir, const std::string& names) {
+  EXPECT_EQ(test::run_python(R"(
+import sys, numpy as np
+d = sys.argv[1]
+with open(f'{d}/numpy.txt', 'w') as out:
+  for name in [)" + names + R"(]:
+    try:
+      np.load(f'{d}/{name}.npy')
+      out.write('1')
+    except ValueError:
+      out.write('0')
+)",
+                             dir.path()),
+            0);
+  return read_raw(dir.file("numpy.txt"));
+}
+
 TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
   TempDir dir;
   struct Case {
@@ -361,20 +380,7 @@ TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
     write_raw(dir.file(fmt::format("c{}.npy", i)), make_npy(dict, std::string(6 * item, '\0'), c.major));
     names += fmt::format("{}'c{}'", i ? ", " : "", i);
   }
-  ASSERT_EQ(test::run_python(R"(
-import sys, numpy as np
-d = sys.argv[1]
-with open(f'{d}/numpy.txt', 'w') as out:
-  for name in [)" + names + R"(]:
-    try:
-      np.load(f'{d}/{name}.npy')
-      out.write('1')
-    except ValueError:
-      out.write('0')
-)",
-                             dir.path()),
-            0);
-  const std::string numpy_says = read_raw(dir.file("numpy.txt"));
+  const std::string numpy_says = numpy_verdicts(dir, names);
   ASSERT_EQ(numpy_says.size(), cases.size());
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
@@ -417,20 +423,7 @@ TEST(Npy, HeadersOverNumpysLengthLimitAreRefused) {
       write_raw(dir.file(name + ".npy"), bytes + header + std::string(24, '\0'));
       names += fmt::format("{}'{}'", names.empty() ? "" : ", ", name);
     }
-  ASSERT_EQ(test::run_python(R"(
-import sys, numpy as np
-d = sys.argv[1]
-with open(f'{d}/numpy.txt', 'w') as out:
-  for name in [)" + names + R"(]:
-    try:
-      np.load(f'{d}/{name}.npy')
-      out.write('1')
-    except ValueError:
-      out.write('0')
-)",
-                             dir.path()),
-            0);
-  EXPECT_EQ(read_raw(dir.file("numpy.txt")), "1010");
+  EXPECT_EQ(numpy_verdicts(dir, names), "1010");
   for (const int major : {1, 3}) {
     EXPECT_EQ(load_npy<float>(dir.file(fmt::format("h{}_10000.npy", major))).numel(), 6);
     const std::string path = dir.file(fmt::format("h{}_10001.npy", major));
