@@ -148,42 +148,35 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
     const kernels::FlushSubnormals flush;
     fn(p, kernels::BackwardTask{bh / s.Hkv, bh % s.Hkv, chunk}, mine);
   };
-  // dk, dv += the later chunks' partial sums, in chunk order; finite partials can sum past the range.
-  std::atomic<bool> nonfinite{false};
+  std::atomic<bool> nonfinite{false};  // set by the tasks and add_partials (see the end)
   p.nonfinite = &nonfinite;
+  // dk, dv += the later chunks' partial sums, in chunk order; finite partials can sum past the range.
   auto add_partials = [&](int64_t key) {
     const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
+    bool finite = true;
     for (int64_t c = 1; c < p.chunks; ++c) {
       const float* pk = p.dk_part + ((c - 1) * heads * s.M + key) * s.D;
       const float* pv = p.dv_part + ((c - 1) * heads * s.M + key) * s.Dv;
-      for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += pk[d];
-      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += pv[e];
+      for (int64_t d = 0; d < s.D; ++d) finite &= std::isfinite(dk(b, hk, j, d) += pk[d]);
+      for (int64_t e = 0; e < s.Dv; ++e) finite &= std::isfinite(dv(b, hk, j, e) += pv[e]);
     }
-    bool finite = true;
-    for (int64_t d = 0; d < s.D; ++d) finite = finite && std::isfinite(dk(b, hk, j, d));
-    for (int64_t e = 0; e < s.Dv; ++e) finite = finite && std::isfinite(dv(b, hk, j, e));
     if (!finite) nonfinite.store(true, std::memory_order_relaxed);
   };
   const int64_t keys = p.chunks > 1 ? heads * s.M : 0;
   // A stop request skips the remaining tasks (and key groups); the caller discards the partial gradients.
   InterruptScope* const interrupt = InterruptScope::current();
   p.interrupt = interrupt;
-  [&] {
-    if (threads == 1) {
-      for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
-      throw_if_stopped(interrupt);
-      for (int64_t key = 0; key < keys; ++key) add_partials(key);
-      return;
-    }
+  if (threads == 1) {
+    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
+    throw_if_stopped(interrupt);
+    for (int64_t key = 0; key < keys; ++key) add_partials(key);
+  } else if (keys == 0) {
     // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
     // need), so there is one per call when the chunks need no sum.
-    if (keys == 0) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-      for (int64_t idx = 0; idx < tasks; ++idx)
-        if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
-      throw_if_stopped(interrupt);
-      return;
-    }
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+  } else {
 #pragma omp parallel num_threads(threads)
     {
       float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
@@ -193,7 +186,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
 #pragma omp for schedule(static) nowait
       for (int64_t key = 0; key < keys; ++key) add_partials(key);
     }
-  }();
+  }
   throw_if_stopped(interrupt);
   // The tasks and partial sums flag an inf or NaN gradient as they write it. Non-finite inputs, out,
   // or a NaN in lse explain it; otherwise it is an fp32 overflow (dout·v or a sum past the range).

@@ -3,9 +3,9 @@
 // for the Python literal subset numpy writes, read as Python (numpy's ast.literal_eval) reads it:
 // string escapes decoded, a list is not a tuple, (3) is the integer 3, 03 is no integer. What it
 // does not read, or reads differently from Python, is refused with a reason, never guessed.
-#include <algorithm>
 #include "io/npy_header.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <limits>

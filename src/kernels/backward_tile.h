@@ -183,7 +183,7 @@ class BackwardChunk {
     std::fill(dst + width, dst + n, 0.0f);
   }
 
-  // dst[d * stride] = scale · src[d] for d < width; notes an inf or NaN written (note()).
+  // dst[d * stride] = scale · src[d] for d < width, noting in worst_ an inf or NaN written.
   void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
     uint32_t worst = 0;
     if (stride == 1)
