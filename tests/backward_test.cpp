@@ -414,8 +414,10 @@ TEST(Backward, Fp32RefusesAGradientOverflowFromFiniteInputs) {
       for (int64_t i = 0; i < dout.numel(); ++i) dout[i] *= 1e36f;
       std::vector<std::pair<Kernel, Simd>> kernels{{Kernel::reference, Simd::automatic}};
       for (Simd simd : test::available_paths()) kernels.emplace_back(Kernel::fused, simd);
-      for (const auto& [kernel, simd] : kernels)
+      for (const std::pair<Kernel, Simd>& path : kernels)
         for (const int threads : {1, 2}) {
+          const Kernel kernel = path.first;  // not structured bindings: clang 14 cannot capture them
+          const Simd simd = path.second;
           c.options.kernel = kernel;
           const std::string where =
               fmt::format("{} {} threads={} N={} Hkv={}", kernel == Kernel::reference ? "reference" : "fused",
