@@ -19,10 +19,10 @@ struct Bf16PairDot {
   static V load(const uint32_t* b) { return _mm512_castsi512_ps(_mm512_loadu_si512(b)); }
   static V madd(V a, V b, V acc) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
 
-  // dst[i] = pair(bf16(lo[i]), bf16(hi[i])) for 16 i, rounded to nearest even (vcvtne2ps2bf16).
-  static void round_pairs(const float* lo, const float* hi, uint32_t* dst) {
+  // dst[i] = pair(bf16(lo[i]), bf16(hi[i])) for the 16 lanes, rounded to nearest even (vcvtne2ps2bf16).
+  static void round_pairs(V lo, V hi, uint32_t* dst) {
     // cvtne2ps puts lo's 16 bf16 below hi's; the permutation interleaves them into pairs.
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(order, both));

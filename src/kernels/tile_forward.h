@@ -17,6 +17,7 @@
 #pragma once
 
 #include "kernels/large_scores.h"
+#include "kernels/softmax_columns.h"
 
 namespace qkv::kernels {
 namespace {
@@ -209,10 +210,16 @@ class ForwardTile {
   void block(int64_t j0, int64_t nb) {
     const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;
     lo_block_ = false;
+    // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN): on a
+    // band edge with such values each row sums over its own keys (accumulate_rows_in_band).
+    rows_in_band_ = !interior && has_nonfinite(v_ + j0 * p_.v_stride.row, nb);
+    // Otherwise P·V on bf16 pairs takes P as pairs straight from the exponentials (without AMX,
+    // whose tiles want P padded to 32 keys): an fp32 pass over P saved.
+    p_as_pairs_ = pairs_pv_ && !amx_ && !rows_in_band_;
     const bool scaled = scores(j0, nb);
     if (mask_.has_elementwise()) adjust(j0, nb);
     softmax(j0, nb, interior, !scaled);
-    accumulate(j0, nb, interior);
+    accumulate(j0, nb);
   }
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums
@@ -331,6 +338,11 @@ class ForwardTile {
   // and l, turns st into P and leaves in alpha the factor that rescales the rows of O.
   void softmax(int64_t j0, int64_t nb, bool interior, bool scale) {
     const V sc = Ops::set1(p_.scale);
+    // For scale > 0, max(s·scale) = max(s)·scale (rounding is monotone), so an interior block's
+    // scale waits for the exponentials, which take s·scale − m in one FMA (one rounding instead of
+    // two): a pass that stored the scaled block saved. Otherwise they multiply by 1 (exact).
+    const bool defer = interior && scale && p_.scale > 0;
+    const V k = defer ? sc : Ops::set1(1.0f);
     if (!interior) {
       // Block-relative bounds are small integers, exact in fp32; dead lanes mask everything.
       for (int64_t r = 0; r < qvecs_ * L; ++r) {
@@ -343,14 +355,17 @@ class ForwardTile {
       float* st = st_ + g * L;
       const V m_old = Ops::load(m_ + g * L);
       V mx = m_old;
-      if (interior && scale) {
+      if (defer) {
+        mx = Ops::max(Ops::mul(column_max<Ops>(st, ls_, nb, Ops::set1(-std::numeric_limits<float>::infinity())), sc),
+                      m_old);
+      } else if (interior && scale) {
         for (int64_t jj = 0; jj < nb; ++jj) {
           const V sv = Ops::mul(Ops::load(st + jj * ls_), sc);
           Ops::store(st + jj * ls_, sv);
           mx = Ops::max(sv, mx);
         }
       } else if (interior) {
-        mx = column_max(st, nb, mx);
+        mx = column_max<Ops>(st, ls_, nb, mx);
       } else {
         const V lo = Ops::load(lo_rel_ + g * L), hi = Ops::load(hi_rel_ + g * L);
         for (int64_t jj = 0; jj < nb; ++jj) {
@@ -362,9 +377,7 @@ class ForwardTile {
       }
       // max() drops NaN scores, so m stays a number; a NaN score still reaches l and O through
       // 2^NaN = NaN. A row with no allowed key yet uses 0 as its max, making every p = 0.
-      // Subtract the max before scaling by log2(e): folding both into one FMA rounds m·log2e,
-      // an error of 2^8 at scores near 3e9, and the softmax then overflows or vanishes.
-      const V m_use = Ops::neg_inf_to_zero(mx);
+      const V m_use = Ops::neg_inf_to_zero(mx), neg_m = Ops::sub(Ops::zero(), m_use);
       const V log2e = Ops::set1(kLog2e);
       V sum = Ops::zero();
       if (lo_block_) {  // s − m is exact near the max, so the low part adds what its rounding lost
@@ -375,42 +388,28 @@ class ForwardTile {
           Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
         }
+      } else if (p_as_pairs_) {
+        if constexpr (Pairs) sum = weights_to_pairs<Ops, Dot>(st, ls_, nb, k, neg_m, ppairs_ + g * L, bq_);
       } else {
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(st + jj * ls_), m_use), log2e));
+          const V pv = weight<Ops>(Ops::load(st + jj * ls_), k, neg_m);
           Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
         }
       }
-      const V alpha = Ops::exp2(Ops::mul(Ops::sub(m_old, m_use), log2e));
+      const V alpha = weight<Ops>(m_old, Ops::set1(1.0f), neg_m);
       Ops::store(alpha_ + g * L, alpha);
       Ops::store(l_ + g * L, Ops::fma(alpha, Ops::load(l_ + g * L), sum));
       Ops::store(m_ + g * L, mx);
     }
   }
 
-  // max(m, st[jj·bq] for jj < nb), lane by lane, in four chains: one chain waited for max's
-  // latency at every key (15% of the AVX2 tile's own time, perf). The max of numbers is exact,
-  // and max() drops NaN scores in every chain alike, so the chains cannot change a bit of m.
-  V column_max(const float* st, int64_t nb, V m) const {
-    V m0 = m, m1 = m, m2 = m, m3 = m;
-    int64_t jj = 0;
-    for (; jj + 4 <= nb; jj += 4) {
-      m0 = Ops::max(Ops::load(st + jj * ls_), m0);
-      m1 = Ops::max(Ops::load(st + (jj + 1) * ls_), m1);
-      m2 = Ops::max(Ops::load(st + (jj + 2) * ls_), m2);
-      m3 = Ops::max(Ops::load(st + (jj + 3) * ls_), m3);
-    }
-    for (; jj < nb; ++jj) m0 = Ops::max(Ops::load(st + jj * ls_), m0);
-    return Ops::max(Ops::max(m0, m1), Ops::max(m2, m3));
-  }
-
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
-  void accumulate(int64_t j0, int64_t nb, bool interior) {
+  void accumulate(int64_t j0, int64_t nb) {
     const In* v = v_ + j0 * p_.v_stride.row;
     const bool first = first_block_;
     first_block_ = false;
-    if (!interior && has_nonfinite(v, nb)) {
+    if (rows_in_band_) {
       accumulate_rows_in_band(v, j0, nb, first);
       return;
     }
@@ -445,10 +444,13 @@ class ForwardTile {
   void accumulate_pairs(const In* v, int64_t nb, bool first) {
     using Dot = typename Ops::PairDot;
     const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
-    std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kBc: room
-    for (int64_t k = 0; k < kp; ++k)
-      for (int64_t g = 0; g < lanes; g += L)
-        Dot::round_pairs(st_ + 2 * k * ls_ + g, st_ + (2 * k + 1) * ls_ + g, ppairs_ + k * bq_ + g);
+    if (!p_as_pairs_) {
+      std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kBc: room
+      for (int64_t k = 0; k < kp; ++k)
+        for (int64_t g = 0; g < lanes; g += L)
+          Dot::round_pairs(Ops::load(st_ + 2 * k * ls_ + g), Ops::load(st_ + (2 * k + 1) * ls_ + g),
+                           ppairs_ + k * bq_ + g);
+    }
     const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
     const int64_t full = se == 1 ? s_.Dv / L * L : 0;
     if (packed_->v != v || packed_->nb != nb) {  // another tile of the group may have packed it
@@ -506,8 +508,7 @@ class ForwardTile {
     }
   }
 
-  // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN), so on a
-  // band edge with such values each row sums over its own keys only (plain loops: this is rare).
+  // block()'s rare case, in plain loops: each row sums P · V over its own band only.
   void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb, bool first) {
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t lo = live_[r] ? std::clamp<int64_t>(lo_[r] - j0, 0, nb) : 0;
@@ -593,6 +594,7 @@ class ForwardTile {
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, ls_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;  // ls_: st_'s row stride
   bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;
+  bool rows_in_band_ = false, p_as_pairs_ = false;  // the current block's, set by block()
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
