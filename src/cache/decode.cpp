@@ -178,6 +178,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   p.mask = &eval;
   p.sink_tokens = options.sink_tokens;
   p.dvp = (s.Dv + 15) / 16 * 16;
+  p.prefetch_keys = kernels::decode_prefetch_keys((s.D + s.Dv) * kv_dtype_bytes(kv.dtype));
 
   // The plan, and so every bit of the result, depends on the lengths alone; the order of the tasks
   // only on how the pool lays out a KV head's keys (parallel_for hands out runs of 8 tasks). Pages
@@ -207,7 +208,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
                       g,
                       j0,
                       j1,
-                      head_major ? std::min(j1 + kernels::kDecodePrefetchKeys, kv.seq_lens[b]) : j1,
+                      head_major ? std::min(j1 + p.prefetch_keys, kv.seq_lens[b]) : j1,
                       base,
                       base + rows * p.dvp,
                       base + rows * (p.dvp + 1)};

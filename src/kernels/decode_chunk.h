@@ -129,7 +129,7 @@ class DecodeChunk {
   // pages would otherwise make short blocks, each paying the softmax and O update).
   int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
 
-  // One cursor runs kDecodePrefetchKeys ahead of the keys being scored and asks for the K and V rows (and
+  // One cursor runs p_.prefetch_keys ahead of the keys being scored and asks for the K and V rows (and
   // int8 scales) of one key per key scored, through the block table: the requests are spread
   // over the compute, V arrives before its P·V pass, and pages are crossed as the keys cross them.
   // It replaced a row prefetch within one-page blocks (K while scoring, V during P·V, max(8 keys,
@@ -137,7 +137,8 @@ class DecodeChunk {
   // "cold", 2 rounds, CPU time per step) prefetcht0 8 keys ahead took D1 M = 32768 from 12.5-13.0
   // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
   // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
-  // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these (BENCHMARKS.md).
+  // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these (BENCHMARKS.md). Rows of int8
+  // now go 16 keys ahead (decode_prefetch_keys, decode_kernel.h).
   // The cursor runs on to t_.pf_end, past the task's keys when the thread's next task takes them.
   // always_inline: as separate functions GCC found them free of side effects (prefetches count
   // as none) and deleted every call, so no prefetch was ever issued.
@@ -185,7 +186,7 @@ class DecodeChunk {
   void block(int64_t j0, int64_t nb, bool first) {
     const bool buffered = p_.D % L != 0 || p_.Dv % L != 0, i8 = p_.dtype == KVDtype::i8;
     int64_t off = j0 % p_.page_tokens, row = pool_row(j0);
-    if (pf_j_ < j0 + kDecodePrefetchKeys) prefetch_seek(j0 + kDecodePrefetchKeys);  // the start, or blocks skipped
+    if (pf_j_ < j0 + p_.prefetch_keys) prefetch_seek(j0 + p_.prefetch_keys);  // the start, or blocks skipped
     if (!buffered && off + nb <= p_.page_tokens) {
       const Strided k{p_.k + row * p_.D * eb_, p_.D * eb_}, v{p_.v + row * p_.Dv * eb_, p_.Dv * eb_};
       return typed(k, v, i8 ? p_.k_scale + row : nullptr, i8 ? p_.v_scale + row : nullptr, j0, nb, first);

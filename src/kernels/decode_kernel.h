@@ -4,6 +4,7 @@
 // the chunk's keys and values.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -15,8 +16,13 @@ namespace qkv::kernels {
 
 // Keys a chunk task reads between the scores and the P·V product, within one page.
 constexpr int64_t kDecodeBlock = 64;
-// How far ahead of the key being scored a task asks for K and V rows (decode_chunk.h).
-constexpr int64_t kDecodePrefetchKeys = 8;
+// How far ahead of the key being scored a task asks for K and V rows (decode_chunk.h): at least
+// 4 KB of them (row_bytes: one key's K and V row), and at least 8 keys. D = 128 (BENCHMARKS.md,
+// "Round 17"): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys
+// made f16 8% slower, and 32 keys did nothing more for int8.
+constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
+  return std::max<int64_t>(8, 4096 / std::max<int64_t>(row_bytes, 1));
+}
 
 // q: [B,H,N,D] (strides q_stride); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
 // G = H/Hkv query heads h of KV head g and the N queries i.
@@ -34,6 +40,7 @@ struct DecodeParams {
   float scale = 1.0f;
   const detail::MaskEval* mask = nullptr;
   int64_t sink_tokens = 0;
+  int64_t prefetch_keys = 0;  // decode_prefetch_keys of this cache's rows
   // Row stride of a task's partial O (Dv rounded up to 16 floats).
   int64_t dvp = 0;
 };
