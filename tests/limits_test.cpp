@@ -254,6 +254,20 @@ TEST(Limits, LargeFiniteScoresGiveTheReferenceResultOnEveryPath) {
   }
 }
 
+// Unmasked key blocks take the scale after the block's max when scale > 0 (max(s)·scale, then
+// s·scale − m in one FMA: tile_forward.h), and scale it first otherwise: every sign and size of
+// scale gives the reference's out and lse. 300 keys: several blocks, the last one partial.
+TEST(Limits, EveryScaleSignMatchesTheReferenceOnUnmaskedBlocks) {
+  test::Rng rng("Limits.EveryScaleSign");
+  const Tensor<float> q = rng.normal32({1, 2, 37, 16}), k = rng.normal32({1, 2, 300, 16}),
+                      v = rng.normal32({1, 2, 300, 16});
+  for (double scale : {0.25, -0.75, 0.0, -3.0, 1e-30}) {
+    AttentionOptions options;
+    options.scale = scale;
+    expect_paths_match_reference(q, k, v, "scale " + std::to_string(scale), options);
+  }
+}
+
 // A scale <= 0 is legal (only finiteness is required). Found by fuzz_attend_shapes: the backward
 // once masked out-of-band scores to -inf before multiplying by the scale, giving NaN gradients.
 TEST(Limits, NonPositiveScaleWithCausalMaskGivesTheReferenceGradients) {

@@ -18,6 +18,7 @@
 
 #include "kernels/large_scores.h"
 #include "kernels/softmax_columns.h"
+#include "kernels/value_block.h"
 
 namespace qkv::kernels {
 namespace {
@@ -212,7 +213,8 @@ class ForwardTile {
     lo_block_ = false;
     // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN): on a
     // band edge with such values each row sums over its own keys (accumulate_rows_in_band).
-    rows_in_band_ = !interior && has_nonfinite(v_ + j0 * p_.v_stride.row, nb);
+    rows_in_band_ =
+        !interior && has_nonfinite<Ops>(v_ + j0 * p_.v_stride.row, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv);
     // Otherwise P·V on bf16 pairs takes P as pairs straight from the exponentials (without AMX,
     // whose tiles want P padded to 32 keys): an fp32 pass over P saved.
     p_as_pairs_ = pairs_pv_ && !amx_ && !rows_in_band_;
@@ -428,7 +430,7 @@ class ForwardTile {
       g.b = reinterpret_cast<const float*>(v);
       g.ldb = p_.v_stride.row;
     } else {
-      pack_v(v, nb);
+      pack_values(v, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, vpack_);
       g.b = vpack_;
       g.ldb = dvp_;
     }
@@ -499,15 +501,6 @@ class ForwardTile {
     Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, o_, dvp_, lanes, dvp_, kp, !first);
   }
 
-  // vpack [nb x dvp] = V block in fp32, zero beyond Dv.
-  void pack_v(const In* v, int64_t nb) {
-    const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
-    for (int64_t jj = 0; jj < nb; ++jj) {
-      for (int64_t e = 0; e < s_.Dv; ++e) vpack_[jj * dvp_ + e] = widen(v[jj * sm + e * se]);
-      for (int64_t e = s_.Dv; e < dvp_; ++e) vpack_[jj * dvp_ + e] = 0.0f;
-    }
-  }
-
   // block()'s rare case, in plain loops: each row sums P · V over its own band only.
   void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb, bool first) {
     for (int64_t r = 0; r < rows_; ++r) {
@@ -521,26 +514,6 @@ class ForwardTile {
         o[e] = acc;
       }
     }
-  }
-
-  bool has_nonfinite(const In* v, int64_t nb) const {
-    if constexpr (std::is_same_v<In, float>) {
-      if (p_.v_stride.col == 1) {
-        V acc = Ops::zero();  // x · 0 is NaN exactly when x is Inf or NaN
-        const int64_t full = s_.Dv / L * L;
-        bool tail = false;
-        for (int64_t jj = 0; jj < nb; ++jj) {
-          for (int64_t e = 0; e < full; e += L)
-            acc = Ops::fma(Ops::load(v + jj * p_.v_stride.row + e), Ops::zero(), acc);
-          for (int64_t e = full; e < s_.Dv; ++e) tail |= !std::isfinite(v[jj * p_.v_stride.row + e]);
-        }
-        return tail || Ops::any_nan(acc);
-      }
-    }
-    bool bad = false;
-    for (int64_t jj = 0; jj < nb; ++jj)
-      for (int64_t e = 0; e < s_.Dv; ++e) bad |= !std::isfinite(widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]));
-    return bad;
   }
 
   void write_rows() {
