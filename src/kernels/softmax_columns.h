@@ -24,12 +24,18 @@ typename Ops::V column_max(const float* st, int64_t ls, int64_t nb, typename Ops
   return Ops::max(Ops::max(m0, m1), Ops::max(m2, m3));
 }
 
-// The weight of score k·s (k = the scale, or 1, which is exact): p = 2^((k·s − m)·log2e), with
-// k·s − m in one FMA. Subtract the max before scaling by log2(e): folding both into one FMA
-// rounds m·log2e, an error of 2^8 at scores near 3e9, and the softmax then overflows or vanishes.
+// e^x as the kernels' base-2 softmax takes it: 2^(x·log2e), x already reduced by the max.
+template <class Ops>
+typename Ops::V exp_e(typename Ops::V x) {
+  return Ops::exp2(Ops::mul(x, Ops::set1(kLog2e)));
+}
+
+// The weight of score k·s (k = the scale, or 1, which is exact): p = e^(k·s − m), with k·s − m in
+// one FMA. Subtract the max before scaling by log2(e): folding both into one FMA rounds m·log2e,
+// an error of 2^8 at scores near 3e9, and the softmax then overflows or vanishes.
 template <class Ops>
 typename Ops::V weight(typename Ops::V s, typename Ops::V k, typename Ops::V neg_m) {
-  return Ops::exp2(Ops::mul(Ops::fma(s, k, neg_m), Ops::set1(kLog2e)));
+  return exp_e<Ops>(Ops::fma(s, k, neg_m));
 }
 
 // The weights of keys [0, nb) of one vector of rows, summed key by key (the order of the fp32

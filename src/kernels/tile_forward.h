@@ -215,9 +215,6 @@ class ForwardTile {
     // band edge with such values each row sums over its own keys (accumulate_rows_in_band).
     rows_in_band_ =
         !interior && has_nonfinite<Ops>(v_ + j0 * p_.v_stride.row, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv);
-    // Otherwise P·V on bf16 pairs takes P as pairs straight from the exponentials (without AMX,
-    // whose tiles want P padded to 32 keys): an fp32 pass over P saved.
-    p_as_pairs_ = pairs_pv_ && !amx_ && !rows_in_band_;
     const bool scaled = scores(j0, nb);
     if (mask_.has_elementwise()) adjust(j0, nb);
     softmax(j0, nb, interior, !scaled);
@@ -380,17 +377,16 @@ class ForwardTile {
       // max() drops NaN scores, so m stays a number; a NaN score still reaches l and O through
       // 2^NaN = NaN. A row with no allowed key yet uses 0 as its max, making every p = 0.
       const V m_use = Ops::neg_inf_to_zero(mx), neg_m = Ops::sub(Ops::zero(), m_use);
-      const V log2e = Ops::set1(kLog2e);
       V sum = Ops::zero();
       if (lo_block_) {  // s − m is exact near the max, so the low part adds what its rounding lost
         const float* slo = slo_ + g * L;
         for (int64_t jj = 0; jj < nb; ++jj) {
           const V x = Ops::add(Ops::sub(Ops::load(st + jj * ls_), m_use), Ops::load(slo + jj * ls_));
-          const V pv = Ops::exp2(Ops::mul(x, log2e));
+          const V pv = exp_e<Ops>(x);
           Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
         }
-      } else if (p_as_pairs_) {
+      } else if (p_as_pairs()) {
         if constexpr (Pairs) sum = weights_to_pairs<Ops, Dot>(st, ls_, nb, k, neg_m, ppairs_ + g * L, bq_);
       } else {
         for (int64_t jj = 0; jj < nb; ++jj) {
@@ -405,6 +401,10 @@ class ForwardTile {
       Ops::store(m_ + g * L, mx);
     }
   }
+
+  // Whether P·V on bf16 pairs takes P as pairs straight from the exponentials (softmax()): not
+  // with AMX, whose tiles want P padded to 32 keys, nor in block()'s rare case, which reads fp32 P.
+  bool p_as_pairs() const { return pairs_pv_ && !amx_ && !rows_in_band_; }
 
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
   void accumulate(int64_t j0, int64_t nb) {
@@ -446,7 +446,7 @@ class ForwardTile {
   void accumulate_pairs(const In* v, int64_t nb, bool first) {
     using Dot = typename Ops::PairDot;
     const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
-    if (!p_as_pairs_) {
+    if (!p_as_pairs()) {
       std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kBc: room
       for (int64_t k = 0; k < kp; ++k)
         for (int64_t g = 0; g < lanes; g += L)
@@ -567,7 +567,7 @@ class ForwardTile {
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, ls_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;  // ls_: st_'s row stride
   bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;
-  bool rows_in_band_ = false, p_as_pairs_ = false;  // the current block's, set by block()
+  bool rows_in_band_ = false;  // the current block's, set by block()
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
