@@ -1,5 +1,6 @@
 // .npy: round trips, files written by numpy itself, and every malformed file the reader refuses.
 #include <cstring>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -306,6 +307,38 @@ TEST(Npy, ByteOrderMarksNumpyMayWrite) {
   EXPECT_EQ(load_npy<float>(path)[0], -1.0f);
 }
 
+// numpy's one-character type codes and bare type names (np.dtype's spellings, which np.load
+// accepts in a header) are the types numpy gives them, not a refusal.
+TEST(Npy, TypeCodesAndNamesAreNumpys) {
+  TempDir dir;
+  const std::string path = dir.file("t.npy");
+  const std::string two_floats = float_bytes({1.5f, -2});
+  double d = -0.25;
+  int64_t l = -7;
+  const std::vector<std::tuple<std::string, std::string, std::string, double>> cases = {
+      {"float32", two_floats, "<f4", 1.5},
+      {"f", two_floats, "<f4", 1.5},
+      {"|f", two_floats, "<f4", 1.5},
+      {"float", std::string(reinterpret_cast<char*>(&d), 8), "<f8", -0.25},
+      {"d", std::string(reinterpret_cast<char*>(&d), 8), "<f8", -0.25},
+      {"l", std::string(reinterpret_cast<char*>(&l), 8), "<i8", -7},
+      {"int", std::string(reinterpret_cast<char*>(&l), 8), "<i8", -7},
+      {"b", "\xfe", "|i1", -2},
+      {"B", "\xfe", "|u1", 254},
+      {"?", "\x01", "|b1", 1},
+      {"bool", "\x01", "|b1", 1}};
+  for (const auto& [descr, data, canonical, first] : cases) {
+    SCOPED_TRACE(descr);
+    const std::size_t n = data.size() == 8 && canonical != "<f4" ? 1 : data.size() / (canonical == "<f4" ? 4 : 1);
+    write_raw(path,
+              make_npy(fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({},), }}", descr, n), data));
+    EXPECT_EQ(read_npy_info(path).descr, canonical);
+    EXPECT_EQ(load_npy<double>(path)[0], first);
+  }
+  write_raw(path, make_npy("{'descr': '<float32', 'fortran_order': False, 'shape': (2,), }", two_floats));
+  expect_error([&] { load_npy<float>(path); }, {"unsupported .npy dtype \"<float32\""});
+}
+
 // qkv reads a header as numpy does: each header below is loaded by both or refused by both (numpy
 // 1.x's np.load is asked, not assumed). Byte-order characters: numpy reads 'f4', '=f4' and '|f4' as
 // the native float32 (qkv refused 'f4' and '|f4'); escapes are Python's ('<\x664' is '<f4');
@@ -335,6 +368,7 @@ TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
     std::string descr, shape;
     bool loads;
     int major = 1;
+    std::size_t item = 0;  // bytes per element; 0: the descr's last digit
   };
   const std::vector<Case> cases = {
       {"'<f4'", "(2, 3)", true},
@@ -362,6 +396,30 @@ TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
       {"'<f4'", "(0_2, 3)", false},
       {"'<f4'", "(2, 3)", true, 3},
       {"'<f4'", "(2L, 3)", false, 3},
+      // numpy's type codes and names (qkv refused them before the eighteenth session)
+      {"'float32'", "(2, 3)", true, 1, 4},
+      {"'single'", "(2, 3)", true, 1, 4},
+      {"'f'", "(2, 3)", true, 1, 4},
+      {"'|f'", "(2, 3)", true, 1, 4},
+      {"'<d'", "(2, 3)", true, 1, 8},
+      {"'float'", "(2, 3)", true, 1, 8},
+      {"'half'", "(2, 3)", true, 1, 2},
+      {"'e'", "(2, 3)", true, 1, 2},
+      {"'?'", "(2, 3)", true, 1, 1},
+      {"'>?'", "(2, 3)", true, 1, 1},
+      {"'bool'", "(2, 3)", true, 1, 1},
+      {"'B'", "(2, 3)", true, 1, 1},
+      {"'b'", "(2, 3)", true, 1, 1},
+      {"'int32'", "(2, 3)", true, 1, 4},
+      {"'int64'", "(2, 3)", true, 1, 8},
+      {"'int'", "(2, 3)", true, 1, 8},
+      {"'l'", "(2, 3)", true, 1, 8},
+      {"'=q'", "(2, 3)", true, 1, 8},
+      {"'<float32'", "(2, 3)", false, 1, 4},
+      {"'Float32'", "(2, 3)", false, 1, 4},
+      {"'float32 '", "(2, 3)", false, 1, 4},
+      {"'<int'", "(2, 3)", false, 1, 8},
+      {"'ff'", "(2, 3)", false, 1, 4},
       {R"('<\f4')", "(2, 3)", false},
       {R"('\<f4')", "(2, 3)", false},
       {R"('<\x6')", "(2, 3)", false},
@@ -376,7 +434,7 @@ TEST(Npy, HeadersAreReadAsNumpyReadsThem) {
     const Case& c = cases[i];
     std::string dict = "{'descr': " + c.descr + ", 'fortran_order': False, 'shape': " + c.shape + ", }";
     // The item size from the dtype's last digit: 6 elements of it.
-    const std::size_t item = static_cast<std::size_t>(c.descr[c.descr.size() - 2] - '0');
+    const std::size_t item = c.item ? c.item : static_cast<std::size_t>(c.descr[c.descr.size() - 2] - '0');
     write_raw(dir.file(fmt::format("c{}.npy", i)), make_npy(dict, std::string(6 * item, '\0'), c.major));
     names += fmt::format("{}'c{}'", i ? ", " : "", i);
   }

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -287,10 +288,13 @@ class LiteralParser {
   std::size_t pos_ = 0;
 };
 
-// numpy's descr: an optional byte order ('<' little, '>' big, '=' native, '|' not applicable;
-// none is native), kind and size, as numpy reads it (np.dtype): 'f4', '=f4' and '|f4' are the
-// native float32, little-endian here. Stored in h.info.descr the way numpy itself writes that
-// dtype (dtype.str): '<' for the multi-byte types, '|' for the one-byte ones.
+// numpy's descr, read as np.dtype reads it (np.load hands it the string): an optional byte order
+// ('<' little, '>' big, '=' native, '|' not applicable; none is native) and a kind and size ('f4')
+// or a one-character type code ('f', 'd', '?'), or a bare type name ('float32', 'double', 'int');
+// numpy refuses a byte order before a name. 'f4', '=f4' and '|f4' are the native float32,
+// little-endian here; 'l' and 'int' are int64, as on every LP64 machine. Stored in h.info.descr
+// the way numpy itself writes that dtype (dtype.str): '<' for the multi-byte types, '|' for the
+// one-byte ones.
 void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path) {
   static constexpr struct {
     std::string_view name;
@@ -298,13 +302,26 @@ void parse_descr(const std::string& descr, NpyHeader& h, const std::string& path
     std::size_t size;
   } kTypes[] = {{"f4", NpyType::f4, 4}, {"f8", NpyType::f8, 8}, {"f2", NpyType::f2, 2}, {"b1", NpyType::b1, 1},
                 {"u1", NpyType::u1, 1}, {"i1", NpyType::i1, 1}, {"i4", NpyType::i4, 4}, {"i8", NpyType::i8, 8}};
+  // Other spellings numpy 1.x accepts for those types, as the kind and size they stand for.
+  static constexpr std::pair<std::string_view, std::string_view> kCodes[] = {
+      {"f", "f4"}, {"d", "f8"}, {"e", "f2"}, {"?", "b1"}, {"B", "u1"},
+      {"b", "i1"}, {"i", "i4"}, {"q", "i8"}, {"l", "i8"}, {"p", "i8"}};
+  static constexpr std::pair<std::string_view, std::string_view> kNames[] = {
+      {"float32", "f4"},  {"single", "f4"}, {"float64", "f8"}, {"double", "f8"}, {"float", "f8"}, {"float_", "f8"},
+      {"float16", "f2"},  {"half", "f2"},   {"bool", "b1"},    {"bool_", "b1"},  {"bool8", "b1"}, {"uint8", "u1"},
+      {"ubyte", "u1"},    {"int8", "i1"},   {"byte", "i1"},    {"int32", "i4"},  {"intc", "i4"},  {"int64", "i8"},
+      {"longlong", "i8"}, {"int_", "i8"},   {"int", "i8"},     {"long", "i8"},   {"intp", "i8"},  {"int0", "i8"}};
   const std::string supported = "supported: <f4 <f8 <f2 |b1 |u1 |i1 <i4 <i8";
   std::string_view code = descr;
   char order = '=';
+  for (const auto& [name, kind] : kNames)
+    if (code == name) code = kind;
   if (!code.empty() && (code[0] == '<' || code[0] == '>' || code[0] == '=' || code[0] == '|')) {
     order = code[0];
     code.remove_prefix(1);
   }
+  for (const auto& [c, kind] : kCodes)
+    if (code == c) code = kind;
   for (const auto& t : kTypes) {
     if (code != t.name) continue;
     if (order == '>' && t.size > 1)

@@ -5,9 +5,11 @@
 #include "kernels/backward_kernel.h"
 
 #pragma GCC push_options
-// GCC 12 flags the deliberately undefined pass-through operand of _mm512_max_ps and friends.
+// GCC 12 flags the deliberately undefined pass-through operand of _mm512_max_ps, the shuffles
+// and friends.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2")
 
 #include "kernels/simd_avx512.h"
