@@ -11,7 +11,8 @@ Memory: CPU tensors of float32, bfloat16 or float64 are read in place through nu
 their storage (any strides, broadcast views included), and results are wrapped without a copy.
 Copies happen only (a) when inputs of rank > 4 have several batch dims that cannot be flattened
 into one by a view (torch.reshape copies then), (b) for the bfloat16 backward, which widens q, k,
-v and dout to float32, (c) for bfloat16 or float64 masks (qkv reads float32 masks), (d) for a
+v and dout to float32, and for float16, whose q, k, v (and dout) are widened to float32 for the
+fp32 kernel, exactly, with the results rounded to float16 once at the end, (c) for bfloat16 or float64 masks (qkv reads float32 masks), (d) for a
 MultiheadAttention that gets a boolean and a float mask of the same kind to merge, (e) for views
 with the negative bit set (x.conj().imag) and (f) for enable_gqa with fewer value heads than key
 heads (or the other way round), which repeats both to the query's heads.
@@ -44,7 +45,7 @@ from . import _qkv
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError"]
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -103,8 +104,8 @@ def _check_inputs(q, k, v):
     for t, name in ((q, "query"), (k, "key"), (v, "value")):
         _check_tensor(t, name)
         if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: dtype {t.dtype} is not supported by qkv.torch; use float32, bfloat16 or "
-                            f"float64 ({name}.float()), or {_TORCH_SDPA}")
+            raise TypeError(f"{name}: dtype {t.dtype} is not supported by qkv.torch; use float32, bfloat16, "
+                            f"float16 or float64 ({name}.float()), or {_TORCH_SDPA}")
         if t.dim() < 2:
             raise ValueError(f"{name}: expected shape [..., seq, dim] (rank >= 2), got {list(t.shape)}")
     if not q.dtype == k.dtype == v.dtype:
@@ -171,6 +172,17 @@ class _Layout:
         """qkv's [B, H, L, last] result in the caller's shape lead + (L, last)."""
         return t4.reshape(*self.lead, t4.size(2), *last)
 
+    def views(self, q, k, v, keep, bias):
+        """q, k, v and the masks as qkv's [B, H, rows, cols] (to4)."""
+        L, S = q.size(-2), k.size(-2)
+        masks = (None if m is None else self.to4(m.expand(*self.lead, L, S), self.lead) for m in (keep, bias))
+        return (self.to4(q, self.lead), self.to4(k, self.kv_lead), self.to4(v, self.kv_lead), *masks)
+
+    def gradient(self, g4, t, lead):
+        """The gradient of caller tensor t from that of its to4(t, lead) view, summed over the dims t
+        was broadcast along in g4's dtype: float32 for 16-bit t, rounded to t's dtype once, after."""
+        return g4.reshape(*lead, *g4.shape[2:]).sum_to_size(t.shape).to(t.dtype)
+
 
 def _mask_numpy(mask, dtype):
     """qkv's view of a [B, H, L, S] mask: bool as keep_mask, float as float32 bias (copied if not float32)."""
@@ -191,19 +203,26 @@ class _AttentionFunction(torch.autograd.Function):
     """out, lse = attention(q, k, v) on [B, H, L, E] tensors; gradients for q, k, v and the float mask."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, keep, extras, scale, num_threads):
+    def forward(ctx, q, k, v, bias, keep, layout, extras, scale, num_threads):
+        # The caller's tensors come in (not their [B, H, L, E] views) so that the backward sums a
+        # broadcast input's gradient before rounding it to a 16-bit dtype, not autograd after.
+        inputs = (q, k, v, bias, keep)
+        q, k, v, keep, bias = layout.views(q, k, v, keep, bias)
         mask = dict(extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
-        out, lse = _qkv.scaled_dot_product_attention(_numpy(q), _numpy(k), _numpy(v), mask, scale, True, True, "auto",
+        # float16 has no kernel of its own: the fp32 kernel on the exactly widened inputs, so out and
+        # lse are the fp32 forward's and the backward can reuse them.
+        widen = (lambda t: _numpy(t.float())) if q.dtype == torch.float16 else _numpy
+        out, lse = _qkv.scaled_dot_product_attention(widen(q), widen(k), widen(v), mask, scale, True, True, "auto",
                                                      num_threads, "auto", False)
         # The backward keeps the float64 lse (P recomputed to fp32 accuracy at large scores); the
-        # caller gets it in the dtype of the scores (float32 for bfloat16 inputs).
+        # caller gets it in the dtype of the scores (float32 for bfloat16 and float16 inputs).
         out, lse64 = torch.from_numpy(out), torch.from_numpy(lse)
         lse = lse64 if q.dtype == torch.float64 else lse64.float()
         ctx.mark_non_differentiable(lse)
-        ctx.extras, ctx.scale, ctx.num_threads = extras, scale, num_threads
-        ctx.save_for_backward(q, k, v, bias, keep, out, lse64)
-        if q.dtype == torch.bfloat16:
-            out = out.to(torch.bfloat16)
+        ctx.layout, ctx.extras, ctx.scale, ctx.num_threads = layout, extras, scale, num_threads
+        ctx.save_for_backward(*inputs, out, lse64)
+        if q.dtype in (torch.bfloat16, torch.float16):
+            out = out.to(q.dtype)
         return out, lse
 
     @staticmethod
@@ -225,7 +244,9 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, dout):
-        q, k, v, bias, keep, out, lse = ctx.saved_tensors
+        *inputs, out, lse = ctx.saved_tensors
+        layout = ctx.layout
+        q, k, v, keep, bias = layout.views(*inputs[:3], inputs[4], inputs[3])
         want_dbias = ctx.needs_input_grad[3]
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
         dtype = q.dtype
@@ -234,15 +255,18 @@ class _AttentionFunction(torch.autograd.Function):
             # (the bf16 forward's out and lse are not the fp32 forward's).
             q, k, v, dout = (t.float() for t in (q, k, v, dout))
             out_np = lse_np = None
-        elif dtype == torch.float32:
+        elif dtype in (torch.float32, torch.float16):
+            # float16: the forward ran the fp32 kernel on these widened inputs (out saved unrounded).
+            if dtype == torch.float16:
+                q, k, v, dout = (t.float() for t in (q, k, v, dout))
             out_np, lse_np = out.numpy(), lse.numpy()
         else:
             out_np = lse_np = None
         grads = _qkv.attention_backward(_numpy(q), _numpy(k), _numpy(v), _numpy(dout), out_np, lse_np, mask,
                                         ctx.scale, want_dbias, "auto", ctx.num_threads, "auto", False)
-        dq, dk, dv = (torch.from_numpy(g).to(dtype) for g in grads[:3])
-        dbias = torch.from_numpy(grads[3]).to(bias.dtype) if want_dbias else None
-        return dq, dk, dv, dbias, None, None, None, None
+        leads = (layout.lead, layout.kv_lead, layout.kv_lead, layout.lead)
+        grads = [layout.gradient(torch.from_numpy(g), t, lead) for g, t, lead in zip(grads, inputs, leads)]
+        return (*grads[:3], grads[3] if want_dbias else None, None, None, None, None, None)
 
 
 def _scalar(x):
@@ -277,11 +301,7 @@ def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
         scale = _qkv._scale_arg(_scalar(scale))
     if num_threads is None:
         num_threads = torch.get_num_threads()
-    L, S = q.size(-2), k.size(-2)
-    q4, k4, v4 = layout.to4(q, layout.lead), layout.to4(k, layout.kv_lead), layout.to4(v, layout.kv_lead)
-    keep4 = None if keep is None else layout.to4(keep.expand(*layout.lead, L, S), layout.lead)
-    bias4 = None if bias is None else layout.to4(bias.expand(*layout.lead, L, S), layout.lead)
-    out4, lse4 = _AttentionFunction.apply(q4, k4, v4, bias4, keep4, extras, scale, num_threads)
+    out4, lse4 = _AttentionFunction.apply(q, k, v, bias, keep, layout, extras, scale, num_threads)
     return layout.back(out4, (v.size(-1),)), layout.back(lse4, ())
 
 
@@ -299,8 +319,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     head h using key head h // (Hq / Hkv). Returns [..., L, Ev] in query's dtype.
 
     Inputs: CPU tensors of one dtype, float32 (qkv's fused kernel), bfloat16 (qkv's bf16 kernel,
-    fp32 accumulation; the backward widens to float32, a copy) or float64 (qkv's float64
-    reference). Read in place, any strides (see the module docstring for the few copies).
+    fp32 accumulation; the backward widens to float32, a copy), float16 (widened to float32, a
+    copy, for the fp32 kernel forward and backward; results rounded to float16 once) or float64
+    (qkv's float64 reference). Read in place, any strides (see the module docstring for the few copies).
 
     qkv extras (keyword-only; heads = dim -3 for rank >= 4 or rank 3 with enable_gqa, else 1;
     batch rows = the other leading dims flattened):
@@ -310,7 +331,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       key_lengths / query_lengths: an int or one int per batch row; keys j >= key_lengths[b] are
           masked, query rows i >= query_lengths[b] give 0.
       causal_align: "top_left" (PyTorch's) or "bottom_right" (diag(i) = i + S_b - L_b).
-      return_lse: also return lse [..., L] (float32 for bfloat16 inputs), the log-sum-exp of each
+      return_lse: also return lse [..., L] (float32 for 16-bit inputs), the log-sum-exp of each
           row's scores; it is not differentiable (backward through it raises).
       num_threads: threads for this call; default torch.get_num_threads(). Results are bitwise
           identical for any thread count.
@@ -402,6 +423,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             raise ValueError(f"MultiheadAttention(dropout={self.dropout}) in training mode: qkv has no attention "
                              "dropout; construct it with dropout=0.0, call .eval(), or use torch.nn.MultiheadAttention")
         _check_inputs(query, key, value)
+        weight = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
+        if query.dtype != weight.dtype:
+            raise TypeError(f"query: dtype {query.dtype} is not the module's ({weight.dtype}); convert one of them "
+                            f"(module.to({query.dtype}) or query.to({weight.dtype}))")
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(f"query, key and value must all be batched (rank 3) or unbatched (rank 2), got shapes "
                              f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
@@ -497,8 +522,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             shape = (q.size(0), q.size(1), q.size(2), k.size(2))
             mask = dict(extras, keep_mask=None if keep is None else _numpy(keep.expand(shape)),
                         bias=None if bias is None else _mask_numpy(bias.expand(shape), q.dtype))
-            widen = (lambda t: _numpy(t.float())) if q.dtype == torch.bfloat16 else _numpy
-            lse_np = None if q.dtype == torch.bfloat16 else _numpy(lse)
+            widen = (lambda t: _numpy(t.float())) if q.dtype in (torch.bfloat16, torch.float16) else _numpy
+            lse_np = None if q.dtype == torch.bfloat16 else _numpy(lse)  # float16's lse is the fp32 forward's
             w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, lse_np, mask, None,
                                                         torch.get_num_threads())).to(q.dtype)
         return w.mean(dim=1) if average else w

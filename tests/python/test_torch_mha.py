@@ -231,7 +231,9 @@ ERRORS = [
     ("kpm dtype", lambda: mha()(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.int32)), TypeError,
      "key_padding_mask: dtype torch.int32"),
     ("is_causal", lambda: mha()(x, x, x, is_causal=True), ValueError, "is_causal=True is a hint"),
-    ("dtype", lambda: mha()(x.half(), x.half(), x.half()), TypeError, "query: dtype torch.float16"),
+    ("dtype", lambda: mha()(x.half(), x.half(), x.half()), TypeError,
+     r"query: dtype torch.float16 is not the module's \(torch.float32\).*module.to\(torch.float16\)"),
+    ("int dtype", lambda: mha()(x.long(), x.long(), x.long()), TypeError, "query: dtype torch.int64 is not supported"),
     ("device", lambda: mha()(x, x.to("meta"), x), ValueError, "key is on device 'meta'"),
 ]
 

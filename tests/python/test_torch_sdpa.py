@@ -28,20 +28,22 @@ from py_oracle import rng_for, seed_note
 HEAD_DIMS = (1, 3, 8, 16, 40, 59)
 
 
-def composite(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+def composite(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, rnd=lambda t: t):
+    """rnd rounds each op's result: PyTorch's float16 composite on CPU (>= 2.0; 1.13 has no float16
+    matmul or softmax there) computes each op in float32 and rounds it to float16."""
     L, S = q.size(-2), k.size(-2)
     scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
     if enable_gqa:
         k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
         v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
-    s = q @ k.transpose(-2, -1) * scale
+    s = rnd(rnd(q @ k.transpose(-2, -1)) * scale)
     if is_causal:
         s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
     if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else rnd(s + attn_mask)
     empty = torch.isneginf(s).all(dim=-1, keepdim=True)
-    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    return p @ v
+    p = rnd(torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0))
+    return rnd(p @ v)
 
 
 def sub_shape(rng, shape, keep=0):
@@ -140,6 +142,67 @@ def test_gradients_within_house_bound(case):
         assert torch.isfinite(g).all(), f"{name} not finite; {note}"
         bound = 2 * fp32_bound(p, r) + 1e-5 * (1 + float(r.abs().max()) if r.numel() else 1)
         assert fp32_bound(g, r) <= bound, f"{name}: {fp32_bound(g, r):.3g} > {bound:.3g}; {note}"
+
+
+def half_rounded(t):
+    return t.half().float()  # differentiable: the gradient is rounded to float16 on its way back too
+
+
+@pytest.mark.parametrize("case", range(5000, 5096))
+def test_float16_within_flash_attention_rule(case):
+    """float16 inputs: the fp32 kernel on the exactly widened inputs, results rounded to float16
+    once. Held to FlashAttention's low-precision rule, forward and gradients: max|x - ref| <=
+    2 * max|x_pt - ref| + 1e-5 * (1 + max|ref|), ref the float64 composite on the same float16
+    values and x_pt PyTorch's composite in float16 (emulated: float32 ops rounded to float16). One
+    case in four scales q by 50 (scores ~50-150, as FlashAttention's softcap tests)."""
+    q, k, v, args, note = random_case(case, torch.float16)
+    if case % 4 == 0:
+        q = (q.float() * 50).half()
+        note += " q*50"
+    mask = args.pop("attn_mask", None)
+    float_mask = mask is not None and mask.dtype != torch.bool
+    inputs = [q, k, v] + ([mask] if float_mask else [])
+
+    def run(f, dtype, **kw):
+        def call(q, k, v, m=mask):
+            cast = lambda x: x if x.dtype == torch.bool else x.to(dtype)  # noqa: E731
+            return f(cast(q), cast(k), cast(v), attn_mask=None if m is None else cast(m), **args, **kw)
+        return call
+
+    out = run(qt.scaled_dot_product_attention, torch.float16)(q, k, v)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all(), note
+    dout = torch.from_numpy(rng_for(case + 7).standard_normal(tuple(out.shape))).half()
+    got = [out] + grads_of(run(qt.scaled_dot_product_attention, torch.float16), inputs, dout)
+    pt_fn = run(composite, torch.float32, rnd=half_rounded)
+    pt = [pt_fn(q, k, v)] + [g.half() for g in grads_of(pt_fn, inputs, dout.float())]
+    ref_fn = run(composite, torch.float64)
+    ref = [ref_fn(q, k, v)] + grads_of(ref_fn, [x.double() for x in inputs], dout.double())
+    for name, g, p, r in zip(("out", "dq", "dk", "dv", "dmask"), got, pt, ref):
+        assert g.dtype == torch.float16 and g.shape == r.shape, f"{name}; {note}"
+        if not r.numel():
+            continue
+        bound = 2 * fp32_bound(p, r) + 1e-5 * (1 + float(r.abs().max()))
+        assert fp32_bound(g, r) <= bound, f"{name}: {fp32_bound(g, r):.3g} > {bound:.3g}; {note}"
+
+
+def test_float16_is_the_float32_kernel_rounded_once():
+    """The float16 path's results are, bit for bit, the float32 path's on the widened inputs. (Not
+    for a broadcast input's gradient: autograd sums it over the broadcast dims in float16, after
+    the rounding, as for any float16 tensor.)"""
+    rng = rng_for(5100)
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s)).half()  # noqa: E731
+    q, k, v, bias = t(2, 3, 17, 40), t(2, 3, 23, 40), t(2, 3, 23, 24), t(2, 3, 17, 23)
+    dout = t(2, 3, 17, 24)
+    halves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    out, lse = qt.scaled_dot_product_attention(*halves[:3], attn_mask=halves[3], return_lse=True)
+    out.backward(dout)
+    wide = [x.float().requires_grad_() for x in (q, k, v, bias)]
+    want, want_lse = qt.scaled_dot_product_attention(*wide[:3], attn_mask=wide[3], return_lse=True)
+    want.backward(dout.float())
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    assert torch.equal(out, want.half()) and torch.equal(lse, want_lse), seed_note(5100)
+    for h, w in zip(halves, wide):
+        assert h.grad.dtype == torch.float16 and torch.equal(h.grad, w.grad.half()), seed_note(5100)
 
 
 @pytest.mark.parametrize("case", range(2000, 2012))
@@ -283,8 +346,8 @@ ERRORS = [
      "query must be a torch.Tensor"),
     ("device", lambda: qt.scaled_dot_product_attention(q3()[0], meta, q3()[2]), ValueError,
      "key is on device 'meta'.*CPU tensors only.*key.cpu\\(\\)"),
-    ("float16", lambda: qt.scaled_dot_product_attention(*(x.half() for x in q3())), TypeError,
-     "query: dtype torch.float16 is not supported.*float32, bfloat16 or float64"),
+    ("complex", lambda: qt.scaled_dot_product_attention(*(x.to(torch.complex64) for x in q3())), TypeError,
+     "query: dtype torch.complex64 is not supported.*float32, bfloat16, float16 or float64"),
     ("int", lambda: qt.scaled_dot_product_attention(*(x.long() for x in q3())), TypeError, "dtype torch.int64"),
     ("mixed", lambda: qt.scaled_dot_product_attention(q3()[0], q3()[1].double(), q3()[2]), TypeError,
      "must share a dtype"),
