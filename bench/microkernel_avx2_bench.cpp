@@ -14,6 +14,7 @@
 
 #include "kernels/simd_avx2.h"
 #include "kernels/microkernel.h"
+#include "kernels/softmax_columns.h"
 #include "microkernel_block.h"
 
 namespace qkv::bench {

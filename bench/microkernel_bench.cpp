@@ -18,6 +18,7 @@
 
 #include "kernels/simd_avx512.h"
 #include "kernels/microkernel.h"
+#include "kernels/softmax_columns.h"
 #include "microkernel_block.h"
 
 namespace qkv::bench {

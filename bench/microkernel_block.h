@@ -1,11 +1,13 @@
 // One cache-resident block product of the fused kernels for the micro-kernel benchmarks
 // (microkernel_bench.cpp: AVX-512, microkernel_avx2_bench.cpp: AVX2): what a family's block
-// products reach without the softmax, packing and memory traffic around them. Include only after
-// kernel_deps.h, a family's target pragma, its simd_*.h and microkernel.h.
+// products reach without the softmax, packing and memory traffic around them, and (fused_D*)
+// with the block's online softmax between them. Include only after kernel_deps.h, a family's
+// target pragma, its simd_*.h, microkernel.h and softmax_columns.h.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <vector>
 
 namespace qkv::bench {
@@ -33,7 +35,50 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
       benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(g.kdim), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Registers the family's three block products as <prefix>scores_D64, scores_D128 and values.
+// The forward's work on one cache-resident block of 64 keys and 64 query lanes, and nothing else:
+// Sᵀ = K · Qᵀ, each query row's max (the deferred scale, as tile_forward.h's interior blocks),
+// the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No
+// packing, transposes, masks or memory traffic: the ceiling of the fp32 forward at this D on this
+// machine. FLOPs: the two products only, as the attention benchmarks count them.
+template <class Ops>
+void run_fused_block(benchmark::State& state, int64_t d) {
+  using V = typename Ops::V;
+  constexpr int64_t L = Ops::kLanes;
+  std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), st(64 * 64), v(64 * 64, 0.03f), o(64 * 64, 0.0f);
+  std::vector<float> m(64, 0.0f), l(64, 0.0f), alpha(64);
+  kernels::GemmArgs<float, float> scores, values;
+  scores.kdim = d, scores.a = k.data(), scores.a_row = d, scores.a_k = 1;
+  scores.b = qt.data(), scores.ldb = 64, scores.c = st.data(), scores.ldc = 64;
+  values.kdim = 64, values.a = st.data(), values.a_row = 1, values.a_k = 64;
+  values.b = v.data(), values.ldb = 64, values.c = o.data(), values.ldc = 64, values.alpha = alpha.data();
+  const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
+  for (auto _ : state) {
+    kernels::gemm_blocked<Ops>(scores, 64, 64 / L);
+    for (int64_t c = 0; c < 64; c += L) {
+      const V m_old = Ops::load(m.data() + c);
+      const V m_new =
+          Ops::max(Ops::mul(kernels::column_max<Ops>(st.data() + c, 64, 64, Ops::set1(-1e30f)), scale), m_old);
+      const V neg_m = Ops::sub(Ops::zero(), m_new);
+      V sum = Ops::zero();
+      for (int64_t jj = 0; jj < 64; ++jj) {
+        const V p = kernels::weight<Ops>(Ops::load(st.data() + jj * 64 + c), scale, neg_m);
+        Ops::store(st.data() + jj * 64 + c, p);
+        sum = Ops::add(sum, p);
+      }
+      const V a = kernels::exp_e<Ops>(Ops::sub(m_old, m_new));
+      Ops::store(alpha.data() + c, a);
+      Ops::store(l.data() + c, Ops::fma(a, Ops::load(l.data() + c), sum));
+      Ops::store(m.data() + c, m_new);
+    }
+    kernels::gemm_blocked<Ops>(values, 64, 64 / L);
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(d + 64), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Registers the family's three block products as <prefix>scores_D64, scores_D128 and values, and
+// the fused blocks as fused_D64 and fused_D128.
 template <class Ops>
 void register_blocks(const std::string& prefix) {
   for (int64_t d : {64, 128})
@@ -44,6 +89,11 @@ void register_blocks(const std::string& prefix) {
   benchmark::RegisterBenchmark((prefix + "values").c_str(), [](benchmark::State& s) { run_block<Ops>(s, false, 64); })
       ->Repetitions(5)
       ->ReportAggregatesOnly(true);
+  for (int64_t d : {64, 128})
+    benchmark::RegisterBenchmark((prefix + "fused_D" + std::to_string(d)).c_str(),
+                                 [d](benchmark::State& s) { run_fused_block<Ops>(s, d); })
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true);
 }
 
 }  // namespace
