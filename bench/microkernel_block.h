@@ -77,8 +77,48 @@ void run_fused_block(benchmark::State& state, int64_t d) {
       benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(d + 64), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Registers the family's three block products as <prefix>scores_D64, scores_D128 and values, and
-// the fused blocks as fused_D64 and fused_D128.
+// The backward's work on one cache-resident block of 64 keys and 64 query rows (backward_tile.h):
+// Sᵀ = K · Qᵀ and dPᵀ = V · dOᵀ, then P = e^(S·scale − lse) and dS = P ⊙ (dP − D) in place, then
+// dv += Pᵀ · dO, dk += dSᵀ · Q and dq += dS · K. No packing, transposes, row dots or scratch
+// traffic: the ceiling of the fp32 backward at this D. FLOPs: the five products.
+template <class Ops>
+void run_backward_block(benchmark::State& state, int64_t d) {
+  using V = typename Ops::V;
+  constexpr int64_t L = Ops::kLanes;
+  std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), q(64 * d, 0.02f), v(64 * d, 0.03f), dot(d * 64, 0.01f),
+      dout(64 * d, 0.01f), st(64 * 64), dpt(64 * 64), dv(64 * d), dk(64 * d), dq(64 * d), lse(64, 1.0f), D(64, 0.5f);
+  // C [64 x ldc] (+)= A · B, A's rows and k a_row and a_k floats apart, B's rows ldb floats apart.
+  auto gemm = [](const float* a, int64_t a_row, int64_t a_k, int64_t kdim, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, bool add) {
+    kernels::GemmArgs<float, float> g;
+    g.kdim = kdim, g.a = a, g.a_row = a_row, g.a_k = a_k, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.add = add;
+    kernels::gemm_blocked<Ops>(g, 64, ldc / L);
+  };
+  const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
+  for (auto _ : state) {
+    gemm(k.data(), d, 1, d, qt.data(), 64, st.data(), 64, false);
+    gemm(v.data(), d, 1, d, dot.data(), 64, dpt.data(), 64, false);
+    for (int64_t c = 0; c < 64; c += L) {
+      const V neg_lse = Ops::sub(Ops::zero(), Ops::load(lse.data() + c)), dd = Ops::load(D.data() + c);
+      for (int64_t jj = 0; jj < 64; ++jj) {
+        const V p = kernels::weight<Ops>(Ops::load(st.data() + jj * 64 + c), scale, neg_lse);
+        Ops::store(st.data() + jj * 64 + c, p);
+        Ops::store(dpt.data() + jj * 64 + c, Ops::mul(p, Ops::sub(Ops::load(dpt.data() + jj * 64 + c), dd)));
+      }
+    }
+    gemm(st.data(), 64, 1, 64, dout.data(), d, dv.data(), d, true);
+    gemm(dpt.data(), 64, 1, 64, q.data(), d, dk.data(), d, true);
+    gemm(dpt.data(), 1, 64, 64, k.data(), d, dq.data(), d, true);
+    benchmark::DoNotOptimize(dq.data());
+    benchmark::DoNotOptimize(dk.data());
+    benchmark::DoNotOptimize(dv.data());
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(5 * 2.0 * 64 * 64 * static_cast<double>(d), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Registers the family's three block products as <prefix>scores_D64, scores_D128 and values, the
+// fused forward blocks as fused_D64 and fused_D128 and the backward's as backward_D64, _D128.
 template <class Ops>
 void register_blocks(const std::string& prefix) {
   for (int64_t d : {64, 128})
@@ -89,11 +129,16 @@ void register_blocks(const std::string& prefix) {
   benchmark::RegisterBenchmark((prefix + "values").c_str(), [](benchmark::State& s) { run_block<Ops>(s, false, 64); })
       ->Repetitions(5)
       ->ReportAggregatesOnly(true);
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128}) {
     benchmark::RegisterBenchmark((prefix + "fused_D" + std::to_string(d)).c_str(),
                                  [d](benchmark::State& s) { run_fused_block<Ops>(s, d); })
         ->Repetitions(5)
         ->ReportAggregatesOnly(true);
+    benchmark::RegisterBenchmark((prefix + "backward_D" + std::to_string(d)).c_str(),
+                                 [d](benchmark::State& s) { run_backward_block<Ops>(s, d); })
+        ->Repetitions(5)
+        ->ReportAggregatesOnly(true);
+  }
 }
 
 }  // namespace
