@@ -1,7 +1,7 @@
 // How close can a decode step on this machine come to its roofline bound, with the arithmetic a
 // KV head of D1 needs and no more? A probe for the decode kernel's design, not part of the build
 // (AVX-512 only):
-//   g++ -O3 -march=native -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp && /tmp/decode_floor_probe
+//   g++ -O3 -march=native -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp && /tmp/decode_floor_probe
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
 // of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
@@ -19,25 +19,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/reduce_lanes_avx512.h"
+
 namespace {
 
 constexpr long kRow = 128, kBlock = 64;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Lane j = the sum of the lanes of a[j] (the kernel's Avx512Decode::reduce_lanes).
-__m512 reduce_lanes(const __m512* a) {
-  __m512 c[8], d[4], e[2];
-  for (int i = 0; i < 8; ++i)
-    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int i = 0; i < 2; ++i)
-    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
-}
+using qkv::kernels::reduce_lanes_avx512;  // the kernel's Avx512Decode::reduce_lanes
 
 // Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
 // kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).
@@ -78,7 +68,7 @@ __attribute__((noinline)) float run(const float* k, const float* v, long keys, l
         }
       }
       alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, reduce_lanes(acc));
+      _mm512_store_ps(lanes, reduce_lanes_avx512(acc));
       for (int r = 0; r < 4; ++r) std::memcpy(&s[r][j - j0], lanes + 4 * r, 4 * sizeof(float));
     }
     for (int half = 0; half < 2; ++half)

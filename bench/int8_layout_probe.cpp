@@ -1,6 +1,6 @@
 // What would an int8 K pool laid out keys-along-lanes buy the decode kernel? A probe for issue
 // 12's int8 targets, not part of the build (AVX-512 with VNNI):
-//   g++ -O3 -march=native -o /tmp/int8_layout_probe bench/int8_layout_probe.cpp && /tmp/int8_layout_probe
+//   g++ -O3 -march=native -I src -o /tmp/int8_layout_probe bench/int8_layout_probe.cpp && /tmp/int8_layout_probe
 // One thread does one KV head of D1 (D = 128, 4 query rows of a GQA group) on int8 K and V in
 // blocks of 64 keys: scores, then P·V in two passes of 64 columns (4 rows x 4 vectors), as
 // decode_chunk.h does. No softmax, scales, masks or block table: those cost the same in every
@@ -27,24 +27,15 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/reduce_lanes_avx512.h"
+
 namespace {
 
 constexpr long kD = 128, kBlock = 64, kAhead = 16;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-__m512 reduce_lanes(const __m512* a) {  // the kernel's Avx512Decode::reduce_lanes
-  __m512 c[8], d[4], e[2];
-  for (int i = 0; i < 8; ++i)
-    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int i = 0; i < 2; ++i)
-    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
-}
+using qkv::kernels::reduce_lanes_avx512;  // the kernel's Avx512Decode::reduce_lanes
 
 __m512 widen(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -208,7 +199,7 @@ __attribute__((noinline)) float run(const Query& qs, const int8_t* k, const int8
           }
         }
         alignas(64) float lanes[16];
-        _mm512_store_ps(lanes, reduce_lanes(acc));
+        _mm512_store_ps(lanes, reduce_lanes_avx512(acc));
         for (int r = 0; r < 4; ++r) std::memcpy(&s[r][j - j0], lanes + 4 * r, 4 * sizeof(float));
       }
     } else {
