@@ -64,7 +64,8 @@ TEST(EmbedSentence, ErrorPolicyListsEveryMissingWordOnce) {
                {"1 word is not in the vocabulary: \"quux\""});
   // Many missing words: the first 20 and a count, one short line (100,000 once made a 1 MB line).
   std::string many;
-  for (int i = 0; i < 1000; ++i) many.append("w").append(std::to_string(i)).append(" ");  // not "w" + ...: GCC 12 -Wrestrict
+  for (int i = 0; i < 1000; ++i)
+    many.append("w").append(std::to_string(i)).append(" ");  // not "w" + ...: GCC 12 -Wrestrict
   try {
     embed_sentence(emb, many, OovPolicy::error);
     ADD_FAILURE() << "accepted";
