@@ -11,11 +11,12 @@ Memory: CPU tensors of float32, bfloat16 or float64 are read in place through nu
 their storage (any strides, broadcast views included), and results are wrapped without a copy.
 Copies happen only (a) when inputs of rank > 4 have several batch dims that cannot be flattened
 into one by a view (torch.reshape copies then), (b) for the bfloat16 backward, which widens q, k,
-v and dout to float32, and for float16, whose q, k, v (and dout) are widened to float32 for the
-fp32 kernel, exactly, with the results rounded to float16 once at the end, (c) for bfloat16 or float64 masks (qkv reads float32 masks), (d) for a
-MultiheadAttention that gets a boolean and a float mask of the same kind to merge, (e) for views
-with the negative bit set (x.conj().imag) and (f) for enable_gqa with fewer value heads than key
-heads (or the other way round), which repeats both to the query's heads.
+v and dout to float32, and for float16, whose q, k, v (and dout) are widened to float32, exactly,
+for the fp32 kernels (results rounded to float16 once, at the end), (c) for bfloat16, float16 or
+float64 masks (qkv reads float32 masks), (d) for a MultiheadAttention that gets a boolean and a
+float mask of the same kind to merge, (e) for views with the negative bit set (x.conj().imag)
+and (f) for enable_gqa with fewer value heads than key heads (or the other way round), which
+repeats both to the query's heads.
 
 Errors: TypeError for a wrong type or dtype, ValueError for a wrong value or shape, as classes
 that are also RuntimeError (PyTorch's SDPA raises RuntimeError) and, from MultiheadAttention,
@@ -200,7 +201,8 @@ def _mask_numpy(mask, dtype):
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """out, lse = attention(q, k, v) on [B, H, L, E] tensors; gradients for q, k, v and the float mask."""
+    """out, lse = attention(q, k, v) on the caller's tensors, which `layout` (a _Layout) maps to
+    qkv's [B, H, L, E]; out and lse come back in that shape. Gradients for q, k, v and the float mask."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, layout, extras, scale, num_threads):
@@ -275,8 +277,8 @@ def _scalar(x):
 
 
 def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths):
-    return dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window, alibi_slopes=alibi_slopes,
-                softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
+    return dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window,
+                alibi_slopes=alibi_slopes, softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
 
 
 def _check_mask(mask, name, scores_shape):
@@ -321,7 +323,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Inputs: CPU tensors of one dtype, float32 (qkv's fused kernel), bfloat16 (qkv's bf16 kernel,
     fp32 accumulation; the backward widens to float32, a copy), float16 (widened to float32, a
     copy, for the fp32 kernel forward and backward; results rounded to float16 once) or float64
-    (qkv's float64 reference). Read in place, any strides (see the module docstring for the few copies).
+    (qkv's float64 reference). Read in place, any strides (see the module docstring for the few
+    copies).
 
     qkv extras (keyword-only; heads = dim -3 for rank >= 4 or rank 3 with enable_gqa, else 1;
     batch rows = the other leading dims flattened):
