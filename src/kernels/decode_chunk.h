@@ -1,7 +1,8 @@
 // One decode task, written once for every SIMD family: the keys [j0, j1) of one sequence and KV
 // head against the G·N query rows of that head's GQA group. Include only after kernel_deps.h,
 // the family's target pragma, its simd_*.h and its Decode ops (decode_*.cpp: Ops plus hsum, hmax,
-// reduce_lanes and the widening loads load_f16, load_bf16, load_i8).
+// reduce_lanes and the widening loads load_f16, load_bf16, load_i8); it includes the softmax's
+// e^x (softmax_columns.h) itself.
 //
 // The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
 // is loaded from the pool and widened to fp32 in registers once, and used there by a tile of up
@@ -14,6 +15,8 @@
 // Head dims that are not a multiple of L take a fallback: rows widened into zero-padded buffers.
 // The result is unnormalized (o, m, l): decode.cpp merges the chunks in a fixed order.
 #pragma once
+
+#include "kernels/softmax_columns.h"
 
 namespace qkv::kernels {
 namespace {
@@ -362,16 +365,16 @@ class DecodeChunk {
     const float m_new = Ops::hmax(mx);
     // A row with no allowed key yet uses 0 as its max, so every p (and alpha) is 0.
     const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
-    const V mv = Ops::set1(m_use), log2e = Ops::set1(kLog2e);
+    const V mv = Ops::set1(m_use);
     V sum = Ops::zero();
     for (int64_t jj = 0; jj < nbp; jj += L) {
-      const V pv = Ops::exp2(Ops::mul(Ops::sub(Ops::load(s + jj), mv), log2e));
+      const V pv = exp_e<Ops>(Ops::sub(Ops::load(s + jj), mv));
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
     }
     // The family's exp2, as the prefill's alpha (tile_forward.h) (speed the same as std::exp2).
     alignas(64) float alpha[L];
-    Ops::store(alpha, Ops::exp2(Ops::set1((t_.m[r] - m_use) * kLog2e)));
+    Ops::store(alpha, exp_e<Ops>(Ops::set1(t_.m[r] - m_use)));
     alpha_[r] = alpha[0];
     t_.l[r] = alpha_[r] * t_.l[r] + Ops::hsum(sum);
     t_.m[r] = m_new;
