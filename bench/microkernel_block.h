@@ -13,20 +13,25 @@
 namespace qkv::bench {
 namespace {
 
+// C [64 x ldc] = A · B (alpha null) or alpha ⊙ C + A · B: A's rows and k a_row and a_k floats apart
+// (kdim of them), B's rows ldb apart. `add`: C += A · B.
+kernels::GemmArgs<float, float> block_args(const float* a, int64_t a_row, int64_t a_k, int64_t kdim, const float* b,
+                                           int64_t ldb, float* c, int64_t ldc, const float* alpha = nullptr,
+                                           bool add = false) {
+  kernels::GemmArgs<float, float> g;
+  g.kdim = kdim, g.a = a, g.a_row = a_row, g.a_k = a_k, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc;
+  g.alpha = alpha, g.add = add;
+  return g;
+}
+
 // scores: Sᵀ [64 keys x 64 lanes] = K [64 x D] · Qᵀ [D x 64]; values: O [64 x 64] = alpha ⊙ O + P · V.
 template <class Ops>
 void run_block(benchmark::State& state, bool scores, int64_t d) {
   std::vector<float> a(64 * 256, 0.01f), b(256 * 64, 0.02f), c(64 * 64, 0.0f), alpha(64, 0.999f);
-  kernels::GemmArgs<float, float> g;
-  g.kdim = scores ? d : 64;
-  g.a = a.data();
-  g.a_row = scores ? d : 1;  // rows of K, or P read transposed
-  g.a_k = scores ? 1 : 64;
-  g.b = b.data();
-  g.ldb = 64;
-  g.c = c.data();
-  g.ldc = 64;
-  g.alpha = scores ? nullptr : alpha.data();
+  // A: rows of K, or P read transposed.
+  const kernels::GemmArgs<float, float> g =
+      scores ? block_args(a.data(), d, 1, d, b.data(), 64, c.data(), 64)
+             : block_args(a.data(), 1, 64, 64, b.data(), 64, c.data(), 64, alpha.data());
   for (auto _ : state) {
     kernels::gemm_blocked<Ops>(g, 64, 64 / Ops::kLanes);
     benchmark::DoNotOptimize(c.data());
@@ -46,11 +51,8 @@ void run_fused_block(benchmark::State& state, int64_t d) {
   constexpr int64_t L = Ops::kLanes;
   std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), st(64 * 64), v(64 * 64, 0.03f), o(64 * 64, 0.0f);
   std::vector<float> m(64, 0.0f), l(64, 0.0f), alpha(64);
-  kernels::GemmArgs<float, float> scores, values;
-  scores.kdim = d, scores.a = k.data(), scores.a_row = d, scores.a_k = 1;
-  scores.b = qt.data(), scores.ldb = 64, scores.c = st.data(), scores.ldc = 64;
-  values.kdim = 64, values.a = st.data(), values.a_row = 1, values.a_k = 64;
-  values.b = v.data(), values.ldb = 64, values.c = o.data(), values.ldc = 64, values.alpha = alpha.data();
+  const auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), 64);
+  const auto values = block_args(st.data(), 1, 64, 64, v.data(), 64, o.data(), 64, alpha.data());
   const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
   for (auto _ : state) {
     kernels::gemm_blocked<Ops>(scores, 64, 64 / L);
@@ -87,17 +89,15 @@ void run_backward_block(benchmark::State& state, int64_t d) {
   constexpr int64_t L = Ops::kLanes;
   std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), q(64 * d, 0.02f), v(64 * d, 0.03f), dot(d * 64, 0.01f),
       dout(64 * d, 0.01f), st(64 * 64), dpt(64 * 64), dv(64 * d), dk(64 * d), dq(64 * d), lse(64, 1.0f), D(64, 0.5f);
-  // C [64 x ldc] (+)= A · B, A's rows and k a_row and a_k floats apart, B's rows ldb floats apart.
-  auto gemm = [](const float* a, int64_t a_row, int64_t a_k, int64_t kdim, const float* b, int64_t ldb, float* c,
-                 int64_t ldc, bool add) {
-    kernels::GemmArgs<float, float> g;
-    g.kdim = kdim, g.a = a, g.a_row = a_row, g.a_k = a_k, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.add = add;
-    kernels::gemm_blocked<Ops>(g, 64, ldc / L);
-  };
+  const auto s = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), 64);
+  const auto dp = block_args(v.data(), d, 1, d, dot.data(), 64, dpt.data(), 64);
+  const auto dvs = block_args(st.data(), 64, 1, 64, dout.data(), d, dv.data(), d, nullptr, true);
+  const auto dks = block_args(dpt.data(), 64, 1, 64, q.data(), d, dk.data(), d, nullptr, true);
+  const auto dqs = block_args(dpt.data(), 1, 64, 64, k.data(), d, dq.data(), d, nullptr, true);
   const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
   for (auto _ : state) {
-    gemm(k.data(), d, 1, d, qt.data(), 64, st.data(), 64, false);
-    gemm(v.data(), d, 1, d, dot.data(), 64, dpt.data(), 64, false);
+    kernels::gemm_blocked<Ops>(s, 64, 64 / L);
+    kernels::gemm_blocked<Ops>(dp, 64, 64 / L);
     for (int64_t c = 0; c < 64; c += L) {
       const V neg_lse = Ops::sub(Ops::zero(), Ops::load(lse.data() + c)), dd = Ops::load(D.data() + c);
       for (int64_t jj = 0; jj < 64; ++jj) {
@@ -106,9 +106,7 @@ void run_backward_block(benchmark::State& state, int64_t d) {
         Ops::store(dpt.data() + jj * 64 + c, Ops::mul(p, Ops::sub(Ops::load(dpt.data() + jj * 64 + c), dd)));
       }
     }
-    gemm(st.data(), 64, 1, 64, dout.data(), d, dv.data(), d, true);
-    gemm(dpt.data(), 64, 1, 64, q.data(), d, dk.data(), d, true);
-    gemm(dpt.data(), 1, 64, 64, k.data(), d, dq.data(), d, true);
+    for (const auto* g : {&dvs, &dks, &dqs}) kernels::gemm_blocked<Ops>(*g, 64, d / L);
     benchmark::DoNotOptimize(dq.data());
     benchmark::DoNotOptimize(dk.data());
     benchmark::DoNotOptimize(dv.data());

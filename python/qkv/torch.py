@@ -173,10 +173,10 @@ class _Layout:
         """qkv's [B, H, L, last] result in the caller's shape lead + (L, last)."""
         return t4.reshape(*self.lead, t4.size(2), *last)
 
-    def views(self, q, k, v, keep, bias):
+    def views(self, q, k, v, bias, keep):
         """q, k, v and the masks as qkv's [B, H, rows, cols] (to4)."""
         L, S = q.size(-2), k.size(-2)
-        masks = (None if m is None else self.to4(m.expand(*self.lead, L, S), self.lead) for m in (keep, bias))
+        masks = (None if m is None else self.to4(m.expand(*self.lead, L, S), self.lead) for m in (bias, keep))
         return (self.to4(q, self.lead), self.to4(k, self.kv_lead), self.to4(v, self.kv_lead), *masks)
 
     def gradient(self, g4, t, lead):
@@ -209,7 +209,7 @@ class _AttentionFunction(torch.autograd.Function):
         # The caller's tensors come in (not their [B, H, L, E] views) so that the backward sums a
         # broadcast input's gradient before rounding it to a 16-bit dtype, not autograd after.
         inputs = (q, k, v, bias, keep)
-        q, k, v, keep, bias = layout.views(q, k, v, keep, bias)
+        q, k, v, bias, keep = layout.views(*inputs)
         mask = dict(extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
         # float16 has no kernel of its own: the fp32 kernel on the exactly widened inputs, so out and
         # lse are the fp32 forward's and the backward can reuse them.
@@ -248,22 +248,17 @@ class _AttentionFunction(torch.autograd.Function):
     def _backward(ctx, dout):
         *inputs, out, lse = ctx.saved_tensors
         layout = ctx.layout
-        q, k, v, keep, bias = layout.views(*inputs[:3], inputs[4], inputs[3])
+        q, k, v, bias, keep = layout.views(*inputs)
         want_dbias = ctx.needs_input_grad[3]
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
         dtype = q.dtype
-        if dtype == torch.bfloat16:
-            # No bf16 backward kernel: widen to float32 and let the fp32 backward rerun its own forward
-            # (the bf16 forward's out and lse are not the fp32 forward's).
+        if dtype in (torch.bfloat16, torch.float16):  # no 16-bit backward kernel: the fp32 one
             q, k, v, dout = (t.float() for t in (q, k, v, dout))
-            out_np = lse_np = None
-        elif dtype in (torch.float32, torch.float16):
-            # float16: the forward ran the fp32 kernel on these widened inputs (out saved unrounded).
-            if dtype == torch.float16:
-                q, k, v, dout = (t.float() for t in (q, k, v, dout))
-            out_np, lse_np = out.numpy(), lse.numpy()
-        else:
-            out_np = lse_np = None
+        # out and lse are the fp32 forward's for float32 and float16 (the fp32 kernel ran on these
+        # widened inputs; out is saved unrounded); bf16's forward is its own kernel and float64's
+        # the reference, so their backward reruns the forward it needs.
+        reuse = dtype in (torch.float32, torch.float16)
+        out_np, lse_np = (out.numpy(), lse.numpy()) if reuse else (None, None)
         grads = _qkv.attention_backward(_numpy(q), _numpy(k), _numpy(v), _numpy(dout), out_np, lse_np, mask,
                                         ctx.scale, want_dbias, "auto", ctx.num_threads, "auto", False)
         leads = (layout.lead, layout.kv_lead, layout.kv_lead, layout.lead)

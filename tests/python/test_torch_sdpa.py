@@ -119,19 +119,25 @@ def grads_of(fn, inputs, dout):
     return [x.grad for x in inputs]
 
 
+def differentiable(q, k, v, args):
+    """A case's inputs that get gradients (q, k, v and a float mask), and run(f, dtype, **kw): f
+    called on its arguments cast to dtype (bool masks stay bool), with the case's mask and args."""
+    mask = args.pop("attn_mask", None)
+    inputs = [q, k, v] + ([mask] if mask is not None and mask.dtype != torch.bool else [])
+
+    def run(f, dtype, **kw):
+        def call(q, k, v, m=mask):
+            cast = lambda x: x if x.dtype == torch.bool else x.to(dtype)  # noqa: E731
+            return f(cast(q), cast(k), cast(v), attn_mask=None if m is None else cast(m), **args, **kw)
+        return call
+
+    return inputs, mask, run
+
+
 @pytest.mark.parametrize("case", range(1000, 1320))
 def test_gradients_within_house_bound(case):
     q, k, v, args, note = random_case(case)
-    mask = args.pop("attn_mask", None)
-    float_mask = mask is not None and mask.dtype != torch.bool
-    inputs = [q, k, v] + ([mask] if float_mask else [])
-
-    def run(f, dtype):
-        def call(q, k, v, m=mask):
-            cast = lambda x: x if x.dtype == torch.bool else x.to(dtype)  # noqa: E731
-            return f(cast(q), cast(k), cast(v), attn_mask=None if m is None else cast(m), **args)
-        return call
-
+    inputs, mask, run = differentiable(q, k, v, args)
     shape = torch.broadcast_shapes(*(qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, **args).shape,))
     dout = torch.from_numpy(rng_for(case + 7).standard_normal(tuple(shape))).float()
     got = grads_of(run(qt.scaled_dot_product_attention, torch.float32), inputs, dout)
@@ -159,16 +165,7 @@ def test_float16_within_flash_attention_rule(case):
     if case % 4 == 0:
         q = (q.float() * 50).half()
         note += " q*50"
-    mask = args.pop("attn_mask", None)
-    float_mask = mask is not None and mask.dtype != torch.bool
-    inputs = [q, k, v] + ([mask] if float_mask else [])
-
-    def run(f, dtype, **kw):
-        def call(q, k, v, m=mask):
-            cast = lambda x: x if x.dtype == torch.bool else x.to(dtype)  # noqa: E731
-            return f(cast(q), cast(k), cast(v), attn_mask=None if m is None else cast(m), **args, **kw)
-        return call
-
+    inputs, _, run = differentiable(q, k, v, args)
     out = run(qt.scaled_dot_product_attention, torch.float16)(q, k, v)
     assert out.dtype == torch.float16 and torch.isfinite(out).all(), note
     dout = torch.from_numpy(rng_for(case + 7).standard_normal(tuple(out.shape))).half()
@@ -186,12 +183,11 @@ def test_float16_within_flash_attention_rule(case):
 
 
 def test_float16_is_the_float32_kernel_rounded_once():
-    """The float16 path's results are, bit for bit, the float32 path's on the widened inputs. (Not
-    for a broadcast input's gradient: autograd sums it over the broadcast dims in float16, after
-    the rounding, as for any float16 tensor.)"""
+    """The float16 path's results are, bit for bit, the float32 path's on the widened inputs, a
+    broadcast input's gradient included (summed in float32, then rounded once)."""
     rng = rng_for(5100)
     t = lambda *s: torch.from_numpy(rng.standard_normal(s)).half()  # noqa: E731
-    q, k, v, bias = t(2, 3, 17, 40), t(2, 3, 23, 40), t(2, 3, 23, 24), t(2, 3, 17, 23)
+    q, k, v, bias = t(2, 3, 17, 40), t(2, 3, 23, 40), t(2, 3, 23, 24), t(17, 23)
     dout = t(2, 3, 17, 24)
     halves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
     out, lse = qt.scaled_dot_product_attention(*halves[:3], attn_mask=halves[3], return_lse=True)
