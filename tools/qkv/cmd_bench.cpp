@@ -66,6 +66,14 @@ double allowed_pairs(const Shape& s, bool causal) {
   return pairs;
 }
 
+// The median of t (not empty): of an even count, the mean of the middle two (the upper one alone
+// let one run slowed by the scheduler stand for both of two).
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const std::size_t n = t.size();
+  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 // Median wall time of `repeats` calls of fn after one warm-up call, in seconds.
 template <class F>
 double median_seconds(int repeats, F&& fn) {
@@ -76,8 +84,16 @@ double median_seconds(int repeats, F&& fn) {
     fn();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
+}
+
+// x right-aligned in `width` with `decimals` decimals, or with two significant digits where those
+// would print a positive x as zero (a tiny step slowed by the scheduler read "0.0" % roofline,
+// and a tiny shape "0.000" ms at "0.0" GFLOP/s).
+std::string fixed(double x, int width, int decimals) {
+  if (x > 0 && x < std::pow(10.0, -decimals))
+    decimals = std::min(12, 1 - static_cast<int>(std::floor(std::log10(x))));
+  return fmt::format("{:>{}.{}f}", x, width, decimals);
 }
 
 // The FMA peak of one instruction set (0 where this CPU lacks it).
@@ -180,11 +196,10 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
     step();
     cold.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(cold.begin(), cold.end());
   fmt::print("{:<6} {:>10} {:>10} {:>12}\n", "cache", "time us", "GB/s", "% roofline");
-  for (const auto& [name, seconds] : {std::pair{"cold", cold[cold.size() / 2]}, std::pair{"hot", hot}})
-    fmt::print("{:<6} {:>10.1f} {:>10.2f} {:>12.1f}\n", name, seconds * 1e6, bytes / seconds / 1e9,
-               100.0 * bound / seconds);
+  for (const auto& [name, seconds] : {std::pair{"cold", median(cold)}, std::pair{"hot", hot}})
+    fmt::print("{:<6} {} {} {}\n", name, fixed(seconds * 1e6, 10, 1), fixed(bytes / seconds / 1e9, 10, 2),
+               fixed(100.0 * bound / seconds, 12, 1));
   fmt::print(
       "(cold: a read of {} MiB, 2x the L3, before each step; % roofline above 100 means other programs\n"
       " slowed the bandwidth measurement, or the data stayed in cache)\n",
@@ -270,9 +285,10 @@ int run_bench(const BenchArgs& a) {
         attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
     });
     const double own = p.kernel == Kernel::fused && p.simd == Simd::avx2 ? peak256 : peak;
-    const std::string pct = own > 0 ? fmt::format("{:7.1f}", 100.0 * flops / seconds / own) : "      -";
-    fmt::print("{:<10} {:>10.3f} {:>10.1f} {:>8.2f} {}{}\n", p.name, seconds * 1e3, flops / seconds / 1e9,
-               bytes / seconds / 1e9, pct, p.kernel == Kernel::fused && p.name == automatic ? "  <- automatic" : "");
+    const std::string pct = own > 0 ? fixed(100.0 * flops / seconds / own, 7, 1) : "      -";
+    fmt::print("{:<10} {} {} {} {}{}\n", p.name, fixed(seconds * 1e3, 10, 3), fixed(flops / seconds / 1e9, 10, 1),
+               fixed(bytes / seconds / 1e9, 8, 2), pct,
+               p.kernel == Kernel::fused && p.name == automatic ? "  <- automatic" : "");
   }
   if (!small) fmt::print("reference: skipped (more than {:.0e} multiply-adds)\n", kReferenceLimit);
   fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
