@@ -1,7 +1,8 @@
 // How close can a decode step on this machine come to its roofline bound, with the arithmetic a
 // KV head of D1 needs and no more? A probe for the decode kernel's design, not part of the build
 // (AVX-512 only):
-//   g++ -O3 -march=native -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp && /tmp/decode_floor_probe
+//   g++ -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
+//   /tmp/decode_floor_probe
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
 // of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
@@ -10,6 +11,9 @@
 // layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV
 // head's 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's roofline bound
 // is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. BENCHMARKS.md, decode round 8.
+// With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
+// first variant at once, each on arrays of its own (2 GiB in all), as decode_attention's threads
+// stream their own KV heads; it prints their total rate, min of 3 (round 19).
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -18,6 +22,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "kernels/reduce_lanes_avx512.h"
 
@@ -33,7 +39,7 @@ using qkv::kernels::reduce_lanes_avx512;  // the kernel's Avx512Decode::reduce_l
 // kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).
 template <bool kPrefetch, bool kInterleaved>
 __attribute__((noinline)) float run(const float* k, const float* v, long keys, long wrap) {
-  alignas(64) static float q[4][kRow], s[4][kBlock];
+  alignas(64) float q[4][kRow], s[4][kBlock];  // per thread (streams_at_once)
   for (int r = 0; r < 4; ++r)
     for (int d = 0; d < kRow; ++d) q[r][d] = 0.001f * static_cast<float>(r + d);
   __m512 o[16];
@@ -111,16 +117,45 @@ void measure(const float* k, const float* v, long keys) {
               cached / static_cast<double>(keys) * 1e9);
 }
 
+// An array of `bytes` in huge pages (as the cache's pools), written once.
+float* pool(long bytes) {
+  auto* p = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
+  madvise(p, bytes, MADV_HUGEPAGE);
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+// `threads` threads stream K and V arrays of their own at once (prefetch on, two arrays).
+void streams_at_once(int threads) {
+  const long bytes = (1L << 30) / threads, keys = bytes / (kRow * 4);
+  std::vector<float*> k(threads), v(threads);
+  for (int t = 0; t < threads; ++t) k[t] = pool(bytes), v[t] = pool(bytes);
+  double best = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::thread> team;
+    const double t0 = now();
+    for (int t = 0; t < threads; ++t)
+      team.emplace_back([&, t] {
+        volatile float f = run<true, false>(k[t], v[t], keys, keys);
+        (void)f;
+      });
+    for (std::thread& member : team) member.join();
+    best = std::min(best, now() - t0);
+  }
+  std::printf("%d threads at once, two arrays each, prefetch yes: %.2f GB/s in all\n", threads,
+              1024.0 * static_cast<double>(keys) * threads / best / 1e9);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::atoi(argv[1]) > 1) {
+    streams_at_once(std::atoi(argv[1]));
+    return 0;
+  }
   const long bytes = 1L << 30, keys = bytes / (kRow * 4) / 2;  // interleaved: both in k
-  auto* k = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
-  auto* v = static_cast<float*>(std::aligned_alloc(1 << 21, bytes));
-  madvise(k, bytes, MADV_HUGEPAGE);  // as the cache's pools
-  madvise(v, bytes, MADV_HUGEPAGE);
-  std::memset(k, 0, bytes);
-  std::memset(v, 0, bytes);
+  float* k = pool(bytes);
+  float* v = pool(bytes);
   measure<true, false>(k, v, keys);
   measure<false, false>(k, v, keys);
   measure<true, true>(k, v, keys);

@@ -91,8 +91,7 @@ double median_seconds(int repeats, F&& fn) {
 // would print a positive x as zero (a tiny step slowed by the scheduler read "0.0" % roofline,
 // and a tiny shape "0.000" ms at "0.0" GFLOP/s).
 std::string fixed(double x, int width, int decimals) {
-  if (x > 0 && x < std::pow(10.0, -decimals))
-    decimals = std::min(12, 1 - static_cast<int>(std::floor(std::log10(x))));
+  if (x > 0 && x < std::pow(10.0, -decimals)) decimals = std::min(12, 1 - static_cast<int>(std::floor(std::log10(x))));
   return fmt::format("{:>{}.{}f}", x, width, decimals);
 }
 
