@@ -191,7 +191,7 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
       // the AVX-512 family, and the residual came out as w − w. Not past 2^16: there the part
       // would outweigh s − max's own rounding and push 2^x past the float range at scores of 1e30
       // (Limits tests); inf − inf would be NaN.
-      const Narrow lo = (fresh - fresh == 0) & (fresh < kLowPartLimit) & (fresh > -kLowPartLimit)
+      const Narrow lo = ((fresh - fresh == 0) & (fresh < kLowPartLimit) & (fresh > -kLowPartLimit))
                             ? __builtin_convertvector(w - __builtin_convertvector(fresh, Wide), Narrow)
                             : Narrow{};
       float* out = s + r * lds + 8 * v;
