@@ -1,7 +1,7 @@
 // How close can a decode step on this machine come to its roofline bound, with the arithmetic a
 // KV head of D1 needs and no more? A probe for the decode kernel's design, not part of the build
 // (AVX-512 only):
-//   g++ -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
+//   g++ -std=c++20 -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
 //   /tmp/decode_floor_probe
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
 // of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
@@ -12,12 +12,13 @@
 // head's 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's roofline bound
 // is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. BENCHMARKS.md, decode round 8.
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
-// first variant at once, each on arrays of its own (2 GiB in all), as decode_attention's threads
+// first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
 // stream their own KV heads; it prints their total rate, min of 3 (round 19).
 #include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -125,9 +126,11 @@ float* pool(long bytes) {
   return p;
 }
 
-// `threads` threads stream K and V arrays of their own at once (prefetch on, two arrays).
+// `threads` threads stream K and V arrays of their own at once (prefetch on, two arrays). Each
+// array holds a power of two of rows, as run()'s wrap needs, at most 1 GiB over the threads.
 void streams_at_once(int threads) {
-  const long bytes = (1L << 30) / threads, keys = bytes / (kRow * 4);
+  const long bytes = static_cast<long>(std::bit_floor(static_cast<unsigned long>((1L << 30) / threads)));
+  const long keys = bytes / (kRow * 4);
   std::vector<float*> k(threads), v(threads);
   for (int t = 0; t < threads; ++t) k[t] = pool(bytes), v[t] = pool(bytes);
   double best = 1e9;
