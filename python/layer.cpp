@@ -57,7 +57,8 @@ void set_parameter(PyLayer& layer, const std::string& name, const py::object& va
 // name (pybind11's own conversion took bias=1.5 as True and embed_dim=True as 1).
 PyLayer make_layer(const py::object& embed_dim, const py::object& num_heads, const py::object& num_kv_heads,
                    const py::object& head_dim, const py::object& value_dim, const py::object& bias,
-                   const py::object& output_projection, const py::object& parameter_free, const py::object& seed) {
+                   const py::object& output_projection, const py::object& parameter_free, const py::object& seed,
+                   const py::object& residual) {
   auto optional_size = [](const py::object& obj, const char* name) {
     return obj.is_none() ? int64_t{0} : index_arg(obj, name);
   };
@@ -70,6 +71,7 @@ PyLayer make_layer(const py::object& embed_dim, const py::object& num_heads, con
   c.bias = flag_arg(bias, "bias");
   c.output_projection = flag_arg(output_projection, "output_projection");
   c.parameter_free = flag_arg(parameter_free, "parameter_free");
+  c.residual = flag_arg(residual, "residual");
   const int64_t s = index_arg(seed, "seed");
   if (s < 0) throw py::value_error(fmt::format("seed must be >= 0, got {}", s));
   c.seed = static_cast<uint64_t>(s);
@@ -162,12 +164,14 @@ torch.nn.MultiheadAttention's in_proj_weight rows (w_q = in_proj_weight[:E].T, w
 out_proj.weight.T). Grouped-query attention when num_kv_heads < num_heads.
 
 MultiHeadAttention(embed_dim, num_heads=1, num_kv_heads=None, head_dim=None, value_dim=None,
-                   bias=False, output_projection=True, parameter_free=False, seed=0)
+                   bias=False, output_projection=True, parameter_free=False, seed=0,
+                   residual=False)
   num_kv_heads: key/value heads (default num_heads; must divide it).
   head_dim: D (default embed_dim // num_heads); value_dim: Dv (default head_dim).
   bias: adds b_q, b_k, b_v (and b_o with the output projection).
   output_projection: without it the output is the concatenated heads [.., H·Dv].
   parameter_free: Q = K = V = X, no weights (needs num_heads = 1).
+  residual: the output is x + attention(x)·W_o (needs an output of width embed_dim).
   seed: weights are uniform in ±1/sqrt(fan_in) from this seed (the same on every platform);
         biases start at 0.
 Raises ValueError for an inconsistent configuration.
@@ -209,7 +213,7 @@ void bind_layer(py::module_& m) {
   cls.def(py::init(&make_layer), py::arg("embed_dim"), py::arg("num_heads") = 1, py::arg("num_kv_heads") = py::none(),
           py::arg("head_dim") = py::none(), py::arg("value_dim") = py::none(), py::arg("bias") = false,
           py::arg("output_projection") = true, py::arg("parameter_free") = false, py::arg("seed") = 0,
-          "Creates a layer with seeded random weights (see the class docstring).");
+          py::arg("residual") = false, "Creates a layer with seeded random weights (see the class docstring).");
   cls.def("forward", &forward, py::arg("x"), py::arg("kv") = py::none(), kForwardDoc);
   cls.def("__call__", &forward, py::arg("x"), py::arg("kv") = py::none(), "Same as forward().");
   cls.def("backward", &backward, py::arg("dout"), kBackwardDoc);
@@ -279,14 +283,18 @@ void bind_layer(py::module_& m) {
   cls.def_property_readonly(
       "seed", [](const PyLayer& l) { return l.layer.config().seed; }, "Init seed.");
   cls.def_property_readonly(
+      "residual", [](const PyLayer& l) { return l.layer.config().residual; }, "Output = x + attention.");
+  cls.def_property_readonly(
+      "note", [](const PyLayer& l) { return l.layer.config().note; }, "How the layer was trained (saved with it).");
+  cls.def_property_readonly(
       "output_dim", [](const PyLayer& l) { return l.layer.output_dim(); }, "Width of each output row.");
   cls.def("__repr__", [](const PyLayer& l) {
     const qkv::LayerConfig& c = l.layer.config();
     return fmt::format(
         "MultiHeadAttention(embed_dim={}, num_heads={}, num_kv_heads={}, head_dim={}, value_dim={}, "
-        "bias={}, output_projection={}, parameter_free={})",
+        "bias={}, output_projection={}, parameter_free={}, residual={})",
         c.embed_dim, c.num_heads, c.num_kv_heads, c.head_dim, c.value_dim, c.bias ? "True" : "False",
-        c.output_projection ? "True" : "False", c.parameter_free ? "True" : "False");
+        c.output_projection ? "True" : "False", c.parameter_free ? "True" : "False", c.residual ? "True" : "False");
   });
 }
 

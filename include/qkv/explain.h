@@ -67,6 +67,7 @@ struct Explanation {
   std::vector<HeadSteps> heads;     // H entries
   Matrix concat;                    // [N, H·Dv] context vectors of all heads, side by side
   Matrix output;                    // [N, ·] final output: concat·W_o + b_o, or concat without W_o
+  bool residual = false;            // output also adds X itself (a layer trained with a residual)
 };
 
 // Calls f(name, value) for every field, in the order of the serialised forms (the CLI's JSON,
@@ -82,7 +83,7 @@ void visit_fields(const Explanation& e, F&& f) {
   f("x", e.x), f("w_q", e.w_q), f("w_k", e.w_k), f("w_v", e.w_v), f("b_q", e.b_q), f("b_k", e.b_k), f("b_v", e.b_v);
   f("w_o", e.w_o), f("b_o", e.b_o), f("parameter_free", e.parameter_free), f("num_heads", e.num_heads);
   f("num_kv_heads", e.num_kv_heads), f("d_k", e.d_k), f("heads", e.heads), f("concat", e.concat);
-  f("output", e.output);
+  f("output", e.output), f("residual", e.residual);
 }
 
 // Names accepted by explain_example(): "seed-003" (the default of `qkv explain`) and

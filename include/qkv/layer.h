@@ -1,5 +1,6 @@
 // MultiHeadAttention: the learnable layer. Q = X·W_q, K = Xkv·W_k, V = Xkv·W_v (the seeds'
-// row-vector convention: W_q is [E, H·D]), attention per head, heads concatenated, then ·W_o.
+// row-vector convention: W_q is [E, H·D]), attention per head, heads concatenated, then ·W_o
+// (plus X itself with a residual config).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,12 @@ struct LayerConfig {
   bool output_projection = true;  // W_o [H·Dv, E]; without it the output is [.., H·Dv]
   // Q = K = V = X (seed 002): no parameters; requires H = 1 and D = Dv = E.
   bool parameter_free = false;
+  // y = x + attention(x)·W_o: the layer learns what to add to each word's own row, so its output
+  // stays a vector of the input's kind. Self-attention with W_o (or E = H·Dv) only.
+  bool residual = false;
   uint64_t seed = 0;  // initialization: uniform ±1/sqrt(fan_in), biases 0
+  // Free text saved with the weights (how the layer was trained); shown by the sentence commands.
+  std::string note = {};
 };
 
 // What forward() keeps for a later backward pass (training). Filled by forward(.., cache).

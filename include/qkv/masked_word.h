@@ -6,6 +6,15 @@
 // self-attention layer (W_q, W_k, W_v, W_o with biases) reads the sentence; its output at the
 // hidden slot is scored against every word of the vocabulary (logits = y · embeddingsᵀ) under
 // cross-entropy, with AdamW, gradient clipping and a warm-up + cosine schedule.
+//
+// The context objective (MaskedObjective::halves, `qkv train --task context`) scores every word's
+// output instead: each sentence is split at random into two halves, the layer reads one half, and
+// each of its words' outputs must pick out the other half (the unit mean of its static vectors)
+// among the batch's sentences (cross-entropy over logits y · halfᵀ, in-batch negatives). Only the
+// hidden slot is scored in the classic task, so nothing there rewards a visible word's output for
+// carrying its sentence's topic; here every output is, which is what tells "bank" by a river from
+// "bank" with money. With a residual (y = x + attention), the layer learns what the context adds
+// to each word.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +25,16 @@
 
 namespace qkv {
 
+enum class MaskedObjective { hidden_slot, halves };
+
 struct MaskedWordConfig {
+  MaskedObjective objective = MaskedObjective::hidden_slot;
+  bool residual = false;                    // the layer's output is x + attention (LayerConfig::residual)
   std::string embeddings;                   // word vectors (GloVe / word2vec); their width is the layer's E
   std::string sentences;                    // text, one sentence per line (tokenized as qkv's tokenize())
   int64_t heads = 2;                        // H
   int64_t head_dim = 0;                     // D; 0 means E / H
-  int64_t min_length = 4, max_length = 16;  // sentences of other lengths are not used
+  int64_t min_length = 4, max_length = 16;  // sentences of other lengths are not used (halves: min 4)
   int64_t max_sentences = 0;                // read at most this many lines (0: all)
   int64_t batch = 64;                       // sentences per step (all of one length)
   int64_t steps = 3000;
@@ -34,6 +47,8 @@ struct MaskedWordConfig {
   int threads = 1;               // attention and OpenBLAS threads; 0 = default_num_threads()
   int64_t eval_examples = 2000;  // held-out sentences (one sentence in 20, fixed by line number)
   std::string save;              // write the trained layer here (MultiHeadAttention::save); empty = don't
+  std::string exclude = {};      // a file of sentences (one per line) never trained on, e.g. an evaluation's
+  std::string note = {};         // saved with the layer (LayerConfig::note)
 };
 
 // Held-out accuracy of one predictor: the hidden word is the best-scoring word / among the 10 best.
@@ -48,6 +63,8 @@ struct MaskedWordResult {
   TopAccuracy untrained;       // the layer at its seeded initialization
   double final_loss = 0;       // mean over the last (up to) 50 steps
   int64_t vocabulary = 0, train_sentences = 0, eval_examples = 0;
+  int64_t excluded_sentences = 0;  // training lines dropped because config.exclude lists them
+  int64_t eval_sentences = 0;      // held-out sentences (eval_examples counts the scored words)
   double seconds = 0;
 };
 

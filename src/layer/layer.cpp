@@ -23,6 +23,7 @@ LayerConfig resolve(const LayerConfig& in) {
   if (c.num_kv_heads < 0 || c.head_dim < 0 || c.value_dim < 0)
     throw Error(fmt::format("layer: num_kv_heads, head_dim and value_dim must be >= 0 (0 = default), got {}, {}, {}",
                             c.num_kv_heads, c.head_dim, c.value_dim));
+  if (c.residual && c.parameter_free) throw Error("layer: a parameter-free layer has no residual");
   if (c.parameter_free) {
     if (c.num_heads != 1 || c.num_kv_heads > 1)
       throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}", c.num_heads));
@@ -59,6 +60,11 @@ LayerConfig resolve(const LayerConfig& in) {
   count(c.embed_dim, count(c.num_kv_heads, c.value_dim, "num_kv_heads · value_dim"),
         "embed_dim · num_kv_heads · value_dim");
   count(c.embed_dim, count(c.num_heads, c.value_dim, "num_heads · value_dim"), "embed_dim · num_heads · value_dim");
+  if (c.residual && !c.output_projection && c.num_heads * c.value_dim != c.embed_dim)
+    throw Error(
+        fmt::format("layer: a residual needs an output of width embed_dim = {}: set output_projection, or "
+                    "num_heads · value_dim = {}",
+                    c.embed_dim, c.num_heads * c.value_dim));
   return c;
 }
 
@@ -187,6 +193,8 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
   } else {
     for (int64_t i = 0; i < y.numel(); ++i) y[i] = c.ctx[i];
   }
+  if (cf.residual)
+    for (int64_t i = 0; i < y.numel(); ++i) y[i] += c.x[i];
   return y;
 }
 

@@ -55,6 +55,7 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
                             shape_string(want)));
   const int64_t rows = B * N, kv_rows = B * M;
   Tensor<float> dy_rows = detail::contiguous_rows(dy, B, N, out_dim, "dy");
+  const Tensor<float> residual_grad = cf.residual ? dy_rows.clone() : Tensor<float>();  // y = x + ...: dx gets dy
   TensorMap local;
   TensorMap& g = grads ? *grads : local;
 
@@ -100,6 +101,8 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     input_grad(key_side, dk.data(), w_k, kv_rows, !c.cross);
     input_grad(key_side, dv.data(), w_v, kv_rows, true);
   }
+  if (query_side && residual_grad.numel() > 0)
+    for (int64_t i = 0; i < rows * E; ++i) query_side[i] += residual_grad[i];
 }
 
 }  // namespace qkv

@@ -54,6 +54,8 @@ std::map<std::string, std::string> config_metadata(const LayerConfig& c) {
       {"qkv.output_projection", c.output_projection ? "1" : "0"},
       {"qkv.parameter_free", c.parameter_free ? "1" : "0"},
       {"qkv.seed", std::to_string(c.seed)},
+      {"qkv.residual", c.residual ? "1" : "0"},
+      {"qkv.note", c.note},
   };
 }
 
@@ -164,6 +166,9 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   c.parameter_free = read_bool(meta, "parameter_free", path);
   if (const auto seed = meta.find("qkv.seed"); seed != meta.end())
     c.seed = std::strtoull(seed->second.c_str(), nullptr, 10);
+  // Files written before these keys existed are residual-free and have no note.
+  if (meta.count("qkv.residual") > 0) c.residual = read_bool(meta, "residual", path);
+  if (const auto note = meta.find("qkv.note"); note != meta.end()) c.note = note->second;
   check_config_fits_tensors(c, tensors, path);
   MultiHeadAttention layer = [&] {
     try {

@@ -36,6 +36,8 @@ void check_config(const MaskedWordConfig& c) {
   require(std::isfinite(c.lr) && c.lr > 0, fmt::format("learning rate must be finite and > 0, got {}", c.lr));
   require(std::isfinite(c.clip) && c.clip >= 0, fmt::format("clip must be finite and >= 0, got {}", c.clip));
   require(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight_decay must be finite and >= 0");
+  require(c.objective != MaskedObjective::halves || c.min_length >= 4,
+          fmt::format("the halves objective needs sentences of at least 4 words, got min_length {}", c.min_length));
 }
 
 // The layer's input: the batch's rows, plus positional encodings when the config asks for them.
@@ -45,17 +47,32 @@ Tensor<float> layer_input(const detail::MaskedBatch& batch, bool positions) {
   return x;
 }
 
-// Held-out top-1/top-10 of `layer` (null: the hidden slot's input itself, the mean of the context).
+// The bag-of-words guess: the hidden slot's input itself, which holds the mean of the context
+// (halves: the mean of the half the layer reads, at every row).
+Tensor<float> mean_of_context(const detail::MaskedBatch& batch) {
+  if (batch.objective != MaskedObjective::halves) return batch.x.clone();
+  const int64_t B = batch.x.dim(0), L = batch.x.dim(1), E = batch.x.dim(2);
+  Tensor<float> y({B, L, E}, "mean of the context");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t e = 0; e < E; ++e) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < L; ++t) sum += batch.x[(b * L + t) * E + e];
+      for (int64_t t = 0; t < L; ++t) y[(b * L + t) * E + e] = static_cast<float>(sum / static_cast<double>(L));
+    }
+  return y;
+}
+
+// Held-out top-1/top-10 of `layer` (null: the mean of the context).
 TopAccuracy evaluate(const MultiHeadAttention* layer, const std::vector<detail::MaskedBatch>& held_out,
                      const Embeddings& embeddings, bool positions, const AttentionOptions& options) {
   int64_t top1 = 0, top10 = 0, total = 0;
   for (const auto& batch : held_out) {
     const Tensor<float> y =
-        layer ? layer->forward(layer_input(batch, positions).cview(), {}, options) : batch.x.clone();
+        layer ? layer->forward(layer_input(batch, positions).cview(), {}, options) : mean_of_context(batch);
     const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr);
     top1 += r.top1;
     top10 += r.top10;
-    total += static_cast<int64_t>(batch.targets.size());
+    total += r.rows;
   }
   return {static_cast<double>(top1) / static_cast<double>(total),
           static_cast<double>(top10) / static_cast<double>(total)};
@@ -81,13 +98,19 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c,
   MaskedWordResult result;
   result.vocabulary = embeddings.size();
   result.train_sentences = corpus.train_count;
-  for (const auto& b : held_out) result.eval_examples += static_cast<int64_t>(b.targets.size());
+  result.excluded_sentences = corpus.excluded;
+  for (const auto& b : held_out) {  // halves: every word of the half read is an example
+    result.eval_sentences += b.x.dim(0);
+    result.eval_examples += b.objective == MaskedObjective::halves ? b.x.dim(0) * b.x.dim(1) : b.x.dim(0);
+  }
   LayerConfig lc;
   lc.embed_dim = embeddings.dim();
   lc.num_heads = c.heads;
   lc.head_dim = c.head_dim;
   lc.bias = true;  // the hidden slot's query needs a term of its own
+  lc.residual = c.residual;
   lc.seed = c.seed;
+  lc.note = c.note;
   MultiHeadAttention layer(lc);
   const MultiHeadAttention free_layer(LayerConfig{.embed_dim = embeddings.dim(), .parameter_free = true});
   result.untrained = evaluate(&layer, held_out, embeddings, c.positions, options);
@@ -112,7 +135,7 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c,
     clip_grad_norm(grads, c.clip);
     optimizer.step(grads, schedule.at(step));
     tokens += batch.x.dim(0) * batch.x.dim(1);
-    recent.emplace_back(r.loss, static_cast<double>(r.top1) / static_cast<double>(c.batch));
+    recent.emplace_back(r.loss, static_cast<double>(r.top1) / static_cast<double>(r.rows));
     if (recent.size() > kWindow) recent.pop_front();
     if (progress)
       progress(detail::window_progress(step + 1, 0, c.steps, recent,

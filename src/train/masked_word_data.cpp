@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 #include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -54,6 +55,72 @@ MaskedBatch make_batch(const std::vector<const Sentence*>& sentences, const std:
   return out;
 }
 
+// halves: each sentence split by a uniformly drawn permutation; the layer reads the first L / 2
+// positions of it (in sentence order), the rest give the sentence's target, the unit mean of
+// their static vectors.
+MaskedBatch halves_batch(const std::vector<const Sentence*>& sentences, const Embeddings& embeddings,
+                         std::mt19937_64& rng) {
+  const auto B = static_cast<int64_t>(sentences.size());
+  const auto L = static_cast<int64_t>(sentences.front()->size());
+  const int64_t E = embeddings.dim(), A = L / 2;
+  MaskedBatch out;
+  out.objective = MaskedObjective::halves;
+  out.x = Tensor<float>({B, A, E}, "half-sentence batch");
+  out.halves = Tensor<float>({B, E}, "other halves");
+  std::vector<int64_t> order(static_cast<std::size_t>(L));
+  for (int64_t b = 0; b < B; ++b) {
+    const Sentence& s = *sentences[static_cast<std::size_t>(b)];
+    for (int64_t t = 0; t < L; ++t) order[static_cast<std::size_t>(t)] = t;
+    for (int64_t t = L - 1; t > 0; --t)  // Fisher-Yates from the seeded stream (std::shuffle is unspecified)
+      std::swap(order[static_cast<std::size_t>(t)], order[static_cast<std::size_t>(uniform_index(rng, t + 1))]);
+    std::sort(order.begin(), order.begin() + A);
+    for (int64_t r = 0; r < A; ++r) {
+      const std::span<const float> v =
+          embeddings.vector(s[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])]);
+      std::copy(v.begin(), v.end(), out.x.data() + (b * A + r) * E);
+    }
+    std::vector<double> mean(static_cast<std::size_t>(E), 0.0);
+    for (int64_t t = A; t < L; ++t) {
+      const std::span<const float> v =
+          embeddings.vector(s[static_cast<std::size_t>(order[static_cast<std::size_t>(t)])]);
+      for (int64_t e = 0; e < E; ++e) mean[static_cast<std::size_t>(e)] += v[static_cast<std::size_t>(e)];
+    }
+    double norm = 0.0;
+    for (const double m : mean) norm += m * m;
+    norm = std::sqrt(norm);
+    for (int64_t e = 0; e < E; ++e)
+      out.halves[b * E + e] = static_cast<float>(norm > 0 ? mean[static_cast<std::size_t>(e)] / norm : 0.0);
+  }
+  return out;
+}
+
+MaskedBatch make_any_batch(const MaskedCorpus& corpus, const std::vector<const Sentence*>& sentences,
+                           const std::vector<int64_t>& hidden, const Embeddings& embeddings, std::mt19937_64& rng) {
+  return corpus.objective == MaskedObjective::halves ? halves_batch(sentences, embeddings, rng)
+                                                     : make_batch(sentences, hidden, embeddings);
+}
+
+// The tokenized lines of `path` (config.exclude), words joined by one space.
+std::unordered_set<std::string> excluded_lines(const std::string& path) {
+  std::unordered_set<std::string> out;
+  if (path.empty()) return out;
+  std::optional<MappedFile> file;
+  try {
+    file.emplace(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("--exclude FILE (sentences never trained on, one per line): {}", e.what()));
+  }
+  std::string_view rest = file->bytes();
+  while (!rest.empty()) {
+    const std::size_t end = std::min(rest.find('\n'), rest.size());
+    std::string joined;
+    for (const std::string& w : tokenize(rest.substr(0, end))) joined += (joined.empty() ? "" : " ") + w;
+    if (!joined.empty()) out.insert(std::move(joined));
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+  }
+  return out;
+}
+
 }  // namespace
 
 MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& embeddings) {
@@ -66,6 +133,8 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
   }
   MaskedCorpus corpus;
   corpus.min_length = c.min_length;
+  corpus.objective = c.objective;
+  const std::unordered_set<std::string> excluded = excluded_lines(c.exclude);
   corpus.train.resize(static_cast<std::size_t>(c.max_length - c.min_length + 1));
   std::string_view rest = file->bytes();
   for (uint64_t n = 0; !rest.empty() && (c.max_sentences <= 0 || n < uint64_t(c.max_sentences)); ++n) {
@@ -82,6 +151,14 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
       s.push_back(static_cast<int32_t>(id));
     }
     if (static_cast<int64_t>(s.size()) != L) continue;  // a word without a vector
+    if (!excluded.empty()) {
+      std::string joined;
+      for (const std::string& w : words) joined += (joined.empty() ? "" : " ") + w;
+      if (excluded.count(joined) > 0) {
+        ++corpus.excluded;
+        continue;
+      }
+    }
     if (held_out_line(n)) {
       corpus.held_out.push_back(std::move(s));
     } else {
@@ -107,13 +184,12 @@ MaskedBatch sample_batch(const MaskedCorpus& corpus, const Embeddings& embedding
   const std::vector<Sentence>& pool = corpus.train[bucket];
   std::vector<const Sentence*> sentences;
   std::vector<int64_t> hidden;
-  const auto L = static_cast<int64_t>(bucket) + corpus.min_length;
   for (int64_t b = 0; b < batch; ++b) {
     sentences.push_back(
         &pool[static_cast<std::size_t>(b == 0 ? pick : uniform_index(rng, static_cast<int64_t>(pool.size())))]);
-    hidden.push_back(uniform_index(rng, L));
+    hidden.push_back(uniform_index(rng, static_cast<int64_t>(sentences.back()->size())));
   }
-  return make_batch(sentences, hidden, embeddings);
+  return make_any_batch(corpus, sentences, hidden, embeddings, rng);
 }
 
 std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embeddings& embeddings, int64_t examples,
@@ -131,46 +207,50 @@ std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embe
   for (std::size_t k = 0; k < by_length.size(); ++k)
     for (std::size_t start = 0; start < by_length[k].size(); start += kEvalBatch) {
       const std::size_t end = std::min(by_length[k].size(), start + kEvalBatch);
-      out.push_back(make_batch({by_length[k].begin() + start, by_length[k].begin() + end},
-                               {hidden[k].begin() + start, hidden[k].begin() + end}, embeddings));
+      out.push_back(make_any_batch(corpus, {by_length[k].begin() + start, by_length[k].begin() + end},
+                                   {hidden[k].begin() + start, hidden[k].begin() + end}, embeddings, rng));
     }
   return out;
 }
 
 MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, const Embeddings& embeddings,
                              Tensor<float>* dy) {
-  const int64_t B = y.dim(0), L = y.dim(1), E = y.dim(2), V = embeddings.size();
-  const float* table = embeddings.matrix().data();
-  // The hidden rows, gathered: h [B, E]; logits [B, V] = h · embeddingsᵀ.
-  Tensor<float> h({B, E}, "hidden rows"), logits({B, V}, "logits");
-  for (int64_t b = 0; b < B; ++b)
-    std::copy_n(y.data() + (b * L + batch.hidden[static_cast<std::size_t>(b)]) * E, E, h.data() + b * E);
-  sgemm(false, true, B, V, E, 1.0f, h.data(), E, table, E, 0.0f, logits.data(), V);
-  MaskedReadout r;
-  for (int64_t b = 0; b < B; ++b) {
-    float* row = logits.data() + b * V;
-    const int64_t target = batch.targets[static_cast<std::size_t>(b)];
+  const int64_t B = y.dim(0), L = y.dim(1), E = y.dim(2);
+  const bool halves = batch.objective == MaskedObjective::halves;
+  const int64_t R = halves ? B * L : B;  // scored rows
+  const int64_t V = halves ? B : embeddings.size();
+  const float* table = halves ? batch.halves.data() : embeddings.matrix().data();
+  auto row_of = [&](int64_t r) { return halves ? r : r * L + batch.hidden[static_cast<std::size_t>(r)]; };
+  auto target_of = [&](int64_t r) { return halves ? r / L : batch.targets[static_cast<std::size_t>(r)]; };
+  // The scored rows, gathered: h [R, E]; logits [R, V] = h · tableᵀ.
+  Tensor<float> h({R, E}, "scored rows"), logits({R, V}, "logits");
+  for (int64_t r = 0; r < R; ++r) std::copy_n(y.data() + row_of(r) * E, E, h.data() + r * E);
+  sgemm(false, true, R, V, E, 1.0f, h.data(), E, table, E, 0.0f, logits.data(), V);
+  MaskedReadout out;
+  out.rows = R;
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = logits.data() + r * V;
+    const int64_t target = target_of(r);
     const float score = row[target];
-    // Rank of the target: words scoring strictly higher, ties broken towards the target.
+    // Rank of the target: candidates scoring strictly higher, ties broken towards the target.
     const auto above = std::count_if(row, row + V, [score](float v) { return v > score; });
-    r.top1 += above == 0;
-    r.top10 += above < 10;
+    out.top1 += above == 0;
+    out.top10 += above < 10;
     const float best = *std::max_element(row, row + V);
     double sum = 0.0;
     for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - best);
     const double lse = best + std::log(sum);
-    r.loss += lse - score;
-    for (int64_t v = 0; v < V; ++v)  // dL/dlogits = (softmax - onehot) / B, in place
-      row[v] = static_cast<float>((std::exp(double(row[v]) - lse) - (v == target ? 1.0 : 0.0)) / double(B));
+    out.loss += lse - score;
+    for (int64_t v = 0; v < V; ++v)  // dL/dlogits = (softmax - onehot) / R, in place
+      row[v] = static_cast<float>((std::exp(double(row[v]) - lse) - (v == target ? 1.0 : 0.0)) / double(R));
   }
-  r.loss /= static_cast<double>(B);
+  out.loss /= static_cast<double>(R);
   if (dy) {
-    *dy = Tensor<float>({B, L, E}, "dy");
-    sgemm(false, false, B, E, V, 1.0f, logits.data(), V, table, E, 0.0f, h.data(), E);  // dh = dlogits · table
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(h.data() + b * E, E, dy->data() + (b * L + batch.hidden[static_cast<std::size_t>(b)]) * E);
+    *dy = Tensor<float>(y.shape(), "dy");
+    sgemm(false, false, R, E, V, 1.0f, logits.data(), V, table, E, 0.0f, h.data(), E);  // dh = dlogits · table
+    for (int64_t r = 0; r < R; ++r) std::copy_n(h.data() + r * E, E, dy->data() + row_of(r) * E);
   }
-  return r;
+  return out;
 }
 
 }  // namespace qkv::detail

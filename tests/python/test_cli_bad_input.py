@@ -545,7 +545,8 @@ def test_weights_excludes_random_layer_options(run, embeddings, tmp_path):
     ("river bank", "exactly one word"),
 ])
 def test_compare_word_problems(run, embeddings, word, needle):
-    proc = run("compare", "--embeddings", embeddings.glove, "--word", word, "I went to the bank", "river bank")
+    proc = run("compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", word, "I went to the bank",
+               "river bank")
     check_failure(proc, 1, needle)
 
 

@@ -36,7 +36,8 @@ def _outputs():
 
     def sentence(command, option, extra=()):
         def build(d, emb, rng, target):
-            return [command, "--embeddings", emb.glove, *extra, "the river bank", option, target]
+            return [command, "--embeddings", emb.glove, "--random-weights", "0", *extra, "the river bank", option,
+                    target]
         return build
 
     def train(option):
@@ -46,7 +47,8 @@ def _outputs():
         return build
 
     compare = lambda d, emb, rng, target: [  # noqa: E731
-        "compare", "--embeddings", emb.glove, "--word", "bank", "the river bank", "the bank", "--html", target]
+        "compare", "--embeddings", emb.glove, "--random-weights", "0", "--word", "bank", "the river bank", "the bank",
+        "--html", target]
     return [
         ("attend--out", attend("--out")),
         ("attend--lse", attend("--lse")),

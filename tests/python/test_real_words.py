@@ -44,10 +44,23 @@ def test_sentence_commands_find_the_built_vectors_without_flags(qkv_bin, built_w
                         "we sat by the river bank"], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
     assert "static cosine similarity:     1.000000" in p.stdout
+    assert "the trained layer context-layer.safetensors" in p.stdout and "qkv train --task context" in p.stdout
+
+
+def test_without_the_trained_layer_the_commands_say_how_to_get_it(qkv_bin, embeddings, tmp_path):
+    """Other word vectors have no trained layer: a usage error naming the ways forward, never a
+    silent random layer."""
+    for args in (["explain", "river bank"], ["context", "river bank"],
+                 ["compare", "--word", "bank", "river bank", "the bank"]):
+        p = qkv(qkv_bin, *args, "--embeddings", embeddings.glove, cwd=tmp_path)
+        assert p.returncode == 1, (args, p.stderr)
+        assert "--random-weights SEED" in p.stderr and "--parameter-free" in p.stderr, p.stderr
+        assert "qkv train --task context" in p.stderr, p.stderr
 
 
 def test_qkv_embeddings_variable_and_its_empty_form(qkv_bin, embeddings, tmp_path):
-    p = ok(qkv(qkv_bin, "explain", "river bank", "--json", env={"QKV_EMBEDDINGS": str(embeddings.glove)}))
+    p = ok(qkv(qkv_bin, "explain", "river bank", "--random-weights", "0", "--json",
+               env={"QKV_EMBEDDINGS": str(embeddings.glove)}))
     x = np.array(json.loads(p.stdout)["x"])
     assert np.array_equal(x, embeddings.x(["river", "bank"]))
     for args in (["explain", "river bank"], ["compare", "--word", "bank", "river bank", "the bank"],
@@ -169,18 +182,20 @@ def test_weights_are_labelled_by_where_they_come_from(qkv_bin, embeddings, tmp_p
 
 
 def test_token_numbers_are_one_based_everywhere(qkv_bin, embeddings, tmp_path):
-    ok(qkv(qkv_bin, "explain", "--embeddings", embeddings.glove, "we sat by the river bank", "--html", tmp_path / "e.html"))
+    ok(qkv(qkv_bin, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", "we sat by the river bank",
+           "--html", tmp_path / "e.html"))
     page = (tmp_path / "e.html").read_text()
     assert '<option value="5">token 6 of 6: bank</option>' in page
     assert '<th>query \\ key</th><th>we</th><th>sat</th>' in page  # score and weight tables name their columns
-    ok(qkv(qkv_bin, "compare", "--embeddings", embeddings.glove, "--word", "bank", "I went to the bank",
-           "we sat by the river bank", "--html", tmp_path / "c.html"))
+    ok(qkv(qkv_bin, "compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank",
+           "I went to the bank", "we sat by the river bank", "--html", tmp_path / "c.html"))
     page = (tmp_path / "c.html").read_text()
     assert '"bank" is token 5 of 5.' in page and '"bank" is token 6 of 6.' in page
 
 
 def test_heatmap_svg_has_axis_titles(qkv_bin, embeddings, tmp_path):
-    ok(qkv(qkv_bin, "explain", "--embeddings", embeddings.glove, "we sat by the river bank", "--svg", tmp_path / "h.svg"))
+    ok(qkv(qkv_bin, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", "we sat by the river bank",
+           "--svg", tmp_path / "h.svg"))
     texts = [t.text for t in ET.parse(tmp_path / "h.svg").getroot().iter("{http://www.w3.org/2000/svg}text")]
     assert "keys (columns): the tokens attended to" in texts and "queries (rows): the tokens attending" in texts
 

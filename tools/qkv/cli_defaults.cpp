@@ -46,3 +46,35 @@ void resolve_default_embeddings(SentenceArgs& args) {
 }
 
 }  // namespace qkv::cli
+
+namespace qkv::cli {
+
+std::string find_data_file(std::string_view name) {
+  // Beside the default word vectors: the trained layer goes with the vectors it was trained on.
+  const std::string built = QKV_DEFAULT_EMBEDDINGS;
+  if (built.empty()) return {};
+  const std::filesystem::path candidate = std::filesystem::path(built).parent_path() / name;
+  std::error_code ec;
+  return std::filesystem::is_regular_file(candidate, ec) ? candidate.string() : std::string();
+}
+
+std::string layer_file(const SentenceArgs& args) {
+  if (!args.weights.empty()) return args.weights;
+  if (args.random || args.parameter_free) return {};
+  const std::string layer = find_data_file(kDefaultLayerName);
+  const std::string alternatives =
+      "--weights F (`qkv train --task context --embeddings VECTORS --save F` trains one), --random-weights SEED "
+      "(a random layer) or --parameter-free (Q = K = V = X)";
+  if (layer.empty())
+    throw Error(fmt::format("no trained layer: `make demo` builds {} beside the word vectors; or pass {}",
+                            kDefaultLayerName, alternatives));
+  // A layer is trained on one set of vectors: with any other file its weights mean nothing.
+  const std::filesystem::path words = std::filesystem::path(layer).parent_path() / "words.txt";
+  std::error_code ec;
+  if (!std::filesystem::equivalent(words, args.embeddings, ec))
+    throw Error(fmt::format("the trained layer {} goes with the word vectors {}, not {}: pass {}", layer,
+                            words.string(), args.embeddings, alternatives));
+  return layer;
+}
+
+}  // namespace qkv::cli

@@ -17,22 +17,30 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
   app->add_option("--embeddings", args.embeddings,
                   "Static word embeddings: GloVe text, word2vec text or binary (told apart by content); " +
                       default_embeddings_rule());
-  if (embeddings_required) on_parse_complete(app, [&args] { resolve_default_embeddings(args); });
   app->add_option("--oov", args.oov, "Out-of-vocabulary words: error (list them), zero (zero vector) or skip")
       ->check(CLI::IsMember({"error", "zero", "skip"}));
-  CLI::Option* weights =
-      app->add_option("--weights", args.weights, "Layer weights (.safetensors written by MultiHeadAttention::save)");
-  CLI::Option* heads = app->add_option("--heads", args.heads, "Attention heads of a random layer")
-                           ->check(integer_in(int64_t{1}, int64_t{4096}));
+  CLI::Option* weights = app->add_option(
+      "--weights", args.weights,
+      fmt::format("Layer weights (.safetensors written by MultiHeadAttention::save); default: the trained layer "
+                  "{} beside the word vectors (`make demo` builds it)",
+                  kDefaultLayerName));
+  CLI::Option* seed = app->add_option("--random-weights,--seed", args.seed,
+                                      "A random layer instead of the trained one: W_q, W_k, W_v uniform from SEED");
+  CLI::Option* heads =
+      app->add_option("--heads", args.heads, "Attention heads of a random layer (implies a random layer)")
+          ->check(integer_in(int64_t{1}, int64_t{4096}));
   CLI::Option* dk = app->add_option("--dk", args.dk, "Head dimension d_k of a random layer (default E / heads)")
                         ->check(integer_in(int64_t{1}, int64_t{1} << 20));
-  CLI::Option* seed = app->add_option("--seed", args.seed, "Seed of the random W_q, W_k, W_v (default 0)");
   CLI::Option* free = app->add_flag("--parameter-free", args.parameter_free,
                                     "No weights: Q = K = V = X, as in seed 002's first-principles attention");
   app->add_flag("--positions", args.positions,
                 "Add sinusoidal positional encodings to X (\"Attention Is All You Need\"), so word order matters");
   weights->excludes(heads)->excludes(dk)->excludes(seed)->excludes(free);
   free->excludes(heads)->excludes(dk)->excludes(seed);
+  on_parse_complete(app, [&args, seed, heads, dk, embeddings_required] {
+    args.random = seed->count() + heads->count() + dk->count() > 0;
+    if (embeddings_required) resolve_default_embeddings(args);  // explain: only for a sentence
+  });
 }
 
 namespace {
@@ -126,7 +134,8 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
 }
 
 bool layer_options_given(const CLI::App* app) {
-  for (const char* name : {"--weights", "--heads", "--dk", "--seed", "--parameter-free", "--oov", "--positions"})
+  for (const char* name :
+       {"--weights", "--heads", "--dk", "--random-weights", "--parameter-free", "--oov", "--positions"})
     if (app->count(name) > 0) return true;
   return false;
 }
@@ -174,16 +183,16 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
 }
 
 MultiHeadAttention make_layer(const SentenceArgs& args, int64_t E) {
-  if (!args.weights.empty()) {
-    MultiHeadAttention layer = MultiHeadAttention::load(args.weights);
+  if (const std::string weights = layer_file(args); !weights.empty()) {
+    MultiHeadAttention layer = MultiHeadAttention::load(weights);
     if (layer.config().embed_dim != E)
       throw Error(fmt::format("--weights {}: the layer takes rows of width E = {}, but the embeddings have width {}",
-                              args.weights, layer.config().embed_dim, E));
+                              weights, layer.config().embed_dim, E));
     const std::pair<const char*, const Tensor<float>*> tensors[] = {
         {"w_q", &layer.w_q}, {"w_k", &layer.w_k}, {"w_v", &layer.w_v}, {"w_o", &layer.w_o},
         {"b_q", &layer.b_q}, {"b_k", &layer.b_k}, {"b_v", &layer.b_v}, {"b_o", &layer.b_o}};
     for (const auto& [name, t] : tensors)
-      if (t->numel() > 0) check_finite(t->cview(), fmt::format("--weights {}: tensor {}", args.weights, name));
+      if (t->numel() > 0) check_finite(t->cview(), fmt::format("--weights {}: tensor {}", weights, name));
     return layer;
   }
   LayerConfig config;
@@ -206,7 +215,11 @@ std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& l
   if (c.parameter_free) return "parameter-free (Q = K = V = X, seed 002)";
   const int64_t D = c.head_dim > 0 ? c.head_dim : c.embed_dim / c.num_heads;
   const std::string heads = fmt::format("{} head{}, d_k = {}", c.num_heads, c.num_heads == 1 ? "" : "s", D);
-  if (!args.weights.empty()) return fmt::format("learned weights from {}, {}", file_name(args.weights), heads);
+  if (const std::string weights = layer_file(args); !weights.empty()) {
+    const std::string what = default_layer(args) ? "the trained layer" : "learned weights from";
+    return c.note.empty() ? fmt::format("{} {}, {}", what, file_name(weights), heads)
+                          : fmt::format("{} {}, {}: {}", what, file_name(weights), heads, c.note);
+  }
   return fmt::format("random W_q, W_k, W_v (seed {}), {}", c.seed, heads);
 }
 

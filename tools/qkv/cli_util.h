@@ -89,16 +89,30 @@ struct SentenceArgs {
   int64_t heads = 1;
   int64_t dk = 0;  // 0: E / heads
   uint64_t seed = 0;
+  bool random = false;  // --random-weights, --heads or --dk: a random layer, on request only
   bool parameter_free = false;
   bool positions = false;  // add sinusoidal positional encodings to X (qkv/positions.h)
 };
 // Registers --embeddings (resolved by resolve_default_embeddings if `embeddings_required`), --oov,
-// --weights, --heads, --dk, --seed, --parameter-free, --positions.
+// --weights, --random-weights, --heads, --dk, --parameter-free, --positions. Without a layer option
+// the trained layer is used (resolve_default_weights).
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
 // Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else the build's
 // data/words.txt if it exists; otherwise a usage error saying how to get one. The rule, for --help:
 // default_embeddings_rule().
 void resolve_default_embeddings(SentenceArgs& args);
+// The path of a data file the CLI ships with (word vectors, the trained layer), or "" if absent.
+std::string find_data_file(std::string_view name);
+// The file name of the trained layer `make demo` builds beside the word vectors.
+inline constexpr const char* kDefaultLayerName = "context-layer.safetensors";
+// The layer file the sentence commands use: --weights, else (no layer option) the trained layer
+// beside the default word vectors, which only goes with those vectors; "" for a random or
+// parameter-free layer. A usage error, saying how to get one, when the trained layer is absent.
+std::string layer_file(const SentenceArgs& args);
+// No layer option given: the trained layer is used.
+inline bool default_layer(const SentenceArgs& args) {
+  return args.weights.empty() && !args.random && !args.parameter_free;
+}
 std::string default_embeddings_rule();
 // The last component of `path`: what pages and headers show, so no page embeds where the user's
 // files live.

@@ -38,7 +38,8 @@ void validate(const CLI::App* sub, ExplainArgs& a) {
   if (a.json && (!a.html.empty() || !a.svg.empty()))
     usage_error("explain: --json prints the steps; --html and --svg write pictures instead: choose one");
   if (!has_sentence && layer_options_given(sub))
-    usage_error("explain: --weights, --heads, --dk, --seed, --parameter-free and --oov apply only to a sentence");
+    usage_error(
+        "explain: --weights, --random-weights, --heads, --dk, --parameter-free and --oov apply only to a sentence");
   if (has_sentence) resolve_default_embeddings(a.sentence_args);
 }
 
@@ -68,7 +69,8 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
   e.source = source;
   e.style = "sentence";
   if (!layer.config().parameter_free)
-    e.weights = s.weights.empty() ? fmt::format("random (seed {})", s.seed) : "learned (" + file_name(s.weights) + ")";
+    e.weights = s.random ? fmt::format("random (seed {})", s.seed)
+                         : fmt::format("{} ({})", default_layer(s) ? "trained" : "learned", file_name(layer_file(s)));
   return e;
 }
 
@@ -104,7 +106,9 @@ Command add_explain(CLI::App& app) {
       "explain",
       "Print every step of self-attention: Q, K, V, raw scores Q·Kᵀ, scaled scores, attention weights, context "
       "vectors.\nNo arguments: seed 003's worked example. --example playing-outside: seed 000's q/k/v vectors.\n"
-      "\"a sentence\": any sentence (random seeded W, --weights F, or --parameter-free), its words looked up in\n"
+      "\"a sentence\": any sentence through the trained layer (or --weights F, --random-weights SEED, "
+      "--parameter-free),\n"
+      "its words looked up in "
       "--embeddings F (" +
           default_embeddings_rule() + ").");
   add_sentence_input(

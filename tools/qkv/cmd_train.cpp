@@ -22,6 +22,10 @@
 namespace qkv::cli {
 namespace {
 
+// --task context's defaults (chosen by the sense evaluation; see context_defaults).
+constexpr int64_t kContextSteps = 1500;
+constexpr int64_t kContextBatch = 64;
+
 struct TrainArgs {
   std::string task = "lookup";
   LookupConfig config;
@@ -70,14 +74,28 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
+// The context task's own defaults, where they differ from masked-word's: the layer that `make demo`
+// trains and the sense evaluation measures (scripts/sense_eval.py).
+void context_defaults(const CLI::App* sub, MaskedWordConfig& m) {
+  m.objective = MaskedObjective::halves;
+  m.residual = true;
+  auto unless_given = [sub](const char* name, auto& field, auto value) {
+    if (sub->count(name) == 0) field = value;
+  };
+  unless_given("--steps", m.steps, kContextSteps);
+  unless_given("--batch", m.batch, kContextBatch);
+}
+
 void validate(const CLI::App* sub, TrainArgs& a) {
-  const bool masked = a.task == "masked-word";
+  const bool masked = a.task != "lookup";
+  if (a.task != "context" && sub->count("--exclude") > 0) usage_error("--exclude applies only to --task context");
   for (const char* name :
        {"--pairs", "--keys", "--values", "--embed-dim", "--checkpoint", "--checkpoint-every", "--resume"})
     if (masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task lookup", name));
   for (const char* name :
        {"--embeddings", "--sentences", "--max-sentences", "--min-length", "--max-length", "--positions"})
-    if (!masked && sub->count(name) > 0) usage_error(fmt::format("{} applies only to --task masked-word", name));
+    if (!masked && sub->count(name) > 0)
+      usage_error(fmt::format("{} applies only to --task masked-word and context", name));
   if (a.config.resume && a.config.checkpoint.empty()) usage_error("--resume needs --checkpoint FILE");
   if (sub->count("--checkpoint-every") > 0 && a.config.checkpoint.empty())
     usage_error("--checkpoint-every needs --checkpoint FILE");
@@ -93,6 +111,7 @@ void validate(const CLI::App* sub, TrainArgs& a) {
   a.masked.embeddings = where.embeddings;
   if (a.masked.sentences.empty())
     a.masked.sentences = (std::filesystem::path(a.masked.embeddings).parent_path() / "sentences.txt").string();
+  if (a.task == "context") context_defaults(sub, a.masked);
 }
 
 void print_accuracy(const char* name, const TopAccuracy& t) {
@@ -126,11 +145,32 @@ void print_final_loss(double loss, int64_t steps, double seconds, std::string_vi
     fmt::print("final training loss {:.4f}; {} steps in {}{}\n", loss, steps, duration(seconds), note);
 }
 
-int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
+// What the saved layer says of itself (LayerConfig::note): the sentence commands print it.
+std::string training_note(const TrainArgs& a) {
   const MaskedWordConfig& m = a.masked;
+  return fmt::format(
+      "trained by `qkv train --task {}` ({} steps of {} sentences, seed {}{}) on {}, with the word "
+      "vectors {}",
+      a.task, m.steps, m.batch, m.seed, m.positions ? ", sinusoidal positions" : "", file_name(m.sentences),
+      file_name(m.embeddings));
+}
+
+int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
+  MaskedWordConfig m = a.masked;
+  m.note = training_note(a);
   const MaskedWordResult r = train_with_progress(m, curve, &train_masked_word);
-  fmt::print("held-out hidden words ({} sentences not trained on; {} words to choose from, {} training sentences):\n",
-             r.eval_examples, r.vocabulary, r.train_sentences);
+  const std::string left_out =
+      r.excluded_sentences > 0 ? fmt::format(", {} left out by --exclude", r.excluded_sentences) : "";
+  if (m.objective == MaskedObjective::halves)
+    fmt::print(
+        "held-out sentences ({} words of {} sentences not trained on, each picking its sentence's other half "
+        "among up to 250; {} training sentences{}):\n",
+        r.eval_examples, r.eval_sentences, r.train_sentences, left_out);
+  else
+    fmt::print(
+        "held-out hidden words ({} sentences not trained on; {} words to choose from, {} training "
+        "sentences{}):\n",
+        r.eval_examples, r.vocabulary, r.train_sentences, left_out);
   fmt::print("  {:<34} {:>7}  {:>7}\n", "predictor", "top-1", "top-10");
   print_accuracy("trained layer", r.trained);
   print_accuracy("mean of the context vectors", r.mean_context);
@@ -151,7 +191,7 @@ int run_train(const TrainArgs& args) {
                                      {args.loss_svg, "--loss-svg"}})
     if (!path.empty()) check_output_path(path, option);
   std::vector<LossPoint> curve;
-  if (args.task == "masked-word") {
+  if (args.task != "lookup") {
     run_masked_word(args, curve);
     write_curve(args, curve);
     return 0;
@@ -176,7 +216,8 @@ CLI::Option* add_shared(CLI::App* sub, const std::string& name, T& lookup, T& ma
                         bool show_defaults = true) {
   return sub->add_option_function<T>(
       name, [&lookup, &masked](const T& v) { lookup = masked = v; },
-      show_defaults ? fmt::format("{} (default: lookup {}, masked-word {})", help, lookup, masked) : help);
+      show_defaults ? fmt::format("{} (default: lookup {}, masked-word {}; context: see above)", help, lookup, masked)
+                    : help);
 }
 
 Command add_train(CLI::App& app) {
@@ -188,9 +229,11 @@ Command add_train(CLI::App& app) {
       "Train one multi-head attention layer by backpropagation.\n"
       "--task lookup: P key->value pair tokens then a query token carrying a key; predict that key's value.\n"
       "--task masked-word: real sentences (the GCIDE sentences `make demo` writes next to the word vectors) with\n"
-      "one word hidden; predict it from its context at the embeddings' width.");
-  sub->add_option("--task", args->task, "Task (lookup, masked-word)")
-      ->check(CLI::IsMember({"lookup", "masked-word"}))
+      "one word hidden; predict it from its context at the embeddings' width.\n"
+      "--task context: the same sentences with one word left out; every other word's output (x + attention)\n"
+      "must predict it. The layer `make demo` trains: its outputs tell word senses apart.");
+  sub->add_option("--task", args->task, "Task (lookup, masked-word, context)")
+      ->check(CLI::IsMember({"lookup", "masked-word", "context"}))
       ->capture_default_str();
   sub->add_option("--pairs,-P", c.pairs, "Key->value pairs per example")
       ->check(integer_in(1, 100000))
@@ -237,6 +280,8 @@ Command add_train(CLI::App& app) {
       ->check(integer_in(2, 100000))
       ->capture_default_str();
   sub->add_flag("--positions", m.positions, "masked-word: add sinusoidal positional encodings to the input rows");
+  sub->add_option("--exclude", m.exclude,
+                  "context: a file of sentences (one per line) never trained on, e.g. an evaluation's");
   sub->add_option("--loss-csv", args->loss_csv, "Write the loss curve (step, loss, accuracy) as CSV");
   sub->add_option("--loss-svg", args->loss_svg, "Draw the loss curve as an SVG chart");
   sub->callback([args, sub] { validate(sub, *args); });
