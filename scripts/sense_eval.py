@@ -2,7 +2,7 @@
 """Does a layer separate word senses? The sense evaluation of qkv's contextual vectors.
 
     sense_eval.py WORDS.txt [--weights LAYER.safetensors] [--max-words N] [--seed S] [--json]
-                  [--require-margin POINTS]
+                  [--require ROW=POINTS ...]
     sense_eval.py WORDS.txt --write-sentences FILE
 
 --write-sentences writes the evaluation's sentences, one per line, for `qkv train --exclude`: the
@@ -148,7 +148,7 @@ def evaluate(words_path, weights, max_words=0, seed=1):
         shuffled[w] = [(labels[perm[i]], t, p) for i, (_, t, p) in enumerate(items)]
     rows["shuffled senses"] = accuracies(shuffled, enc.layer(trained))
     margins = {}
-    for base in ("bag of context", "parameter-free"):
+    for base in ("bag of context", "parameter-free", "untrained layer"):
         diff = rows["trained layer"] - rows[base]
         lo, hi = bootstrap(diff, seed)
         margins[base] = {"margin": float(diff.mean()), "low": float(lo), "high": float(hi)}
@@ -170,9 +170,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--write-sentences", metavar="FILE", help="write the evaluation's sentences and stop")
-    p.add_argument("--require-margin", type=float, default=None, metavar="POINTS",
-                   help="exit 1 unless the trained layer beats both baselines by POINTS and both bootstrap "
-                        "intervals lie above 0")
+    p.add_argument("--require", action="append", default=[], metavar="ROW=POINTS",
+                   help="exit 1 unless the trained layer beats ROW (bag of context, parameter-free, untrained "
+                        "layer) by POINTS with its bootstrap interval above 0; repeatable")
     a = p.parse_args()
     if a.write_sentences:
         index, _ = load_vectors(a.words)
@@ -191,11 +191,15 @@ def main():
         print(json.dumps(r, indent=1))
     else:
         print_report(r)
-    if a.require_margin is not None:
-        short = [b for b, m in r["margins"].items() if 100 * m["margin"] < a.require_margin or m["low"] <= 0]
-        if short:
-            sys.exit(f"sense_eval: the trained layer does not beat {' and '.join(short)} by {a.require_margin} "
-                     f"points with a bootstrap interval above 0")
+    for spec in a.require:
+        row, _, points = spec.partition("=")
+        if row not in r["margins"]:
+            sys.exit(f"sense_eval: --require {spec}: ROW must be one of {', '.join(r['margins'])}")
+        m = r["margins"][row]
+        if 100 * m["margin"] < float(points) or m["low"] <= 0:
+            sys.exit(f"sense_eval: the trained layer beats {row} by {100 * m['margin']:+.1f} points "
+                     f"(interval {100 * m['low']:+.1f} to {100 * m['high']:+.1f}), not by {points} with an interval "
+                     f"above 0")
 
 
 def print_report(r):
