@@ -95,9 +95,16 @@ struct SentenceArgs {
 // Registers --embeddings (resolved by resolve_default_embeddings if `embeddings_required`), --oov,
 // --weights, --heads, --dk, --seed, --parameter-free, --positions.
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
-// Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else the build's
-// data/words.txt if it exists; otherwise a usage error saying how to get one. The rule, for --help:
-// default_embeddings_rule().
+// The path of the data file `name` (words.txt, context-layer.safetensors) that the command uses by
+// default, or "" if none exists. Searched in order: $QKV_DATA_DIR (if set and not empty), the
+// directory of the running executable + "/data" (a build tree: build/qkv reads build/data/), and
+// that directory + "/../share/qkv" (an installed prefix, the .deb, the pip package). No path of
+// the build machine is compiled in. data_search_path() is that list, for messages and --help.
+std::string find_data_file(std::string_view name);
+std::string data_search_path();
+// Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else
+// find_data_file("words.txt"); otherwise a usage error saying how to get one. QKV_EMBEDDINGS set
+// but empty disables the default. The rule, for --help: default_embeddings_rule().
 void resolve_default_embeddings(SentenceArgs& args);
 std::string default_embeddings_rule();
 // The last component of `path`: what pages and headers show, so no page embeds where the user's
