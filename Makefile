@@ -3,13 +3,17 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
+.PHONY: all deps deps-demo build demo-build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
   fuzz fuzz-smoke arm64 check-long package
 
 all: build
 
+# `make demo` installs only what the demo needs (scripts/install-deps.sh demo); `make test`,
+# `make build` and the rest install the test set too (README "Set-up": sizes and times).
 deps:
-	@scripts/install-deps.sh
+	@scripts/install-deps.sh test
+deps-demo:
+	@scripts/install-deps.sh demo
 
 # With ccache (make deps installs it), the pip tests' own tree build-pip/ (setup.py) gets this
 # build's objects instead of compiling the library and module again inside ctest, even with an
@@ -21,7 +25,16 @@ $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/CMakeCache.txt
+	cmake -S . -B $(BUILD) -DQKV_BUILD_TESTS=ON -DQKV_BUILD_BENCH=ON -DQKV_PYTHON=ON >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
+
+# The demo's build: the qkv command only. A first configure here turns the tests and benchmarks
+# off (GoogleTest and Google Benchmark are not in the demo's set); `make build`/`make test` turn
+# them on again in the same tree.
+demo-build: deps-demo
+	test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release \
+	  -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_BENCH=OFF $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target qkv_cli
 
 MONEY = "I went to the bank to deposit money"
 RIVER = "we sat by the river bank"
@@ -29,8 +42,8 @@ RIVER = "we sat by the river bank"
 # The tutorial's example, then real words: word vectors trained on GCIDE and a layer trained on its
 # sentences (`qkv train --task context`; both cached in $(BUILD)/data, minutes the first time),
 # ending with "bank" by the river and "bank" with money, and the sense evaluation that measures
-# what the layer learned.
-demo: build
+# what the layer learned (it needs the Python module, which the context-layer target builds).
+demo: demo-build
 	$(BUILD)/qkv explain
 	$(BUILD)/qkv explain --html $(BUILD)/explain.html && echo "seed 003's example as a page: $(BUILD)/explain.html"
 	cmake --build $(BUILD) --target embeddings context-layer

@@ -1,6 +1,7 @@
 # Install rules: libqkv (static and shared: qkv::qkv is the QKV_SHARED kind, qkv::qkv_static or
 # qkv::qkv_shared the other), its public headers, a CMake package (qkvConfig.cmake,
-# version file, exported qkv::qkv), pkg-config's qkv.pc, and the CPack settings of `make package`.
+# version file, exported qkv::qkv and, with MPI, qkv::qkv_distributed), pkg-config's qkv.pc, the
+# command's data, and the CPack settings of `make package`.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -12,13 +13,30 @@ install(TARGETS qkv ${QKV_OTHER_TARGET} EXPORT qkvTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT qkvTargets NAMESPACE qkv:: DESTINATION ${QKV_CMAKE_DIR})
+# The ring API (qkv/distributed.h, qkv::qkv_distributed) in an export of its own, which
+# qkvConfig.cmake loads only when the consumer's CMake finds MPI too (component `distributed`).
+if(TARGET qkv_distributed)
+  target_sources(qkv_distributed PUBLIC FILE_SET HEADERS BASE_DIRS ${PROJECT_SOURCE_DIR}/include
+    FILES ${PROJECT_SOURCE_DIR}/include/qkv/distributed.h)
+  install(TARGETS qkv_distributed EXPORT qkvDistributedTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT qkvDistributedTargets NAMESPACE qkv:: DESTINATION ${QKV_CMAKE_DIR})
+endif()
+
+# The data the qkv command reads by default (find_data_file in tools/qkv: <prefix>/share/qkv):
+# whichever of the word vectors and the trained layer `make demo` has built into build/data.
+install(FILES ${QKV_DATA_DIR}/words.txt ${QKV_DATA_DIR}/context-layer.safetensors
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/qkv OPTIONAL)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/qkvConfig.cmake.in
   ${PROJECT_BINARY_DIR}/qkvConfig.cmake INSTALL_DESTINATION ${QKV_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/qkvConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/qkvConfig.cmake ${PROJECT_BINARY_DIR}/qkvConfigVersion.cmake
   DESTINATION ${QKV_CMAKE_DIR})
 
-# pkg-config: a static libqkv needs its private dependencies on the link line too.
+# pkg-config: a static libqkv needs its private dependencies on the link line too. Libs carries
+# an rpath to libdir, so a program linked against the shared libqkv of any prefix runs without
+# LD_LIBRARY_PATH (the .pc is relocatable, so the rpath is wherever the prefix is when linking).
 file(RELATIVE_PATH QKV_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
 if(QKV_SHARED)
   set(QKV_PC_LIBS_PRIVATE "")
@@ -28,7 +46,9 @@ endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# `make package`: a .deb of the library, headers, CMake package and the qkv command.
+# `make package` (after `make demo`, for the data): a .deb of the library, headers, CMake package,
+# pkg-config file, the qkv command with its data under /usr/share/qkv and the Python module.
+# Written to the build directory: apt-get install ./build/qkv_*.deb
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME qkv)
 set(CPACK_PACKAGE_VENDOR "qkv developers")

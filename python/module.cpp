@@ -8,6 +8,7 @@
 #include "qkv/error.h"
 #include "qkv/interrupt.h"
 #include "qkv/out_of_memory.h"
+#include "qkv/version.h"
 
 namespace py = pybind11;
 
@@ -30,6 +31,7 @@ void set_error(PyObject* type, const char* what) {
 
 PYBIND11_MODULE(_qkv, m) {
   m.doc() = "Compiled core of qkv; use the qkv package instead.";
+  m.attr("__version__") = QKV_VERSION;
   // qkv::Error is qkv's one exception for bad input; Python callers expect ValueError for it.
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
 # Installs the Debian packages qkv needs, only those missing, so `make` works on a fresh machine.
+#   install-deps.sh demo   what `make demo` needs: the compiler and libraries of the library and
+#                          the qkv command, what trains the word vectors (gensim, GCIDE), and the
+#                          Python module and WordNet that the sense evaluation reads
+#   install-deps.sh test   the demo's set, then what `make test` adds: GoogleTest, Google Benchmark,
+#                          the Python module and its tests (pybind11, numpy, torch, pytest, pip),
+#                          MPI, Chromium and Selenium for the HTML pages, the packaging tools,
+#                          clang for the sanitizers and fuzzers, the aarch64 cross compiler and qemu
+#   install-deps.sh        (or `all`) the same as test
+# README.md ("Set-up") gives each set's package count, download and disk size.
 set -euo pipefail
-packages=(
-  cmake g++ make clang-14 libclang-rt-14-dev libomp-14-dev
+demo=(
+  cmake g++ make ccache
   libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+  python3-gensim dict-gcide
+  pybind11-dev python3-dev python3-numpy wordnet-base
+)
+test=(
+  clang-14 libclang-rt-14-dev libomp-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
-  python3-setuptools python3-pip python3-venv python3-wheel ccache
+  python3-pytest python3-torch
+  python3-setuptools python3-pip python3-venv python3-wheel
   libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
   pkg-config dpkg-dev file clang-format-14
   g++-aarch64-linux-gnu qemu-user
-  python3-gensim dict-gcide wordnet-base
 )
+case "${1:-all}" in
+  demo) packages=("${demo[@]}") ;;
+  test | all) packages=("${demo[@]}" "${test[@]}") ;;
+  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

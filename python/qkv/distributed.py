@@ -20,7 +20,14 @@ For a fixed number of ranks the results are bitwise the same for any num_threads
 import numpy as np
 
 from . import _qkv
-from . import _qkv_distributed as _d
+
+try:
+    from . import _qkv_distributed as _d
+except ImportError as e:  # qkv was built without MPI, or the MPI runtime is not installed
+    raise ImportError(
+        "qkv.distributed needs qkv built with MPI and the MPI runtime: on Debian, "
+        "`sudo apt-get install libopenmpi-dev openmpi-bin python3-mpi4py`, then rebuild and reinstall qkv "
+        f"(pip install --no-build-isolation ... builds the ring module when MPI is found); cause: {e}") from e
 
 
 def _comm_address(comm):

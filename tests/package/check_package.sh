@@ -1,14 +1,84 @@
 #!/usr/bin/env bash
-# The C++ package for real: installs this build to a temporary prefix, then builds and runs the
-# README's "Use from CMake" consumer (find_package(qkv CONFIG REQUIRED), static and shared), the
-# same program through pkg-config, and, when asked, builds the .deb and inspects it with dpkg-deb.
-# Usage: check_package.sh <build dir> <source dir> [deb]
+# The C++ package for real, as a user runs it.
+#   install: installs this build to a temporary prefix, then builds and runs the README's
+#     "Use from CMake" consumer (find_package(qkv CONFIG REQUIRED), static and shared), the same
+#     program through pkg-config run with an empty environment (the .pc's rpath finds libqkv),
+#     a ring consumer (COMPONENTS distributed) when qkv was built with MPI, the installed command
+#     (--version; `explain` on a sentence with no flags, reading <prefix>/share/qkv/words.txt), and
+#     the installed Python package from the directory /usr/bin/python3 reads for that prefix.
+#   deb: builds the .deb, checks its contents and Depends, unpacks it with dpkg -x into a scratch
+#     root and runs its command (no flags, its own data) and its Python package.
+# The word vectors are checked only when `make demo` has built build/data/words.txt (said if not).
+# Usage: check_package.sh <build dir> <source dir> [install|deb]
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 what=${3:-install}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+fail() { echo "$*" >&2; exit 1; }
+
+version=$(sed -n 's/^project(qkv VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
+words=$build/data/words.txt
+have_mpi=no
+[ -f "$build/src/distributed/libqkv_distributed.a" ] && have_mpi=yes
+
+# The command under <root>/bin, run as a new user would: empty environment, a scratch directory.
+check_cli() {
+  local bin=$1 got
+  got=$(env -i "$bin" --version)
+  [ "$got" = "qkv $version" ] || fail "$bin --version: '$got', expected 'qkv $version'"
+  if grep -qaF "$build" "$bin"; then fail "$bin holds a path of the build tree ($build)"; fi
+  if [ ! -f "$words" ]; then
+    echo "$bin explain: not run ($words is not built; make demo)"
+    return
+  fi
+  mkdir -p "$work/cwd"
+  got=$(cd "$work/cwd" && env -i "$bin" explain "we sat by the river bank") || fail "$bin explain failed"
+  [[ "$got" == *"embeddings from words.txt"* ]] || fail "$bin explain: no word vectors in '$got'"
+  echo "$bin explain (no flags): $(grep -m1 'embeddings from' <<<"$got")"
+}
+
+# The qkv package under <dir>, imported by Debian's interpreter from outside the tree.
+check_python() {
+  local dir=$1 got
+  got=$(cd "$work" && env -i PYTHONPATH="$dir" /usr/bin/python3 -c "import qkv; print(qkv.__version__, qkv.__file__)")
+  [[ "$got" == "$version $dir/qkv/__init__.py" ]] || fail "import qkv from $dir: '$got'"
+  if [ $have_mpi = yes ]; then
+    (cd "$work" && env -i PYTHONPATH="$dir" /usr/bin/python3 -c "import qkv.distributed") || fail "import qkv.distributed from $dir failed"
+  fi
+  echo "python: qkv $version from $dir"
+}
+
+if [ "$what" = deb ]; then
+  (cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
+  deb=$(ls "$work"/deb/qkv_*.deb)
+  echo "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
+  [[ "$(basename "$deb")" == qkv_${version}_*.deb ]] || fail "the .deb's version is not $version"
+  dpkg-deb --info "$deb" | grep -E '^ (Package|Version|Depends):'
+  dpkg-deb --contents "$deb" > "$work/contents"
+  want=(./usr/include/qkv/qkv.h ./usr/include/qkv/attention.h ./usr/include/qkv/version.h ./usr/bin/qkv qkvConfig.cmake
+        qkvConfigVersion.cmake qkvTargets.cmake /libqkv.a /libqkv.so /pkgconfig/qkv.pc /dist-packages/qkv/__init__.py)
+  [ $have_mpi = yes ] && want+=(./usr/include/qkv/distributed.h qkvDistributedTargets.cmake /libqkv_distributed.a)
+  [ -f "$words" ] && want+=(./usr/share/qkv/words.txt)
+  [ -f "$build/data/context-layer.safetensors" ] && want+=(./usr/share/qkv/context-layer.safetensors)
+  for w in "${want[@]}"; do
+    grep -q -- "$w" "$work/contents" || fail "the .deb lacks $w"
+  done
+  if grep -q -- 'src/' "$work/contents"; then fail "the .deb ships internal headers"; fi
+  depends=$(dpkg-deb --field "$deb" Depends)
+  for dep in libfmt libopenblas libgomp1 libstdc++6; do
+    [[ "$depends" == *"$dep"* ]] || fail "Depends lacks $dep: $depends"
+  done
+  # The Python package must be where Debian's python3 looks for /usr.
+  pydir=$(sed -n 's|.* \./usr/\(lib/[^ ]*dist-packages\)/qkv/__init__.py$|\1|p' "$work/contents")
+  /usr/bin/python3 -c "import sys; sys.exit('/usr/$pydir' not in sys.path)" || fail "/usr/$pydir is not on /usr/bin/python3's sys.path"
+  dpkg -x "$deb" "$work/root"
+  check_cli "$work/root/usr/bin/qkv"
+  check_python "$work/root/usr/$pydir"
+  echo "deb ok"
+  exit 0
+fi
 
 # The README's snippets, exactly as a reader copies them: each fenced block that follows a
 # "<!-- file: NAME -->" line is written to NAME.
@@ -19,33 +89,14 @@ awk -v dir="$work/consumer" '
   inside { print >> out }
 ' "$src/README.md"
 for f in CMakeLists.txt hello.cpp; do
-  [ -s "$work/consumer/$f" ] || { echo "README.md has no '<!-- file: $f -->' snippet" >&2; exit 1; }
+  [ -s "$work/consumer/$f" ] || fail "README.md has no '<!-- file: $f -->' snippet"
 done
-
-if [ "$what" = deb ]; then
-  (cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
-  deb=$(ls "$work"/deb/qkv_*.deb)
-  echo "built $(basename "$deb")"
-  dpkg-deb --info "$deb" | grep -E '^ (Package|Version|Depends):'
-  dpkg-deb --contents "$deb" > "$work/contents"
-  for want in ./usr/include/qkv/qkv.h ./usr/include/qkv/attention.h ./usr/bin/qkv qkvConfig.cmake qkvConfigVersion.cmake \
-              qkvTargets.cmake /libqkv.a /libqkv.so /pkgconfig/qkv.pc ./usr/lib/python3/dist-packages/qkv/__init__.py; do
-    grep -q -- "$want" "$work/contents" || { echo "the .deb lacks $want" >&2; exit 1; }
-  done
-  if grep -q -- 'src/' "$work/contents"; then echo "the .deb ships internal headers" >&2; exit 1; fi
-  depends=$(dpkg-deb --field "$deb" Depends)
-  for dep in libfmt libopenblas libgomp1 libstdc++6; do
-    [[ "$depends" == *"$dep"* ]] || { echo "Depends lacks $dep: $depends" >&2; exit 1; }
-  done
-  echo "deb ok"
-  exit 0
-fi
 
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
-[ -f "$prefix/include/qkv/qkv.h" ] || { echo "no include/qkv/qkv.h installed" >&2; exit 1; }
+[ -f "$prefix/include/qkv/qkv.h" ] || fail "no include/qkv/qkv.h installed"
 if find "$prefix/include" -name '*.h' | xargs grep -l '"\(core\|io\|kernels\|attention\|layer\)/' ; then
-  echo "an installed header includes an internal one" >&2; exit 1
+  fail "an installed header includes an internal one"
 fi
 
 for target in qkv::qkv qkv::qkv_shared; do
@@ -55,14 +106,49 @@ for target in qkv::qkv qkv::qkv_shared; do
   cmake -S "$dir/src" -B "$dir" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$dir" >/dev/null
   got=$("$dir/hello")
-  [ "$got" = "out[0] = 0.731059 0.268941" ] || { echo "find_package, $target: unexpected output '$got'" >&2; exit 1; }
+  [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "find_package, $target: unexpected output '$got'"
   echo "find_package, $target: $got"
 done
 
-pc=$(find "$prefix" -name qkv.pc)
-export PKG_CONFIG_PATH=$(dirname "$pc")
-g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $(pkg-config --cflags --libs qkv)
-libdir=$(pkg-config --variable=libdir qkv)
-got=$(LD_LIBRARY_PATH=$libdir "$work/hello-pc")
-[ "$got" = "out[0] = 0.731059 0.268941" ] || { echo "pkg-config: unexpected output '$got'" >&2; exit 1; }
-echo "pkg-config: $got"
+# pkg-config as the README says: the .pc is in <prefix>/lib/pkgconfig for a prefix other than /usr.
+[ -f "$prefix/lib/pkgconfig/qkv.pc" ] || fail "no lib/pkgconfig/qkv.pc under the prefix: $(find "$prefix" -name qkv.pc)"
+g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs qkv)
+got=$(env -i "$work/hello-pc")
+[ "$got" = "out[0] = 0.731059 0.268941" ] || fail "pkg-config: unexpected output '$got'"
+echo "pkg-config, run with an empty environment: $got"
+
+if [ $have_mpi = yes ]; then
+  mkdir -p "$work/ring/src"
+  cat > "$work/ring/src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(ring LANGUAGES CXX)
+find_package(qkv CONFIG REQUIRED COMPONENTS distributed)
+add_executable(ring ring.cpp)
+target_link_libraries(ring PRIVATE qkv::qkv_distributed)
+CMAKE
+  cat > "$work/ring/src/ring.cpp" <<'CPP'
+#include <cstdio>
+
+#include <qkv/distributed.h>
+
+int main() {
+  for (const qkv::TokenRange& r : qkv::shard_ranges(8, 2, 0, qkv::Sharding::zigzag))
+    std::printf("[%lld, %lld) ", static_cast<long long>(r.begin), static_cast<long long>(r.end));
+  std::printf("\n");
+}
+CPP
+  cmake -S "$work/ring/src" -B "$work/ring" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$work/ring" >/dev/null
+  got=$("$work/ring/ring")
+  [ "$got" = "[0, 2) [6, 8) " ] || fail "qkv::qkv_distributed: unexpected output '$got'"
+  echo "find_package COMPONENTS distributed: $got"
+else
+  echo "qkv::qkv_distributed: not checked (this build has no MPI)"
+fi
+
+check_cli "$prefix/bin/qkv"
+# Where /usr/bin/python3 looks under /usr/local is where the package goes under any prefix.
+pydir=$(cd "$prefix" && find . -path '*/qkv/__init__.py' | sed 's|^\./||; s|/qkv/__init__.py$||')
+/usr/bin/python3 -c "import sys; sys.exit('/usr/local/$pydir' not in sys.path)" \
+  || fail "the Python package went to <prefix>/$pydir: /usr/local/$pydir is not on /usr/bin/python3's sys.path"
+check_python "$prefix/$pydir"

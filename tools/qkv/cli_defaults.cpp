@@ -1,27 +1,56 @@
-// Where the sentence commands find word vectors when --embeddings is not given: $QKV_EMBEDDINGS,
-// else the real-word vectors that `make demo` trains into the build tree (compiled-in path).
+// Where the `qkv` command finds the data it uses by default (word vectors, the trained layer):
+// one search, the same for a build tree, an installed prefix, the .deb and the pip package.
 #include <cstdlib>
 #include <filesystem>
+#include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "cli_util.h"
 
-#ifndef QKV_DEFAULT_EMBEDDINGS
-#define QKV_DEFAULT_EMBEDDINGS ""
-#endif
-
 namespace qkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The directories find_data_file searches, in order. The executable's own directory comes from
+// /proc/self/exe, not argv[0], so a `qkv` found through PATH or a symlink still finds its data.
+std::vector<fs::path> data_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("QKV_DATA_DIR"); env != nullptr && env[0] != '\0') dirs.emplace_back(env);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && exe.has_parent_path()) {
+    const fs::path bin = exe.parent_path();
+    dirs.push_back(bin / "data");                  // a build tree: build/qkv, build/data/
+    dirs.push_back(bin / ".." / "share" / "qkv");  // a prefix, the .deb, and the pip package's qkv/bin
+  }
+  return dirs;
+}
+
+}  // namespace
+
+std::string data_search_path() { return "$QKV_DATA_DIR, <dir of qkv>/data, <dir of qkv>/../share/qkv"; }
+
+std::string find_data_file(std::string_view name) {
+  std::error_code ec;
+  for (const fs::path& dir : data_dirs()) {
+    const fs::path path = dir / fs::path(name);
+    if (fs::is_regular_file(path, ec)) return path.lexically_normal().string();
+  }
+  return "";
+}
 
 std::string default_embeddings_rule() {
   return fmt::format(
-      "default: $QKV_EMBEDDINGS, else {} (GCIDE word vectors built by `make demo`; "
-      "QKV_EMBEDDINGS= empty: no default)",
-      QKV_DEFAULT_EMBEDDINGS);
+      "default: $QKV_EMBEDDINGS, else words.txt in {} (GCIDE word vectors built by `make demo`, "
+      "installed under share/qkv; QKV_EMBEDDINGS= empty: no default)",
+      data_search_path());
 }
 
 std::string file_name(const std::string& path) {
-  const std::string name = std::filesystem::path(path).filename().string();
+  const std::string name = fs::path(path).filename().string();
   return name.empty() ? path : name;
 }
 
@@ -32,30 +61,15 @@ void resolve_default_embeddings(SentenceArgs& args) {
     args.embeddings = env;
     return;
   }
-  const std::string built = QKV_DEFAULT_EMBEDDINGS;
-  std::error_code ec;
-  // QKV_EMBEDDINGS set but empty turns the built-in default off (scripts and tests rely on it).
-  if (env == nullptr && !built.empty() && std::filesystem::is_regular_file(built, ec)) {
-    args.embeddings = built;
-    return;
+  // QKV_EMBEDDINGS set but empty turns the default off (scripts and tests rely on it).
+  if (env == nullptr) {
+    args.embeddings = find_data_file("words.txt");
+    if (!args.embeddings.empty()) return;
   }
-  usage_error(
-      fmt::format("no word vectors: pass --embeddings F, set QKV_EMBEDDINGS=F, or build the default {} "
-                  "with `make demo` (or `cmake --build build --target embeddings`)",
-                  built.empty() ? std::string("data/words.txt") : built));
-}
-
-}  // namespace qkv::cli
-
-namespace qkv::cli {
-
-std::string find_data_file(std::string_view name) {
-  // Beside the default word vectors: the trained layer goes with the vectors it was trained on.
-  const std::string built = QKV_DEFAULT_EMBEDDINGS;
-  if (built.empty()) return {};
-  const std::filesystem::path candidate = std::filesystem::path(built).parent_path() / name;
-  std::error_code ec;
-  return std::filesystem::is_regular_file(candidate, ec) ? candidate.string() : std::string();
+  usage_error(fmt::format(
+      "no word vectors: pass --embeddings F, set QKV_EMBEDDINGS=F, or build the default words.txt with `make demo` "
+      "(searched: {})",
+      data_search_path()));
 }
 
 std::string layer_file(const SentenceArgs& args) {

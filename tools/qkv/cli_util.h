@@ -97,17 +97,23 @@ struct SentenceArgs {
 // --weights, --random-weights, --heads, --dk, --parameter-free, --positions. Without a layer option
 // the trained layer is used (resolve_default_weights).
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
-// Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else the build's
-// data/words.txt if it exists; otherwise a usage error saying how to get one. The rule, for --help:
-// default_embeddings_rule().
-void resolve_default_embeddings(SentenceArgs& args);
-// The path of a data file the CLI ships with (word vectors, the trained layer), or "" if absent.
+// The path of the data file `name` (words.txt, context-layer.safetensors) that the command uses by
+// default, or "" if none exists. Searched in order: $QKV_DATA_DIR (if set and not empty), the
+// directory of the running executable + "/data" (a build tree: build/qkv reads build/data/), and
+// that directory + "/../share/qkv" (an installed prefix, the .deb, the pip package). No path of
+// the build machine is compiled in. data_search_path() is that list, for messages and --help.
 std::string find_data_file(std::string_view name);
+std::string data_search_path();
+// Fills args.embeddings when --embeddings was not given: $QKV_EMBEDDINGS, else
+// find_data_file("words.txt"); otherwise a usage error saying how to get one. QKV_EMBEDDINGS set
+// but empty disables the default. The rule, for --help: default_embeddings_rule().
+void resolve_default_embeddings(SentenceArgs& args);
 // The file name of the trained layer `make demo` builds beside the word vectors.
 inline constexpr const char* kDefaultLayerName = "context-layer.safetensors";
 // The layer file the sentence commands use: --weights, else (no layer option) the trained layer
 // beside the default word vectors, which only goes with those vectors; "" for a random or
-// parameter-free layer. A usage error, saying how to get one, when the trained layer is absent.
+// parameter-free layer. Throws qkv::Error, saying how to get one, when the trained layer is absent
+// or the word vectors are not the ones it was trained on.
 std::string layer_file(const SentenceArgs& args);
 // No layer option given: the trained layer is used.
 inline bool default_layer(const SentenceArgs& args) {

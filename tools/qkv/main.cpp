@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
+#include "qkv/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
       "\"Seed 000/002/003\" below name the tutorials qkv's worked examples come from: seed 000 \"Playing Outside\"\n"
       "(sample q, k, v vectors), seed 002 (attention from first principles: Q = K = V = X, no parameters) and\n"
       "seed 003 \"How Self-Attention Is Calculated\" (3 words, W_q, W_k, W_v given). `--seed` is a random seed."};
+  app.set_version_flag("--version", "qkv " QKV_VERSION);
   app.require_subcommand(1);
   std::vector<qkv::cli::Command> commands;
   for (qkv::cli::CommandFactory add : {&qkv::cli::add_explain, &qkv::cli::add_context, &qkv::cli::add_compare,
