@@ -12,6 +12,7 @@ packages=(
   pkg-config dpkg-dev file clang-format-14
   g++-aarch64-linux-gnu qemu-user
   python3-gensim dict-gcide wordnet-base
+  libcpp-httplib-dev
 )
 missing=()
 for p in "${packages[@]}"; do
