@@ -53,13 +53,14 @@ def wait_explained(driver, sentence, timeout=20):
     """Waits until the latest request is answered and the page shows `sentence`'s tokens."""
     want = " ".join(sentence.split())
     WebDriverWait(driver, timeout).until(lambda d: js(d, """
-        return document.body.dataset.ready === String(state.seq) && state.data !== null &&
+        return !state.waiting && document.body.dataset.ready === String(state.seq) && state.data !== null &&
                state.data.explanation.tokens.join(' ') === arguments[0];""", want),
         f"the page never showed {want!r}")
 
 
 def settle(driver, timeout=20):
-    WebDriverWait(driver, timeout).until(lambda d: js(d, "return document.body.dataset.ready === String(state.seq);"))
+    WebDriverWait(driver, timeout).until(
+        lambda d: js(d, "return !state.waiting && document.body.dataset.ready === String(state.seq);"))
 
 
 def type_into(driver, element_id, text):
@@ -105,7 +106,13 @@ def cli_explain(run, words, sentence, *args):
     return cli_json(run, "explain", "--embeddings", words, *args, sentence)
 
 
-def assert_page_shows(driver, cli, query=0):
+def assert_page_shows(driver, cli, query=None):
+    """The heatmaps, the selected word's bars and its context vector are the CLI's numbers (the word
+    the page has selected unless `query` says which it must be)."""
+    selected = js(driver, "return +document.querySelector('#tokens .token[aria-pressed=true]').dataset.index;")
+    if query is not None:
+        assert selected == query
+    query = selected
     got = cells(driver)
     assert len(got) == len(cli["heads"])
     for h, head in enumerate(cli["heads"]):
@@ -208,6 +215,7 @@ def test_limits_show_the_servers_message(page):
 
 def test_hover_and_keyboard_read_values(page):
     show(page, "the cat chased the dog")
+    page.find_elements(By.CSS_SELECTOR, "#tokens .token")[0].click()
     cell = page.find_element(By.CSS_SELECTOR, "#heatmaps .heatmap rect.cell[data-i='1'][data-j='2']")
     ActionChains(page).move_to_element(cell).perform()
     w = float(cell.get_attribute("data-w"))
@@ -235,7 +243,7 @@ def test_compare_mode_matches_the_cli(page, served, run, qkv_bin):
         type_into(page, "word", "bank")
         type_into(page, "sentence1", s1)
         type_into(page, "sentence2", s2)
-        WebDriverWait(page, 20).until(lambda d: js(d, """return document.body.dataset.compareReady === String(state.compareSeq)
+        WebDriverWait(page, 20).until(lambda d: js(d, """return !state.waiting && document.body.dataset.compareReady === String(state.compareSeq)
             && state.compareSeq > arguments[0];""", before))
         assert not page.find_element(By.ID, "causal").is_enabled()
         cli = cli_json(run, "compare", "--embeddings", words, "--heads", HEADS, "--word", "bank", s1, s2)
@@ -244,7 +252,7 @@ def test_compare_mode_matches_the_cli(page, served, run, qkv_bin):
         lists = page.find_elements(By.CSS_SELECTOR, "#sides .nearest")
         for shown, side in zip(lists, cli["sentences"]):
             assert [li.text for li in shown.find_elements(By.TAG_NAME, "li")] == \
-                [f"{w['word']}  {w['cosine']:.4f}" for w in side["nearest"]]
+                [f"{w['word']} {w['cosine']:.4f}" for w in side["nearest"]]
         values = [e.text for e in page.find_elements(By.CSS_SELECTOR, "#sides .bars .value")]
         assert values == [f"{w:.4f}" for side in cli["sentences"] for w in side["weights"][0]]
         assert js(page, OVERFLOW) == []

@@ -3,7 +3,7 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { config: null, mode: 'explain', query: 0, head: 0, cursor: null, data: null, seq: 0, compareSeq: 0 };
+const state = { config: null, mode: 'explain', waiting: false, query: 0, head: 0, cursor: null, data: null, seq: 0, compareSeq: 0 };
 const DEBOUNCE_MS = 250;
 
 // The colour of a weight in [0, 1]: a sequential blue scale (light = 0, dark = 1), also the legend.
@@ -58,9 +58,14 @@ function layerChoice() {
   return { layer, seed };
 }
 
+// Runs f once typing pauses; state.waiting says an update is due (tests wait for it to clear).
 function debounce(f) {
   let timer = null;
-  return () => { clearTimeout(timer); timer = setTimeout(f, DEBOUNCE_MS); };
+  return () => {
+    clearTimeout(timer);
+    state.waiting = true;
+    timer = setTimeout(() => { state.waiting = false; f(); }, DEBOUNCE_MS);
+  };
 }
 
 // ---- One sentence ------------------------------------------------------------------------------
@@ -76,6 +81,7 @@ async function explain() {
     if (seq !== state.seq) return;  // a newer request is on its way
     showError('');
     state.data = data;
+    state.cursor = null;
     drawExplain();
     $('status').textContent = `${data.explanation.tokens.length} tokens · ${data.layer}` +
       `${data.options.scaled ? '' : ' · unscaled'}${data.options.positions ? ' · with positions' : ''}` +
@@ -112,7 +118,7 @@ function drawTokens(e) {
   const box = $('tokens');
   box.replaceChildren(...e.tokens.map((t, i) => el('button', {
     class: 'token', type: 'button', 'aria-pressed': String(i === state.query), title: `${t} (token ${i + 1})`,
-    'data-index': String(i), onclick: () => { state.query = i; drawExplain(); },
+    'data-index': String(i), onclick: () => { state.query = i; state.cursor = null; drawExplain(); },
   }, short(t, 14), el('span', { class: 'idx', text: String(i + 1) }))));
 }
 
@@ -271,7 +277,7 @@ function drawCompare(c) {
     const tokens = el('div', { class: 'token-row' }, ...s.tokens.map((t, j) => el('span', { class: j === s.position ? 'token word' : 'token', title: t, text: short(t, 14) })));
     const nearest = s.nearest.length === 0
       ? el('p', { class: 'caption', text: 'No nearest words: the layer\'s output width differs from the word vectors\'.' })
-      : el('ol', { class: 'nearest' }, ...s.nearest.map((w) => el('li', { text: `${w.word}  ${fixed(w.cosine, 4)}` })));
+      : el('ol', { class: 'nearest' }, ...s.nearest.map((w) => el('li', {}, el('span', { text: w.word }), ' ', el('span', { class: 'cos', text: fixed(w.cosine, 4) }))));
     return el('div', { class: 'side' }, el('h3', { text: `Sentence ${n + 1}: "${s.text}"` }), tokens,
       el('p', { class: 'caption', text: `What "${c.word}" attends to (head 1${s.weights.length > 1 ? ` of ${s.weights.length}` : ''}):` }),
       barRows(s.tokens, s.weights[0], { highlight: s.position }),
