@@ -107,6 +107,10 @@ function drawExplain() {
   drawBars(e);
   drawContext(e);
   const o = state.data.options;
+  $('tokens-caption').textContent = 'Each word is looked up in the word vectors (a row of X' +
+    (o.positions ? ', plus its position\'s sinusoidal encoding' : '') + '), then ' +
+    (e.parameter_free ? 'used as it is: Q = K = V = X (no parameters).' : 'Q = X·W_q, K = X·W_k, V = X·W_v.') +
+    ' Pick the word that asks (the query):';
   $('heatmap-caption').textContent = 'Row = the word asking (query), column = the word answering (key). ' +
     (o.scaled ? `Each row is softmax(Q·Kᵀ / √d_k), d_k = ${e.d_k}, and sums to 1. `
               : 'Unscaled: each row is softmax(Q·Kᵀ). Large scores push the softmax towards one word (saturation). ') +
@@ -211,7 +215,7 @@ function barRows(tokens, row, { highlight = -1, maskedFrom = Infinity } = {}) {
       el('div', { class: masked ? 'label masked' : 'label', title: `${t} (token ${j + 1})`, role: 'listitem',
                   style: j === highlight ? 'font-weight:700' : '' }, short(t, 16)),
       el('div', { class: 'track', title: `${t}: ${fixed(row[j], 6)}` },
-         el('div', { class: 'fill', style: `width:${(100 * row[j]).toFixed(2)}%;background:${colour(row[j])}` })),
+         el('div', { class: 'fill', style: `width:${(100 * row[j]).toFixed(2)}%` })),
       el('div', { class: masked ? 'value masked' : 'value', 'data-w': String(row[j]), text: masked ? '0 (masked)' : fixed(row[j], 4) }));
   });
   return grid;
