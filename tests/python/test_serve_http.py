@@ -1,9 +1,11 @@
 """`qkv serve` over HTTP: the API answers what `qkv explain --json` / `qkv compare --json` print for
 the same sentence and layer, refuses bad requests with a JSON message, serves 50 clients at once,
 and stops cleanly on SIGINT and SIGTERM."""
+import http.client
 import json
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,7 +53,7 @@ def test_config_lists_the_layers_and_limits(server, words):
     assert status == 200
     assert [l["id"] for l in config["layers"]] == ["default", "parameter-free", "random"]
     assert config["embeddings"] == "words.txt" and str(words.parent) not in json.dumps(config)
-    assert config["limits"]["max_tokens"] == 64 and config["width"] == 8
+    assert config["limits"]["max_tokens"] == 64 and config["width"] == 8 and config["positions"] is False
 
 
 @pytest.mark.parametrize("layer,cli_args", [("default", ["--heads", "2"]), ("parameter-free", ["--parameter-free"]),
@@ -172,8 +174,16 @@ def test_fifty_concurrent_clients(server):
 def test_signal_stops_cleanly(qkv_bin, words, sig, name):
     s = Server(qkv_bin, "--embeddings", words)
     assert request(s.url + "api/config")[0] == 200
+    # A browser keeps its connection open: the server still stops promptly.
+    idle = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    idle.request("GET", "/api/config")
+    assert idle.getresponse().read()
+    start = time.monotonic()
     code, err = s.stop(sig)
+    elapsed = time.monotonic() - start
+    idle.close()
     assert code == 0 and f"qkv serve: stopped ({name})" in err
+    assert elapsed < 5, f"stopping took {elapsed:.1f} s with an idle connection open"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", s.port), timeout=2).close()
 
@@ -197,3 +207,30 @@ def test_bad_command_lines(run, words):
     assert r.returncode == 2 and "70000" in r.stderr
     r = run("serve", "--embeddings", words.parent / "missing.txt", "--port", "0")
     assert r.returncode == 1 and "missing.txt" in r.stderr
+
+
+def test_learned_layer_is_the_default(qkv_bin, run, words, tmp_path):
+    """Started with --weights (a trained layer, with its output projection), the default layer is
+    that layer, as in `qkv explain --weights`; the other layers stay available."""
+    layer = tmp_path / "layer.safetensors"
+    r = run("train", "--steps", "2", "--batch", "2", "--pairs", "2", "--keys", "4", "--values", "4", "-E", "8",
+            "--heads", "2", "--eval-examples", "4", "--threads", "1", "--save", layer)
+    assert r.returncode == 0, r.stderr
+    s = Server(qkv_bin, "--embeddings", words, "--weights", layer)
+    try:
+        _, config, _ = request(s.url + "api/config")
+        assert config["layers"][0]["label"] == "learned weights from layer.safetensors, 2 heads, d_k = 4"
+        assert str(tmp_path) not in json.dumps(config)
+        sentence = "the dog chased the cat"
+        _, served, _ = request(s.url + "api/explain", {"sentence": sentence})
+        assert_same_steps(served["explanation"], cli_json(run, "explain", "--embeddings", words, "--weights", layer,
+                                                          sentence))
+        _, free, _ = request(s.url + "api/explain", {"sentence": sentence, "layer": "parameter-free"})
+        assert_same_steps(free["explanation"], cli_json(run, "explain", "--embeddings", words, "--parameter-free",
+                                                        sentence))
+        s1, s2 = "i went to the bank to deposit money", "we sat by the river bank"
+        _, compared, _ = request(s.url + "api/compare", {"word": "bank", "sentences": [s1, s2]})
+        assert compared == cli_json(run, "compare", "--embeddings", words, "--weights", layer, "--word", "bank", s1, s2)
+    finally:
+        code, err = s.stop()
+        assert code == 0, err

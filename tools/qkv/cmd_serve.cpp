@@ -97,9 +97,10 @@ void add_routes(httplib::Server& server, const ServeApi& state) {
     set_json(res, 500, error_json(message));
   });
   server.set_payload_max_length(kServeMaxBodyBytes);
-  // A slow or idle client must not hold one of the pool's threads for long.
+  // A slow or idle client must not hold one of the pool's threads for long; an idle keep-alive
+  // connection also delays stopping by up to its timeout (cpp-httplib waits it out).
   server.set_read_timeout(5);
-  server.set_keep_alive_timeout(2);
+  server.set_keep_alive_timeout(1);
   server.set_default_headers({{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
 }
 

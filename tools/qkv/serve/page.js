@@ -321,6 +321,7 @@ async function start() {
     const c = state.config;
     $('vocab').textContent = `Word vectors: ${c.embeddings} (${c.vocabulary} words, width ${c.width}). Up to ${c.limits.max_tokens} words per sentence.`;
     $('label-default').textContent = `default: ${c.layers[0].label}`;
+    $('positions').checked = c.positions;
     $('layer-caption').textContent = 'The default is the layer `qkv explain` uses with the same options; parameter-free uses each word\'s vector as its query, key and value.';
   } catch (e) {
     showError(`Cannot reach the qkv server: ${e.message}`);

@@ -114,6 +114,7 @@ std::string ServeApi::config_json() const {
   const json j = {{"embeddings", file_name(args_.embeddings)},
                   {"vocabulary", embeddings_.size()},
                   {"width", embeddings_.dim()},
+                  {"positions", args_.positions},  // the page starts with --positions' setting
                   {"layers",
                    {{{"id", "default"}, {"label", describe_layer(args_, *default_layer_)}},
                     {{"id", "parameter-free"}, {"label", describe_layer(args_, *parameter_free_layer_)}},
