@@ -196,13 +196,20 @@ def test_host_other_than_loopback_warns(qkv_bin, words):
     assert code == 0 and "warning: listening on 0.0.0.0, not only on this machine" in err
 
 
-def test_bad_command_lines(run, words):
+def test_bad_command_lines(qkv_bin, run, words):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
         r = run("serve", "--embeddings", words, "--port", port, timeout=30)
         assert r.returncode == 1 and f"--port {port}: cannot listen there" in r.stderr
+    # Nor is a port another `qkv serve` listens on (no SO_REUSEPORT sharing).
+    first = Server(qkv_bin, "--embeddings", words)
+    try:
+        r = run("serve", "--embeddings", words, "--port", first.port, timeout=30)
+        assert r.returncode == 1 and f"--port {first.port}: cannot listen there" in r.stderr
+    finally:
+        assert first.stop()[0] == 0
     r = run("serve", "--embeddings", words, "--port", "70000")
     assert r.returncode == 2 and "70000" in r.stderr
     r = run("serve", "--embeddings", words.parent / "missing.txt", "--port", "0")

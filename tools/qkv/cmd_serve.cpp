@@ -3,6 +3,7 @@
 // same functions as `qkv explain` and `qkv compare`. Bound to 127.0.0.1 unless --host says
 // otherwise; SIGINT and SIGTERM stop it cleanly (exit 0).
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -100,7 +101,7 @@ void add_routes(httplib::Server& server, const ServeApi& state) {
   // A slow or idle client must not hold one of the pool's threads for long; an idle keep-alive
   // connection also delays stopping by up to its timeout (cpp-httplib waits it out).
   server.set_read_timeout(5);
-  server.set_keep_alive_timeout(1);
+  server.set_keep_alive_timeout(2);
   server.set_default_headers({{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
 }
 
@@ -168,7 +169,18 @@ int run_serve(const ServeArgs& a) {
 
   httplib::Server server;
   add_routes(server, state);
+  // cpp-httplib's default options set SO_REUSEPORT, which lets a second server share a port that
+  // is in use (each getting some of the connections): SO_REUSEADDR only, so that fails instead.
+  int listening = -1;
+  server.set_socket_options([&listening](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listening = sock;
+  });
   const int port = a.port == 0 ? server.bind_to_any_port(a.host) : (server.bind_to_port(a.host, a.port) ? a.port : -1);
+  // cpp-httplib listens with a backlog of 5: more clients connecting at once had their requests
+  // dropped and retransmitted late, after the server gave up waiting. listen() again raises it.
+  if (port >= 0 && listening >= 0) ::listen(listening, SOMAXCONN);
   if (port < 0)
     throw Error(
         fmt::format("--host {} --port {}: cannot listen there (the port is in use, or the address is not "
