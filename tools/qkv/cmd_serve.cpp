@@ -211,7 +211,8 @@ Command add_serve(CLI::App& app) {
       "The live explorer: a local web page where you type a sentence and watch every step of self-attention,\n"
       "switch layers (the default one, parameter-free, random), toggle √d_k scaling, positions and the causal\n"
       "mask, and compare one word in two sentences. Prints the URL; Ctrl-C stops.");
-  sub->add_option("--port", args->port, "TCP port (0: any free port, printed)")->check(integer_in(0, 65535));
+  sub->add_option("--port", args->port, "TCP port (default 8000; 0: any free port, printed)")
+      ->check(integer_in(0, 65535));
   sub->add_option("--host", args->host,
                   "Address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)");
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
