@@ -15,6 +15,7 @@ demo=(
   libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   python3-gensim dict-gcide
   pybind11-dev python3-dev python3-numpy wordnet-base
+  libcpp-httplib-dev pkg-config
 )
 test=(
   clang-14 libclang-rt-14-dev libomp-14-dev
@@ -23,7 +24,7 @@ test=(
   python3-setuptools python3-pip python3-venv python3-wheel
   libopenmpi-dev openmpi-bin python3-mpi4py
   chromium chromium-driver python3-selenium python3-pil
-  pkg-config dpkg-dev file clang-format-14
+  dpkg-dev file clang-format-14
   g++-aarch64-linux-gnu qemu-user
 )
 case "${1:-all}" in

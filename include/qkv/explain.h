@@ -106,9 +106,22 @@ Explanation explain_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Mat
 // Parameter-free attention (seed 002): Q = K = V = X [N, E], d_k = E.
 Explanation explain_parameter_free(std::vector<std::string> tokens, Matrix x);
 
+// Variations of the softmax step the tutorials discuss (the live explorer, `qkv serve`, toggles
+// them). The defaults are what attention computes; other values no longer match layer.forward().
+struct StepOptions {
+  // false: weights = softmax(scores) without 1/√d_k (each head's `scale` is then 1, and
+  // scaled_scores equals scores), showing how large scores saturate the softmax.
+  bool scaled = true;
+  // true: query i attends only to keys 0..i (a decoder's causal mask). scaled_scores keep every
+  // value; the weights of the masked keys are exactly 0 and each row still sums to 1.
+  bool causal = false;
+};
+
 // Explains what `layer` computes for x [N, E] (its weights converted to float64; parameter-free
-// layers give explain_parameter_free). The result agrees with layer.forward() to fp32 rounding.
-Explanation explain_layer(std::vector<std::string> tokens, TensorView<const float> x, const MultiHeadAttention& layer);
+// layers give explain_parameter_free). With default `options` the result agrees with
+// layer.forward() to fp32 rounding.
+Explanation explain_layer(std::vector<std::string> tokens, TensorView<const float> x, const MultiHeadAttention& layer,
+                          const StepOptions& options = {});
 
 // A readable step-by-step print. `precision` is the number of decimals shown.
 std::string explanation_to_text(const Explanation& e, int precision = 8);

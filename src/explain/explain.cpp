@@ -2,6 +2,7 @@
 // is involved, so an explanation is also an independent check of the kernels).
 #include "qkv/explain.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -70,19 +71,22 @@ void check_bias(const Matrix& bias, int64_t cols, const char* name) {
     throw Error(fmt::format("{}: expected {} values, got [{}, {}]", name, cols, bias.rows, bias.cols));
 }
 
-HeadSteps attend(Matrix q, Matrix k, Matrix v) {
+HeadSteps attend(Matrix q, Matrix k, Matrix v, const StepOptions& options) {
   HeadSteps h;
   h.scores = matmul(q, k, true);
-  h.scale = attention_scale(std::nullopt, q.cols);
+  h.scale = options.scaled ? attention_scale(std::nullopt, q.cols) : 1.0;
   h.scaled_scores = h.scores;
   for (double& s : h.scaled_scores.data) s *= h.scale;
   h.weights = h.scaled_scores;
   for (int64_t i = 0; i < h.weights.rows; ++i) {
+    // Causal: keys after the query take no part (key 0 always does, so no row is empty).
+    const int64_t seen = options.causal ? std::min(i + 1, h.weights.cols) : h.weights.cols;
     double row_max = -INFINITY;
-    for (int64_t j = 0; j < h.weights.cols; ++j) row_max = std::max(row_max, h.weights(i, j));
+    for (int64_t j = 0; j < seen; ++j) row_max = std::max(row_max, h.weights(i, j));
     double sum = 0.0;
-    for (int64_t j = 0; j < h.weights.cols; ++j) sum += h.weights(i, j) = std::exp(h.weights(i, j) - row_max);
-    for (int64_t j = 0; j < h.weights.cols; ++j) h.weights(i, j) /= sum;
+    for (int64_t j = 0; j < seen; ++j) sum += h.weights(i, j) = std::exp(h.weights(i, j) - row_max);
+    for (int64_t j = 0; j < seen; ++j) h.weights(i, j) /= sum;
+    for (int64_t j = seen; j < h.weights.cols; ++j) h.weights(i, j) = 0.0;
   }
   h.context = matmul(h.weights, v);
   h.q = std::move(q);
@@ -97,11 +101,9 @@ void check_tokens(const std::vector<std::string>& tokens, int64_t rows, const ch
     throw Error(fmt::format("{}: {} rows but {} tokens", what, rows, tokens.size()));
 }
 
-}  // namespace
-
-Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, Matrix w_k, Matrix w_v,
-                                int64_t num_heads, int64_t num_kv_heads, Matrix b_q, Matrix b_k, Matrix b_v, Matrix w_o,
-                                Matrix b_o) {
+Explanation projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, Matrix w_k, Matrix w_v,
+                        int64_t num_heads, int64_t num_kv_heads, Matrix b_q, Matrix b_k, Matrix b_v, Matrix w_o,
+                        Matrix b_o, const StepOptions& options) {
   check_tokens(tokens, x.rows, "X");
   const int64_t E = x.cols;
   if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0)
@@ -138,7 +140,7 @@ Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matri
   const int64_t group = num_heads / num_kv_heads;
   for (int64_t h = 0; h < num_heads; ++h) {
     const int64_t hk = h / group;
-    e.heads.push_back(attend(columns(q, h * D, D), columns(k, hk * D, D), columns(v, hk * Dv, Dv)));
+    e.heads.push_back(attend(columns(q, h * D, D), columns(k, hk * D, D), columns(v, hk * Dv, Dv), options));
     for (int64_t i = 0; i < x.rows; ++i)
       for (int64_t j = 0; j < Dv; ++j) e.concat(i, h * Dv + j) = e.heads.back().context(i, j);
   }
@@ -161,7 +163,7 @@ Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matri
   return e;
 }
 
-Explanation explain_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Matrix v) {
+Explanation from_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Matrix v, const StepOptions& options) {
   check_tokens(tokens, q.rows, "q");
   if (k.rows != q.rows || v.rows != q.rows || k.cols != q.cols || q.cols == 0 || v.cols == 0)
     throw Error(fmt::format("q [{}, {}], k [{}, {}] and v [{}, {}] must have the same rows, and q and k the same width",
@@ -170,31 +172,49 @@ Explanation explain_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Mat
   e.style = "sentence";
   e.d_k = q.cols;
   e.tokens = std::move(tokens);
-  e.heads.push_back(attend(std::move(q), std::move(k), std::move(v)));
+  e.heads.push_back(attend(std::move(q), std::move(k), std::move(v), options));
   e.concat = e.heads[0].context;
   e.output = e.concat;
   return e;
 }
 
-Explanation explain_parameter_free(std::vector<std::string> tokens, Matrix x) {
+Explanation parameter_free(std::vector<std::string> tokens, Matrix x, const StepOptions& options) {
   check_tokens(tokens, x.rows, "X");
-  Explanation e = explain_qkv(std::move(tokens), x, x, x);
+  Explanation e = from_qkv(std::move(tokens), x, x, x, options);
   e.x = std::move(x);
   e.parameter_free = true;
   return e;
 }
 
-Explanation explain_layer(std::vector<std::string> tokens, TensorView<const float> x, const MultiHeadAttention& layer) {
+}  // namespace
+
+Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, Matrix w_k, Matrix w_v,
+                                int64_t num_heads, int64_t num_kv_heads, Matrix b_q, Matrix b_k, Matrix b_v, Matrix w_o,
+                                Matrix b_o) {
+  return projections(std::move(tokens), std::move(x), std::move(w_q), std::move(w_k), std::move(w_v), num_heads,
+                     num_kv_heads, std::move(b_q), std::move(b_k), std::move(b_v), std::move(w_o), std::move(b_o), {});
+}
+
+Explanation explain_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Matrix v) {
+  return from_qkv(std::move(tokens), std::move(q), std::move(k), std::move(v), {});
+}
+
+Explanation explain_parameter_free(std::vector<std::string> tokens, Matrix x) {
+  return parameter_free(std::move(tokens), std::move(x), {});
+}
+
+Explanation explain_layer(std::vector<std::string> tokens, TensorView<const float> x, const MultiHeadAttention& layer,
+                          const StepOptions& options) {
   const LayerConfig& c = layer.config();
   Matrix xm = Matrix::from_view(x, "X");
-  if (c.parameter_free) return explain_parameter_free(std::move(tokens), std::move(xm));
+  if (c.parameter_free) return parameter_free(std::move(tokens), std::move(xm), options);
   const int64_t kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
   Explanation e =
-      explain_projections(std::move(tokens), std::move(xm), Matrix::from_view(layer.w_q.cview(), "w_q"),
-                          Matrix::from_view(layer.w_k.cview(), "w_k"), Matrix::from_view(layer.w_v.cview(), "w_v"),
-                          c.num_heads, kv_heads, Matrix::from_view(layer.b_q.cview(), "b_q"),
-                          Matrix::from_view(layer.b_k.cview(), "b_k"), Matrix::from_view(layer.b_v.cview(), "b_v"),
-                          Matrix::from_view(layer.w_o.cview(), "w_o"), Matrix::from_view(layer.b_o.cview(), "b_o"));
+      projections(std::move(tokens), std::move(xm), Matrix::from_view(layer.w_q.cview(), "w_q"),
+                  Matrix::from_view(layer.w_k.cview(), "w_k"), Matrix::from_view(layer.w_v.cview(), "w_v"),
+                  c.num_heads, kv_heads, Matrix::from_view(layer.b_q.cview(), "b_q"),
+                  Matrix::from_view(layer.b_k.cview(), "b_k"), Matrix::from_view(layer.b_v.cview(), "b_v"),
+                  Matrix::from_view(layer.w_o.cview(), "w_o"), Matrix::from_view(layer.b_o.cview(), "b_o"), options);
   if (c.residual) {
     for (int64_t i = 0; i < e.output.rows; ++i)
       for (int64_t j = 0; j < e.output.cols; ++j) e.output(i, j) += e.x(i, j);

@@ -14,6 +14,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/error.h"
+#include "word_compare.h"
 
 namespace qkv::cli {
 namespace {
@@ -25,18 +26,6 @@ struct CompareArgs {
   bool json = false;
   std::string html;  // also write the side-by-side page
 };
-
-double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, int64_t j, const std::string& what) {
-  double dot = 0.0, na = 0.0, nb = 0.0;
-  for (int64_t d = 0; d < a.dim(1); ++d) {
-    const double x = a(i, d), y = b(j, d);
-    dot += x * y;
-    na += x * x;
-    nb += y * y;
-  }
-  if (na == 0.0 || nb == 0.0) throw Error(fmt::format("{}: a zero vector has no cosine similarity", what));
-  return dot / std::sqrt(na * nb);
-}
 
 // What the word attends to in one sentence, per head ("money (token 8) 0.410, ..."), and the first
 // values of its contextual vector.
@@ -61,74 +50,31 @@ std::string attends_to(const WordInSentence& w, std::size_t n) {
          (w.contextual_vector.size() > 6 ? fmt::format(", ... ({} values)]\n", w.contextual_vector.size()) : "]\n");
 }
 
-struct Occurrence {
-  EmbeddedSentence embedded;
-  int64_t position = 0;
-  Tensor<float> contextual;
-};
-
 int run_compare(const CompareArgs& a) {
-  const std::vector<std::string> word_tokens = tokenize(a.word);
-  if (word_tokens.size() != 1)
-    throw Error(
-        fmt::format("--word '{}': must be exactly one word (it tokenizes to {} tokens)", a.word, word_tokens.size()));
-  const std::string& word = word_tokens[0];
   if (!a.html.empty()) check_output_path(a.html, "--html");
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
-  if (embeddings.find(word) < 0)
-    throw Error(fmt::format("--word '{}': not in the vocabulary of {}", a.word, sa.embeddings));
   const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
-
-  std::vector<Occurrence> occ;
-  for (std::size_t n = 0; n < a.sentences.size(); ++n) {
-    const std::string what = fmt::format("sentence {}", n + 1);
-    Occurrence o{embed(embeddings, a.sentences[n], sa, what), -1, {}};
-    for (std::size_t t = 0; t < o.embedded.tokens.size() && o.position < 0; ++t)
-      if (o.embedded.tokens[t] == word) o.position = static_cast<int64_t>(t);
-    if (o.position < 0) throw Error(fmt::format("--word '{}': not in {} (\"{}\")", a.word, what, a.sentences[n]));
-    o.contextual = layer.forward(o.embedded.x.cview());
-    check_finite(o.contextual.cview(), fmt::format("contextual vectors of {} (the layer overflowed float32)", what));
-    occ.push_back(std::move(o));
-  }
-  const double static_cos = cosine(occ[0].embedded.x.cview(), occ[0].position, occ[1].embedded.x.cview(),
-                                   occ[1].position, fmt::format("static vector of '{}'", word));
-  const double context_cos = cosine(occ[0].contextual.cview(), occ[0].position, occ[1].contextual.cview(),
-                                    occ[1].position, fmt::format("contextual vectors of '{}'", word));
-  const std::string description = describe_layer(sa, layer);
-  std::vector<WordInSentence> sides;
-  for (std::size_t n = 0; n < occ.size(); ++n)
-    sides.push_back(
-        word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
-
+  const WordComparison c = compare_word(a.word, a.sentences, sa, embeddings, layer);
   std::string text;
   if (a.json) {
-    nlohmann::json sentences = nlohmann::json::array();
-    for (std::size_t n = 0; n < occ.size(); ++n)
-      sentences.push_back(
-          {{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
-    const nlohmann::json j = {{"word", word},
-                              {"sentences", std::move(sentences)},
-                              {"static_cosine", static_cos},
-                              {"contextual_cosine", context_cos},
-                              {"layer", description}};
-    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    text = comparison_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   } else {
-    text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", word, description);
-    for (std::size_t n = 0; n < occ.size(); ++n)
-      text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], occ[n].position + 1,
-                          occ[n].embedded.tokens.size());
+    text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", c.word, c.layer);
+    for (std::size_t n = 0; n < c.sides.size(); ++n)
+      text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], c.sides[n].position + 1,
+                          c.sides[n].tokens.size());
     text += fmt::format(
         "static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
         "sentence)\n",
-        static_cos, word);
+        c.static_cosine, c.word);
     text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
-                        context_cos);
-    for (std::size_t n = 0; n < sides.size(); ++n) text += attends_to(sides[n], n);
+                        c.contextual_cosine);
+    for (std::size_t n = 0; n < c.sides.size(); ++n) text += attends_to(c.sides[n], n);
   }
   if (!a.html.empty()) {
-    Comparison c{word, description, static_cos, context_cos, sides[0], sides[1]};
-    write_outputs({{a.html, render_comparison_html(c)}});
+    const Comparison page{c.word, c.layer, c.static_cosine, c.contextual_cosine, c.sides[0], c.sides[1]};
+    write_outputs({{a.html, render_comparison_html(page)}});
   }
   write_stdout(text);
   return 0;

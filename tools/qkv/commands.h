@@ -21,5 +21,6 @@ Command add_compare(CLI::App& app);
 Command add_attend(CLI::App& app);
 Command add_train(CLI::App& app);
 Command add_bench(CLI::App& app);
+Command add_serve(CLI::App& app);
 
 }  // namespace qkv::cli

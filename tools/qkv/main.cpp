@@ -23,8 +23,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "qkv " QKV_VERSION);
   app.require_subcommand(1);
   std::vector<qkv::cli::Command> commands;
-  for (qkv::cli::CommandFactory add : {&qkv::cli::add_explain, &qkv::cli::add_context, &qkv::cli::add_compare,
-                                       &qkv::cli::add_attend, &qkv::cli::add_train, &qkv::cli::add_bench})
+  for (qkv::cli::CommandFactory add :
+       {&qkv::cli::add_explain, &qkv::cli::add_context, &qkv::cli::add_compare, &qkv::cli::add_attend,
+        &qkv::cli::add_train, &qkv::cli::add_bench, &qkv::cli::add_serve})
     commands.push_back(add(app));
   if (argc == 1) {
     fmt::print(stderr, "qkv: no subcommand given; see `qkv --help` (or try `qkv explain`)\n");
