@@ -193,5 +193,5 @@ def test_full_disk_keeps_the_old_word_vectors(run, embeddings, small_disk):
     out.write_bytes(b"old vectors")
     fill(small_disk, 4096)
     sentence = " ".join(embeddings.words * 8)
-    r = run("context", sentence, "--embeddings", embeddings.glove, "--format", "json", "--out", out)
+    r = run("context", sentence, "--embeddings", embeddings.glove, "--parameter-free", "--format", "json", "--out", out)
     check_full_disk(r, out, b"old vectors")
