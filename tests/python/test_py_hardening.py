@@ -442,8 +442,9 @@ def test_cache_free_waits_for_a_decode_reading_its_pages():
     expected = qkv.decode_attention(q, cache, [seq], num_threads=1)
     cache.free(seq)
 
-    wrong, overlapped = [], 0
-    for _ in range(12):
+    wrong, overlapped, rounds = [], 0, 0
+    while overlapped < 6 and rounds < 100:  # a loaded machine delays the reader's start now and then
+        rounds += 1
         seq = cache.create()
         cache.append(seq, k1, v1)
         started, times = threading.Event(), {}
@@ -467,6 +468,6 @@ def test_cache_free_waits_for_a_decode_reading_its_pages():
         t.join()
         overlapped += times["start"] < freed_at < times["end"]
         cache.free(other)
-    print(f"{overlapped} of 12 frees were called while a decode read the pages")
+    print(f"{overlapped} of {rounds} frees were called while a decode read the pages")
     assert not wrong, f"decode outputs changed under a concurrent free + append: max errors {wrong}"
-    assert overlapped >= 3, f"only {overlapped} frees overlapped a decode: the race was not exercised"
+    assert overlapped >= 6, f"only {overlapped} of {rounds} frees overlapped a decode: the race was not exercised"
