@@ -17,7 +17,7 @@ def suggest_keywords(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except TypeError as error:
+        except TypeError:
             unknown = [name for name in kwargs if name not in known]
             if not unknown:
                 raise

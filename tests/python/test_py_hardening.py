@@ -90,7 +90,8 @@ def test_unicode_errors_decodes_words_as_python_does(tmp_path, fmt, errors):
 def test_unicode_errors_refuses_other_values(tmp_path):
     path = tmp_path / "v.txt"
     path.write_bytes(b"the 1 2\n")
-    with pytest.raises(ValueError, match="unicode_errors must be 'strict', 'replace' or 'ignore', got 'surrogateescape'"):
+    with pytest.raises(ValueError,
+                       match="unicode_errors must be 'strict', 'replace' or 'ignore', got 'surrogateescape'"):
         qkv.load_embeddings(str(path), unicode_errors="surrogateescape")
     with pytest.raises(TypeError, match="unicode_errors must be a string"):
         qkv.Embeddings.load(str(path), unicode_errors=None)
