@@ -277,7 +277,9 @@ void bind_cache(py::module_& m) {
   py::class_<qkv::KVCache>(m, "KVCache",
                            "A paged KV cache of one attention layer (see include/qkv/kv_cache.h): pools of "
                            "num_pages pages of page_tokens tokens, for kv_heads heads of head_dim (keys) and "
-                           "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'.")
+                           "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'. Threads may share "
+                           "one: decode_attention runs without the GIL beside appends to other sequences, and "
+                           "free() waits until no decode_attention call is reading the cache.")
       // Sizes and sequence ids are checked by index_arg: pybind11's int64_t took True as 1, and
       // a float as a signature dump.
       .def(py::init([](const py::object& num_pages, const py::object& page_tokens, const py::object& kv_heads,
