@@ -9,6 +9,7 @@
 #include "qkv/address_space.h"
 #include "qkv/mask.h"
 #include "qkv/out_of_memory.h"
+#include "qkv/suggest.h"
 
 namespace qkvpy {
 
@@ -450,6 +451,10 @@ void bind_argument_checks(py::module_& m) {
   m.def("_flag_arg", [](const py::object& obj, const std::string& name) { return flag_arg(obj, name); });
   m.def("_threads_arg", [](const py::object& obj) { return threads_arg(obj); });
   m.def("_scale_arg", [](const py::object& obj) { return scale_arg(obj); });
+  m.def(
+      "_closest_name",
+      [](const std::string& given, const std::vector<std::string>& known) { return qkv::closest_name(given, known); },
+      "The known name closest to a mistyped one, or None: the rule of the CLI's \"did you mean\" (qkv/suggest.h).");
 }
 
 std::optional<double> scale_arg(const py::handle& obj) {

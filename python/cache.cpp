@@ -4,6 +4,10 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+
 #include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
@@ -12,6 +16,69 @@
 
 namespace qkvpy {
 namespace {
+
+// Python threads may share a cache. Calls that change it (create, append, fork, free) hold the
+// GIL throughout, so they never overlap each other or a read that holds the GIL. decode_attention
+// and its weights read the pool with the GIL released, from a copy of the sequences' page tables
+// and lengths: an append in another thread writes only slots past those lengths or free pages,
+// but free() makes the pages of a sequence being read free, and the next append would overwrite
+// them mid-read. So a decode registers as a reader while the GIL is still held, and free() waits
+// (with the GIL released) until the cache has no readers.
+class CacheReaders {
+ public:
+  // A decode call reading `cache` for the guard's lifetime; construct it with the GIL held.
+  class Reading {
+   public:
+    explicit Reading(const qkv::KVCache& cache) : cache_(&cache) {
+      const std::lock_guard lock(mutex());
+      ++counts()[cache_];
+    }
+    ~Reading() {
+      {
+        const std::lock_guard lock(mutex());
+        auto it = counts().find(cache_);
+        if (--it->second == 0) counts().erase(it);
+      }
+      done().notify_all();
+    }
+    Reading(const Reading&) = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    const qkv::KVCache* cache_;
+  };
+
+  // Called with the GIL held before freeing pages of `cache`; returns with the GIL held and no
+  // reader. A reader only starts with the GIL held, so none starts before the change is done.
+  static void wait_for_no_readers(const qkv::KVCache& cache) {
+    auto idle = [&] { return counts().count(&cache) == 0; };
+    while (true) {
+      {
+        const std::lock_guard lock(mutex());
+        if (idle()) return;
+      }
+      // The lock is dropped before the GIL is taken again (a reader takes them in that order).
+      py::gil_scoped_release release;
+      std::unique_lock lock(mutex());
+      done().wait(lock, idle);
+    }
+  }
+
+ private:
+  // Never destroyed: a thread may still finish a read while the interpreter exits.
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::condition_variable& done() {
+    static auto* cv = new std::condition_variable;
+    return *cv;
+  }
+  static std::unordered_map<const qkv::KVCache*, int>& counts() {
+    static auto* c = new std::unordered_map<const qkv::KVCache*, int>;
+    return *c;
+  }
+};
 
 qkv::KVDtype parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32") return qkv::KVDtype::f32;
@@ -167,6 +234,7 @@ py::object decode(const py::object& q_obj, const py::object& cache, const py::ob
   py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), c.kv.Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
+    const CacheReaders::Reading reading(cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), c.q, c.kv, c.options);
   }
@@ -185,6 +253,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
     for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
     py::array w = new_array<float>({B, H, N, M});
     {
+      const CacheReaders::Reading reading(cache_arg(cache));
       py::gil_scoped_release release;
       qkv::decode_attention_weights(mutable_view<float>(w, "weights"), c.q, c.kv, {}, c.options);
     }
@@ -194,6 +263,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
   // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
   auto [values, indices] = new_top_k({B, H, N, std::max<int64_t>(k, 0)});
   {
+    const CacheReaders::Reading reading(cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
                                 c.kv, {}, k, c.options);
@@ -207,7 +277,9 @@ void bind_cache(py::module_& m) {
   py::class_<qkv::KVCache>(m, "KVCache",
                            "A paged KV cache of one attention layer (see include/qkv/kv_cache.h): pools of "
                            "num_pages pages of page_tokens tokens, for kv_heads heads of head_dim (keys) and "
-                           "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'.")
+                           "value_dim (values), stored as dtype 'f32', 'bf16', 'f16' or 'i8'. Threads may share "
+                           "one: decode_attention runs without the GIL beside appends to other sequences, and "
+                           "free() waits until no decode_attention call is reading the cache.")
       // Sizes and sequence ids are checked by index_arg: pybind11's int64_t took True as 1, and
       // a float as a signature dump.
       .def(py::init([](const py::object& num_pages, const py::object& page_tokens, const py::object& kv_heads,
@@ -238,7 +310,13 @@ void bind_cache(py::module_& m) {
           "fork", [](qkv::KVCache& c, const py::object& seq) { return c.fork(index_arg(seq, "seq")); }, py::arg("seq"),
           "A new sequence sharing seq's pages; returns its id.")
       .def(
-          "free", [](qkv::KVCache& c, const py::object& seq) { c.free(index_arg(seq, "seq")); }, py::arg("seq"))
+          "free",
+          [](qkv::KVCache& c, const py::object& seq) {
+            const int64_t id = index_arg(seq, "seq");
+            CacheReaders::wait_for_no_readers(c);
+            c.free(id);
+          },
+          py::arg("seq"))
       .def(
           "length", [](const qkv::KVCache& c, const py::object& seq) { return c.length(index_arg(seq, "seq")); },
           py::arg("seq"))

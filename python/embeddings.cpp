@@ -57,8 +57,16 @@ std::string escaped(const std::string& w) {
   return out + (w.size() > 40 ? "...'" : "'");
 }
 
-// Python words are str: a word that is not UTF-8 is refused when loading, naming the file and
-// line, rather than as a bare UnicodeDecodeError from .words later.
+// unicode_errors, as gensim's loaders take it: "strict", "replace" or "ignore".
+qkv::InvalidUtf8 parse_unicode_errors(const std::string& name) {
+  if (name == "strict") return qkv::InvalidUtf8::keep;  // then refused by check_words_are_utf8
+  if (name == "replace") return qkv::InvalidUtf8::replace;
+  if (name == "ignore") return qkv::InvalidUtf8::ignore;
+  throw py::value_error(fmt::format("unicode_errors must be 'strict', 'replace' or 'ignore', got '{}'", name));
+}
+
+// Python words are str: with unicode_errors="strict" a word that is not UTF-8 is refused when
+// loading, naming the file and line, rather than as a bare UnicodeDecodeError from .words later.
 void check_words_are_utf8(const Embeddings& e, const std::string& path) {
   for (int64_t i = 0; i < e.size(); ++i) {
     const std::string& w = e.word(i);
@@ -68,15 +76,18 @@ void check_words_are_utf8(const Embeddings& e, const std::string& path) {
     const std::string where = line > 0 ? fmt::format("word {} (line {})", i + 1, line) : fmt::format("word {}", i + 1);
     throw qkv::Error(
         fmt::format("{}: {}: the word {} is not valid UTF-8 (byte {} is 0x{:02x}); Python words are str: "
-                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                    "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or pass unicode_errors='replace' "
+                    "(U+FFFD for each bad sequence) or 'ignore' (drop it)",
                     path, where, escaped(w), bad + 1, static_cast<unsigned char>(w[bad])));
   }
 }
 
-std::shared_ptr<Embeddings> load(const std::string& path, const std::string& format) {
+std::shared_ptr<Embeddings> load(const std::string& path, const std::string& format,
+                                 const std::string& unicode_errors) {
   const qkv::EmbeddingFormat f = parse_format(format);
+  const qkv::InvalidUtf8 invalid = parse_unicode_errors(unicode_errors);
   py::gil_scoped_release release;
-  auto e = std::make_shared<Embeddings>(Embeddings::load(path, f));
+  auto e = std::make_shared<Embeddings>(Embeddings::load(path, f, invalid));
   check_words_are_utf8(*e, path);
   return e;
 }
@@ -104,8 +115,11 @@ py::tuple embed(const Embeddings& e, const py::object& sentence, const py::objec
 
 constexpr const char* kEmbeddingsDoc = R"(A vocabulary of words and their static vectors, matrix [V, E].
 
-Embeddings.load(path, format="auto") reads GloVe text, word2vec text or word2vec binary
-("auto" tells them apart by content). ValueError names the file and line for a missing file, a
+Embeddings.load(path, format="auto", unicode_errors="strict") reads GloVe text, word2vec text
+or word2vec binary ("auto" tells them apart by content). unicode_errors, as in gensim, says what
+a word that is not valid UTF-8 becomes: "strict" refuses the file (ValueError naming the line and
+word), "replace" puts U+FFFD for each invalid sequence and "ignore" drops those bytes, as
+bytes.decode("utf-8", errors=...) does (duplicates this makes keep the first for find()). ValueError names the file and line for a missing file, a
 ragged or non-numeric row, a truncated binary file or an empty vocabulary.
 Embeddings(words, matrix) builds one from a list of V words and a float32 array [V, E].
 Immutable; safe to share between threads.)";
@@ -131,10 +145,10 @@ void bind_embeddings(py::module_& m) {
           py::arg("words"), py::arg("matrix"), "Builds embeddings from words and a [V, E] matrix (copied).");
   cls.def_static(
       "load",
-      [](const py::object& path, const py::object& format) {
-        return load(path_arg(path, "path"), string_arg(format, "format"));
+      [](const py::object& path, const py::object& format, const py::object& unicode_errors) {
+        return load(path_arg(path, "path"), string_arg(format, "format"), string_arg(unicode_errors, "unicode_errors"));
       },
-      py::arg("path"), py::arg("format") = "auto",
+      py::arg("path"), py::arg("format") = "auto", py::arg("unicode_errors") = "strict",
       "Loads GloVe / word2vec text / word2vec binary embeddings (see the class docstring).");
   cls.def_property_readonly("matrix", &matrix_view, "The vectors [V, E] as a read-only float32 view (no copy).");
   cls.def_property_readonly("words", &words_of, "The vocabulary as a list of V words, in file order.");
@@ -170,14 +184,16 @@ drops them. ValueError if the sentence has no tokens or none remain.)");
 
   m.def(
       "load_embeddings",
-      [](const py::object& path, const py::object& format) {
-        const std::shared_ptr<Embeddings> e = load(path_arg(path, "path"), string_arg(format, "format"));
+      [](const py::object& path, const py::object& format, const py::object& unicode_errors) {
+        const std::shared_ptr<Embeddings> e =
+            load(path_arg(path, "path"), string_arg(format, "format"), string_arg(unicode_errors, "unicode_errors"));
         return py::make_tuple(words_of(*e), matrix_view(py::cast(e)));
       },
-      py::arg("path"), py::arg("format") = "auto",
+      py::arg("path"), py::arg("format") = "auto", py::arg("unicode_errors") = "strict",
       R"(Loads word embeddings; returns (words, matrix): a list of V words and a read-only float32
 array [V, E] (no copy of the vectors). format: "auto", "glove", "word2vec_text" or
-"word2vec_binary". Raises ValueError naming the file (and line) for anything malformed.
+"word2vec_binary". unicode_errors: "strict", "replace" or "ignore" for words that are not valid
+UTF-8 (see qkv.Embeddings). Raises ValueError naming the file (and line) for anything malformed.
 Use qkv.Embeddings.load for lookups and sentence embedding.)");
   m.def(
       "tokenize", [](const py::object& sentence) { return qkv::tokenize(string_arg(sentence, "sentence")); },

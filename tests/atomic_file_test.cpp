@@ -3,6 +3,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <fmt/format.h>
 
 #include "io_test_util.h"
 #include "qkv/io.h"
@@ -106,6 +109,37 @@ TEST(AtomicFile, RelativePathWritesIntoTheWorkingDirectory) {
   std::filesystem::current_path(saved);
   EXPECT_EQ(read_raw(dir.file("rel.txt")), "relative");
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"rel.txt"});
+}
+
+// A writer killed between creating its temporary file and the rename (kill -9) leaves the file;
+// the next write of the same target removes it once that writer's process is gone, and leaves a
+// live writer's file and every other name alone.
+TEST(AtomicFile, NextWriteRemovesTemporariesOfDeadWriters) {
+  TempDir dir;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a pid that no longer runs
+  const pid_t alive = ::fork();
+  ASSERT_GE(alive, 0);
+  if (alive == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const std::string dead_tmp = fmt::format(".ckpt.bin.tmp-{}-0-0123abcd", child);
+  const std::string live_tmp = fmt::format(".ckpt.bin.tmp-{}-3-89abcdef", alive);
+  const std::string other_target = fmt::format(".other.bin.tmp-{}-0-0123abcd", child);
+  const std::string not_ours = fmt::format(".ckpt.bin.tmp-{}-notes", child);
+  for (const std::string& name : {dead_tmp, live_tmp, other_target, not_ours}) test::write_raw(dir.file(name), "x");
+
+  write_file_atomically(dir.file("ckpt.bin"), "new");
+  ::kill(alive, SIGKILL);
+  ::waitpid(alive, nullptr, 0);
+
+  EXPECT_EQ(read_raw(dir.file("ckpt.bin")), "new");
+  std::vector<std::string> expected{live_tmp, other_target, not_ours, "ckpt.bin"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(dir.entries(), expected);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -99,6 +101,23 @@ TEST_F(CheckpointTest, FailedWriteLeavesNothingBehind) {
   EXPECT_FALSE(fs::exists(f));
   expect_error([&] { save_checkpoint(path("dup"), {{"w", w.cview()}, {"w", w.cview()}}, {}); }, "appears twice");
   expect_error([&] { load_checkpoint(path("nope")); }, "checkpoint " + path("nope") + " is unreadable");
+}
+
+// A run killed after keeping the previous checkpoint but before writing the new one leaves
+// path.prev as a second link to path; the next save kept a temporary link beside them for good
+// (rename onto another link of the same file does nothing).
+TEST_F(CheckpointTest, PreviousThatIsALinkToTheCheckpointLeavesNoTemporary) {
+  Tensor<float> w({2}, "w");
+  const std::string f = path("ckpt.safetensors");
+  save_checkpoint(f, {{"w", w.cview()}}, {{"step", "1"}});
+  ASSERT_EQ(::link(f.c_str(), (f + ".prev").c_str()), 0);
+  save_checkpoint(f, {{"w", w.cview()}}, {{"step", "2"}});
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt.safetensors", "ckpt.safetensors.prev"}));
+  EXPECT_EQ(load_checkpoint(f).metadata.at("step"), "2");
+  EXPECT_EQ(load_checkpoint(f + ".prev").metadata.at("step"), "1");
 }
 
 }  // namespace

@@ -55,8 +55,9 @@ struct RingOptions {
 // Partials merge in fp32 in ring order, so for a fixed rank count the result is bitwise the same
 // for any thread count and run. Memory per rank: O((Nr + Mr)·(D + Dv)·B·H), never N×M or N·D.
 // Errors: a bad argument on ANY rank (shapes, options, shard sizes that do not match the layout,
-// ranks that disagree on B, H, Hkv, D, Dv or the options) makes every rank throw qkv::Error with a
-// message naming the first failing rank; no rank is left waiting. An MPI failure throws too.
+// ranks that disagree on B, H, Hkv, D, Dv or the options) makes every rank throw AgreedError with
+// a message naming the first failing rank; no rank is left waiting. An MPI failure throws
+// qkv::Error (on the ranks that see it).
 // Thread safety: the calling thread alone makes MPI calls (MPI_THREAD_FUNNELED suffices).
 void ring_attention_forward(MPI_Comm comm, TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
                             TensorView<const float> k, TensorView<const float> v, const RingOptions& options = {});
@@ -70,8 +71,15 @@ void ring_attention_backward(MPI_Comm comm, TensorView<float> dq, TensorView<flo
                              TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
                              const RingOptions& options = {});
 
+// An error every rank of the communicator throws alike, with the same message, so a program can
+// report it once (from rank 0) rather than once per rank.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Collective error agreement for code around the ring (file loading, CLI): every rank passes its
-// own status (empty = ok); if any rank failed, every rank throws qkv::Error carrying the first
+// own status (empty = ok); if any rank failed, every rank throws AgreedError carrying the first
 // failing rank's message ("rank r: ..."). Returns normally on every rank only if all succeeded.
 void agree_or_throw(MPI_Comm comm, const std::string& local_error);
 

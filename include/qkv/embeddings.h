@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qkv/tensor.h"
+#include "qkv/utf8.h"
 
 namespace qkv {
 
@@ -35,7 +36,10 @@ class Embeddings {
   // the matrix sized once from a first pass, so peak memory is about the matrix, not file plus
   // matrix. Text rows are parsed on all OpenMP threads. In GloVe files, extra leading non-numeric
   // tokens belong to the word (GloVe 840B has words such as ". . ."). Duplicates keep the first.
-  static Embeddings load(const std::string& path, EmbeddingFormat format = EmbeddingFormat::automatic);
+  // A word's bytes that are not valid UTF-8 are kept, or repaired as `invalid` says (qkv/utf8.h),
+  // before duplicates are looked for; a word repaired to nothing ("ignore") stays, as "".
+  static Embeddings load(const std::string& path, EmbeddingFormat format = EmbeddingFormat::automatic,
+                         InvalidUtf8 invalid = InvalidUtf8::keep);
 
   // Builds from words and a matrix [V, E] (words.size() == V, every value finite; qkv::Error
   // otherwise). Duplicate words keep the first.

@@ -3,6 +3,7 @@
 import numpy as np
 
 from . import _qkv
+from ._keywords import suggest_keywords
 
 _MASK_DOC = """
     Masks (all optional; they combine: a key is used only if every mask allows it):
@@ -29,6 +30,7 @@ def _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_ma
                 window=window, keep_mask=keep_mask, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap)
 
 
+@suggest_keywords
 def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_left", key_lengths=None,
                                  query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
                                  softcap=None, scale=None, return_lse=False, kernel="auto", num_threads=0,
@@ -95,6 +97,7 @@ def _reduce_to_shape(grad, shape):
     return grad.reshape(shape)
 
 
+@suggest_keywords
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causal_align="top_left", key_lengths=None,
                        query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None, softcap=None,
                        scale=None, return_dbias=False, kernel="auto", num_threads=0, simd="auto",
@@ -127,6 +130,7 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
 attention_backward.__doc__ = attention_backward.__doc__.replace("{mask}", _MASK_DOC)
 
 
+@suggest_keywords
 def attention_weights(q, k, *, rows=None, top_k=None, lse=None, causal=False, causal_align="top_left",
                       key_lengths=None, query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
                       softcap=None, scale=None, num_threads=0):

@@ -1,10 +1,12 @@
 """Decode attention against a paged KV cache (qkv.KVCache; see include/qkv/kv_cache.h)."""
 
 from . import _qkv
+from ._keywords import suggest_keywords
 
 KVCache = _qkv.KVCache
 
 
+@suggest_keywords
 def apply_rotary(x, positions=0, *, layout="half_split", theta=10000.0, rotary_dim=0):
     """Rotary position embeddings (RoPE) of x [N, D], [H, N, D] or [B, H, N, D] (float32; float64
     is rounded), returned as a new float32 array: token n of batch row b sits at position
@@ -17,6 +19,7 @@ def apply_rotary(x, positions=0, *, layout="half_split", theta=10000.0, rotary_d
     return _qkv.apply_rotary(x, positions, {"layout": layout, "theta": theta, "rotary_dim": rotary_dim})
 
 
+@suggest_keywords
 def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slopes=None, softcap=None,
                      query_lengths=None, sinks=None, sink_tokens=0, scale=None, return_lse=False, num_threads=0,
                      simd="auto"):
@@ -37,6 +40,7 @@ def decode_attention(q, cache, seq_ids, *, causal=True, window=None, alibi_slope
                                  scale, sinks, sink_tokens, return_lse, num_threads, simd)
 
 
+@suggest_keywords
 def decode_attention_weights(q, cache, seq_ids, *, top_k=None, causal=True, window=None, alibi_slopes=None,
                              softcap=None, query_lengths=None, sinks=None, sink_tokens=0, scale=None):
     """The exact softmax weights of decode_attention's rows over each sequence's cached keys

@@ -27,7 +27,7 @@ void agree_or_throw(MPI_Comm comm, const std::string& local_error) {
   ring::check_mpi(MPI_Allgather(mine.data(), kSlot, MPI_CHAR, all.data(), kSlot, MPI_CHAR, comm), "MPI_Allgather");
   for (int r = 0; r < ranks; ++r) {
     const char* slot = all.data() + static_cast<std::size_t>(r) * kSlot;
-    if (slot[0] != 0) throw Error(fmt::format("rank {}: {}", r, slot + 1));
+    if (slot[0] != 0) throw AgreedError(fmt::format("rank {}: {}", r, slot + 1));
   }
 }
 
@@ -99,10 +99,10 @@ void check_table(const std::vector<int64_t>& table, int ranks, const RingOptions
   auto row = [&](int r) { return table.data() + static_cast<std::size_t>(r) * kFields; };
   for (int r = 1; r < ranks; ++r) {
     if (!std::equal(row(r), row(r) + 5, row(0)))
-      throw Error(fmt::format("ring attention: rank {} has [B, H, Hkv, D, Dv] = [{}] but rank 0 has [{}]", r,
-                              fmt::join(row(r), row(r) + 5, ", "), fmt::join(row(0), row(0) + 5, ", ")));
+      throw AgreedError(fmt::format("ring attention: rank {} has [B, H, Hkv, D, Dv] = [{}] but rank 0 has [{}]", r,
+                                    fmt::join(row(r), row(r) + 5, ", "), fmt::join(row(0), row(0) + 5, ", ")));
     if (row(r)[7] != row(0)[7])
-      throw Error(
+      throw AgreedError(
           fmt::format("ring attention: rank {} was called with other options (mask, scale, kernel or "
                       "sharding) than rank 0",
                       r));
@@ -113,7 +113,7 @@ void check_table(const std::vector<int64_t>& table, int ranks, const RingOptions
     const int64_t nr = shard_length(plan.N, ranks, r, options.sharding);
     const int64_t mr = shard_length(plan.M, ranks, r, options.sharding);
     if (row(r)[5] != nr || row(r)[6] != mr)
-      throw Error(
+      throw AgreedError(
           fmt::format("ring attention: rank {} holds {} query and {} key tokens, but the {} layout of N = {} "
                       "and M = {} over {} ranks gives it {} and {} (see shard_ranges)",
                       r, row(r)[5], row(r)[6], name, plan.N, plan.M, ranks, nr, mr));
@@ -121,7 +121,7 @@ void check_table(const std::vector<int64_t>& table, int ranks, const RingOptions
   auto check_lengths = [](const std::vector<int64_t>& lengths, int64_t limit, const char* what) {
     for (std::size_t b = 0; b < lengths.size(); ++b)
       if (lengths[b] < 0 || lengths[b] > limit)
-        throw Error(
+        throw AgreedError(
             fmt::format("ring attention: {}[{}] = {} is outside [0, {}] (global length)", what, b, lengths[b], limit));
   };
   check_lengths(options.attention.mask.key_lengths, plan.M, "key_lengths");

@@ -1,6 +1,8 @@
 // write_file_atomically: resolve the output (qkv/output_file.h); a regular file gets a temporary
-// file beside it, fsync, rename, fsync of the directory.
+// file beside it, fsync, rename, fsync of the directory; temporaries of dead writers are removed.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,18 +29,13 @@ std::string directory_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// A name no other writer (thread or process) is using: pid, a process-wide counter and
-// randomness; O_EXCL below turns the unlikely collision into a retry, not a shared file.
-std::string temporary_name(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  std::string dir = directory_of(path);
+std::string base_of(const std::string& path) {
   std::size_t slash = path.rfind('/');
-  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  return fmt::format("{}/.{}.tmp-{}-{}-{:08x}", dir, base, static_cast<long>(::getpid()), counter++,
-                     static_cast<uint32_t>(rng()));
+  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
+
+// The prefix of every temporary file of `path`; the writer's pid follows it.
+std::string temporary_prefix(const std::string& path) { return fmt::format(".{}.tmp-", base_of(path)); }
 
 void write_all(int fd, std::string_view bytes, const std::string& path) {
   while (!bytes.empty()) {
@@ -53,11 +50,47 @@ void write_all(int fd, std::string_view bytes, const std::string& path) {
 
 }  // namespace
 
+std::string detail::temporary_name(const std::string& target, long pid, uint64_t serial, uint32_t salt) {
+  return fmt::format("{}/{}{}-{}-{:08x}", directory_of(target), temporary_prefix(target), pid, serial, salt);
+}
+
+std::string detail::temporary_name(const std::string& target) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  return temporary_name(target, static_cast<long>(::getpid()), counter++, static_cast<uint32_t>(rng()));
+}
+
+// A live writer's file (kill(pid, 0) succeeds or is not permitted) is never touched, nor a name
+// that is not exactly ours (.NAME.tmp-PID-COUNTER-HEX8).
+void detail::remove_stale_temporaries(const std::string& target) {
+  const std::string dir = directory_of(target);
+  const std::string prefix = temporary_prefix(target);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (!name.starts_with(prefix)) continue;
+    const std::string_view rest = name.substr(prefix.size());
+    long pid = 0;
+    std::size_t i = 0;
+    for (; i < rest.size() && i < 10 && rest[i] >= '0' && rest[i] <= '9'; ++i) pid = pid * 10 + (rest[i] - '0');
+    if (i == 0 || i >= rest.size() || rest[i] != '-' || pid <= 0) continue;
+    const std::size_t dash = rest.find('-', i + 1);
+    if (dash == std::string_view::npos || rest.size() - dash - 1 != 8) continue;
+    if (pid == static_cast<long>(::getpid())) continue;  // this process's other writers
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    (void)::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
+}
+
 void detail::replace_file_atomically(const std::string& path, const OutputTarget& out, std::string_view bytes) {
   const std::string& target = out.resolved;
   struct stat st {};
   const bool target_exists = out.exists && ::stat(target.c_str(), &st) == 0;
 
+  detail::remove_stale_temporaries(target);
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "io/atomic_replace.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/output_file.h"
@@ -59,18 +60,20 @@ std::string checksum(std::vector<NamedView> tensors, const std::map<std::string,
 void keep_previous(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  const std::string prev = path + ".prev";
+  detail::remove_stale_temporaries(prev);
   if (!fs::is_regular_file(path, ec)) return;
-  const std::string prev = path + ".prev", tmp = fmt::format("{}.prev.tmp-{}", path, static_cast<long>(::getpid()));
-  fs::remove(tmp, ec);
+  const std::string tmp = detail::temporary_name(prev);
   if (::link(path.c_str(), tmp.c_str()) != 0) {
     fs::copy_file(path, tmp, fs::copy_options::overwrite_existing, ec);
     if (ec) throw Error(fmt::format("cannot keep the previous checkpoint {} as {}: {}", path, prev, ec.message()));
   }
   fs::rename(tmp, prev, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(fmt::format("cannot keep the previous checkpoint {} as {}: {}", path, prev, ec.message()));
-  }
+  // A run killed between this rename and the checkpoint's own left path.prev a second link to
+  // path; renaming a link onto another link of the same file does nothing (POSIX) and keeps tmp.
+  std::error_code ignored;
+  fs::remove(tmp, ignored);
+  if (ec) throw Error(fmt::format("cannot keep the previous checkpoint {} as {}: {}", path, prev, ec.message()));
 }
 
 std::string prev_hint(const std::string& path) {

@@ -367,7 +367,7 @@ bool looks_like_text_vectors(std::string_view bytes, std::size_t pos, int64_t ro
 
 }  // namespace
 
-Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
+Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format, InvalidUtf8 invalid) {
   MappedFile file(path);
   const std::string_view bytes = file.bytes();
   if (bytes.empty()) throw Error(fmt::format("{}: the file is empty", path));
@@ -395,6 +395,9 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format) {
   Loaded loaded = format == EmbeddingFormat::glove           ? parse_text(file, start, 1, -1, -1)
                   : format == EmbeddingFormat::word2vec_text ? parse_text(file, first.end, 2, rows, dim)
                                                              : parse_binary(file, first.end, rows, dim);
+  if (invalid != InvalidUtf8::keep)
+    for (std::string& w : loaded.words)
+      if (invalid_utf8_at(w) != std::string_view::npos) w = repair_utf8(w, invalid);
   return Embeddings(std::move(loaded.words), std::move(loaded.matrix));
 }
 

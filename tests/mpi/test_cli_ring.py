@@ -3,7 +3,9 @@ rounding), for 2, 3 and 4 ranks; failures on one rank end every rank with a non-
 a clear message, within a timeout, and leave no output file. Needs QKV_BIN (the qkv command)."""
 
 import os
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -55,14 +57,14 @@ def test_ring_file_matches_single_process(tmp_path, ranks, extra):
     assert np.max(np.abs(la[fin] - lb[fin]), initial=0) <= 2e-5 * (1 + np.max(np.abs(lb[fin])))
     # The header is byte for byte what the single-process run writes.
     assert out.read_bytes()[:128] == out1.read_bytes()[:128]
-    assert not list(tmp_path.glob("*.ring-tmp*"))
+    assert not list(tmp_path.glob(".*.tmp-*"))
 
 
 def check_failure(proc, out, message):
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert not out.exists()
-    assert not list(out.parent.glob("*.ring-tmp*"))
+    assert not list(out.parent.glob(".*.tmp-*"))
 
 
 def test_bad_value_in_one_ranks_shard_fails_every_rank(tmp_path):
@@ -73,6 +75,23 @@ def test_bad_value_in_one_ranks_shard_fails_every_rank(tmp_path):
     check_failure(proc, out, "rank 1: --q")
     # Ranks name the failing rank, not their own fault (mpirun may stop the others before they print).
     assert "qkv: error: rank 1: --q" in proc.stderr and "rank 0: --q" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("shape, where", [((1, 2, 256, 8), (0, 1, 200, 3)), ((256, 8), (200, 3))], ids=["4d", "2d"])
+def test_nan_is_named_by_its_place_in_the_file_once(tmp_path, ranks, shape, where):
+    """The element a single-process run names ([0, 1, 200, 3]), not the rank's shard position
+    ([0, 1, 72, 3]), and one line for every rank, not one per rank."""
+    x = np.ones(shape, dtype=np.float32)
+    q = x.copy()
+    q[where] = np.nan
+    single, out1, _ = attend(tmp_path, 0, [], q=q, k=x, v=x)
+    element = f"element [{', '.join(map(str, where))}] is NaN"
+    assert single.returncode != 0 and element in single.stderr, single.stderr
+    proc, out, _ = attend(tmp_path, ranks, [], q=q, k=x, v=x)
+    check_failure(proc, out, element)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("qkv: error:")]
+    assert len(lines) == 1 and f"--q {tmp_path / 'q.npy'}: {element}" in lines[0], proc.stderr
 
 
 def test_truncated_file_fails_every_rank(tmp_path):
@@ -115,3 +134,60 @@ def test_ranks_with_no_tokens(tmp_path):
     a, b = np.load(out), np.load(out1)
     assert a.shape == b.shape == (3, 8)
     assert np.max(np.abs(a - b)) <= 2e-5 * (1 + np.max(np.abs(b)))
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process (0 once it is gone)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rank_pids(mpirun_pid):
+    """The pids of the ranks mpirun started (its children running qkv)."""
+    out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(mpirun_pid)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1:] == ["qkv"]]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_rank_ends_every_rank_without_output(tmp_path, victim):
+    """kill -9 of one rank mid-step: mpirun ends the others within a bound (no rank waits forever
+    on its ring partner) and no output is left; a temporary file of a rank killed while writing is
+    removed by the next write of that output."""
+    rng = np.random.default_rng(seed())
+    q = rng.standard_normal((1, 8, 8192, 64), dtype=np.float32)  # seconds of ring steps on 2 ranks
+    for name in "qkv":
+        np.save(tmp_path / f"{name}.npy", q)
+    out = tmp_path / "out.npy"
+    cmd = MPIRUN + ["-np", "2", QKV, "attend", "--ring", "--threads", "1", "--q", str(tmp_path / "q.npy"),
+                    "--k", str(tmp_path / "k.npy"), "--v", str(tmp_path / "v.npy"), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        pids = []
+        while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            pids = sorted(rank_pids(proc.pid))
+        assert len(pids) == 2, proc.communicate()
+        # Inside the ring steps: both ranks past MPI_Init and the file reads, computing.
+        while min(cpu_seconds(p) for p in pids) < 0.3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before a rank could be killed"
+        os.kill(pids[victim], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - killed
+    finally:
+        proc.kill()
+    print(f"rank {victim} killed: mpirun ended {waited:.2f} s later with status {proc.returncode}")
+    assert proc.returncode != 0, err
+    assert waited < 30, f"the other rank took {waited:.1f} s to end"
+    assert not out.exists(), sorted(p.name for p in tmp_path.iterdir())
+    small = tmp_path / "small.npy"
+    np.save(small, q[:, :1, :16])
+    again = subprocess.run([QKV, "attend", "--q", str(small), "--k", str(small), "--v", str(small), "--out", str(out)],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.npy", "out.npy", "q.npy", "small.npy", "v.npy"]

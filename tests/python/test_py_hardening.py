@@ -47,6 +47,56 @@ def test_non_utf8_word_in_a_binary_file_names_the_word(tmp_path):
         qkv.load_embeddings(str(path), format="word2vec_binary")
 
 
+def _random_words(rng, count):
+    """Words of random bytes >= 0x80 around ASCII letters: every kind of invalid UTF-8 (stray
+    continuation bytes, truncated and overlong sequences, surrogates, > U+10FFFF) and valid ones."""
+    special = [b"caf\xe9", b"\xe2\x82", b"\xe2\x82z", b"\xed\xa0\x80x", b"\xf4\x90\x80\x80", b"\xc0\xaf",
+               b"\xe0\x80\xaf", b"\xf0\x9f\x98", b"\xff\xfe", "naïve".encode(), "日本".encode()]
+    words = list(special)
+    while len(words) < count:
+        n = int(rng.integers(1, 7))
+        raw = bytes(int(b) for b in rng.integers(0x80, 0x100, n))
+        words.append(b"w" + raw + (b"" if rng.random() < 0.5 else b"q"))
+    return words
+
+
+@pytest.mark.parametrize("fmt", ["glove", "word2vec_binary"])
+@pytest.mark.parametrize("errors", ["replace", "ignore"])
+def test_unicode_errors_decodes_words_as_python_does(tmp_path, fmt, errors):
+    """A real vector file with a few Latin-1 words loads with unicode_errors="replace" / "ignore",
+    each word being what bytes.decode("utf-8", errors) gives (gensim's unicode_errors)."""
+    rng = rng_for(171)
+    raw = [b"the"] + _random_words(rng, 300)
+    matrix = rng.standard_normal((len(raw), 3)).astype(np.float32)
+    path = tmp_path / f"vectors.{fmt}"
+    if fmt == "glove":
+        path.write_bytes(b"".join(w + b" " + " ".join(repr(float(x)) for x in row).encode() + b"\n"
+                                  for w, row in zip(raw, matrix)))
+    else:
+        path.write_bytes(f"{len(raw)} 3\n".encode() +
+                         b"".join(w + b" " + row.astype("<f4").tobytes() + b"\n" for w, row in zip(raw, matrix)))
+    expected = [w.decode("utf-8", errors) for w in raw]
+    assert expected != [w.decode("utf-8", "backslashreplace") for w in raw]  # some words do need repair
+    words, m = qkv.load_embeddings(str(path), format=fmt, unicode_errors=errors)
+    assert words == expected, seed_note(171)
+    assert np.array_equal(m, matrix)
+    e = qkv.Embeddings.load(path, format=fmt, unicode_errors=errors)
+    assert e.words == expected and e.find("caf\ufffd" if errors == "replace" else "caf") >= 0
+    assert e.find("naïve") >= 0 and e.find("日本") >= 0
+    with pytest.raises(ValueError, match="not valid UTF-8.*unicode_errors='replace'"):
+        qkv.load_embeddings(str(path), format=fmt)  # strict stays the default
+
+
+def test_unicode_errors_refuses_other_values(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_bytes(b"the 1 2\n")
+    with pytest.raises(ValueError,
+                       match="unicode_errors must be 'strict', 'replace' or 'ignore', got 'surrogateescape'"):
+        qkv.load_embeddings(str(path), unicode_errors="surrogateescape")
+    with pytest.raises(TypeError, match="unicode_errors must be a string"):
+        qkv.Embeddings.load(str(path), unicode_errors=None)
+
+
 # ---- Ctrl-C during a long call (cause 4) ----
 
 LONG_CALLS = {
@@ -101,12 +151,91 @@ def test_ctrl_c_interrupts_a_long_call_promptly(kind):
     assert waited < 3.0, f"the call took {waited:.2f}s to stop after SIGINT"
 
 
+# Offsets of SIGINT from the moment the child announces the call, in seconds: before the call
+# starts (Python records it and must raise before or inside the call), during the argument checks
+# and the scope's setup, and well inside the call.
+CTRL_C_OFFSETS = [0.0, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012, 0.02, 0.03, 0.05, 0.08, 0.15, 0.3]
+
+
+def test_ctrl_c_at_many_moments_around_the_start_of_a_call():
+    """A SIGINT around the start of a long call is never left for the call's end (it once waited
+    11 s, the whole call): each offset ends the child within a bound of the signal."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import qkv
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 4, 6000, 64)); k = q.copy(); v = q.copy()
+        sys.stdin.readline()
+        t0 = time.monotonic()
+        try:
+            print("start", flush=True)
+            qkv.scaled_dot_product_attention(q, k, v, kernel="reference")
+            print(f"finished after {time.monotonic() - t0:.2f}s", flush=True)
+        except KeyboardInterrupt:
+            print(f"interrupted after {time.monotonic() - t0:.3f}s", flush=True)
+            sys.exit(3)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    slow = []
+    for offset in CTRL_C_OFFSETS:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "start", proc.stderr.read()
+            if offset:
+                time.sleep(offset)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+            waited = time.monotonic() - sent
+        finally:
+            proc.kill()
+        print(f"SIGINT {offset * 1000:.1f} ms after start: {out.strip()}; ended {waited:.3f} s after it")
+        assert proc.returncode == 3, (offset, out, err)
+        if waited > 2.0:
+            slow.append((offset, round(waited, 2)))
+    assert not slow, f"(offset, seconds to stop) of the signals seen late: {slow}"
+
+
 def test_interrupt_does_not_fire_without_a_signal():
     rng = rng_for(17)
     q = rng.standard_normal((1, 2, 300, 16))
     a = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
     b = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
     assert np.array_equal(a, b)
+
+
+# ---- unknown keyword arguments ----
+
+@pytest.mark.parametrize("call, given, best", [
+    (lambda q: qkv.scaled_dot_product_attention(q, q, q, is_causal=True), "is_causal", "causal"),
+    (lambda q: qkv.scaled_dot_product_attention(q, q, q, key_length=3), "key_length", "key_lengths"),
+    (lambda q: qkv.attention_backward(q, q, q, q, kernal="reference"), "kernal", "kernel"),
+    (lambda q: qkv.attention_weights(q, q, topk=2), "topk", "top_k"),
+    (lambda q: qkv.decode_attention(q, None, [0], is_causal=False), "is_causal", "causal"),
+    (lambda q: qkv.apply_rotary(q, layuot="interleaved"), "layuot", "layout"),
+])
+def test_unknown_keyword_suggests_the_known_one(call, given, best):
+    """As the CLI says "unknown option --head (did you mean --heads?)", by the same rule."""
+    q = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError) as err:
+        call(q)
+    assert f"got an unexpected keyword argument '{given}' (did you mean '{best}'?)" in str(err.value), err.value
+
+
+def test_unknown_keyword_without_a_close_one_points_to_help():
+    q = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError, match=r"scaled_dot_product_attention\(\) got an unexpected keyword argument "
+                                        r"'dropout' \(see help\(qkv.scaled_dot_product_attention\)\)"):
+        qkv.scaled_dot_product_attention(q, q, q, dropout=0.1)
+    # A TypeError of a known argument keeps its own message; a correct call is untouched.
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        qkv.scaled_dot_product_attention(q, q, q, causal="yes")
+    assert qkv.scaled_dot_product_attention(q, q, q, causal=True).shape == (3, 4)
+    assert "causal" in str(__import__("inspect").signature(qkv.scaled_dot_product_attention))
 
 
 # ---- a layer shared by threads (cause 4) ----
@@ -293,3 +422,53 @@ def test_a_top_k_larger_than_memory_is_a_memory_error():
     for line in lines[:2]:
         assert line.startswith("MemoryError: results of shape [1, 1, ") and "2147483648]: cannot allocate" in line, line
     assert lines[2] == "[[[[0, 1, 2, 3, 4, -1, -1]]]]", lines[2]
+
+
+# ---- a KVCache shared by threads ----
+
+def test_cache_free_waits_for_a_decode_reading_its_pages():
+    """decode_attention reads the cache with the GIL released; free() in another thread, followed by
+    an append that reuses the freed pages, once overwrote the keys under it (a silently wrong
+    output). free() now waits for the readers: every decode gives the result of the keys it was
+    called on, and frees that overlapped a decode are counted so the test cannot pass vacuously."""
+    rng = rng_for(172)
+    T, Hkv, D = 32768, 2, 64
+    cache = qkv.KVCache(num_pages=T // 64 + 1, page_tokens=64, kv_heads=Hkv, head_dim=D)
+    q = rng.standard_normal((1, 2, 4, D)).astype(np.float32)
+    k1 = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    v1 = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    k2, v2 = -k1, v1 + 100.0  # what another thread writes into the reused pages
+    seq = cache.create()
+    cache.append(seq, k1, v1)
+    expected = qkv.decode_attention(q, cache, [seq], num_threads=1)
+    cache.free(seq)
+
+    wrong, overlapped, rounds = [], 0, 0
+    while overlapped < 6 and rounds < 100:  # a loaded machine delays the reader's start now and then
+        rounds += 1
+        seq = cache.create()
+        cache.append(seq, k1, v1)
+        started, times = threading.Event(), {}
+
+        def reader(seq=seq):
+            times["start"] = time.monotonic()
+            started.set()
+            out = qkv.decode_attention(q, cache, [seq], num_threads=1)
+            times["end"] = time.monotonic()
+            if not np.array_equal(out, expected):
+                wrong.append(float(np.max(np.abs(out - expected))))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        started.wait()
+        time.sleep(0.001)  # let the reader get into the call
+        freed_at = time.monotonic()
+        cache.free(seq)
+        other = cache.create()
+        cache.append(other, k2, v2)
+        t.join()
+        overlapped += times["start"] < freed_at < times["end"]
+        cache.free(other)
+    print(f"{overlapped} of {rounds} frees were called while a decode read the pages")
+    assert not wrong, f"decode outputs changed under a concurrent free + append: max errors {wrong}"
+    assert overlapped >= 6, f"only {overlapped} of {rounds} frees overlapped a decode: the race was not exercised"

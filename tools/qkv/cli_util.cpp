@@ -24,7 +24,7 @@ namespace qkv::cli {
 void usage_error(const std::string& message) { throw CLI::ValidationError(message); }
 
 template <class T>
-void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf) {
+void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf, const IndexMap& to_file_index) {
   // Loaded tensors are contiguous: scan them in place; copy only strided views.
   Tensor<T> copy;
   const T* data = t.data();
@@ -42,12 +42,13 @@ void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg
       index[static_cast<std::size_t>(d)] = rest % t.dim(d);
       rest /= t.dim(d);
     }
+    if (to_file_index) to_file_index(index);
     const char* what = std::isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf");
     throw Error(fmt::format("{}: element {} is {}", name, shape_string(index), what));
   }
 }
-template void check_finite<float>(TensorView<const float>, const std::string&, bool);
-template void check_finite<double>(TensorView<const double>, const std::string&, bool);
+template void check_finite<float>(TensorView<const float>, const std::string&, bool, const IndexMap&);
+template void check_finite<double>(TensorView<const double>, const std::string&, bool, const IndexMap&);
 
 namespace {
 

@@ -29,9 +29,12 @@ std::optional<std::string> unknown_option_message(const CLI::App& app, int argc,
 [[noreturn]] void usage_error(const std::string& message);
 
 // Refuses NaN and Inf (or only NaN and +Inf when `allow_neg_inf`, for additive biases) with
-// "<name>: element [i, j, ...] is NaN", the index in the tensor's own shape.
+// "<name>: element [i, j, ...] is NaN", the index in the tensor's own shape, or the one
+// `to_file_index` makes of it (a rank's shard of a file names the element's place in the file).
+using IndexMap = std::function<void(std::vector<int64_t>& index)>;
 template <class T>
-void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false);
+void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false,
+                  const IndexMap& to_file_index = {});
 
 // Validators for numeric options. CLI11 prefixes the option name; the messages echo the value as
 // typed ("'inf' is not a finite number", "'0' is outside 1 to 4096"), never a rendering of the

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_interrupt.h"
 #include "cli_loss_curve.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -118,14 +119,41 @@ void print_accuracy(const char* name, const TopAccuracy& t) {
   fmt::print("  {:<34} {:6.2f}%  {:6.2f}%\n", name, 100.0 * t.top1, 100.0 * t.top10);
 }
 
-// Runs the task with the progress bar and, if asked, records the loss curve.
+// Where a run stands, for the line Ctrl-C prints: the step it started from and the last step done.
+struct RunPosition {
+  int64_t first = -1, done = -1;
+};
+
+// Runs the task with the progress bar and, if asked, records the loss curve; Ctrl-C stops it
+// after the step in progress (whose checkpoint, if due, is then written).
 template <class Config, class Run>
-auto train_with_progress(const Config& c, std::vector<LossPoint>& curve, Run run) {
+auto train_with_progress(const Config& c, std::vector<LossPoint>& curve, Run run, RunPosition& at,
+                         const StopOnCtrlC& ctrl_c) {
   ProgressPrinter printer(c.steps);
   return run(c, [&](const TrainProgress& p) {
     printer(p);
     curve.push_back({p.step, p.loss, p.accuracy});
+    if (at.first < 0) at.first = p.step - 1;
+    at.done = p.step;
+    ctrl_c.check();
   });
+}
+
+// What a run stopped by Ctrl-C after at.done steps kept (a lookup checkpoint is written after
+// every checkpoint_every-th step and the last one, before that step's progress is reported).
+std::string kept_after_interrupt(const LookupConfig* c, const RunPosition& at) {
+  if (c == nullptr || c->checkpoint.empty()) return "nothing was saved";
+  int64_t saved = at.done == c->steps       ? at.done
+                  : c->checkpoint_every > 0 ? at.done / c->checkpoint_every * c->checkpoint_every
+                                            : 0;
+  if (c->resume) saved = std::max(saved, at.first);
+  if (saved <= 0 || at.done < 0)
+    return c->resume ? fmt::format("the checkpoint {} is as it was: add --resume again to go on", c->checkpoint)
+                     : fmt::format("no checkpoint was written yet ({})",
+                                   c->checkpoint_every > 0
+                                       ? fmt::format("the first is due after step {}", c->checkpoint_every)
+                                       : "--checkpoint-every 0 writes it only at the end");
+  return fmt::format("the checkpoint {} holds step {}: add --resume to go on from there", c->checkpoint, saved);
 }
 
 void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
@@ -155,10 +183,10 @@ std::string training_note(const TrainArgs& a) {
       file_name(m.embeddings));
 }
 
-int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
+int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve, RunPosition& at, const StopOnCtrlC& ctrl_c) {
   MaskedWordConfig m = a.masked;
   m.note = training_note(a);
-  const MaskedWordResult r = train_with_progress(m, curve, &train_masked_word);
+  const MaskedWordResult r = train_with_progress(m, curve, &train_masked_word, at, ctrl_c);
   const std::string left_out =
       r.excluded_sentences > 0 ? fmt::format(", {} left out by --exclude", r.excluded_sentences) : "";
   if (m.objective == MaskedObjective::halves)
@@ -183,7 +211,7 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve) {
   return 0;
 }
 
-int run_train(const TrainArgs& args) {
+int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& ctrl_c) {
   const LookupConfig& c = args.config;
   for (const auto& [path, option] : {std::pair{c.save, "--save"},
                                      {c.checkpoint, "--checkpoint"},
@@ -192,11 +220,11 @@ int run_train(const TrainArgs& args) {
     if (!path.empty()) check_output_path(path, option);
   std::vector<LossPoint> curve;
   if (args.task != "lookup") {
-    run_masked_word(args, curve);
+    run_masked_word(args, curve, at, ctrl_c);
     write_curve(args, curve);
     return 0;
   }
-  const LookupResult r = train_with_progress(c, curve, &train_lookup);
+  const LookupResult r = train_with_progress(c, curve, &train_lookup, at, ctrl_c);
   if (r.resumed_from > 0) fmt::print("resumed from step {} of {}\n", r.resumed_from, c.steps);
   fmt::print("held-out accuracy ({} examples; chance {:.1f}%):\n", c.eval_examples, 100.0 / c.num_values);
   fmt::print("  trained         {:6.2f}%\n", 100.0 * r.trained_accuracy);
@@ -206,6 +234,23 @@ int run_train(const TrainArgs& args) {
   if (!c.save.empty()) fmt::print("weights written to {}\n", c.save);
   write_curve(args, curve);
   return 0;
+}
+
+// Ctrl-C ends the run with a line on what it kept, and exit status 130.
+int run_train(const TrainArgs& args) {
+  const StopOnCtrlC ctrl_c;
+  RunPosition at;
+  try {
+    return train_and_report(args, at, ctrl_c);
+  } catch (const Interrupted&) {
+    const bool lookup = args.task != "masked-word";
+    const int64_t steps = lookup ? args.config.steps : args.masked.steps;
+    const std::string where =
+        at.done < 0 ? "before the first step" : fmt::format("after step {} of {}", at.done, steps);
+    fmt::print(stderr, "qkv: train interrupted {}; {}\n", where,
+               kept_after_interrupt(lookup ? &args.config : nullptr, at));
+    return kInterruptedExit;
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "io/atomic_replace.h"
 #include "io/mapped_file.h"
 #include "io/npy_header.h"
 #include "qkv/distributed.h"
@@ -70,7 +71,18 @@ Shard read_shard(const std::string& path, const char* option, int ranks, int ran
       std::memcpy(dst, base + static_cast<std::size_t>((a * L + r.begin) * C) * sizeof(float), bytes);
       dst += r.size() * C;
     }
-  check_finite(shard.data.cview(), fmt::format("{} {} (this rank's tokens)", option, path));
+  // The element is named by its place in the file, as a single-process run names it.
+  check_finite(shard.data.cview(), fmt::format("{} {}", option, path), false, [&](std::vector<int64_t>& index) {
+    int64_t n = index[2];
+    for (const TokenRange& r : shard_ranges(L, ranks, rank, kSharding)) {
+      if (n < r.size()) {
+        index[2] = r.begin + n;
+        break;
+      }
+      n -= r.size();
+    }
+    index.erase(index.begin(), index.begin() + static_cast<std::ptrdiff_t>(4 - s.size()));  // the file's rank
+  });
   return shard;
 }
 
@@ -105,7 +117,8 @@ std::string attempt(const std::function<void()>& f) {
 class ShardedOutputs {
  public:
   ShardedOutputs(MPI_Comm comm, int ranks, int rank) : comm_(comm), ranks_(ranks), rank_(rank) {
-    // Rank 0's pid names the temporary files, so a stale file from a killed run is never reused.
+    // Rank 0's pid names the temporary files (io's form, .NAME.tmp-PID-...), so a stale file from a
+    // killed run is never reused, and the next write of the same output removes it.
     tag_ = static_cast<int>(::getpid());
     MPI_Bcast(&tag_, 1, MPI_INT, 0, comm_);
   }
@@ -117,9 +130,10 @@ class ShardedOutputs {
   // Every rank's shard [A0, A1, n, C] of a sequence of L tokens into one .npy of `file_shape`.
   void write(const std::string& path, const std::vector<int64_t>& file_shape, const Tensor<float>& shard, int64_t L) {
     const std::string header = detail::npy_header_bytes("<f4", file_shape);
-    const std::string tmp = fmt::format("{}.ring-tmp-{}", path, tag_);
+    const std::string tmp = detail::temporary_name(path, tag_, 0, 0);
     const int64_t C = shard.dim(3), A = shard.dim(0) * shard.dim(1);
     agree(rank_ != 0 ? std::string() : attempt([&] {
+      detail::remove_stale_temporaries(path);
       const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp, detail::errno_text(errno)));
       staged_.emplace_back(tmp, path);
@@ -173,14 +187,7 @@ class ShardedOutputs {
   std::vector<std::pair<std::string, std::string>> staged_;  // (temporary, final), rank 0 only
 };
 
-}  // namespace
-
-int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
-  MpiSession session;
-  MPI_Comm comm = MPI_COMM_WORLD;
-  int ranks = 1, rank = 0;
-  MPI_Comm_size(comm, &ranks);
-  MPI_Comm_rank(comm, &rank);
+void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, MaskArgs& mask_args) {
   Shard q, k, v;
   RingOptions options;
   std::string error;
@@ -221,6 +228,23 @@ int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
   outputs.write(a.out, output_shape(q.file_shape, v.data.dim(3)), out, N);
   if (!a.lse.empty()) outputs.write(a.lse, output_shape(q.file_shape, std::nullopt), lse, N);
   outputs.commit();
+}
+
+}  // namespace
+
+// An error all ranks agreed on is printed once, by rank 0; the other ranks exit 1 quietly.
+int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
+  MpiSession session;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int ranks = 1, rank = 0;
+  MPI_Comm_size(comm, &ranks);
+  MPI_Comm_rank(comm, &rank);
+  try {
+    attend_ring(comm, ranks, rank, a, mask_args);
+  } catch (const AgreedError&) {
+    if (rank == 0) throw;
+    return 1;
+  }
   return 0;
 }
 
