@@ -23,7 +23,8 @@ struct CompareArgs {
   std::vector<std::string> sentences;
   SentenceArgs sentence_args;
   bool json = false;
-  std::string html;  // also write the side-by-side page
+  std::string html;  // the side-by-side page, instead of the text
+  ColorScale color_scale = ColorScale::absolute;
 };
 
 double cosine(TensorView<const float> a, int64_t i, TensorView<const float> b, int64_t j, const std::string& what) {
@@ -99,38 +100,44 @@ int run_compare(const CompareArgs& a) {
   std::vector<WordInSentence> sides;
   for (std::size_t n = 0; n < occ.size(); ++n)
     sides.push_back(
-        word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
+        word_in_sentence(a.sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview(), sa));
 
-  std::string text;
-  if (a.json) {
-    nlohmann::json sentences = nlohmann::json::array();
-    for (std::size_t n = 0; n < occ.size(); ++n)
-      sentences.push_back(
-          {{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
-    const nlohmann::json j = {{"word", word},
-                              {"sentences", std::move(sentences)},
-                              {"static_cosine", static_cos},
-                              {"contextual_cosine", context_cos},
-                              {"layer", description}};
-    text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  } else {
-    text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", word, description);
-    for (std::size_t n = 0; n < occ.size(); ++n)
-      text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], occ[n].position + 1,
-                          occ[n].embedded.tokens.size());
-    text += fmt::format(
-        "static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
-        "sentence)\n",
-        static_cos, word);
-    text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
-                        context_cos);
-    for (std::size_t n = 0; n < sides.size(); ++n) text += attends_to(sides[n], n);
-  }
+  const auto report = [&] {
+    std::string text;
+    if (a.json) {
+      nlohmann::json sentences = nlohmann::json::array();
+      for (std::size_t n = 0; n < occ.size(); ++n)
+        sentences.push_back(
+            {{"text", a.sentences[n]}, {"tokens", occ[n].embedded.tokens}, {"position", occ[n].position}});
+      const nlohmann::json j = {{"word", word},
+                                {"sentences", std::move(sentences)},
+                                {"static_cosine", static_cos},
+                                {"contextual_cosine", context_cos},
+                                {"layer", description}};
+      text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    } else {
+      text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", word, description);
+      for (std::size_t n = 0; n < occ.size(); ++n)
+        text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], occ[n].position + 1,
+                            occ[n].embedded.tokens.size());
+      text += fmt::format(
+          "static cosine similarity:     {:.6f}  (a static embedding gives \"{}\" one vector in every "
+          "sentence)\n",
+          static_cos, word);
+      text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
+                          context_cos);
+      for (std::size_t n = 0; n < sides.size(); ++n) text += attends_to(sides[n], n);
+    }
+    return text;
+  };
+  OutputFiles pictures;
   if (!a.html.empty()) {
-    Comparison c{word, description, static_cos, context_cos, sides[0], sides[1]};
-    write_outputs({{a.html, render_comparison_html(c)}});
+    HtmlOptions options;
+    options.color_scale = a.color_scale;
+    pictures.emplace_back(
+        a.html, render_comparison_html({word, description, static_cos, context_cos, sides[0], sides[1]}, options));
   }
-  write_stdout(text);
+  finish(report, std::move(pictures));
   return 0;
 }
 
@@ -147,7 +154,13 @@ Command add_compare(CLI::App& app) {
                      &args->sentences, nullptr);
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   sub->add_flag("--json", args->json, "Print the result as JSON");
-  sub->add_option("--html", args->html, "Also write a self-contained HTML page: the word's weights side by side");
+  sub->add_option("--html", args->html,
+                  "Write a self-contained HTML page (the word's weights side by side) instead of the text");
+  add_color_scale_option(sub, args->color_scale);
+  sub->callback([args] {
+    if (args->json && !args->html.empty())
+      usage_error("compare: --json prints the result; --html writes a page instead: choose one");
+  });
   return {sub, [args] { return run_compare(*args); }};
 }
 
