@@ -377,7 +377,7 @@ const char* const kPageJs = R"js(
         });
         formula($('formula-' + n), data.word, row, s.tokens, 12);
       });
-      legend();
+      legend(Math.max(rowMax(data.sentences[0].weights[h]), rowMax(data.sentences[1].weights[h])));
     }
     $('head-select').addEventListener('change', function (e) { render(+e.target.value); });
     render(0);
