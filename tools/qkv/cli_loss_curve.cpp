@@ -66,9 +66,8 @@ std::string loss_curve_svg(const std::vector<LossPoint>& points, const std::stri
         "<text class=\"tick x\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n",
         x, kH - kBottom, x, kH - kBottom + 5, x, kH - kBottom + 18, step);
   }
-  svg += fmt::format(  // the axes
-      "<polyline fill=\"none\" stroke=\"#444\" points=\"{0},{1} {0},{2} {3},{2}\"/>\n", kLeft, kTop, kH - kBottom,
-      kW - kRight);
+  svg += fmt::format("<path class=\"axes\" fill=\"none\" stroke=\"#444\" d=\"M{0} {1}V{2}H{3}\"/>\n", kLeft, kTop,
+                     kH - kBottom, kW - kRight);
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">training step (of {})</text>\n",
                      (kLeft + kW - kRight) / 2, kH - 12, last);
   svg += fmt::format(
