@@ -360,22 +360,25 @@ def test_a_long_input_gets_a_labelled_close_up_that_follows_the_overview(run, tm
         check_layout(browser, f"close-up at ({row}, {col})")
 
     # Choosing a query centres the close-up on it and on the key it attends to most.
-    choose = __import__("test_html_browser").choose
-    choose(browser, "query-select", 300)
+    from selenium.webdriver.support.ui import Select
+    Select(browser.driver.find_element("id", "query-select")).select_by_value("300")
     check(300, int(np.argmax(weights[300])))
     # Clicking the overview moves the close-up to the clicked cell.
     canvas = browser.driver.find_element("id", "heatmap-canvas")
     cell = int(canvas.get_attribute("data-cell"))
-    browser.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", canvas)
-    left, top = browser.driver.execute_script("const b = arguments[0].getBoundingClientRect(); return [b.left, b.top];", canvas)
     i, j = 400, 90
-    if browser.driver.execute_script("return document.elementFromPoint(arguments[0], arguments[1]) === arguments[2];",
-                                     int(left + j * cell + cell / 2), int(top + i * cell + cell / 2), canvas):
-        actions = ActionBuilder(browser.driver)
-        actions.pointer_action.move_to_location(int(left + j * cell + cell / 2), int(top + i * cell + cell / 2))
-        actions.pointer_action.click()
-        actions.perform()
-        check(i, j)
-        assert browser.driver.find_element("id", "query-select").get_attribute("value") == str(i)
+    # The overview scrolls inside its box: bring row i into the box's view, and the box into the window's.
+    browser.driver.execute_script("const b = document.getElementById('heatmap'); b.scrollTop = arguments[0] - 100; "
+                                  "b.scrollLeft = 0; b.scrollIntoView({block: 'center'});", i * cell)
+    left, top = browser.driver.execute_script("const b = arguments[0].getBoundingClientRect(); return [b.left, b.top];", canvas)
+    x, y = int(left + j * cell + cell / 2), int(top + i * cell + cell / 2)
+    assert browser.driver.execute_script("return document.elementFromPoint(arguments[0], arguments[1]) === arguments[2];",
+                                         x, y, canvas), "the overview's cell is not in view"
+    actions = ActionBuilder(browser.driver)
+    actions.pointer_action.move_to_location(x, y)
+    actions.pointer_action.click()
+    actions.perform()
+    check(i, j)
+    assert browser.driver.find_element("id", "query-select").get_attribute("value") == str(i)
     # At 600 tokens every weight is small: the page says the absolute colours are pale and what helps.
     assert "--color-scale row" in browser.driver.find_element("id", "legend-pale").text
