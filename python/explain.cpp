@@ -9,6 +9,7 @@
 #include "qkv/explain.h"
 #include "qkv/layer.h"
 #include "qkv/out_of_memory.h"
+#include "qkv/render.h"
 
 namespace qkvpy {
 namespace {
@@ -133,14 +134,18 @@ format: "dict" (default) returns {title, source, style, tokens, x, w_q, w_k, w_v
 w_o, b_o, parameter_free, num_heads, num_kv_heads, d_k, heads, concat, output}, matrices as
 float64 numpy arrays (None where a step does not apply), heads a list of {q, k, v, scores,
 scale, scaled_scores, weights, context}; "text" returns the readable step-by-step print
-(`precision` decimals); "json" returns the JSON the CLI writes.
+(`precision` decimals); "json" returns the JSON the CLI writes; "html" returns the page
+`qkv explain --html` writes (up to 512 tokens) as a qkv.HtmlPage, a str that Jupyter shows inline
+(its _repr_html_) and .save(path) writes. color_scale ("absolute", the default, or "row") sets the
+page's colours: the weight itself from 0 to 1, or each row from 0 to its largest weight.
 Raises ValueError for inconsistent shapes or an unknown example name.)";
 
 py::object explain(const py::object& example, const py::object& tokens, const py::object& x, const py::object& layer,
                    const py::object& q, const py::object& k, const py::object& v, const py::object& w_q,
                    const py::object& w_k, const py::object& w_v, const py::object& b_q, const py::object& b_k,
                    const py::object& b_v, const py::object& w_o, const py::object& b_o, const py::object& heads,
-                   const py::object& kv_heads, const py::object& format_obj, const py::object& precision_obj) {
+                   const py::object& kv_heads, const py::object& format_obj, const py::object& precision_obj,
+                   const py::object& color_scale_obj) {
   const std::string format = string_arg(format_obj, "format");
   const int64_t num_heads = index_arg(heads, "num_heads");
   const std::optional<int64_t> num_kv_heads =
@@ -148,8 +153,11 @@ py::object explain(const py::object& example, const py::object& tokens, const py
   const int64_t digits = index_arg(precision_obj, "precision");
   if (digits < 0 || digits > 17) throw py::value_error(fmt::format("precision must be in [0, 17], got {}", digits));
   const int precision = static_cast<int>(digits);
-  if (format != "dict" && format != "text" && format != "json")
-    throw py::value_error(fmt::format("format must be 'dict', 'text' or 'json', got '{}'", format));
+  if (format != "dict" && format != "text" && format != "json" && format != "html")
+    throw py::value_error(fmt::format("format must be 'dict', 'text', 'json' or 'html', got '{}'", format));
+  const std::string scale_name = string_arg(color_scale_obj, "color_scale");
+  const std::optional<qkv::ColorScale> scale = qkv::parse_color_scale(scale_name);
+  if (!scale) throw py::value_error(fmt::format("color_scale must be 'absolute' or 'row', got '{}'", scale_name));
   const ExplainArgs args{example, tokens, x,   layer, q,   k,   v,         w_q,         w_k,
                          w_v,     b_q,    b_k, b_v,   w_o, b_o, num_heads, num_kv_heads};
   qkv::Explanation e;
@@ -163,6 +171,13 @@ py::object explain(const py::object& example, const py::object& tokens, const py
   }
   if (format == "text") return py::str(qkv::explanation_to_text(e, precision));
   if (format == "json") return py::str(qkv::explanation_to_json(e));
+  if (format == "html") {
+    qkv::HtmlOptions options;
+    options.color_scale = *scale;
+    options.steps_hint = options.output_hint = "format=\"dict\"";
+    // qkv.HtmlPage (python/qkv/__init__.py): the page as a str that notebooks show inline.
+    return py::module_::import("qkv").attr("HtmlPage")(qkv::render_explanation_html(e, options));
+  }
   return to_dict(e);
 }
 
@@ -174,7 +189,8 @@ void bind_explain(py::module_& m) {
         py::arg("v") = py::none(), py::arg("w_q") = py::none(), py::arg("w_k") = py::none(),
         py::arg("w_v") = py::none(), py::arg("b_q") = py::none(), py::arg("b_k") = py::none(),
         py::arg("b_v") = py::none(), py::arg("w_o") = py::none(), py::arg("b_o") = py::none(), py::arg("num_heads") = 1,
-        py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict", py::arg("precision") = 8, kExplainDoc);
+        py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict", py::arg("precision") = 8,
+        py::arg("color_scale") = "absolute", kExplainDoc);
   m.def("explain_examples", &qkv::example_names, "Names of the built-in worked examples qkv.explain() accepts.");
 }
 

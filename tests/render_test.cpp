@@ -138,6 +138,30 @@ TEST(Render, ContextFirstPutsTheContextualVectorsBeforeTheSteps) {
   EXPECT_GT(last.find("id=\"contextual\""), last.find("id=\"steps\""));
 }
 
+TEST(Render, PagesNameTheWordsSkippedAndWhereEveryValueIs) {
+  test::Rng rng("Render.PagesNameTheWordsSkippedAndWhereEveryValueIs");
+  const Explanation e = random_explanation(rng, 50, 1, 1);  // beyond 48 rows: tables show their corner
+  HtmlOptions o;
+  o.skipped_words = {"<x>", "y", "<x>"};
+  o.steps_hint = "qkv explain --json";
+  o.output_hint = "qkv context --format json";
+  const std::string page = render_explanation_html(e, o);
+  EXPECT_NE(page.find("--oov skip left 3 words out of the sentence, not being in the vocabulary: “&lt;x&gt;” ×2, "
+                      "“y”."),
+            std::string::npos);
+  EXPECT_EQ(page.find("<x>"), std::string::npos);
+  EXPECT_NE(page.find("(showing the first 48 rows × 5 columns; qkv explain --json has all)"), std::string::npos);
+  EXPECT_NE(page.find("(showing the first 48 rows × 2 columns; qkv context --format json has all)"), std::string::npos);
+  const std::string plain = render_explanation_html(e);
+  EXPECT_EQ(plain.find("oov-note"), std::string::npos);
+  EXPECT_NE(plain.find("; --json has all)"), std::string::npos);
+  EXPECT_EQ(page_data(plain)["scale"], "absolute");
+  o.color_scale = ColorScale::row;
+  EXPECT_EQ(page_data(render_explanation_html(e, o))["scale"], "row");
+  for (ColorScale c : {ColorScale::absolute, ColorScale::row}) EXPECT_EQ(parse_color_scale(color_scale_name(c)), c);
+  EXPECT_EQ(parse_color_scale("Row"), std::nullopt);
+}
+
 TEST(Render, SvgIsWellFormedAndItsCellsAreTheWeights) {
   test::Rng rng("Render.SvgIsWellFormedAndItsCellsAreTheWeights");
   for (int64_t n : {1, 3, 13, 40}) {
@@ -197,9 +221,9 @@ TEST(Render, RefusesWhatItCannotDraw) {
   big.tokens.assign(static_cast<std::size_t>(kMaxHeatmapTokens + 1), "w");
   try {
     render_explanation_html(big);
-    FAIL() << "513 tokens drawn as a heatmap";
+    FAIL() << "1025 tokens drawn as a heatmap";
   } catch (const Error& err) {
-    EXPECT_STREQ(err.what(), "html: 513 tokens is more than the 512 a heatmap shows; use the top-k page");
+    EXPECT_STREQ(err.what(), "html: 1025 tokens is more than the 1024 a heatmap shows; use the top-k page");
   }
   EXPECT_THROW(render_heatmap_svg(big), Error);
   try {

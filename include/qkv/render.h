@@ -17,12 +17,28 @@
 
 namespace qkv {
 
-// The longest input shown as a dense N×N heatmap; longer inputs get the top-k page.
-inline constexpr int64_t kMaxHeatmapTokens = 512;
+// The longest input shown as a dense N×N heatmap (a page of one head's weights is then about
+// 20 MB); longer inputs get the top-k page.
+inline constexpr int64_t kMaxHeatmapTokens = 1024;
+
+// How weights become colours. absolute: the weight itself on a fixed 0-1 scale, so pages, heads and
+// rows compare at a glance; row: each row (query) from 0 to its own largest weight, which shows
+// the ranking inside a flat row (e.g. over 600 tokens, where every weight is small).
+enum class ColorScale { absolute, row };
+
+// "absolute" / "row", and back (nullopt for another name): the one spelling of both.
+std::string_view color_scale_name(ColorScale scale);
+std::optional<ColorScale> parse_color_scale(std::string_view name);
 
 struct HtmlOptions {
   int precision = 4;           // decimals shown in tables and labels (exact values are in the data)
   bool context_first = false;  // `qkv context`: the contextual vectors lead the page
+  ColorScale color_scale = ColorScale::absolute;
+  // Words of the input left out (--oov skip), in order; the page names them in a visible note.
+  std::vector<std::string> skipped_words;
+  // What gives every value of a table the page shows only in part: the steps (scores, weights, ...)
+  // and the contextual vectors, e.g. "qkv explain --json" and "--format json".
+  std::string steps_hint = "--json", output_hint = "--json";
 };
 
 // The explanation as one HTML page. Requires e.tokens.size() <= kMaxHeatmapTokens (else
@@ -32,6 +48,7 @@ std::string render_explanation_html(const Explanation& e, const HtmlOptions& opt
 struct SvgOptions {
   int64_t head = -1;  // the head to draw (0-based), or -1 for every head side by side
   int precision = 3;  // decimals printed in cells (when they are large enough to read) and titles
+  ColorScale color_scale = ColorScale::absolute;
 };
 
 // The weights of the chosen head(s) as a standalone SVG document: tokens on both axes, a colour
@@ -62,6 +79,7 @@ struct WordInSentence {
   std::vector<std::vector<double>> weights;  // [H][tokens.size()]: the word's row of each head
   std::vector<double> static_vector;         // the word's embedding
   std::vector<double> contextual_vector;     // the layer's output row for the word
+  std::vector<std::string> skipped_words;    // words of the sentence left out (--oov skip)
 };
 
 struct Comparison {
@@ -72,7 +90,8 @@ struct Comparison {
 };
 
 // The word's weights in both sentences side by side, with both cosine similarities. Throws
-// qkv::Error if the sizes disagree.
+// qkv::Error if the sizes disagree. Each sentence's skipped words come from its WordInSentence
+// (options.skipped_words is not used).
 std::string render_comparison_html(const Comparison& c, const HtmlOptions& options = {});
 
 // Text as HTML character data or attribute value: & < > " ' escaped. Invalid UTF-8 is kept

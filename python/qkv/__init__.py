@@ -18,7 +18,23 @@ from ._qkv import Embeddings, MultiHeadAttention, Optimizer, clip_grad_norm, exp
 from .optim import SGD, AdamW  # noqa: F401
 from .cache import KVCache, apply_rotary, decode_attention, decode_attention_weights  # noqa: F401
 
-__all__ = ["__version__", "MultiHeadAttention", "Embeddings", "load_embeddings", "tokenize", "explain", "explain_examples",
+
+class HtmlPage(str):
+    """A self-contained HTML page (what qkv.explain(..., format="html") returns and `qkv explain
+    --html` writes), as a str. Jupyter shows it inline through _repr_html_: the page inside an
+    iframe's srcdoc, so its script and styles stay apart from the notebook's and two pages in one
+    notebook do not share element ids. save(path) writes the page to a file."""
+
+    def _repr_html_(self):
+        import html
+        return ('<iframe class="qkv-page" title="qkv attention page" style="width:100%;height:760px;'
+                'border:1px solid #ccc;resize:vertical" srcdoc="' + html.escape(str(self), quote=True) + '"></iframe>')
+
+    def save(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self)
+
+__all__ = ["__version__", "MultiHeadAttention", "Embeddings", "load_embeddings", "tokenize", "explain", "explain_examples", "HtmlPage",
            "Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at",
            "scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads",
            "simd_path", "KVCache", "apply_rotary", "decode_attention", "decode_attention_weights"]

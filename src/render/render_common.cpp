@@ -60,6 +60,14 @@ std::string json_for_script(std::string_view json) {
   return out;
 }
 
+std::string_view color_scale_name(ColorScale scale) { return scale == ColorScale::row ? "row" : "absolute"; }
+
+std::optional<ColorScale> parse_color_scale(std::string_view name) {
+  for (ColorScale s : {ColorScale::absolute, ColorScale::row})
+    if (name == color_scale_name(s)) return s;
+  return std::nullopt;
+}
+
 namespace detail {
 namespace {
 
@@ -103,8 +111,28 @@ std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string skipped_note(const std::vector<std::string>& words, std::string_view which) {
+  if (words.empty()) return {};
+  // Each distinct word once, in order of appearance, with how often it occurred.
+  std::vector<std::pair<std::string, int>> counted;
+  for (const std::string& w : words) {
+    auto it = std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == w; });
+    if (it == counted.end())
+      counted.emplace_back(w, 1);
+    else
+      ++it->second;
+  }
+  std::string list;
+  for (const auto& [w, n] : counted)
+    list += fmt::format("{}“{}”{}", list.empty() ? "" : ", ", html_escape(w), n > 1 ? fmt::format(" ×{}", n) : "");
+  return fmt::format(
+      "<p class=\"note oov\" id=\"oov-note\">--oov skip left {} word{} out of {}, not being in the vocabulary: {}. "
+      "The page shows the tokens that remain.</p>",
+      words.size(), words.size() == 1 ? "" : "s", html_escape(which), list);
+}
+
 std::string matrix_table(std::string_view name, std::string_view note, const Matrix& m,
-                         const std::vector<std::string>& row_labels, int precision,
+                         const std::vector<std::string>& row_labels, int precision, std::string_view all_hint,
                          const std::vector<std::string>& col_labels) {
   constexpr int64_t kMaxRows = 48, kMaxCols = 24;
   const int64_t rows = std::min(m.rows, kMaxRows), cols = std::min(m.cols, kMaxCols);
@@ -112,8 +140,8 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
                                 html_escape(name), html_escape(name), m.rows, m.cols);
   if (!note.empty()) out += fmt::format(" — {}", html_escape(note));
   if (rows < m.rows || cols < m.cols)
-    out += fmt::format(" <span class=\"clip\">(showing the first {} rows × {} columns; --json has all)</span>", rows,
-                       cols);
+    out += fmt::format(" <span class=\"clip\">(showing the first {} rows × {} columns; {} has all)</span>", rows, cols,
+                       html_escape(all_hint));
   // Token-by-token matrices name their corner and columns: row = query token, column = key token.
   out += fmt::format("</figcaption><div class=\"scroll\"><table><thead><tr><th>{}</th>",
                      col_labels.empty() ? "" : "query \\ key");
@@ -132,8 +160,8 @@ std::string matrix_table(std::string_view name, std::string_view note, const Mat
   return out + "</tbody></table></div></figure>\n";
 }
 
-std::string page_shell(std::string_view title, std::string_view body, const nlohmann::json& data) {
-  nlohmann::json d = data;
+std::string page_shell(std::string_view title, std::string_view body, nlohmann::json d, ColorScale scale) {
+  d["scale"] = std::string(color_scale_name(scale));
   nlohmann::json stops = nlohmann::json::array();
   for (const auto& s : kStops) stops.push_back({s[0], s[1], s[2]});
   d["colour_stops"] = std::move(stops);

@@ -56,6 +56,7 @@ std::string sentence_column(const WordInSentence& w, int which, int precision) {
                      html_escape(w.tokens[static_cast<std::size_t>(w.position)]), w.position + 1, w.tokens.size());
   out += fmt::format("<div class=\"strip\" id=\"strip-{}\"></div><p class=\"formula\" id=\"formula-{}\"></p>", which,
                      which);
+  out += detail::skipped_note(w.skipped_words, fmt::format("sentence {}", which + 1));
   out += fmt::format("<p>Static vector: <code>{}</code></p>", vector_row(w.static_vector, precision));
   out += fmt::format("<p>Contextual vector: <code>{}</code></p>", vector_row(w.contextual_vector, precision));
   return out + "</section>\n";
@@ -77,8 +78,9 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
   if (!p.source.empty()) body += fmt::format("<p class=\"source\">Inputs: {}</p>", html_escape(p.source));
   body += fmt::format(
       "<p class=\"note\" id=\"topk-note\">{} tokens is more than the {} an N×N heatmap shows, so each row lists its "
-      "{} largest weights (computed one row at a time, without an N×N matrix) and the weight left over.</p></header>\n",
+      "{} largest weights (computed one row at a time, without an N×N matrix) and the weight left over.</p>",
       p.tokens.size(), kMaxHeatmapTokens, t.k);
+  body += detail::skipped_note(options.skipped_words) + "</header>\n";
   body += "<main>\n<div class=\"controls\">" + head_select(t.num_heads) +
           " <label>Query token <input id=\"query-input\" type=\"number\" min=\"1\" max=\"" + std::to_string(t.rows) +
           "\" value=\"1\"></label> of " + std::to_string(t.rows) + " <span id=\"query-token\"></span></div>\n";
@@ -89,13 +91,14 @@ std::string render_top_k_html(const LongInputPage& p, const HtmlOptions& options
       "<div id=\"legend\"></div>\n<div class=\"scroll tall\"><table id=\"topk-table\"></table></div></section>\n";
   if (!p.output.empty())
     body += "<section id=\"contextual\"><h2>Contextual vectors</h2>\n" +
-            detail::matrix_table("output", "one contextual vector per token", p.output, p.tokens, precision) +
+            detail::matrix_table("output", "one contextual vector per token", p.output, p.tokens, precision,
+                                 options.output_hint) +
             "</section>\n";
   body += "</main>\n";
   const nlohmann::json data = {{"kind", "topk"},           {"tokens", p.tokens}, {"precision", precision},
                                {"num_heads", t.num_heads}, {"k", t.k},           {"index", t.index},
                                {"weight", t.weight},       {"rest", t.rest}};
-  return detail::page_shell(title, body, data);
+  return detail::page_shell(title, body, data, options.color_scale);
 }
 
 std::string render_comparison_html(const Comparison& c, const HtmlOptions& options) {
@@ -119,7 +122,7 @@ std::string render_comparison_html(const Comparison& c, const HtmlOptions& optio
                                {"precision", precision},
                                {"num_heads", heads},
                                {"sentences", {word_json(c.first), word_json(c.second)}}};
-  return detail::page_shell(title, body, data);
+  return detail::page_shell(title, body, data, options.color_scale);
 }
 
 }  // namespace qkv

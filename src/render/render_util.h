@@ -11,6 +11,7 @@
 #include "explain/matrix_json.h"
 
 #include "qkv/explain.h"
+#include "qkv/render.h"
 
 namespace qkv::detail {
 
@@ -19,8 +20,9 @@ extern const char* const kPageCss;
 extern const char* const kPageJs;
 
 // A complete HTML document: `body` (already escaped HTML) followed by `data` as the JSON the
-// script reads (<script type="application/json" id="qkv-data">) and the script itself.
-std::string page_shell(std::string_view title, std::string_view body, const nlohmann::json& data);
+// script reads (<script type="application/json" id="qkv-data">) and the script itself. The data
+// gains the colour stops and `scale`, the colour scale the script draws with.
+std::string page_shell(std::string_view title, std::string_view body, nlohmann::json data, ColorScale scale);
 
 // `text` cut to at most `max_chars` code points, with "…" when cut (long sentences as headings).
 std::string shorten(std::string_view text, std::size_t max_chars = 120);
@@ -32,11 +34,15 @@ std::string fixed(double x, int precision);
 std::string exact(double x);
 
 // A matrix as a labelled table: caption `name` and `note`, row labels (may be empty: indices),
-// column indices or `col_labels` (tokens, for query × key matrices). Matrices larger than 48 × 24 show their top-left
-// corner and say so.
+// column indices or `col_labels` (tokens, for query × key matrices). Matrices larger than 48 × 24
+// show their top-left corner and say that `all_hint` (an option, e.g. "--json") has every value.
 std::string matrix_table(std::string_view name, std::string_view note, const Matrix& m,
-                         const std::vector<std::string>& row_labels, int precision,
+                         const std::vector<std::string>& row_labels, int precision, std::string_view all_hint,
                          const std::vector<std::string>& col_labels = {});
+
+// The visible note naming the words --oov skip left out of `which` ("the sentence"), or "" when
+// none were.
+std::string skipped_note(const std::vector<std::string>& words, std::string_view which = "the sentence");
 
 // The colour of weight `t` in [0, 1] on the pages' scale (light yellow to dark blue), "#rrggbb".
 std::string scale_colour(double t);

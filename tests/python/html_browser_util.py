@@ -84,3 +84,17 @@ def parse_rgb(text):
     if text.startswith("#"):
         return tuple(int(text[i:i + 2], 16) for i in (1, 3, 5))
     return tuple(int(v) for v in text[text.index("(") + 1:text.index(")")].split(","))
+
+
+# The pages' colour scale (YlGnBu), written out here so the tests check colours against their own copy.
+STOPS = [(255, 255, 217), (199, 233, 180), (127, 205, 187), (65, 182, 196), (29, 145, 192), (34, 94, 168),
+         (12, 44, 132)]
+
+
+def scale_colour(t):
+    """The colour of `t` in [0, 1] on the pages' scale, as an (r, g, b) tuple."""
+    t = min(max(t, 0.0), 1.0)
+    n = len(STOPS) - 1
+    a = min(int(t * n), n - 1)
+    f = t * n - a
+    return tuple(int(STOPS[a][k] + f * (STOPS[a + 1][k] - STOPS[a][k]) + 0.5) for k in range(3))

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from html_browser_util import Browser, assert_not_blank, errors, image, missing_browser, parse_rgb
+from html_browser_util import Browser, assert_not_blank, errors, image, missing_browser, parse_rgb, scale_colour
 from qkv_testlib import VOCABULARY
 
 
@@ -271,18 +271,21 @@ def test_4096_tokens_give_the_top_k_page_without_n_by_n_memory(qkv_bin, tmp_path
         # Each entry names the key's position, so repeated words can be told apart.
         texts = js(browser, "return Array.from(document.querySelectorAll('#topk-table tr.sel td.entry')).map(e => e.textContent);")
         assert [t.split(" ")[:2] for t in texts] == [[tokens[j], f"({j + 1})"] for j, _ in entries]
-    # The legend's scale ends at the largest weight listed (not at 1).
-    largest = float(js(browser, "return document.getElementById('legend-max').dataset.max;"))
-    assert abs(largest - w.max()) <= 2e-5 * w.max(), (largest, w.max())
+    # The colours are absolute by default: the scale ends at weight 1, whatever the largest weight listed.
+    assert js(browser, "return document.getElementById('legend-max').dataset.max;") == "1"
+    entry = js(browser, "const e = document.querySelector('#topk-table tr.sel td.entry'); return [+e.dataset.w, e.style.backgroundColor];")
+    assert max(abs(a - b) for a, b in zip(parse_rgb(entry[1]), scale_colour(entry[0]))) <= 1, entry
     assert_not_blank(browser.driver.get_screenshot_as_png(), "top-k page")
 
 
 def test_context_and_compare_pages(run, tmp_path, embeddings, seed, browser):
     layer = ["--heads", "2", "--dk", "3", "--seed", str(seed % 1000)]
     sentence = "i went to the bank to deposit money"
-    page = tmp_path / "context.html"
-    table = json.loads(qkv_ok(run, "context", "--embeddings", embeddings.glove, sentence, *layer, "--format", "json",
-                              "--html", page).stdout)
+    page, out = tmp_path / "context.html", tmp_path / "context.json"
+    r = qkv_ok(run, "context", "--embeddings", embeddings.glove, sentence, *layer, "--format", "json", "--out", out,
+               "--html", page)
+    assert r.stdout == "", "with --html the page replaces the text"
+    table = json.loads(out.read_text())
     log = browser.open(page)
     assert errors(log) == [], log
     assert js(browser, "const c = document.getElementById('contextual'), s = document.getElementById('steps');"
@@ -292,7 +295,8 @@ def test_context_and_compare_pages(run, tmp_path, embeddings, seed, browser):
 
     other = "we sat by the river bank"
     page = tmp_path / "compare.html"
-    qkv_ok(run, "compare", "--embeddings", embeddings.glove, "--word", "bank", sentence, other, *layer, "--html", page)
+    assert qkv_ok(run, "compare", "--embeddings", embeddings.glove, "--word", "bank", sentence, other, *layer,
+                  "--html", page).stdout == ""
     log = browser.open(page)
     assert errors(log) == [], log
     for head in (0, 1):
@@ -339,10 +343,10 @@ def test_canvas_heatmap_follows_the_head_and_query(run, tmp_path, embeddings, se
 def test_picture_options_refuse_bad_requests_and_leave_no_files(run, tmp_path, embeddings, seed):
     from qkv_testlib import leftovers
     rng = np.random.default_rng(seed)
-    long_sentence = words(rng, 600)
+    long_sentence = words(rng, 1100)
     cases = [
         (["explain", "--embeddings", embeddings.glove, long_sentence, "--html", tmp_path / "a.html", "--svg", tmp_path / "a.svg"],
-         "qkv: error: --svg: 600 tokens is more than the 512 a heatmap shows (--html lists the top-10 weights per row instead)\n"),
+         "qkv: error: --svg: 1100 tokens is more than the 1024 a heatmap shows (--html lists the top-10 weights per row instead)\n"),
         (["explain", "--json", "--html", tmp_path / "b.html"],
          "qkv: explain: --json prints the steps; --html and --svg write pictures instead: choose one\n"),
         (["explain", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),

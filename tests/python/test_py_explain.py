@@ -89,8 +89,8 @@ def test_explain_bad_arguments():
         qkv.explain(x=np.ones((2, 2)), w_q=np.ones((2, 2)))
     with pytest.raises(ValueError, match="give one of"):
         qkv.explain("seed-003", q=np.ones((2, 2)), k=np.ones((2, 2)), v=np.ones((2, 2)))
-    with pytest.raises(ValueError, match="format must be 'dict', 'text' or 'json'"):
-        qkv.explain(format="html")
+    with pytest.raises(ValueError, match="format must be 'dict', 'text', 'json' or 'html', got 'xml'"):
+        qkv.explain(format="xml")
     with pytest.raises(ValueError, match="2 rows but 3 tokens"):
         qkv.explain(x=np.ones((2, 2)), tokens=["a", "b", "c"])
     with pytest.raises(TypeError, match="tokens must be a list of strings, one per row"):

@@ -74,10 +74,42 @@ class ProgressNote {
   bool drawn_ = false;
 };
 
+std::vector<std::string> skipped_words(const SentenceArgs& args, const EmbeddedSentence& s) {
+  return oov_policy(args) == OovPolicy::skip ? s.missing : std::vector<std::string>{};
+}
+
 }  // namespace
 
+void finish(const std::function<std::string()>& text, OutputFiles pictures, const OutputFiles& outputs) {
+  if (!pictures.empty()) {
+    pictures.insert(pictures.end(), outputs.begin(), outputs.end());
+    write_outputs(pictures);
+  } else if (!outputs.empty()) {
+    write_outputs(outputs);
+  } else {
+    write_stdout(text());
+  }
+}
+
+void add_color_scale_option(CLI::App* app, ColorScale& scale) {
+  std::vector<std::string> names;
+  for (ColorScale s : {ColorScale::absolute, ColorScale::row}) names.emplace_back(color_scale_name(s));
+  app->add_option_function<std::string>(
+         "--color-scale", [&scale](const std::string& name) { scale = *parse_color_scale(name); },
+         "Colours of --html/--svg: absolute (default: the weight itself, 0 to 1, comparable across rows and "
+         "heads) or row (each row from 0 to its largest weight)")
+      ->check(CLI::IsMember(names));
+}
+
+HtmlOptions page_options(const SentenceArgs& args, const EmbeddedSentence& s, ColorScale scale) {
+  HtmlOptions options;
+  options.color_scale = scale;
+  options.skipped_words = skipped_words(args, s);
+  return options;
+}
+
 std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& layer, const std::string& title,
-                       const std::string& source, bool with_output) {
+                       const std::string& source, bool with_output, const HtmlOptions& options) {
   const Projections p = project(s, layer);
   LongInputPage page;
   page.title = title;
@@ -93,22 +125,27 @@ std::string top_k_page(const EmbeddedSentence& s, const MultiHeadAttention& laye
     page.top = attention_top_k(p.q, p.k, kPageTopK, {}, lse.cview());
   }
   if (with_output) page.output = Matrix::from_view(p.y.cview(), "contextual vectors");
-  return render_top_k_html(page);
+  return render_top_k_html(page, options);
 }
 
 std::string context_page(const EmbeddedSentence& s, const MultiHeadAttention& layer, const std::string& title,
-                         const std::string& source) {
-  if (static_cast<int64_t>(s.tokens.size()) > kMaxHeatmapTokens) return top_k_page(s, layer, title, source, true);
+                         const std::string& source, HtmlOptions options) {
+  // The contextual vectors are what `qkv context --format json` prints; the other steps are
+  // `qkv explain --json`'s.
+  options.output_hint = "qkv context --format json";
+  options.steps_hint = "qkv explain --json";
+  options.context_first = true;
+  if (static_cast<int64_t>(s.tokens.size()) > kMaxHeatmapTokens)
+    return top_k_page(s, layer, title, source, true, options);
   Explanation e = explain_layer(s.tokens, s.x.cview(), layer);
   e.title = title;
   e.source = source;
-  HtmlOptions options;
-  options.context_first = true;
   return render_explanation_html(e, options);
 }
 
 WordInSentence word_in_sentence(const std::string& sentence, const EmbeddedSentence& s, int64_t position,
-                                const MultiHeadAttention& layer, TensorView<const float> contextual) {
+                                const MultiHeadAttention& layer, TensorView<const float> contextual,
+                                const SentenceArgs& args) {
   const Projections p = project(s, layer);
   WordInSentence w;
   w.sentence = sentence;
@@ -117,6 +154,7 @@ WordInSentence word_in_sentence(const std::string& sentence, const EmbeddedSente
   for (int64_t h = 0; h < p.q.dim(0); ++h) w.weights.push_back(attention_row(p.q, p.k, h, position));
   for (int64_t j = 0; j < s.x.dim(1); ++j) w.static_vector.push_back(s.x.cview()(position, j));
   for (int64_t j = 0; j < contextual.dim(1); ++j) w.contextual_vector.push_back(contextual(position, j));
+  w.skipped_words = skipped_words(args, s);
   return w;
 }
 

@@ -3,10 +3,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
 namespace qkv::cli {
+namespace {
+
+// Round values covering [lo, hi] for an axis: a step of 1, 2 or 5 × 10^k giving at most `most`
+// intervals (what a reader can add up in their head).
+std::vector<double> ticks(double lo, double hi, int most) {
+  const double raw = (hi - lo) / most, magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * magnitude;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * magnitude >= raw * (1 - 1e-9)) {
+      step = m * magnitude;
+      break;
+    }
+  std::vector<double> out;
+  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; ++k)
+    out.push_back(k * step + 0.0);  // + 0.0: no "-0"
+  return out;
+}
+
+}  // namespace
 
 std::string loss_curve_csv(const std::vector<LossPoint>& points) {
   std::string out = "step,loss,accuracy\n";
@@ -32,13 +52,22 @@ std::string loss_curve_svg(const std::vector<LossPoint>& points, const std::stri
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"20\" font-size=\"14\">{3}</text>\n",
       kW, kH, kLeft, title);
-  for (int i = 0; i <= 4; ++i) {  // horizontal grid lines with loss labels
-    const double loss = lo + (hi - lo) * i / 4.0, y = py(loss);
+  for (double loss : ticks(lo, hi, 5)) {  // horizontal grid lines with the loss at each
+    const double y = py(loss);
     svg += fmt::format(
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
-        "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n",
+        "<text class=\"tick y\" x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n",
         kLeft, y, kW - kRight, y, kLeft - 6, y + 4, loss);
   }
+  for (double step : ticks(0, static_cast<double>(last), 6)) {  // tick marks with the step at each
+    const double x = px(step);
+    svg += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#444\"/>"
+        "<text class=\"tick x\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n",
+        x, kH - kBottom, x, kH - kBottom + 5, x, kH - kBottom + 18, step);
+  }
+  svg += fmt::format("<path class=\"axes\" fill=\"none\" stroke=\"#444\" d=\"M{0} {1}V{2}H{3}\"/>\n", kLeft, kTop,
+                     kH - kBottom, kW - kRight);
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">training step (of {})</text>\n",
                      (kLeft + kW - kRight) / 2, kH - 12, last);
   svg += fmt::format(

@@ -24,7 +24,8 @@ struct CompareArgs {
   std::vector<std::string> sentences;
   SentenceArgs sentence_args;
   bool json = false;
-  std::string html;  // also write the side-by-side page
+  std::string html;  // the side-by-side page, instead of the text
+  ColorScale color_scale = ColorScale::absolute;
 };
 
 // What the word attends to in one sentence, per head ("money (token 8) 0.410, ..."), and the first
@@ -56,11 +57,9 @@ int run_compare(const CompareArgs& a) {
   const Embeddings embeddings = load_embeddings(sa);
   const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
   const WordComparison c = compare_word(a.word, a.sentences, sa, embeddings, layer);
-  std::string text;
-  if (a.json) {
-    text = comparison_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  } else {
-    text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", c.word, c.layer);
+  const auto report = [&] {
+    if (a.json) return comparison_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::string text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", c.word, c.layer);
     for (std::size_t n = 0; n < c.sides.size(); ++n)
       text += fmt::format("  sentence {}: \"{}\" (token {} of {})\n", n + 1, a.sentences[n], c.sides[n].position + 1,
                           c.sides[n].tokens.size());
@@ -71,12 +70,17 @@ int run_compare(const CompareArgs& a) {
     text += fmt::format("contextual cosine similarity: {:.6f}  (self-attention mixes in the words around it)\n",
                         c.contextual_cosine);
     for (std::size_t n = 0; n < c.sides.size(); ++n) text += attends_to(c.sides[n], n);
-  }
+    return text;
+  };
+  OutputFiles pictures;
   if (!a.html.empty()) {
-    const Comparison page{c.word, c.layer, c.static_cosine, c.contextual_cosine, c.sides[0], c.sides[1]};
-    write_outputs({{a.html, render_comparison_html(page)}});
+    HtmlOptions options;
+    options.color_scale = a.color_scale;
+    pictures.emplace_back(a.html, render_comparison_html({c.word, c.layer, c.static_cosine, c.contextual_cosine,
+                                                          c.sides[0], c.sides[1]},
+                                                         options));
   }
-  write_stdout(text);
+  finish(report, std::move(pictures));
   return 0;
 }
 
@@ -93,7 +97,13 @@ Command add_compare(CLI::App& app) {
                      &args->sentences, nullptr);
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   sub->add_flag("--json", args->json, "Print the result as JSON");
-  sub->add_option("--html", args->html, "Also write a self-contained HTML page: the word's weights side by side");
+  sub->add_option("--html", args->html,
+                  "Write a self-contained HTML page (the word's weights side by side) instead of the text");
+  add_color_scale_option(sub, args->color_scale);
+  sub->callback([args] {
+    if (args->json && !args->html.empty())
+      usage_error("compare: --json prints the result; --html writes a page instead: choose one");
+  });
   return {sub, [args] { return run_compare(*args); }};
 }
 

@@ -24,7 +24,8 @@ struct ContextArgs {
   std::string format = "table";
   std::string out;
   int precision = 6;
-  std::string html;  // also write the page of the steps and the contextual vectors
+  std::string html;  // the page of the steps and the contextual vectors, instead of the text
+  ColorScale color_scale = ColorScale::absolute;
 };
 
 std::string table_text(const ContextArgs& a, const EmbeddedSentence& s, const Tensor<float>& y,
@@ -64,27 +65,20 @@ int run_context(const ContextArgs& a) {
   check_finite(y.cview(), "contextual vectors (the layer overflowed float32)");
   const std::string description = describe_layer(sa, layer);
 
-  std::string bytes;
-  if (a.format == "npy")
-    bytes = npy_bytes<float>(y.cview());
-  else if (a.format == "json")
-    bytes = json_text(a, s, y, description);
-  else
-    bytes = table_text(a, s, y, description);
+  const auto bytes = [&] {
+    return a.format == "npy"    ? npy_bytes<float>(y.cview())
+           : a.format == "json" ? json_text(a, s, y, description)
+                                : table_text(a, s, y, description);
+  };
+  OutputFiles pictures, outputs;
   if (!a.html.empty()) {
     const std::string title = fmt::format("Contextual vectors of \"{}\"", a.sentence);
     const std::string source =
         fmt::format("embeddings from {} (width {}); {}", file_name(sa.embeddings), embeddings.dim(), description);
-    std::vector<std::pair<std::string, std::string>> files{{a.html, context_page(s, layer, title, source)}};
-    if (!a.out.empty()) files.emplace_back(a.out, bytes);
-    write_outputs(files);
-    if (!a.out.empty()) return 0;
+    pictures.emplace_back(a.html, context_page(s, layer, title, source, page_options(sa, s, a.color_scale)));
   }
-  if (!a.out.empty()) {
-    write_outputs({{a.out, bytes}});
-  } else {
-    write_stdout(bytes);
-  }
+  if (!a.out.empty()) outputs.emplace_back(a.out, bytes());
+  finish(bytes, std::move(pictures), outputs);
   return 0;
 }
 
@@ -103,9 +97,15 @@ Command add_context(CLI::App& app) {
       ->check(CLI::IsMember({"table", "json", "npy"}));
   sub->add_option("--out", args->out, "Write to this file (atomically) instead of standard output");
   sub->add_option("--precision", args->precision, "Decimals in the table (default 6)")->check(integer_in(1, 9));
-  sub->add_option("--html", args->html, "Also write a self-contained HTML page: the contextual vectors and every step");
-  sub->callback([args] {
+  sub->add_option("--html", args->html,
+                  "Write a self-contained HTML page (the contextual vectors and every step) instead of the text; "
+                  "--out F still gets the --format output");
+  add_color_scale_option(sub, args->color_scale);
+  sub->callback([sub, args] {
     if (args->format == "npy" && args->out.empty()) usage_error("context: --format npy needs --out F");
+    if (!args->html.empty() && sub->count("--format") > 0 && args->out.empty())
+      usage_error("context: --html writes a page instead of the text: give --out F for the --format " + args->format +
+                  " output, or leave one out");
   });
   return {sub, [args] { return run_context(*args); }};
 }

@@ -26,6 +26,7 @@ struct ExplainArgs {
   bool json = false;
   int precision = 0;      // 0: 8 decimals for the seeds' examples, 4 for sentences
   std::string html, svg;  // pictures instead of text
+  ColorScale color_scale = ColorScale::absolute;
 };
 
 void validate(const CLI::App* sub, ExplainArgs& a) {
@@ -44,11 +45,13 @@ void validate(const CLI::App* sub, ExplainArgs& a) {
 }
 
 // For --html of a sentence longer than a heatmap shows, fills `long_page` with the top-k page
-// instead and returns an empty explanation (its N×N matrices are never built).
-Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
+// instead and returns an empty explanation (its N×N matrices are never built). `options` gets the
+// sentence's page options.
+Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page, HtmlOptions& options) {
   const SentenceArgs& s = a.sentence_args;
   const Embeddings embeddings = load_embeddings(s);
   const EmbeddedSentence sentence = embed(embeddings, a.sentence, s);
+  options = page_options(s, sentence, a.color_scale);
   const MultiHeadAttention layer = make_layer(s, embeddings.dim());
   const std::string title = fmt::format("Self-attention for \"{}\"", a.sentence);
   const std::string source =
@@ -61,7 +64,7 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
                     "per row instead)",
                     n, kMaxHeatmapTokens, kPageTopK));
   if (n > kMaxHeatmapTokens && !a.html.empty()) {
-    long_page = top_k_page(sentence, layer, title, source, /*with_output=*/false);
+    long_page = top_k_page(sentence, layer, title, source, /*with_output=*/false, options);
     return {};
   }
   Explanation e = explain_layer(sentence.tokens, sentence.x.cview(), layer);
@@ -74,27 +77,24 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page) {
   return e;
 }
 
-// Writes --html and --svg (all or none).
-void write_pictures(const ExplainArgs& a, const Explanation& e, const std::string& long_page) {
-  std::vector<std::pair<std::string, std::string>> files;
-  if (!a.html.empty()) files.emplace_back(a.html, long_page.empty() ? render_explanation_html(e) : long_page);
-  if (!a.svg.empty()) files.emplace_back(a.svg, render_heatmap_svg(e));
-  write_outputs(files);
-}
-
 int run_explain(const ExplainArgs& a) {
   if (!a.html.empty()) check_output_path(a.html, "--html");
   if (!a.svg.empty()) check_output_path(a.svg, "--svg");
   std::string long_page;
+  HtmlOptions options;
+  options.color_scale = a.color_scale;
   const Explanation e = a.sentence_args.embeddings.empty() ? explain_example(a.example.empty() ? "seed-003" : a.example)
-                                                           : sentence_explanation(a, long_page);
-  if (!a.html.empty() || !a.svg.empty()) {
-    write_pictures(a, e, long_page);
-    return 0;
+                                                           : sentence_explanation(a, long_page, options);
+  OutputFiles pictures;
+  if (!a.html.empty())
+    pictures.emplace_back(a.html, long_page.empty() ? render_explanation_html(e, options) : long_page);
+  if (!a.svg.empty()) {
+    SvgOptions svg;
+    svg.color_scale = a.color_scale;
+    pictures.emplace_back(a.svg, render_heatmap_svg(e, svg));
   }
   const int precision = a.precision > 0 ? a.precision : (a.sentence_args.embeddings.empty() ? 8 : 4);
-  const std::string text = a.json ? explanation_to_json(e) : explanation_to_text(e, precision);
-  write_stdout(text);
+  finish([&] { return a.json ? explanation_to_json(e) : explanation_to_text(e, precision); }, std::move(pictures));
   return 0;
 }
 
@@ -124,9 +124,13 @@ Command add_explain(CLI::App& app) {
                   "Decimals shown in the text (default 8 for the examples, 4 for sentences)")
       ->check(integer_in(1, 17));
   sub->add_option("--html", args->html,
-                  "Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the text; "
-                  "beyond 512 tokens it lists each row's top-10 weights");
-  sub->add_option("--svg", args->svg, "Write the attention weights heatmap as a standalone SVG (up to 512 tokens)");
+                  fmt::format("Write a self-contained HTML page (steps, heatmaps, head/query selector) instead of the "
+                              "text; beyond {} tokens it lists each row's top-{} weights",
+                              kMaxHeatmapTokens, kPageTopK));
+  sub->add_option(
+      "--svg", args->svg,
+      fmt::format("Write the attention weights heatmap as a standalone SVG (up to {} tokens)", kMaxHeatmapTokens));
+  add_color_scale_option(sub, args->color_scale);
   sub->callback([sub, args] { validate(sub, *args); });
   return {sub, [args] { return run_explain(*args); }};
 }

@@ -243,7 +243,7 @@ int run_train(const TrainArgs& args) {
   try {
     return train_and_report(args, at, ctrl_c);
   } catch (const Interrupted&) {
-    const bool lookup = args.task != "masked-word";
+    const bool lookup = args.task == "lookup";
     const int64_t steps = lookup ? args.config.steps : args.masked.steps;
     const std::string where =
         at.done < 0 ? "before the first step" : fmt::format("after step {} of {}", at.done, steps);

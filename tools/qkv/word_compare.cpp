@@ -87,7 +87,7 @@ WordComparison compare_word(const std::string& word_arg, const std::vector<std::
   c.layer = describe_layer(args, layer);
   for (std::size_t n = 0; n < occ.size(); ++n) {
     c.sides.push_back(
-        word_in_sentence(sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview()));
+        word_in_sentence(sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview(), args));
     c.nearest.push_back(nearest_words(embeddings, c.sides.back().contextual_vector));
   }
   return c;
