@@ -211,10 +211,10 @@ Explanation explain_layer(std::vector<std::string> tokens, TensorView<const floa
   const int64_t kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
   Explanation e =
       projections(std::move(tokens), std::move(xm), Matrix::from_view(layer.w_q.cview(), "w_q"),
-                  Matrix::from_view(layer.w_k.cview(), "w_k"), Matrix::from_view(layer.w_v.cview(), "w_v"),
-                  c.num_heads, kv_heads, Matrix::from_view(layer.b_q.cview(), "b_q"),
-                  Matrix::from_view(layer.b_k.cview(), "b_k"), Matrix::from_view(layer.b_v.cview(), "b_v"),
-                  Matrix::from_view(layer.w_o.cview(), "w_o"), Matrix::from_view(layer.b_o.cview(), "b_o"), options);
+                  Matrix::from_view(layer.w_k.cview(), "w_k"), Matrix::from_view(layer.w_v.cview(), "w_v"), c.num_heads,
+                  kv_heads, Matrix::from_view(layer.b_q.cview(), "b_q"), Matrix::from_view(layer.b_k.cview(), "b_k"),
+                  Matrix::from_view(layer.b_v.cview(), "b_v"), Matrix::from_view(layer.w_o.cview(), "w_o"),
+                  Matrix::from_view(layer.b_o.cview(), "b_o"), options);
   if (c.residual) {
     for (int64_t i = 0; i < e.output.rows; ++i)
       for (int64_t j = 0; j < e.output.cols; ++j) e.output(i, j) += e.x(i, j);

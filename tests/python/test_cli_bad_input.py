@@ -84,7 +84,7 @@ def test_device_and_fifo_as_input(attend, run):
     attend.inputs.append("fifo")
     start = time.monotonic()
     attend.fails(1, "fifo", "not a regular file", v="fifo")
-    proc = run("explain", "hello world", "--embeddings", attend.dir / "fifo", timeout=20)
+    proc = run("explain", "hello world", "--embeddings", attend.dir / "fifo", "--random-weights", "0", timeout=20)
     check_failure(proc, 1, "fifo", "not a regular file")
     assert time.monotonic() - start < 15
 
@@ -354,7 +354,7 @@ def test_missing_required_option(attend):
     (["explain", "--example", "nope"], "--example"),
     (["explain", "--heads", "2"], "apply only to a sentence"),
     (["context", "hello"], "--embeddings"),
-    (["compare", "--embeddings", "e.txt", "--word", "bank", "only one sentence"], "sentences"),
+    (["compare", "--embeddings", "e.txt", "--random-weights", "0", "--word", "bank", "only one sentence"], "sentences"),
 ])
 def test_usage_errors(run, tmp_path, monkeypatch, args, needle):
     monkeypatch.setenv("QKV_EMBEDDINGS", "")  # no default word vectors (README "Real words")
@@ -372,7 +372,7 @@ def test_usage_errors(run, tmp_path, monkeypatch, args, needle):
 ])
 def test_garbled_glove_and_word2vec_text(run, tmp_path, content, needle):
     (tmp_path / "glove.txt").write_text(content)
-    proc = run("context", "--embeddings", tmp_path / "glove.txt", "--out", tmp_path / "o.npy", "--format", "npy",
+    proc = run("context", "--embeddings", tmp_path / "glove.txt", "--random-weights", "0", "--out", tmp_path / "o.npy", "--format", "npy",
                "river bank")
     check_failure(proc, 1, needle, directory=tmp_path, inputs=["glove.txt"])
 
@@ -382,7 +382,7 @@ def test_truncated_word2vec_binary(run, embeddings, tmp_path, cut):
     data = embeddings.w2v_bin.read_bytes()
     bad = tmp_path / "cut.bin"
     bad.write_bytes(data[:-cut])
-    proc = run("context", "--embeddings", bad, "--out", tmp_path / "o.npy", "--format", "npy", "river bank")
+    proc = run("context", "--embeddings", bad, "--random-weights", "0", "--out", tmp_path / "o.npy", "--format", "npy", "river bank")
     check_failure(proc, 1, "cut.bin", directory=tmp_path, inputs=["glove.txt", "w2v.txt", "w2v.bin", "cut.bin"])
 
 
@@ -390,7 +390,7 @@ def test_garbled_word2vec_binary_header(run, embeddings, tmp_path):
     data = embeddings.w2v_bin.read_bytes()
     bad = tmp_path / "big.bin"
     bad.write_bytes(b"99999999 300\n" + data[data.index(b"\n") + 1:])
-    proc = run("explain", "--embeddings", bad, "river bank")
+    proc = run("explain", "--embeddings", bad, "--random-weights", "0", "river bank")
     check_failure(proc, 1, "big.bin")
 
 
@@ -410,7 +410,7 @@ def test_sparse_2tb_embeddings_file_is_refused_within_seconds(run, tmp_path, hea
         f.write(head)
         f.truncate(TWO_TB)  # sparse: no disk used
     start = time.monotonic()
-    proc = run("context", "--embeddings", path, "--format", "npy", "--out", tmp_path / "o.npy", "river bank")
+    proc = run("context", "--embeddings", path, "--random-weights", "0", "--format", "npy", "--out", tmp_path / "o.npy", "river bank")
     seconds = time.monotonic() - start
     check_failure(proc, 1, "huge.vec", needle, directory=tmp_path, inputs=["huge.vec"])
     assert seconds < 5, f"took {seconds:.1f} s"
@@ -420,7 +420,7 @@ def test_sparse_2tb_embeddings_file_is_refused_within_seconds(run, tmp_path, hea
 def test_embeddings_line_longer_than_1mib_is_refused(run, tmp_path, header):
     rows = "bank 0.1 0.2 0.3" + " " * (1 << 20) + "\nriver 0.4 0.5 0.6\n"
     (tmp_path / "long.txt").write_text(header + rows)
-    proc = run("context", "--embeddings", tmp_path / "long.txt", "river bank")
+    proc = run("context", "--embeddings", tmp_path / "long.txt", "--random-weights", "0", "river bank")
     line = 2 if header else 1
     check_failure(proc, 1, "long.txt", f"line {line} has no newline within 1048576 bytes (1 MiB")
 
@@ -451,7 +451,7 @@ def test_declared_size_beyond_physical_memory_is_refused(qkv_bin, tmp_path, seed
         words = ram // 32 + 1
         head, size, need = f"{words} 1\n".encode(), 6 * words, 36 * words
         name = "huge.bin"
-        args = ["context", "--embeddings", tmp_path / name, "--format", "npy", "--out", tmp_path / "out.npy", "bank"]
+        args = ["context", "--embeddings", tmp_path / name, "--random-weights", "0", "--format", "npy", "--out", tmp_path / "out.npy", "bank"]
     with open(tmp_path / name, "wb") as f:
         f.write(head)
         f.truncate(len(head) + size)
@@ -467,7 +467,7 @@ def test_declared_size_beyond_physical_memory_is_refused(qkv_bin, tmp_path, seed
 
 
 def test_missing_embeddings_file(run, tmp_path):
-    proc = run("explain", "--embeddings", tmp_path / "nope.txt", "river bank")
+    proc = run("explain", "--embeddings", tmp_path / "nope.txt", "--random-weights", "0", "river bank")
     check_failure(proc, 1, "nope.txt", directory=tmp_path)
 
 
@@ -480,13 +480,13 @@ def test_empty_sentence(run, embeddings, command, sentence):
 
 @pytest.mark.parametrize("policy", ["error", "zero", "skip"])
 def test_all_words_out_of_vocabulary(run, embeddings, tmp_path, policy):
-    proc = run("context", "--embeddings", embeddings.glove, "--oov", policy, "--format", "npy", "--out",
+    proc = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--oov", policy, "--format", "npy", "--out",
                tmp_path / "o.npy", "zyzzyva quux")
     check_failure(proc, 1, "zyzzyva", "quux", directory=tmp_path, inputs=["glove.txt", "w2v.txt", "w2v.bin"])
 
 
 def test_some_words_out_of_vocabulary_listed(run, embeddings):
-    proc = run("explain", "--embeddings", embeddings.glove, "the zyzzyva bank quux")
+    proc = run("explain", "--embeddings", embeddings.glove, "--random-weights", "0", "the zyzzyva bank quux")
     check_failure(proc, 1, "zyzzyva", "quux")
 
 
@@ -497,7 +497,7 @@ def test_nan_in_an_embedding(run, embeddings, tmp_path):
     parts[3] = "nan"
     text[i] = " ".join(parts)
     (tmp_path / "nan.txt").write_text("\n".join(text) + "\n")
-    proc = run("context", "--embeddings", tmp_path / "nan.txt", "river bank")
+    proc = run("context", "--embeddings", tmp_path / "nan.txt", "--random-weights", "0", "river bank")
     check_failure(proc, 1, "nan.txt", "bank")
 
 
@@ -568,7 +568,7 @@ def test_mutated_files_never_crash(run, embeddings, tmp_path, seed, kind):
         args = ["attend", "--q", tmp_path / "m.dat", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy"]
     elif kind == "word2vec_binary":
         base = embeddings.w2v_bin.read_bytes()
-        args = ["context", "--embeddings", tmp_path / "m.dat", "--format", "npy"]
+        args = ["context", "--embeddings", tmp_path / "m.dat", "--random-weights", "0", "--format", "npy"]
     else:
         write_layer(tmp_path / "layer.safetensors", rng, E=embeddings.matrix.shape[1], H=2, D=3)
         base = (tmp_path / "layer.safetensors").read_bytes()

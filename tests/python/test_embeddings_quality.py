@@ -97,7 +97,7 @@ def test_same_seed_same_bytes_and_qkv_reads_every_word(tmp_path, run):
     assert (tmp_path / "c" / "words.txt").read_bytes() != (tmp_path / "a" / "words.txt").read_bytes()
     # Every word the script writes is one qkv's tokenizer produces and finds.
     words = [line.split(" ", 1)[0] for line in (tmp_path / "a" / "words.txt").read_text().splitlines()]
-    proc = run("context", "--embeddings", tmp_path / "a" / "words.txt", " ".join(words[:200]), "--format", "json")
+    proc = run("context", "--embeddings", tmp_path / "a" / "words.txt", "--random-weights", "0", " ".join(words[:200]), "--format", "json")
     assert proc.returncode == 0, proc.stderr
 
 

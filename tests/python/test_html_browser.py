@@ -140,9 +140,9 @@ def test_markup_in_the_input_is_shown_as_text_and_runs_nothing(run, tmp_path, em
     glove = tmp_path / "v<img src=x onerror=alert(3)>'\".txt"  # a file name cannot hold "/"
     glove.write_bytes(embeddings.glove.read_bytes())
     pages = [tmp_path / "evil.html", tmp_path / "evil-context.html", tmp_path / "evil-compare.html"]
-    qkv_ok(run, "explain", "--embeddings", glove, sentence, "--oov", "zero", "--html", pages[0])
-    qkv_ok(run, "context", "--embeddings", glove, sentence, "--oov", "zero", "--html", pages[1])
-    qkv_ok(run, "compare", "--embeddings", glove, "--oov", "zero", "--word", "bank", sentence, "by the river bank",
+    qkv_ok(run, "explain", "--embeddings", glove, "--random-weights", "0", sentence, "--oov", "zero", "--html", pages[0])
+    qkv_ok(run, "context", "--embeddings", glove, "--random-weights", "0", sentence, "--oov", "zero", "--html", pages[1])
+    qkv_ok(run, "compare", "--embeddings", glove, "--random-weights", "0", "--oov", "zero", "--word", "bank", sentence, "by the river bank",
            "--html", pages[2])
     for page in pages:
         log = browser.open(page)
@@ -345,14 +345,14 @@ def test_picture_options_refuse_bad_requests_and_leave_no_files(run, tmp_path, e
     rng = np.random.default_rng(seed)
     long_sentence = words(rng, 1100)
     cases = [
-        (["explain", "--embeddings", embeddings.glove, long_sentence, "--html", tmp_path / "a.html", "--svg", tmp_path / "a.svg"],
+        (["explain", "--embeddings", embeddings.glove, "--random-weights", "0", long_sentence, "--html", tmp_path / "a.html", "--svg", tmp_path / "a.svg"],
          "qkv: error: --svg: 1100 tokens is more than the 1024 a heatmap shows (--html lists the top-10 weights per row instead)\n"),
         (["explain", "--json", "--html", tmp_path / "b.html"],
          "qkv: explain: --json prints the steps; --html and --svg write pictures instead: choose one\n"),
         (["explain", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),
         (["explain", "--svg", tmp_path / "missing" / "c.svg"],
          f"qkv: error: --svg {tmp_path / 'missing' / 'c.svg'}: directory {tmp_path / 'missing'} does not exist\n"),
-        (["context", "--embeddings", embeddings.glove, "i am", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),
+        (["context", "--embeddings", embeddings.glove, "--random-weights", "0", "i am", "--html", tmp_path], f"qkv: error: --html {tmp_path}: is a directory\n"),
     ]
     for args, message in cases:
         r = run(*args)

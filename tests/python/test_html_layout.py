@@ -135,7 +135,7 @@ def test_explain_page_layout(run, tmp_path, embeddings, seed, browser, artifacts
 def test_context_page_layout(run, tmp_path, embeddings, seed, browser, artifacts, n):
     rng = np.random.default_rng(seed)
     page = tmp_path / "c.html"
-    qkv_ok(run, "context", "--embeddings", embeddings.glove, sentence(n, rng), "--html", page)
+    qkv_ok(run, "context", "--embeddings", embeddings.glove, "--random-weights", "0", sentence(n, rng), "--html", page)
     look(browser, page, artifacts, f"context-{n}")
 
 
@@ -161,7 +161,7 @@ def test_real_words_river_bank_page(run, tmp_path, browser, artifacts):
     if words is None:
         pytest.skip("no real word vectors (build/data/words.txt or $QKV_EMBEDDINGS): `make demo` builds them")
     page = tmp_path / "river.html"
-    qkv_ok(run, "explain", "--embeddings", words, "we sat by the river bank", "--html", page)
+    qkv_ok(run, "explain", "--embeddings", words, "--random-weights", "0", "we sat by the river bank", "--html", page)
     look(browser, page, artifacts, "explain-river-bank")
 
 
@@ -173,7 +173,7 @@ def test_colours_are_absolute_unless_row_is_asked_for(run, tmp_path, embeddings,
     from html_browser_util import parse_rgb, scale_colour
     rng = np.random.default_rng(seed)
     page = tmp_path / "s.html"
-    qkv_ok(run, "explain", "--embeddings", embeddings.glove, sentence(9, rng), "--html", page,
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", sentence(9, rng), "--html", page,
            *(["--color-scale", scale] if scale else []))
     assert errors(browser.open(page)) == []
     cells = browser.driver.execute_script(CELL_FILLS)
@@ -196,7 +196,7 @@ def test_colours_are_absolute_unless_row_is_asked_for(run, tmp_path, embeddings,
     # The standalone SVG uses the same scale.
     import xml.etree.ElementTree as ET
     svg = tmp_path / "s.svg"
-    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "river bank money", "--svg", svg,
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", "river bank money", "--svg", svg,
            *(["--color-scale", scale] if scale else []))
     rects = [r for r in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}rect") if r.get("class") == "cell"]
     rows = {}
@@ -238,7 +238,7 @@ def test_skipped_words_are_named_on_every_page(run, tmp_path, embeddings, browse
             assert len(notes) == 2 and notes[1].text.startswith(
                 "--oov skip left 1 word out of sentence 2, not being in the vocabulary: “qqq”."), notes[1].text
     # Without skipped words, or with --oov zero (the words stay, as zero vectors), no note.
-    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--oov", "zero", text, "--html", pages["explain"])
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", "--oov", "zero", text, "--html", pages["explain"])
     assert errors(browser.open(pages["explain"])) == []
     assert browser.driver.find_elements("css selector", ".note.oov") == []
 
@@ -246,11 +246,11 @@ def test_skipped_words_are_named_on_every_page(run, tmp_path, embeddings, browse
 def test_hints_name_the_commands_real_options(run, tmp_path, embeddings, seed):
     rng = np.random.default_rng(seed)
     long = sentence(60, rng)  # tables beyond 48 rows show their corner and say where the rest is
-    qkv_ok(run, "context", "--embeddings", embeddings.glove, long, "--html", tmp_path / "c.html")
+    qkv_ok(run, "context", "--embeddings", embeddings.glove, "--random-weights", "0", long, "--html", tmp_path / "c.html")
     page = (tmp_path / "c.html").read_text()
     assert "qkv context --format json has all" in page and "; --json has all" not in page
     assert "qkv explain --json has all" in page  # the steps are explain's
-    qkv_ok(run, "explain", "--embeddings", embeddings.glove, long, "--html", tmp_path / "e.html")
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", long, "--html", tmp_path / "e.html")
     page = (tmp_path / "e.html").read_text()
     assert "; --json has all" in page and "--format json" not in page
 
@@ -338,7 +338,7 @@ def test_a_long_input_gets_a_labelled_close_up_that_follows_the_overview(run, tm
     from selenium.webdriver.common.actions.action_builder import ActionBuilder
     rng = np.random.default_rng(seed)
     page = tmp_path / "long.html"
-    qkv_ok(run, "explain", "--embeddings", embeddings.glove, sentence(600, rng), "--html", page)
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", sentence(600, rng), "--html", page)
     assert errors(browser.open(page)) == []
     data = browser.driver.execute_script("return JSON.parse(document.getElementById('qkv-data').textContent);")
     weights, tokens, close = data["heads"][0]["weights"], data["tokens"], data["close_up"]

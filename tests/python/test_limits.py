@@ -97,7 +97,7 @@ def test_word2vec_header_claiming_10_to_12_words_is_refused(qkv_bin, tmp_path, b
         path.write_bytes(b"1000000000000 3\nbank " + np.array([0.1, 0.2, 0.3], "<f4").tobytes())
     else:
         path.write_text("1000000000000 3\nbank 0.1 0.2 0.3\n")
-    proc = run_capped(qkv_bin, "explain", "--embeddings", path, "bank")
+    proc = run_capped(qkv_bin, "explain", "--embeddings", path, "--random-weights", "0", "bank")
     one_line_failure(proc, 1, "vectors.bin", "declares 1000000000000 words")
 
 
@@ -130,7 +130,7 @@ def test_empty_input_files_are_refused(run, inputs):
     (inputs / "empty.npy").write_bytes(b"")
     one_line_failure(run(*attend_args(inputs, q="empty.npy")), 1, "empty.npy", "only 0 bytes")
     (inputs / "empty.txt").write_bytes(b"")
-    one_line_failure(run("explain", "--embeddings", inputs / "empty.txt", "bank"), 1, "empty.txt", "empty")
+    one_line_failure(run("explain", "--embeddings", inputs / "empty.txt", "--random-weights", "0", "bank"), 1, "empty.txt", "empty")
 
 
 def numpy_attention32(d, **kw):

@@ -214,7 +214,7 @@ def test_usage_messages_point_the_way(qkv_bin, tmp_path, args, message):
 @pytest.mark.parametrize("content", ['{"bank": [0.1, 0.2]}\n', "hello world\n", "<html><body>bank</body></html>\n"])
 def test_a_file_that_is_not_embeddings_says_so(qkv_bin, tmp_path, content):
     (tmp_path / "e.txt").write_text(content)
-    p = qkv(qkv_bin, "explain", "--embeddings", tmp_path / "e.txt", "river bank", cwd=tmp_path)
+    p = qkv(qkv_bin, "explain", "--embeddings", tmp_path / "e.txt", "--random-weights", "0", "river bank", cwd=tmp_path)
     assert p.returncode == 1 and "this is not a GloVe or word2vec file" in p.stderr, p.stderr
 
 

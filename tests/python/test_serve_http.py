@@ -172,7 +172,7 @@ def test_fifty_concurrent_clients(server):
 
 @pytest.mark.parametrize("sig,name", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")])
 def test_signal_stops_cleanly(qkv_bin, words, sig, name):
-    s = Server(qkv_bin, "--embeddings", words)
+    s = Server(qkv_bin, "--embeddings", words, "--parameter-free")
     assert request(s.url + "api/config")[0] == 200
     # A browser keeps its connection open: the server still stops promptly.
     idle = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
@@ -189,7 +189,7 @@ def test_signal_stops_cleanly(qkv_bin, words, sig, name):
 
 
 def test_host_other_than_loopback_warns(qkv_bin, words):
-    s = Server(qkv_bin, "--embeddings", words, "--host", "0.0.0.0")
+    s = Server(qkv_bin, "--embeddings", words, "--parameter-free", "--host", "0.0.0.0")
     assert s.url.startswith("http://0.0.0.0:")
     assert request(f"http://127.0.0.1:{s.port}/api/config")[0] == 200
     code, err = s.stop()
@@ -201,12 +201,12 @@ def test_bad_command_lines(qkv_bin, run, words):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        r = run("serve", "--embeddings", words, "--port", port, timeout=30)
+        r = run("serve", "--embeddings", words, "--parameter-free", "--port", port, timeout=30)
         assert r.returncode == 1 and f"--port {port}: cannot listen there" in r.stderr
     # Nor is a port another `qkv serve` listens on (no SO_REUSEPORT sharing).
-    first = Server(qkv_bin, "--embeddings", words)
+    first = Server(qkv_bin, "--embeddings", words, "--parameter-free")
     try:
-        r = run("serve", "--embeddings", words, "--port", first.port, timeout=30)
+        r = run("serve", "--embeddings", words, "--parameter-free", "--port", first.port, timeout=30)
         assert r.returncode == 1 and f"--port {first.port}: cannot listen there" in r.stderr
     finally:
         assert first.stop()[0] == 0

@@ -34,7 +34,7 @@ def test_every_command_runs_or_fails_with_one_line_in_100mb(qkv_bin, tmp_path, e
         ["explain"],
         ["explain", "--embeddings", embeddings.glove, "the river bank", "--html", tmp_path / "e.html"],
         ["context", "--embeddings", embeddings.glove, "--heads", "2", "the river bank"],
-        ["compare", "--embeddings", embeddings.glove, "--word", "bank", "the river bank", "the bank"],
+        ["compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank", "the river bank", "the bank"],
         ["attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
          "--out", tmp_path / "o.npy"],
         ["train", "--steps", "2", "--batch", "2", "--pairs", "2", "--keys", "4", "--values", "4", "-E", "8",
@@ -56,36 +56,36 @@ def test_every_command_runs_or_fails_with_one_line_in_100mb(qkv_bin, tmp_path, e
 def test_sentence_from_a_file_or_stdin_matches_the_command_line(run, qkv_bin, tmp_path, embeddings):
     sentence = "the river bank is by the bank"
     (tmp_path / "s.txt").write_text(sentence + "\n")
-    direct = run("context", "--embeddings", embeddings.glove, sentence)
+    direct = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", sentence)
     assert direct.returncode == 0, direct.stderr
-    from_file = run("context", "--embeddings", embeddings.glove, "--input", tmp_path / "s.txt")
+    from_file = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "s.txt")
     assert from_file.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
     for args in (["--input", "-"], ["-"]):
         piped = subprocess.run([qkv_bin, "context", "--embeddings", str(embeddings.glove), *args], input=sentence,
                                capture_output=True, text=True, timeout=60)
         assert piped.returncode == 0, piped.stderr
         assert piped.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
-    explain = run("explain", "--embeddings", embeddings.glove, "--input", tmp_path / "s.txt")
-    assert explain.returncode == 0 and explain.stdout == run("explain", "--embeddings", embeddings.glove,
+    explain = run("explain", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "s.txt")
+    assert explain.returncode == 0 and explain.stdout == run("explain", "--embeddings", embeddings.glove, "--random-weights", "0",
                                                               sentence).stdout
     (tmp_path / "two.txt").write_text("the river bank\n\nwe sat by the bank\n")
-    compare = run("compare", "--embeddings", embeddings.glove, "--word", "bank", "--input", tmp_path / "two.txt")
+    compare = run("compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank", "--input", tmp_path / "two.txt")
     assert compare.returncode == 0, compare.stderr
-    assert compare.stdout == run("compare", "--embeddings", embeddings.glove, "--word", "bank", "the river bank",
+    assert compare.stdout == run("compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank", "the river bank",
                                  "we sat by the bank").stdout
 
 
 def test_bad_input_files_are_refused(run, tmp_path, embeddings):
-    proc = run("context", "--embeddings", embeddings.glove, "--input", tmp_path / "none.txt")
+    proc = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "none.txt")
     assert proc.returncode == 1 and "none.txt" in proc.stderr and "No such file" in proc.stderr, proc.stderr
-    proc = run("context", "--embeddings", embeddings.glove, "--input", tmp_path)
+    proc = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path)
     assert proc.returncode == 1 and "Is a directory" in proc.stderr, proc.stderr
     (tmp_path / "one.txt").write_text("the bank\n")
-    proc = run("compare", "--embeddings", embeddings.glove, "--word", "bank", "--input", tmp_path / "one.txt")
+    proc = run("compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank", "--input", tmp_path / "one.txt")
     assert proc.returncode == 2 and "expected 2 non-blank lines" in proc.stderr, proc.stderr
     proc = run("context", "--embeddings", embeddings.glove)
     assert proc.returncode == 2 and "--input" in proc.stderr, proc.stderr
-    proc = run("context", "--embeddings", embeddings.glove, "--input", tmp_path / "one.txt", "the bank")
+    proc = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "one.txt", "the bank")
     assert proc.returncode == 2 and "excludes" in proc.stderr, proc.stderr
 
 
@@ -93,7 +93,7 @@ def test_long_sentence_from_input_file_beyond_the_argument_limit(run, tmp_path, 
     # 300,000 words (1.8 MB): more than one command-line argument may hold (128 KiB).
     words = np.array(embeddings.words)[np.random.default_rng(1).integers(0, len(embeddings.words), 300_000)]
     (tmp_path / "long.txt").write_text(" ".join(words))
-    proc = run("context", "--embeddings", embeddings.glove, "--input", tmp_path / "long.txt", "--format", "npy",
+    proc = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "long.txt", "--format", "npy",
                "--out", tmp_path / "c.npy", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert np.load(tmp_path / "c.npy").shape == (300_000, embeddings.matrix.shape[1])

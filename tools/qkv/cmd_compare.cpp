@@ -76,9 +76,9 @@ int run_compare(const CompareArgs& a) {
   if (!a.html.empty()) {
     HtmlOptions options;
     options.color_scale = a.color_scale;
-    pictures.emplace_back(a.html, render_comparison_html({c.word, c.layer, c.static_cosine, c.contextual_cosine,
-                                                          c.sides[0], c.sides[1]},
-                                                         options));
+    pictures.emplace_back(
+        a.html, render_comparison_html({c.word, c.layer, c.static_cosine, c.contextual_cosine, c.sides[0], c.sides[1]},
+                                       options));
   }
   finish(report, std::move(pictures));
   return 0;
