@@ -29,13 +29,14 @@ check_cli() {
   got=$(env -i "$bin" --version)
   [ "$got" = "qkv $version" ] || fail "$bin --version: '$got', expected 'qkv $version'"
   if grep -qaF "$build" "$bin"; then fail "$bin holds a path of the build tree ($build)"; fi
-  if [ ! -f "$words" ]; then
-    echo "$bin explain: not run ($words is not built; make demo)"
+  if [ ! -f "$words" ] || [ ! -f "$(dirname "$words")/context-layer.safetensors" ]; then
+    echo "$bin explain: not run ($words or the trained layer beside it is not built; make demo)"
     return
   fi
   mkdir -p "$work/cwd"
   got=$(cd "$work/cwd" && env -i "$bin" explain "we sat by the river bank") || fail "$bin explain failed"
   [[ "$got" == *"embeddings from words.txt"* ]] || fail "$bin explain: no word vectors in '$got'"
+  [[ "$got" == *"the trained layer context-layer.safetensors"* ]] || fail "$bin explain: not the trained layer: '$got'"
   echo "$bin explain (no flags): $(grep -m1 'embeddings from' <<<"$got")"
 }
 

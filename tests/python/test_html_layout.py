@@ -223,7 +223,7 @@ def test_standalone_svg_keeps_its_titles_and_labels_apart(run, tmp_path, embeddi
 def test_skipped_words_are_named_on_every_page(run, tmp_path, embeddings, browser):
     text = "we sat by the zzyzx river bank qqq zzyzx"
     pages = {"explain": tmp_path / "e.html", "context": tmp_path / "c.html", "compare": tmp_path / "p.html"}
-    base = ["--embeddings", embeddings.glove, "--oov", "skip"]
+    base = ["--embeddings", embeddings.glove, "--random-weights", "0", "--oov", "skip"]
     qkv_ok(run, "explain", *base, text, "--html", pages["explain"])
     qkv_ok(run, "context", *base, text, "--html", pages["context"])
     qkv_ok(run, "compare", *base, "--word", "bank", text, "the bank qqq", "--html", pages["compare"])
@@ -256,7 +256,7 @@ def test_hints_name_the_commands_real_options(run, tmp_path, embeddings, seed):
 
 
 def test_html_replaces_the_text_on_every_command(run, tmp_path, embeddings):
-    s = ["--embeddings", embeddings.glove]
+    s = ["--embeddings", embeddings.glove, "--random-weights", "0"]
     for args in (["explain", *s, "river bank"], ["context", *s, "river bank"],
                  ["compare", *s, "--word", "bank", "the river bank", "the bank"]):
         assert qkv_ok(run, *args).stdout != "", args  # the text, without --html

@@ -32,7 +32,8 @@ def test_every_command_runs_or_fails_with_one_line_in_100mb(qkv_bin, tmp_path, e
         np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
     small = [
         ["explain"],
-        ["explain", "--embeddings", embeddings.glove, "the river bank", "--html", tmp_path / "e.html"],
+        ["explain", "--embeddings", embeddings.glove, "--random-weights", "0", "the river bank", "--html",
+         tmp_path / "e.html"],
         ["context", "--embeddings", embeddings.glove, "--heads", "2", "the river bank"],
         ["compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "bank", "the river bank", "the bank"],
         ["attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
@@ -61,7 +62,8 @@ def test_sentence_from_a_file_or_stdin_matches_the_command_line(run, qkv_bin, tm
     from_file = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "s.txt")
     assert from_file.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
     for args in (["--input", "-"], ["-"]):
-        piped = subprocess.run([qkv_bin, "context", "--embeddings", str(embeddings.glove), *args], input=sentence,
+        piped = subprocess.run([qkv_bin, "context", "--embeddings", str(embeddings.glove), "--random-weights", "0", *args],
+                               input=sentence,
                                capture_output=True, text=True, timeout=60)
         assert piped.returncode == 0, piped.stderr
         assert piped.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
