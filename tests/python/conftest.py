@@ -59,3 +59,14 @@ def embeddings(tmp_path, seed):
     return EmbeddingFiles(tmp_path, np.random.default_rng(seed))
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the page tests (html_browser_util), one per test module; a missing
+    browser or driver fails the test, naming the package."""
+    from html_browser_util import Browser, missing_browser
+    problem = missing_browser()
+    if problem:
+        pytest.fail(problem)
+    b = Browser()
+    yield b
+    b.close()

@@ -14,18 +14,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from html_browser_util import Browser, assert_not_blank, errors, image, missing_browser, parse_rgb, scale_colour
+from html_browser_util import assert_not_blank, errors, image, parse_rgb, scale_colour
 from qkv_testlib import VOCABULARY
-
-
-@pytest.fixture(scope="module")
-def browser():
-    problem = missing_browser()
-    if problem:
-        pytest.fail(problem)
-    b = Browser()
-    yield b
-    b.close()
 
 
 def qkv_ok(run, *args):

@@ -11,20 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from html_browser_util import Browser, assert_not_blank, errors, missing_browser
+from html_browser_util import assert_not_blank, errors
 from qkv_testlib import VOCABULARY
 
 SIZES = (2, 5, 12, 40, 600)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    problem = missing_browser()
-    if problem:
-        pytest.fail(problem)
-    b = Browser()
-    yield b
-    b.close()
 
 
 @pytest.fixture(scope="module")
