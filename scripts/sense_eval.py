@@ -80,10 +80,14 @@ def word_accuracy(vectors, labels):
     return score / n
 
 
-def accuracies(sets, encode):
-    """Per-word accuracy (a dict in word order) of `encode(tokens, position) -> vector`."""
-    return np.array([word_accuracy([encode(t, p) for _, t, p in items], [s for s, _, _ in items])
-                     for items in sets.values()])
+def contextual_vectors(sets, encode):
+    """Each word's [n, d] vectors from `encode(tokens, position) -> vector`, in the sets' order."""
+    return [np.array([encode(t, p) for _, t, p in items]) for items in sets.values()]
+
+
+def accuracies(vectors, labels):
+    """Per-word accuracy of contextual_vectors() with one sense label list per word."""
+    return np.array([word_accuracy(v, lab) for v, lab in zip(vectors, labels)])
 
 
 def bootstrap(diff, seed, resamples=2000):
@@ -93,7 +97,7 @@ def bootstrap(diff, seed, resamples=2000):
 
 
 class Encoders:
-    """The rows' contextual vectors, each sentence embedded once per encoder."""
+    """The rows' ways to give the word of a sentence a vector (encode(tokens, position))."""
 
     def __init__(self, index, vectors):
         self.index, self.vectors = index, vectors
@@ -132,21 +136,18 @@ def evaluate(words_path, weights, max_words=0, seed=1):
                                        trained.value_dim, bias=trained.bias,
                                        output_projection=trained.output_projection, residual=trained.residual,
                                        seed=trained.seed)
+    labels = [[s for s, _, _ in items] for items in sets.values()]
+    trained_vectors = contextual_vectors(sets, enc.layer(trained))
     rows = {
-        "chance": np.array([1.0 / len({s for s, _, _ in items}) for items in sets.values()]),
-        "static vector": accuracies(sets, enc.static),
-        "bag of context": accuracies(sets, enc.bag),
-        "parameter-free": accuracies(sets, enc.parameter_free),
-        "untrained layer": accuracies(sets, enc.layer(untrained)),
-        "trained layer": accuracies(sets, enc.layer(trained)),
+        "chance": np.array([1.0 / len(set(lab)) for lab in labels]),
+        "static vector": accuracies(contextual_vectors(sets, enc.static), labels),
+        "bag of context": accuracies(contextual_vectors(sets, enc.bag), labels),
+        "parameter-free": accuracies(contextual_vectors(sets, enc.parameter_free), labels),
+        "untrained layer": accuracies(contextual_vectors(sets, enc.layer(untrained)), labels),
+        "trained layer": accuracies(trained_vectors, labels),
     }
-    rng = np.random.default_rng(seed)
-    shuffled = {}
-    for w, items in sets.items():
-        labels = [s for s, _, _ in items]
-        perm = rng.permutation(len(labels))
-        shuffled[w] = [(labels[perm[i]], t, p) for i, (_, t, p) in enumerate(items)]
-    rows["shuffled senses"] = accuracies(shuffled, enc.layer(trained))
+    rng = np.random.default_rng(seed)  # the null: each word's labels permuted, the same vectors
+    rows["shuffled senses"] = accuracies(trained_vectors, [[lab[i] for i in rng.permutation(len(lab))] for lab in labels])
     margins = {}
     for base in ("bag of context", "parameter-free", "untrained layer"):
         diff = rows["trained layer"] - rows[base]

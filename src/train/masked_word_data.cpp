@@ -46,7 +46,11 @@ MaskedBatch make_batch(const std::vector<const Sentence*>& sentences, const std:
   const auto B = static_cast<int64_t>(sentences.size());
   const auto L = static_cast<int64_t>(sentences.front()->size());
   const int64_t E = embeddings.dim();
-  MaskedBatch out{Tensor<float>({B, L, E}, "masked-word batch"), hidden, std::vector<int64_t>(sentences.size())};
+  MaskedBatch out{Tensor<float>({B, L, E}, "masked-word batch"),
+                  hidden,
+                  std::vector<int64_t>(sentences.size()),
+                  {},
+                  MaskedObjective::hidden_slot};
   for (int64_t b = 0; b < B; ++b) {
     const Sentence& s = *sentences[static_cast<std::size_t>(b)];
     fill_example(s, hidden[static_cast<std::size_t>(b)], embeddings, out.x.data() + b * L * E);
@@ -100,6 +104,13 @@ MaskedBatch make_any_batch(const MaskedCorpus& corpus, const std::vector<const S
                                                      : make_batch(sentences, hidden, embeddings);
 }
 
+// A sentence's words joined by single spaces: how an excluded line and a corpus line are compared.
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
 // The tokenized lines of `path` (config.exclude), words joined by one space.
 std::unordered_set<std::string> excluded_lines(const std::string& path) {
   std::unordered_set<std::string> out;
@@ -113,9 +124,8 @@ std::unordered_set<std::string> excluded_lines(const std::string& path) {
   std::string_view rest = file->bytes();
   while (!rest.empty()) {
     const std::size_t end = std::min(rest.find('\n'), rest.size());
-    std::string joined;
-    for (const std::string& w : tokenize(rest.substr(0, end))) joined += (joined.empty() ? "" : " ") + w;
-    if (!joined.empty()) out.insert(std::move(joined));
+    std::string line = joined(tokenize(rest.substr(0, end)));
+    if (!line.empty()) out.insert(std::move(line));
     rest.remove_prefix(std::min(end + 1, rest.size()));
   }
   return out;
@@ -151,13 +161,9 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
       s.push_back(static_cast<int32_t>(id));
     }
     if (static_cast<int64_t>(s.size()) != L) continue;  // a word without a vector
-    if (!excluded.empty()) {
-      std::string joined;
-      for (const std::string& w : words) joined += (joined.empty() ? "" : " ") + w;
-      if (excluded.count(joined) > 0) {
-        ++corpus.excluded;
-        continue;
-      }
+    if (!excluded.empty() && excluded.count(joined(words)) > 0) {
+      ++corpus.excluded;
+      continue;
     }
     if (held_out_line(n)) {
       corpus.held_out.push_back(std::move(s));

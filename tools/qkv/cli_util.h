@@ -98,7 +98,7 @@ struct SentenceArgs {
 };
 // Registers --embeddings (resolved by resolve_default_embeddings if `embeddings_required`), --oov,
 // --weights, --random-weights, --heads, --dk, --parameter-free, --positions. Without a layer option
-// the trained layer is used (resolve_default_weights).
+// the trained layer is used (layer_file).
 void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_required);
 // The path of the data file `name` (words.txt, context-layer.safetensors) that the command uses by
 // default, or "" if none exists. Searched in order: $QKV_DATA_DIR (if set and not empty), the

@@ -261,8 +261,10 @@ CLI::Option* add_shared(CLI::App* sub, const std::string& name, T& lookup, T& ma
                         bool show_defaults = true) {
   return sub->add_option_function<T>(
       name, [&lookup, &masked](const T& v) { lookup = masked = v; },
-      show_defaults ? fmt::format("{} (default: lookup {}, masked-word {}; context: see above)", help, lookup, masked)
-                    : help);
+      show_defaults
+          ? fmt::format("{} (default: lookup {}, masked-word {}; context: as masked-word but --steps {} --batch {})",
+                        help, lookup, masked, kContextSteps, kContextBatch)
+          : help);
 }
 
 Command add_train(CLI::App& app) {

@@ -76,6 +76,7 @@ std::string for_client(std::string message, const std::string& path) {
 struct ServeApi::Choice {
   SentenceArgs args;
   std::shared_ptr<const MultiHeadAttention> layer;
+  std::string label;  // describe_layer's text
 };
 
 ServeApi::ServeApi(SentenceArgs args) : args_(std::move(args)), embeddings_(load_embeddings(args_)) {
@@ -84,17 +85,22 @@ ServeApi::ServeApi(SentenceArgs args) : args_(std::move(args)), embeddings_(load
   free.weights.clear();
   free.parameter_free = true;
   parameter_free_layer_ = std::make_shared<const MultiHeadAttention>(make_layer(free, embeddings_.dim()));
+  // Once, not per keystroke: describing the default layer looks its file up again.
+  default_label_ = describe_layer(args_, *default_layer_);
+  parameter_free_label_ = describe_layer(free, *parameter_free_layer_);
 }
 
 ServeApi::Choice ServeApi::choose(const std::string& layer, uint64_t seed, bool positions) const {
-  Choice c{args_, nullptr};
+  Choice c{args_, nullptr, {}};
   c.args.positions = positions;
   if (layer == "default") {
     c.layer = default_layer_;
+    c.label = default_label_;
   } else if (layer == "parameter-free") {
     c.args.weights.clear();
     c.args.parameter_free = true;
     c.layer = parameter_free_layer_;
+    c.label = parameter_free_label_;
   } else if (layer == "random") {
     c.args.weights.clear();
     c.args.parameter_free = false;
@@ -102,6 +108,7 @@ ServeApi::Choice ServeApi::choose(const std::string& layer, uint64_t seed, bool 
     c.args.seed = seed;
     try {
       c.layer = std::make_shared<const MultiHeadAttention>(make_layer(c.args, embeddings_.dim()));
+      c.label = describe_layer(c.args, *c.layer);
     } catch (const Error& e) {
       throw BadRequest(for_client(e.what(), args_.embeddings));
     }
@@ -117,8 +124,8 @@ std::string ServeApi::config_json() const {
                   {"width", embeddings_.dim()},
                   {"positions", args_.positions},  // the page starts with --positions' setting
                   {"layers",
-                   {{{"id", "default"}, {"label", describe_layer(args_, *default_layer_)}},
-                    {{"id", "parameter-free"}, {"label", describe_layer(args_, *parameter_free_layer_)}},
+                   {{{"id", "default"}, {"label", default_label_}},
+                    {{"id", "parameter-free"}, {"label", parameter_free_label_}},
                     {{"id", "random"}, {"label", "random W_q, W_k, W_v (the seed you choose)"}}}},
                   {"limits",
                    {{"max_tokens", kServeMaxTokens},
@@ -156,8 +163,7 @@ std::string ServeApi::explain_json(const std::string& body) const {
                         {"causal", steps.causal}};
   return fmt::format("{{\"options\":{},\"layer\":{},\"explanation\":{}}}",
                      options.dump(-1, ' ', false, json::error_handler_t::replace),
-                     json(describe_layer(c.args, *c.layer)).dump(-1, ' ', false, json::error_handler_t::replace),
-                     explanation_to_json(e, -1));
+                     json(c.label).dump(-1, ' ', false, json::error_handler_t::replace), explanation_to_json(e, -1));
 }
 
 std::string ServeApi::compare_json(const std::string& body) const {

@@ -52,6 +52,7 @@ class ServeApi {
   SentenceArgs args_;
   Embeddings embeddings_;
   std::shared_ptr<const MultiHeadAttention> default_layer_, parameter_free_layer_;
+  std::string default_label_, parameter_free_label_;
 };
 
 }  // namespace qkv::cli
