@@ -23,6 +23,11 @@ namespace qkv::cli {
 
 void usage_error(const std::string& message) { throw CLI::ValidationError(message); }
 
+void print_error(std::string_view message) {
+  fmt::print(stderr, "qkv: error: {}\n", message);
+  std::fflush(stderr);
+}
+
 template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf, const IndexMap& to_file_index) {
   // Loaded tensors are contiguous: scan them in place; copy only strided views.

@@ -27,6 +27,8 @@ std::optional<std::string> unknown_option_message(const CLI::App& app, int argc,
 // Throws CLI::ValidationError (exit code 2, "usage") with `message`; for checks that CLI11
 // cannot express, run from a subcommand's parse callback.
 [[noreturn]] void usage_error(const std::string& message);
+// "qkv: error: <message>" on stderr, flushed: the one form every failure is reported in.
+void print_error(std::string_view message);
 
 // Refuses NaN and Inf (or only NaN and +Inf when `allow_neg_inf`, for additive biases) with
 // "<name>: element [i, j, ...] is NaN", the index in the tensor's own shape, or the one

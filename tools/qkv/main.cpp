@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "qkv: {}\n", e.what());
     return 2;
   } catch (const qkv::Error& e) {  // an option read at parse time (--input FILE) failed
-    fmt::print(stderr, "qkv: error: {}\n", e.what());
+    qkv::cli::print_error(e.what());
     return 1;
   }
   try {
@@ -56,11 +56,11 @@ int main(int argc, char** argv) {
       if (command.app->parsed()) return command.run();
     return 2;
   } catch (const qkv::Error& e) {
-    fmt::print(stderr, "qkv: error: {}\n", e.what());
+    qkv::cli::print_error(e.what());
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "qkv: error: out of memory\n");
+    qkv::cli::print_error("out of memory");
   } catch (const std::exception& e) {
-    fmt::print(stderr, "qkv: error: {}\n", e.what());
+    qkv::cli::print_error(e.what());
   }
   return 1;
 }

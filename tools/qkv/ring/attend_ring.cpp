@@ -232,7 +232,9 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
 
 }  // namespace
 
-// An error all ranks agreed on is printed once, by rank 0; the other ranks exit 1 quietly.
+// An error all ranks agreed on is printed once, by rank 0, and every rank exits 1 only after that:
+// mpirun ends the whole job as soon as one rank exits non-zero, which could cut rank 0 off before
+// it had printed.
 int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
   MpiSession session;
   MPI_Comm comm = MPI_COMM_WORLD;
@@ -241,8 +243,9 @@ int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
   MPI_Comm_rank(comm, &rank);
   try {
     attend_ring(comm, ranks, rank, a, mask_args);
-  } catch (const AgreedError&) {
-    if (rank == 0) throw;
+  } catch (const AgreedError& e) {
+    if (rank == 0) print_error(e.what());
+    MPI_Barrier(comm);
     return 1;
   }
   return 0;
