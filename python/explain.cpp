@@ -138,6 +138,8 @@ scale, scaled_scores, weights, context}; "text" returns the readable step-by-ste
 `qkv explain --html` writes (up to 512 tokens) as a qkv.HtmlPage, a str that Jupyter shows inline
 (its _repr_html_) and .save(path) writes. color_scale ("absolute", the default, or "row") sets the
 page's colours: the weight itself from 0 to 1, or each row from 0 to its largest weight.
+labels: optional {title, source, weights, style} strings that replace what the result says of
+its input (qkv.explain(sentence=...) sets them).
 Raises ValueError for inconsistent shapes or an unknown example name.)";
 
 py::object explain(const py::object& example, const py::object& tokens, const py::object& x, const py::object& layer,
@@ -145,7 +147,7 @@ py::object explain(const py::object& example, const py::object& tokens, const py
                    const py::object& w_k, const py::object& w_v, const py::object& b_q, const py::object& b_k,
                    const py::object& b_v, const py::object& w_o, const py::object& b_o, const py::object& heads,
                    const py::object& kv_heads, const py::object& format_obj, const py::object& precision_obj,
-                   const py::object& color_scale_obj) {
+                   const py::object& color_scale_obj, const py::object& labels) {
   const std::string format = string_arg(format_obj, "format");
   const int64_t num_heads = index_arg(heads, "num_heads");
   const std::optional<int64_t> num_kv_heads =
@@ -169,6 +171,19 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, num_heads),
                            3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(num_heads, 1)));
   }
+  // What qkv.explain(sentence=...) says of its input: the same title, source and weights lines
+  // the CLI prints for a sentence.
+  if (!labels.is_none()) {
+    if (!py::isinstance<py::dict>(labels)) throw py::type_error("labels must be a dict of str");
+    for (const auto& [key, value] : labels.cast<py::dict>()) {
+      const std::string name = string_arg(key, "labels key"), text = string_arg(value, "labels[" + name + "]");
+      if (name == "title") e.title = text;
+      else if (name == "source") e.source = text;
+      else if (name == "weights") e.weights = text;
+      else if (name == "style") e.style = text;
+      else throw py::value_error(fmt::format("labels: unknown key '{}' (title, source, weights, style)", name));
+    }
+  }
   if (format == "text") return py::str(qkv::explanation_to_text(e, precision));
   if (format == "json") return py::str(qkv::explanation_to_json(e));
   if (format == "html") {
@@ -190,7 +205,7 @@ void bind_explain(py::module_& m) {
         py::arg("w_v") = py::none(), py::arg("b_q") = py::none(), py::arg("b_k") = py::none(),
         py::arg("b_v") = py::none(), py::arg("w_o") = py::none(), py::arg("b_o") = py::none(), py::arg("num_heads") = 1,
         py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict", py::arg("precision") = 8,
-        py::arg("color_scale") = "absolute", kExplainDoc);
+        py::arg("color_scale") = "absolute", py::arg("labels") = py::none(), kExplainDoc);
   m.def("explain_examples", &qkv::example_names, "Names of the built-in worked examples qkv.explain() accepts.");
 }
 

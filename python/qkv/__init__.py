@@ -14,9 +14,10 @@ from . import _qkv
 from ._qkv import __version__, simd_path  # noqa: F401
 from .attention import attention_backward, attention_weights, default_num_threads, scaled_dot_product_attention
 
-from ._qkv import Embeddings, MultiHeadAttention, Optimizer, clip_grad_norm, explain, explain_examples, load_embeddings, lr_at, tokenize  # noqa: F401,E501
+from ._qkv import Embeddings, MultiHeadAttention, Optimizer, clip_grad_norm, explain_examples, load_embeddings, lr_at, tokenize  # noqa: F401,E501
 from .optim import SGD, AdamW  # noqa: F401
 from .cache import KVCache, apply_rotary, decode_attention, decode_attention_weights  # noqa: F401
+from .sentence import SentenceLayer, compare, context, data_file, explain, load_layer  # noqa: F401
 
 
 class HtmlPage(str):
@@ -35,6 +36,7 @@ class HtmlPage(str):
             f.write(self)
 
 __all__ = ["__version__", "MultiHeadAttention", "Embeddings", "load_embeddings", "tokenize", "explain", "explain_examples", "HtmlPage",
+           "context", "compare", "load_layer", "data_file", "SentenceLayer",
            "Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at",
            "scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads",
            "simd_path", "KVCache", "apply_rotary", "decode_attention", "decode_attention_weights"]
