@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "qkv/dropout.h"
 #include "qkv/tensor.h"
 
 namespace qkv::test {
@@ -18,8 +19,10 @@ struct Composite32 {
 };
 
 // q [B,H,N,D], k [B,Hkv,M,D], v [B,Hkv,M,Dv], dout [B,H,N,Dv], all contiguous. causal: top-left.
+// dropout: as torch.nn.functional.dropout on P, with qkv's keep-mask (noise = Z / (1 − p) in fp32).
 inline Composite32 composite32(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
-                               const Tensor<float>& dout, float scale, float softcap, bool causal) {
+                               const Tensor<float>& dout, float scale, float softcap, bool causal,
+                               const Dropout& dropout = {}) {
   const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2), D = q.dim(3), Hkv = k.dim(1), M = k.dim(2), Dv = v.dim(3);
   const int64_t group = H / Hkv;
   Composite32 r{Tensor<float>({B, H, N, Dv}), Tensor<float>({B, H, N, D}), Tensor<float>({B, Hkv, M, D}),
@@ -28,6 +31,8 @@ inline Composite32 composite32(const Tensor<float>& q, const Tensor<float>& k, c
   for (int64_t i = 0; i < r.dv.numel(); ++i) r.dv[i] = 0.0f;
   std::vector<float> p(static_cast<size_t>(N * M)), ds(static_cast<size_t>(N * M)), dcap(static_cast<size_t>(N * M));
   std::vector<float> hk(static_cast<size_t>(M * D)), hv(static_cast<size_t>(M * Dv));
+  std::vector<float> noise(static_cast<size_t>(N * M), 1.0f);
+  const float kept = dropout.active() ? 1.0f / static_cast<float>(1.0 - dropout.p) : 1.0f;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = q.data() + (b * H + h) * N * D;
@@ -53,9 +58,13 @@ inline Composite32 composite32(const Tensor<float>& q, const Tensor<float>& k, c
         float l = 0.0f;
         for (int64_t j = 0; j < M; ++j) l += p[i * M + j] = std::exp(p[i * M + j] - mx);
         for (int64_t j = 0; j < M; ++j) p[i * M + j] /= l;
+        if (dropout.active()) {
+          const DropoutRow row(dropout, H, b, h, i);
+          for (int64_t j = 0; j < M; ++j) noise[i * M + j] = row.keep(j) ? kept : 0.0f;
+        }
         for (int64_t e = 0; e < Dv; ++e) {
           float o = 0.0f;
-          for (int64_t j = 0; j < M; ++j) o += p[i * M + j] * vh[j * Dv + e];
+          for (int64_t j = 0; j < M; ++j) o += p[i * M + j] * noise[i * M + j] * vh[j * Dv + e];
           r.out[((b * H + h) * N + i) * Dv + e] = o;
         }
         // dS = P ∘ (dP − Σ P ∘ dP), times softcap's derivative, times scale (for q·kᵀ).
@@ -63,6 +72,7 @@ inline Composite32 composite32(const Tensor<float>& q, const Tensor<float>& k, c
         for (int64_t j = 0; j < M; ++j) {
           float dp = 0.0f;
           for (int64_t e = 0; e < Dv; ++e) dp += doh[i * Dv + e] * vh[j * Dv + e];
+          dp *= noise[i * M + j];
           ds[i * M + j] = dp;
           dot += p[i * M + j] * dp;
         }
@@ -81,7 +91,7 @@ inline Composite32 composite32(const Tensor<float>& q, const Tensor<float>& k, c
         }
         for (int64_t e = 0; e < Dv; ++e) {
           float g = 0.0f;
-          for (int64_t i = 0; i < N; ++i) g += p[i * M + j] * doh[i * Dv + e];
+          for (int64_t i = 0; i < N; ++i) g += p[i * M + j] * noise[i * M + j] * doh[i * Dv + e];
           hv[j * Dv + e] = g;
         }
       }

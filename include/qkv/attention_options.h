@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 
+#include "qkv/dropout.h"
 #include "qkv/mask.h"
 
 namespace qkv {
@@ -35,6 +36,9 @@ struct AttentionOptions {
   // from the whole row (ring attention's blocks). Turns off the shortcut that zeroes the gradient
   // of a row with exactly one allowed key, which is exact only when that key is the whole row.
   bool partial_rows = false;
+  // Attention dropout (qkv/dropout.h): off unless dropout.p > 0. The forward and the backward of one
+  // step must be given the same Dropout.
+  Dropout dropout;
 };
 
 // QKV_NUM_THREADS if set to an integer in [1, kMaxThreads], else the OpenMP default. Thread-safe.

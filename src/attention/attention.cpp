@@ -43,6 +43,7 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (s.H % s.Hkv != 0)
     throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));
   require_scale(options.scale, "attention");
+  check_dropout(options.dropout, "attention");
 
   const Mask& m = options.mask;
   auto check_lengths = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* name) {

@@ -19,7 +19,8 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  std::vector<double> row(static_cast<std::size_t>(s.M));
+  std::vector<double> row(static_cast<std::size_t>(s.M)), weighted(options.dropout.active() ? row.size() : 0);
+  const double drop_scale = dropout_scale(options.dropout);
   bool nonfinite = false, emptied = false;  // as the fused kernel flags its rows (overflow.h)
   detail::for_each_query_row(s, [&](int64_t b, int64_t h, int64_t hk, int64_t i) {
     const detail::RowLogits r = detail::row_logits(row.data(), nullptr, mask, q, k, scale, b, h, hk, i);
@@ -27,10 +28,16 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
     const bool masked = r.masked;
     const double row_max = r.max;
     const double sum = masked ? 0.0 : detail::exp_in_place(row.data(), r);
+    // Dropout (qkv/dropout.h): the dropped weights leave the product, the kept ones are scaled.
+    if (options.dropout.active() && !masked) {
+      const DropoutRow drop(options.dropout, s.H, b, h, i);
+      for (int64_t j = band.lo; j < band.hi; ++j) weighted[j] = drop.keep(j) ? row[j] * drop_scale : 0.0;
+    }
+    const double* pv = options.dropout.active() ? weighted.data() : row.data();
     for (int64_t e = 0; e < s.Dv; ++e) {
       double acc = 0.0;
       if (!masked)
-        for (int64_t j = band.lo; j < band.hi; ++j) acc += row[j] * v(b, hk, j, e);
+        for (int64_t j = band.lo; j < band.hi; ++j) acc += pv[j] * v(b, hk, j, e);
       out(b, h, i, e) = masked ? 0.0 : acc / sum;
       nonfinite |= !std::isfinite(out(b, h, i, e));
     }

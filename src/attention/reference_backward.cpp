@@ -26,6 +26,7 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   const double scale = attention_scale(options.scale, s.D);
   const double cap = options.mask.softcap;
   const detail::MaskEval mask(options.mask, s);
+  const double drop_scale = dropout_scale(options.dropout);
 
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.Hkv; ++h)
@@ -43,14 +44,17 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
     const bool masked = r.masked;
     emptied |= masked && !band.empty();
     const double sum = masked ? 0.0 : detail::exp_in_place(p.data(), r);
-    // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i).
+    // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i). With dropout
+    // dP_j is z_j·dout_i·v_j / (1 − p) (z_j the keep-mask) and v_j's weight p_j·z_j / (1 − p).
+    const DropoutRow drop(options.dropout, s.H, b, h, i);
+    auto kept = [&](int64_t j) { return options.dropout.active() ? (drop.keep(j) ? drop_scale : 0.0) : 1.0; };
     double row_dot = 0.0;
     for (int64_t j = band.lo; j < band.hi && !masked; ++j) {
       p[j] /= sum;
       double dp = 0.0;
       for (int64_t e = 0; e < s.Dv; ++e) dp += dout(b, h, i, e) * v(b, hk, j, e);
-      dl[j] = dp;
-      row_dot += p[j] * dp;
+      dl[j] = dp * kept(j);
+      row_dot += p[j] * dl[j];
     }
     for (int64_t d = 0; d < s.D; ++d) dq(b, h, i, d) = 0.0;
     if (!dbias.empty())
@@ -68,7 +72,8 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
         dq(b, h, i, d) += scale * ds * k(b, hk, j, d);
         dk(b, hk, j, d) += scale * ds * q(b, h, i, d);
       }
-      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += p[j] * dout(b, h, i, e);
+      const double weight = p[j] * kept(j);
+      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += weight * dout(b, h, i, e);
     }
   });
   // As the forward refuses what overflows its output: scores past the range (q·1e155 against

@@ -153,6 +153,9 @@ Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float>
     if (!m.keep.empty() || !m.bias.empty())
       throw Error("ring attention: keep and bias masks are not supported (they are N×M on every rank)");
     if (!m.diagonal_offsets.empty()) throw Error("ring attention: diagonal_offsets is set by the ring itself");
+    // The keep-mask is keyed by a row's and a key's index in one call; the ring's block calls
+    // index their shards, so each would drop a different mask than the single-process call.
+    if (options.attention.dropout.active()) throw Error("ring attention: dropout is not supported");
     // Lengths are global; they are checked against the global N and M after the agreement.
     AttentionOptions local = options.attention;
     local.mask.key_lengths.clear();

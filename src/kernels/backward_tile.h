@@ -278,6 +278,7 @@ class BackwardChunk {
     const float* vt = slot(vt_, t, dvp_);
     const float* kr = slot(k_, t, dp_);
     const int64_t row = i0 - r0_;
+    tile_row0_ = row;
     float* dk = dk_sum_ + j0 * dp_;
     float* dv = dv_sum_ + j0 * dvp_;
     const float* qp = q_ + row * dp_;
@@ -295,7 +296,9 @@ class BackwardChunk {
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
+    if (p_.dropout.active()) drop_grads(h, i0, rows, j0, cols);
     logit_grads(row, h, i0, rows, j0, cols);
+    if (p_.dropout.active()) drop_weights(rows);
     // dv += Pᵀ · dout: [cols, rows] · [rows, Dv]
     product(dv, dvp_, st_, 1, T, dop, dvp_, ones_, rows, cols, dvp_);
     // dk += dSᵀ · q: [cols, rows] · [rows, D]
@@ -310,6 +313,28 @@ class BackwardChunk {
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
     refine_scores(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, slo_, T, rows, T,
                   large_score_limit(p_.scale), every, wide_);
+  }
+
+  // Dropout (qkv/dropout.h) with out = (P ∘ Z / (1 − p)) · v for the keep-mask Z: the gradient
+  // of the dropped weights dP·Z / (1 − p) replaces dP (ds: dout·vᵀ) before dS = P ∘ (dP − D), whose
+  // D = rowsum(dout ∘ out) already is Σ P·Z·dP / (1 − p). The tile's mask is kept for drop_weights.
+  void drop_grads(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    const float scale = p_.dropout_scale;
+    for (int64_t r = 0; r < rows; ++r) {
+      const DropoutRow mask(p_.dropout, s_.H, b_, h, i0 + r);
+      for (int64_t c = 0; c < cols; ++c) {
+        const bool keep = mask.keep(j0 + c);
+        keep_[r * T + c] = keep;
+        ds_[r * T + c] = keep ? ds_[r * T + c] * scale : 0.0f;
+      }
+    }
+  }
+
+  // dv's weights: P (st) becomes P ∘ Z / (1 − p), the weights the forward multiplied v by.
+  void drop_weights(int64_t rows) {
+    const float scale = p_.dropout_scale;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < T; ++c) st_[r * T + c] = keep_[r * T + c] ? st_[r * T + c] * scale : 0.0f;
   }
 
   // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
@@ -445,7 +470,8 @@ class BackwardChunk {
       const float* dop = dout_ + (row + r) * dvp_;
       for (int64_t c = 0; c < cols; ++c) {
         if (!(pr[c] >= kHeavy)) continue;
-        const double dp = wide_dot(dop, p_.vf() + p_.v_stride.at(b_, hk_, j0 + c), p_.v_stride.col, s_.Dv);
+        double dp = wide_dot(dop, p_.vf() + p_.v_stride.at(b_, hk_, j0 + c), p_.v_stride.col, s_.Dv);
+        if (p_.dropout.active()) dp = keep_[r * T + c] ? dp * dropout_scale(p_.dropout) : 0.0;
         ds_[r * T + c] = pr[c] * static_cast<float>(dp - row_dot_wide_[row + r]);
       }
     }
@@ -517,8 +543,13 @@ class BackwardChunk {
     for (int64_t c = 0; c < cols; ++c) {
       if (!(pr[c] > 0.5f)) continue;
       const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
+      // With dropout, dP − D = dout · (v·Z / (1 − p) − out): the difference is no longer exact.
+      const bool keep = !p_.dropout.active() || keep_[row_in_tile(row) * T + c];
+      const float z = keep ? p_.dropout_scale : 0.0f;
       float x = 0.0f;
-      for (int64_t e = 0; e < s_.Dv; ++e) x = std::fma(dop[e], v[e * p_.v_stride.col] - out[e * p_.out_stride.col], x);
+      for (int64_t e = 0; e < s_.Dv; ++e)
+        x = std::fma(dop[e], (p_.dropout.active() ? v[e * p_.v_stride.col] * z : v[e * p_.v_stride.col]) -
+                                 out[e * p_.out_stride.col], x);
       ds[c] = pr[c] * x;
     }
   }
@@ -575,6 +606,9 @@ class BackwardChunk {
   std::array<float, T> row_pmax_{};  // the largest P of each row of the pair (logit_grads)
   static_assert(T == kWideCols);
   std::array<bool, T> single_{};
+  std::array<bool, T * T> keep_{};  // the current pair's dropout keep-mask (drop_grads), [rows x T]
+  int64_t tile_row0_ = 0;           // the chunk row of the current pair's first row
+  int64_t row_in_tile(int64_t chunk_row) const { return chunk_row - tile_row0_; }
 };
 
 template <class Ops>

@@ -46,6 +46,9 @@ struct ForwardParams {
   double* lse_wide = nullptr;
   float scale = 1.0f;
   const detail::MaskEval* mask = nullptr;
+  // Which weights to drop (dropout.active()), and 1 / (1 − p) rounded to fp32 for the kept ones.
+  Dropout dropout;
+  float dropout_scale = 1.0f;
   // Query rows per tile: chosen from the shape alone, never from the thread count, so the
   // reduction order (and so every bit of the result) does not depend on the threads.
   int64_t tile_rows = 64;
@@ -84,6 +87,8 @@ ForwardParams forward_params(TensorView<const T> q, TensorView<const T> k, Tenso
   p.q_stride = strides_of(q), p.k_stride = strides_of(k), p.v_stride = strides_of(v);
   p.scale = static_cast<float>(attention_scale(options.scale, s.D));
   p.mask = &mask;
+  p.dropout = options.dropout;
+  if (p.dropout.active()) p.dropout_scale = static_cast<float>(dropout_scale(p.dropout));
   return p;
 }
 

@@ -218,7 +218,19 @@ class ForwardTile {
     const bool scaled = scores(j0, nb);
     if (mask_.has_elementwise()) adjust(j0, nb);
     softmax(j0, nb, interior, !scaled);
+    if (p_.dropout.active()) drop(j0, nb);
     accumulate(j0, nb);
+  }
+
+  // Dropout: zeroes the dropped weights of P (after their row sums took them: the softmax is of
+  // every weight); the kept ones are scaled by 1 / (1 − p) once, in write_rows().
+  void drop(int64_t j0, int64_t nb) {
+    for (int64_t r = 0; r < rows_; ++r) {
+      if (!live_[r]) continue;
+      const DropoutRow row(p_.dropout, s_.H, b_, h_, i0_ + r);
+      for (int64_t jj = 0; jj < nb; ++jj)
+        if (!row.keep(j0 + jj)) st_[jj * ls_ + r] = 0.0f;
+    }
   }
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums
@@ -404,7 +416,7 @@ class ForwardTile {
 
   // Whether P·V on bf16 pairs takes P as pairs straight from the exponentials (softmax()): not
   // with AMX, whose tiles want P padded to 32 keys, nor in block()'s rare case, which reads fp32 P.
-  bool p_as_pairs() const { return pairs_pv_ && !amx_ && !rows_in_band_; }
+  bool p_as_pairs() const { return pairs_pv_ && !amx_ && !rows_in_band_ && !p_.dropout.active(); }
 
   // O = alpha ⊙ O + P · V[j0 : j0+nb].
   void accumulate(int64_t j0, int64_t nb) {
@@ -526,7 +538,7 @@ class ForwardTile {
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
       emptied |= live_[r] && l_[r] == 0.0f;
-      const float inv = masked ? 0.0f : 1.0f / l_[r];
+      const float inv = masked ? 0.0f : p_.dropout_scale / l_[r];
       const float* o = o_ + r * dvp_;
       if (masked) {
         for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = 0.0f;
