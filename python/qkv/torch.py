@@ -36,6 +36,7 @@ Differences from PyTorch, all deliberate:
 
 import functools
 import math
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -337,7 +338,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     A query row with no allowed key returns 0 (as PyTorch >= 2.5). Raises SdpaTypeError (a
     TypeError and RuntimeError) for a wrong type or dtype and SdpaValueError (a ValueError and
     RuntimeError) for a wrong device, shape, or dropout_p > 0, naming the argument.
+
+    torch.jit.trace records a call as one qkv::scaled_dot_product_attention node and torch.jit.script
+    compiles it to that operator (docs/torch.md); return_lse=True is traced as the operator's
+    overload qkv::scaled_dot_product_attention.lse.
     """
+    if torch.jit.is_tracing():
+        return _ops.traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                                alibi_slopes, softcap, key_lengths, query_lengths, causal_align, return_lse,
+                                num_threads)
     _check_qkv(query, key, value)
     dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
     if not 0.0 <= dropout_p <= 1.0:
@@ -414,9 +423,38 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     instance of this class swapped into it runs only in training or with grad enabled.
     """
 
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        # TorchScript compiles only the taken branch of is_scripting(), so the eager code below
+        # stays plain Python; traced and scripted modules call the qkv::multihead_attention
+        # operator, whose kernel is that same eager code.
+        if torch.jit.is_scripting():
+            result = self._op(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                              is_causal)
+        elif torch.jit.is_tracing():
+            result = self._op(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                              is_causal)
+        else:
+            result = self._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        return result
+
+    def _op(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+            need_weights: bool, attn_mask: Optional[torch.Tensor], average_attn_weights: bool,
+            is_causal: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        # The tracer records no optional outputs: the operator returns an empty tensor for no weights.
+        out, weights = torch.ops.qkv.multihead_attention(
+            query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
+            self.num_heads, self.batch_first, self.add_zero_attn, self.dropout, self.training, self.in_proj_weight,
+            self.in_proj_bias, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight, self.bias_k, self.bias_v,
+            self.out_proj.weight, self.out_proj.bias)
+        return out, (weights if need_weights else None)
+
     @_raising(MhaValueError, MhaTypeError)
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                 is_causal):
         if self.training and self.dropout > 0.0:
             raise ValueError(f"MultiheadAttention(dropout={self.dropout}) in training mode: qkv has no attention "
                              "dropout; construct it with dropout=0.0, call .eval(), or use torch.nn.MultiheadAttention")
@@ -525,3 +563,6 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, lse_np, mask, None,
                                                         torch.get_num_threads())).to(q.dtype)
         return w.mean(dim=1) if average else w
+
+
+from . import _torch_ops as _ops  # noqa: E402 (registers the qkv:: operators, which call the functions above)
