@@ -37,7 +37,7 @@ def _comm_address(comm):
 
 def shard_ranges(length, ranks, rank, sharding="zigzag"):
     """The [begin, end) token ranges of `rank`, in the order they are stored in its shard."""
-    return _d.shard_ranges(_qkv._index_arg(length, "length"), _qkv._index_arg(ranks, "ranks"),
+    return _qkv._shard_ranges(_qkv._index_arg(length, "length"), _qkv._index_arg(ranks, "ranks"),
                            _qkv._index_arg(rank, "rank"), sharding)
 
 
@@ -76,7 +76,7 @@ def _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slo
         window = tuple(-1 if window[i] is None else _qkv._index_arg(window[i], f"window[{i}]") for i in (0, 1))
     slopes = [] if alibi_slopes is None else [_qkv._number_arg(s, f"alibi_slopes[{i}]")
                                               for i, s in enumerate(alibi_slopes)]
-    return _d.ring_options(_qkv._flag_arg(causal, "causal"), causal_align, window, ints(key_lengths, "key_lengths"),
+    return _qkv._ring_options(_qkv._flag_arg(causal, "causal"), causal_align, window, ints(key_lengths, "key_lengths"),
                            ints(query_lengths, "query_lengths"), slopes,
                            0.0 if softcap is None else _qkv._number_arg(softcap, "softcap"), _qkv._scale_arg(scale),
                            _qkv._threads_arg(num_threads), sharding)
