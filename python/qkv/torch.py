@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from . import _qkv
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
-           "MhaTypeError"]
+           "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -566,3 +566,4 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 
 
 from . import _torch_ops as _ops  # noqa: E402 (registers the qkv:: operators, which call the functions above)
+from ._torch_ring import ring_attention, shard, shard_ranges, unshard  # noqa: E402,F401

@@ -1,0 +1,109 @@
+"""One rank of qkv.torch.ring_attention under torchrun (test_torch_ring.py launches it).
+
+    torchrun --nproc_per_node 2 torch_ring_worker.py check CASE_JSON OUT_JSON
+        every rank draws the whole q, k, v, dout from the case's seed, runs the ring on its shards
+        for 1, 2 and 3 threads (forward, then backward through autograd), and rank 0 writes the
+        errors against the float64 reference and PyTorch's fp32 composite, and whether the thread
+        counts agreed bitwise.
+    torchrun ... torch_ring_worker.py bad    -> rank 1 passes a bad window: every rank prints its error
+    torchrun ... torch_ring_worker.py fail   -> rank 1 raises before the ring: rank 0 must report it
+"""
+
+import datetime
+import json
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import qkv.torch as qt
+from py_oracle import torch_scores
+
+TIMEOUT_SECONDS = 10
+
+
+def composite(q, k, v, additive, scale, softcap):
+    """softmax(q k^T * scale (softcapped) + additive) v in q's dtype; rows with no key give 0."""
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        softcap = float(np.float32(softcap))
+        s = softcap * torch.tanh(s / softcap)
+    s = s + additive.to(s.dtype)
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return p @ v
+
+
+def with_grads(fn, dtype, tensors, dout):
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(dout.to(dtype))
+    return [out.detach().double()] + [t.grad.double() for t in leaves]
+
+
+def check(case, out_path):
+    rank = dist.get_rank()
+    rng = np.random.default_rng(case["seed"])
+    B, H, Hkv, N, D, Dv = (case[key] for key in ("B", "H", "Hkv", "N", "D", "Dv"))
+    q, k, v = (torch.from_numpy(rng.standard_normal(shape)) for shape in ((B, H, N, D), (B, Hkv, N, D), (B, Hkv, N, Dv)))
+    dout = torch.from_numpy(rng.standard_normal((B, H, N, Dv)))
+    mask = {key: case[key] for key in ("causal", "causal_align", "window", "key_lengths", "alibi_slopes")
+            if case.get(key) is not None}
+    scale, softcap = case.get("scale") or 1 / np.sqrt(D), case.get("softcap")
+    additive = torch_scores(np.zeros((B, H, N, D)), np.zeros((B, Hkv, N, D)), **mask)
+    ref = with_grads(lambda *t: composite(*t, additive, scale, softcap), torch.float64, (q, k, v), dout)
+    pt = with_grads(lambda *t: composite(*t, additive, scale, softcap), torch.float32, (q, k, v), dout)
+
+    runs = []
+    for threads in (1, 2, 3):
+        leaves = [qt.shard(t.float(), sharding=case["sharding"]).requires_grad_() for t in (q, k, v)]
+        out = qt.ring_attention(*leaves, **mask, softcap=softcap, scale=case.get("scale"), sharding=case["sharding"],
+                                num_threads=threads)
+        out.backward(qt.shard(dout.float(), sharding=case["sharding"]))
+        runs.append([qt.unshard(t, sharding=case["sharding"]) for t in [out.detach()] + [x.grad for x in leaves]])
+    bitwise = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    got = [t.double() for t in runs[0]]
+    names = ("out", "dq", "dk", "dv")
+    result = {"bitwise": bitwise, "rank": rank}
+    for name, g, r, p in zip(names, got, ref, pt):
+        result[name] = {"err": (g - r).abs().max().item(), "pt_err": (p - r).abs().max().item(),
+                        "max_ref": r.abs().max().item()}
+    # The single-process call on the whole sequence, for the report.
+    single = qt.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=bool(case.get("causal")),
+                                             enable_gqa=True, **{key: val for key, val in mask.items()
+                                                                 if key not in ("causal",)},
+                                             softcap=softcap, scale=case.get("scale"))
+    result["vs_single"] = (runs[0][0].double() - single.double()).abs().max().item()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+def main():
+    mode = sys.argv[1]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
+    torch.manual_seed(0)
+    if mode == "check":
+        check(json.loads(sys.argv[2]), sys.argv[3])
+    elif mode == "bad":
+        q = torch.zeros(8, 4)
+        try:
+            qt.ring_attention(q, q, q, window=(1, 2) if dist.get_rank() == 0 else (1, 2.5))
+        except ValueError as e:
+            print(f"rank {dist.get_rank()} error: {e}", flush=True)
+    elif mode == "fail":
+        if dist.get_rank() == 1:
+            raise SystemExit("rank 1 fails before the ring")
+        try:
+            qt.ring_attention(torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4))
+        except RuntimeError as e:
+            print(f"rank 0 error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
