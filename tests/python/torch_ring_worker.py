@@ -1,17 +1,19 @@
 """One rank of qkv.torch.ring_attention under torchrun (test_torch_ring.py launches it).
 
-    torchrun --nproc_per_node 2 torch_ring_worker.py check CASE_JSON OUT_JSON
-        every rank draws the whole q, k, v, dout from the case's seed, runs the ring on its shards
-        for 1, 2 and 3 threads (forward, then backward through autograd), and rank 0 writes the
-        errors against the float64 reference and PyTorch's fp32 composite, and whether the thread
-        counts agreed bitwise.
+    torchrun --nproc_per_node 2 torch_ring_worker.py check CASES_JSON OUT_JSON
+        for each case every rank draws the whole q, k, v, dout from the case's seed, runs the ring
+        on its shards for 1, 2 and 3 threads (forward, then backward through autograd), and rank 0
+        writes the errors against the float64 reference and PyTorch's fp32 composite, and whether
+        the thread counts agreed bitwise (one process start for all cases: it takes seconds).
     torchrun ... torch_ring_worker.py bad    -> rank 1 passes a bad window: every rank prints its error
     torchrun ... torch_ring_worker.py fail   -> rank 1 raises before the ring: rank 0 must report it
+    torchrun ... torch_ring_worker.py hang   -> rank 1 never calls the ring: rank 0 must time out
 """
 
 import datetime
 import json
 import sys
+import time
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ import torch.distributed as dist
 import qkv.torch as qt
 from py_oracle import torch_scores
 
-TIMEOUT_SECONDS = 10
+TIMEOUT_SECONDS = 5
 
 
 def composite(q, k, v, additive, scale, softcap):
@@ -44,7 +46,7 @@ def with_grads(fn, dtype, tensors, dout):
     return [out.detach().double()] + [t.grad.double() for t in leaves]
 
 
-def check(case, out_path):
+def check(case):
     rank = dist.get_rank()
     rng = np.random.default_rng(case["seed"])
     B, H, Hkv, N, D, Dv = (case[key] for key in ("B", "H", "Hkv", "N", "D", "Dv"))
@@ -77,9 +79,7 @@ def check(case, out_path):
                                                                  if key not in ("causal",)},
                                              softcap=softcap, scale=case.get("scale"))
     result["vs_single"] = (runs[0][0].double() - single.double()).abs().max().item()
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(result, f)
+    return result
 
 
 def main():
@@ -87,16 +87,21 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
     torch.manual_seed(0)
     if mode == "check":
-        check(json.loads(sys.argv[2]), sys.argv[3])
+        results = [check(case) for case in json.loads(sys.argv[2])]
+        if dist.get_rank() == 0:
+            with open(sys.argv[3], "w") as f:
+                json.dump(results, f)
     elif mode == "bad":
         q = torch.zeros(8, 4)
         try:
             qt.ring_attention(q, q, q, window=(1, 2) if dist.get_rank() == 0 else (1, 2.5))
         except ValueError as e:
             print(f"rank {dist.get_rank()} error: {e}", flush=True)
-    elif mode == "fail":
-        if dist.get_rank() == 1:
+    elif mode in ("fail", "hang"):
+        if dist.get_rank() == 1 and mode == "fail":
             raise SystemExit("rank 1 fails before the ring")
+        if dist.get_rank() == 1:
+            time.sleep(10 * TIMEOUT_SECONDS)
         try:
             qt.ring_attention(torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4))
         except RuntimeError as e:
