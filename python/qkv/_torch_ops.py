@@ -12,7 +12,10 @@ variable-length form as an operator of its own) go in as keyword-only arguments 
 graphs saved before still load and run.
 """
 
+import functools
+import sys
 import types
+import warnings
 
 import torch
 
@@ -33,10 +36,34 @@ _lib.define("multihead_attention(Tensor query, Tensor key, Tensor value, Tensor?
             "Tensor out_proj_weight, Tensor? out_proj_bias) -> (Tensor, Tensor)")
 
 
+def _kernel(name):
+    """The decorated function as the kernel of operator qkv::name. Torch 1.13 hands TorchScript a
+    Python kernel's exception with an empty message (only a Python caller, through torch.ops, gets
+    the exception itself), so when TorchScript is the caller the message goes out as a warning
+    before the interpreter raises its RuntimeError."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def kernel(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if sys._getframe(1).f_code.co_filename != torch._ops.__file__:
+                    warnings.warn(f"qkv::{name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+                raise
+
+        _lib.impl(name, kernel, "CompositeImplicitAutograd")
+        return kernel
+
+    return wrap
+
+
+@_kernel("scaled_dot_product_attention")
 def _sdpa_kernel(*args, **kwargs):
     return _qt.scaled_dot_product_attention(*args, **kwargs)
 
 
+@_kernel("scaled_dot_product_attention.lse")
 def _sdpa_lse_kernel(*args, return_lse, **kwargs):
     if not return_lse:
         raise _qt.SdpaValueError("qkv::scaled_dot_product_attention.lse is the return_lse=True form; call "
@@ -64,6 +91,7 @@ class _MhaParams:
         self.head_dim = self.embed_dim // num_heads
 
 
+@_kernel("multihead_attention")
 def _mha_kernel(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
                 *module):
     out, weights = _MhaParams(*module)._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
@@ -71,9 +99,6 @@ def _mha_kernel(query, key, value, key_padding_mask, need_weights, attn_mask, av
     return out, query.new_empty(0) if weights is None else weights
 
 
-_lib.impl("scaled_dot_product_attention", _sdpa_kernel, "CompositeImplicitAutograd")
-_lib.impl("scaled_dot_product_attention.lse", _sdpa_lse_kernel, "CompositeImplicitAutograd")
-_lib.impl("multihead_attention", _mha_kernel, "CompositeImplicitAutograd")
 # TorchScript compiles a call of the Python function as a call of the operator (as it does for
 # torch.nn.functional's functions and their aten:: operators).
 torch.jit._builtins._register_builtin(_qt.scaled_dot_product_attention, "qkv::scaled_dot_product_attention")

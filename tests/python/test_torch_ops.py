@@ -166,5 +166,9 @@ def test_return_lse_traces_as_the_lse_overload():
 
 def test_errors_inside_a_scripted_call_name_the_argument():
     q = torch.randn(1, 2, 5, 4)
-    with pytest.raises(Exception, match="alibi_slopes"):
-        SCRIPTED(q, q, q, **dict(NO_OPTIONS, alibi_slopes=[1.0]))
+    with pytest.warns(RuntimeWarning, match=r"qkv::scaled_dot_product_attention: SdpaValueError: alibi_slopes: "
+                                            r"expected 2 entries"):
+        with pytest.raises(RuntimeError):
+            SCRIPTED(q, q, q, **dict(NO_OPTIONS, alibi_slopes=[1.0]))
+    with pytest.raises(qt.SdpaValueError, match="alibi_slopes: expected 2 entries"):
+        torch.jit.trace(lambda q: qt.scaled_dot_product_attention(q, q, q, alibi_slopes=[1.0]), (q,))
