@@ -106,26 +106,27 @@ void bind_ring(py::module_& m) {
   });
   // This rank's row of the agreement (ring_plan.h's plan_row): ValueError for a bad argument.
   m.def("_ring_row", [](const Array& q, const Array& k, const Array& v, const qkv::RingOptions& o) {
-    const qkv::ring::PlanRow row = qkv::ring::plan_row(view(q, 4, "q"), view(k, 4, "k"), view(v, 4, "v"), o,
-                                                       [](const qkv::AttentionShape&) {});
+    const qkv::ring::PlanRow row =
+        qkv::ring::plan_row(view(q, 4, "q"), view(k, 4, "k"), view(v, 4, "v"), o, [](const qkv::AttentionShape&) {});
     return std::vector<int64_t>(row.begin(), row.end());
   });
 
   py::class_<Forward> forward(m, "_RingForward");
   refuse_bare_new(forward);
-  forward.def_static("start",
-                  [](const std::vector<int64_t>& table, int ranks, int rank, const Array& q,
-                     const qkv::RingOptions& o) {
-                    auto f = std::make_unique<Forward>();
-                    f->options = o;
-                    f->plan = plan_of(table, ranks, rank, f->options);
-                    f->q = q;
-                    const auto qv = view(f->q, 4, "q");
-                    f->out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), f->plan.Dv});
-                    f->steps = std::make_unique<qkv::ring::ForwardSteps>(f->plan, f->options,
-                                                                         view<float>(f->out, 4, "out"), qv);
-                    return f;
-                  })
+  forward
+      .def_static(
+          "start",
+          [](const std::vector<int64_t>& table, int ranks, int rank, const Array& q, const qkv::RingOptions& o) {
+            auto f = std::make_unique<Forward>();
+            f->options = o;
+            f->plan = plan_of(table, ranks, rank, f->options);
+            f->q = q;
+            const auto qv = view(f->q, 4, "q");
+            f->out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), f->plan.Dv});
+            f->steps =
+                std::make_unique<qkv::ring::ForwardSteps>(f->plan, f->options, view<float>(f->out, 4, "out"), qv);
+            return f;
+          })
       .def("step",
            [](Forward& f, int src, const Array& k, const Array& v) {
              const qkv::ring::ShardAt shard = shard_of(f.plan, src, k, v);
@@ -141,7 +142,8 @@ void bind_ring(py::module_& m) {
 
   py::class_<Backward> backward(m, "_RingBackward");
   refuse_bare_new(backward);
-  backward.def_static("start",
+  backward
+      .def_static("start",
                   [](const std::vector<int64_t>& table, int ranks, int rank, const Array& dout, const Array& q,
                      const Array& out, const Array& lse, const qkv::RingOptions& o) {
                     auto b = std::make_unique<Backward>();

@@ -11,7 +11,6 @@ Messages use their own tags on the caller's group; a group used for other point-
 at the same time must not use tags 0x4b56-0x4b57 or 0x6447-0x6448.
 """
 
-import numpy as np
 import torch
 import torch.distributed as dist
 

@@ -5,7 +5,10 @@ autograd, computed by qkv's fused CPU kernels (float64 by its reference kernel).
     out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # like F.sdpa
     attn = qkv.torch.MultiheadAttention(256, 8, batch_first=True)           # like nn.MultiheadAttention
 
-`import qkv` never imports torch; `import qkv.torch` does (and needs it).
+`import qkv` never imports torch; `import qkv.torch` does (and needs it). Both functions are also
+PyTorch operators (qkv::scaled_dot_product_attention, qkv::multihead_attention), so models using
+them trace and script; ring_attention runs sequence-parallel attention over a torch.distributed
+process group (docs/torch.md).
 
 Memory: CPU tensors of float32, bfloat16 or float64 are read in place through numpy views of
 their storage (any strides, broadcast views included), and results are wrapped without a copy.

@@ -13,7 +13,6 @@
 namespace qkv::ring {
 namespace {
 
-
 // FNV-1a over the options every rank must share (the mask in global positions, scale, kernel,
 // sharding); threads and SIMD path may differ per rank.
 class Fingerprint {

@@ -18,7 +18,6 @@
 
 namespace qkv::ring {
 
-
 // A chunk of a shard: global token range and its row offset inside the shard.
 struct Chunk {
   TokenRange global;

@@ -75,8 +75,7 @@ void ForwardSteps::finish(TensorView<float> lse) {
   const int64_t Nr = plan_.q_tokens(plan_.rank);
   const std::array<int64_t, 4> shape4{plan_.B, plan_.H, Nr, 1};
   const std::array<int64_t, 4> lse_strides{lse.stride(0), lse.stride(1), lse.stride(2), 1};
-  copy_into(TensorView<float>(lse.data(), shape4, lse_strides), TensorView<const float>(lse_.data(), shape4),
-            threads_);
+  copy_into(TensorView<float>(lse.data(), shape4, lse_strides), TensorView<const float>(lse_.data(), shape4), threads_);
 }
 
 BackwardSteps::BackwardSteps(const Plan& plan, const RingOptions& options, TensorView<float> dq,

@@ -8,6 +8,8 @@
     torchrun ... torch_ring_worker.py bad    -> rank 1 passes a bad window: every rank prints its error
     torchrun ... torch_ring_worker.py fail   -> rank 1 raises before the ring: rank 0 must report it
     torchrun ... torch_ring_worker.py hang   -> rank 1 never calls the ring: rank 0 must time out
+    torchrun ... torch_ring_worker.py fail_in_backward -> rank 1 exits after the forward: rank 0's
+        backward must report the transfer that failed
 """
 
 import datetime
@@ -50,7 +52,8 @@ def check(case):
     rank = dist.get_rank()
     rng = np.random.default_rng(case["seed"])
     B, H, Hkv, N, D, Dv = (case[key] for key in ("B", "H", "Hkv", "N", "D", "Dv"))
-    q, k, v = (torch.from_numpy(rng.standard_normal(shape)) for shape in ((B, H, N, D), (B, Hkv, N, D), (B, Hkv, N, Dv)))
+    shapes = ((B, H, N, D), (B, Hkv, N, D), (B, Hkv, N, Dv))
+    q, k, v = (torch.from_numpy(rng.standard_normal(shape)) for shape in shapes)
     dout = torch.from_numpy(rng.standard_normal((B, H, N, Dv)))
     mask = {key: case[key] for key in ("causal", "causal_align", "window", "key_lengths", "alibi_slopes")
             if case.get(key) is not None}
@@ -59,13 +62,16 @@ def check(case):
     ref = with_grads(lambda *t: composite(*t, additive, scale, softcap), torch.float64, (q, k, v), dout)
     pt = with_grads(lambda *t: composite(*t, additive, scale, softcap), torch.float32, (q, k, v), dout)
 
+    # A group of its own (the ring maps its ranks to global ones for send and receive).
+    group = dist.new_group(list(range(dist.get_world_size()))) if case.get("group") else None
     runs = []
     for threads in (1, 2, 3):
-        leaves = [qt.shard(t.float(), sharding=case["sharding"]).requires_grad_() for t in (q, k, v)]
-        out = qt.ring_attention(*leaves, **mask, softcap=softcap, scale=case.get("scale"), sharding=case["sharding"],
-                                num_threads=threads)
-        out.backward(qt.shard(dout.float(), sharding=case["sharding"]))
-        runs.append([qt.unshard(t, sharding=case["sharding"]) for t in [out.detach()] + [x.grad for x in leaves]])
+        leaves = [qt.shard(t.float(), group, case["sharding"]).requires_grad_() for t in (q, k, v)]
+        out, lse = qt.ring_attention(*leaves, group, **mask, softcap=softcap, scale=case.get("scale"),
+                                     sharding=case["sharding"], num_threads=threads, return_lse=True)
+        out.backward(qt.shard(dout.float(), group, case["sharding"]))
+        results = [out.detach()] + [x.grad for x in leaves] + [lse.unsqueeze(-1)]
+        runs.append([qt.unshard(t, group, case["sharding"]) for t in results])
     bitwise = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
     got = [t.double() for t in runs[0]]
     names = ("out", "dq", "dk", "dv")
@@ -79,6 +85,12 @@ def check(case):
                                                                  if key not in ("causal",)},
                                              softcap=softcap, scale=case.get("scale"))
     result["vs_single"] = (runs[0][0].double() - single.double()).abs().max().item()
+    _, single_lse = qt.scaled_dot_product_attention(q, k, v, is_causal=bool(case.get("causal")), enable_gqa=True,
+                                                    **{key: val for key, val in mask.items() if key != "causal"},
+                                                    softcap=softcap, scale=case.get("scale"), return_lse=True)
+    ring_lse = runs[0][4].squeeze(-1).double()
+    # Rows with no allowed key have lse -inf on both sides.
+    result["lse_vs_single"] = torch.where(ring_lse == single_lse, 0.0, (ring_lse - single_lse).abs()).max().item()
     return result
 
 
@@ -97,13 +109,17 @@ def main():
             qt.ring_attention(q, q, q, window=(1, 2) if dist.get_rank() == 0 else (1, 2.5))
         except ValueError as e:
             print(f"rank {dist.get_rank()} error: {e}", flush=True)
-    elif mode in ("fail", "hang"):
+    elif mode in ("fail", "hang", "fail_in_backward"):
         if dist.get_rank() == 1 and mode == "fail":
             raise SystemExit("rank 1 fails before the ring")
-        if dist.get_rank() == 1:
+        if dist.get_rank() == 1 and mode == "hang":
             time.sleep(10 * TIMEOUT_SECONDS)
         try:
-            qt.ring_attention(torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4))
+            x = torch.zeros(8, 4, requires_grad=True)
+            out = qt.ring_attention(x, x, x)
+            if dist.get_rank() == 1:
+                raise SystemExit("rank 1 fails between the forward and the backward")
+            out.sum().backward()
         except RuntimeError as e:
             print(f"rank 0 error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(1)
