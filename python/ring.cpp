@@ -30,6 +30,12 @@ qkv::TensorView<T> view(const Array& a, int rank, const char* name) {
 
 Array new_array(std::vector<int64_t> shape) { return Array(std::vector<py::ssize_t>(shape.begin(), shape.end())); }
 
+qkv::Sharding sharding_of(const std::string& name) {
+  if (name != "zigzag" && name != "contiguous")
+    throw py::value_error("sharding must be 'zigzag' or 'contiguous', got '" + name + "'");
+  return name == "zigzag" ? qkv::Sharding::zigzag : qkv::Sharding::contiguous;
+}
+
 // Mask and options from the keyword arguments the Python wrappers forward (global positions).
 qkv::RingOptions ring_options(bool causal, const std::string& align, std::optional<std::pair<int64_t, int64_t>> window,
                               std::vector<int64_t> key_lengths, std::vector<int64_t> query_lengths,
@@ -38,8 +44,7 @@ qkv::RingOptions ring_options(bool causal, const std::string& align, std::option
   qkv::RingOptions o;
   if (align != "top_left" && align != "bottom_right")
     throw py::value_error("causal_align must be 'top_left' or 'bottom_right', got '" + align + "'");
-  if (sharding != "zigzag" && sharding != "contiguous")
-    throw py::value_error("sharding must be 'zigzag' or 'contiguous', got '" + sharding + "'");
+  o.sharding = sharding_of(sharding);
   const auto a = align == "top_left" ? qkv::CausalAlign::top_left : qkv::CausalAlign::bottom_right;
   if (causal) o.attention.mask.causal = a;
   o.attention.mask.diagonal = a;
@@ -50,19 +55,16 @@ qkv::RingOptions ring_options(bool causal, const std::string& align, std::option
   o.attention.mask.softcap = softcap;
   o.attention.scale = scale;
   o.attention.num_threads = num_threads;
-  o.sharding = sharding == "zigzag" ? qkv::Sharding::zigzag : qkv::Sharding::contiguous;
   return o;
 }
 
-qkv::Sharding sharding_of(const std::string& name) {
-  if (name != "zigzag" && name != "contiguous")
-    throw py::value_error("sharding must be 'zigzag' or 'contiguous', got '" + name + "'");
-  return name == "zigzag" ? qkv::Sharding::zigzag : qkv::Sharding::contiguous;
-}
-
-// The plan every rank builds from the same table (ring_plan.h's plan_from_table).
-qkv::ring::Plan plan_of(const std::vector<int64_t>& table, int ranks, int rank, const qkv::RingOptions& o) {
-  return qkv::ring::plan_from_table(table, ranks, rank, o);
+// The plan from the agreed table (ring_plan.h's plan_from_table), checked against this rank's q.
+qkv::ring::Plan plan_of(const std::vector<int64_t>& table, int ranks, int rank, const qkv::RingOptions& o,
+                        const Array& q) {
+  qkv::ring::Plan plan = qkv::ring::plan_from_table(table, ranks, rank, o);
+  const std::array<int64_t, 4> want{plan.B, plan.H, plan.q_tokens(rank), plan.D};
+  qkv::require_shape(view(q, 4, "q").shape(), want, "ring: q (this rank's row of the table)");
+  return plan;
 }
 
 // A K/V shard of rank src as received: k [B,Hkv,Mr,D] and v [B,Hkv,Mr,Dv], contiguous.
@@ -111,6 +113,15 @@ void bind_ring(py::module_& m) {
     return std::vector<int64_t>(row.begin(), row.end());
   });
 
+  // The shapes of rank r's k and v shards, from the agreed table (rows as plan_row makes them).
+  m.def("_ring_kv_shapes", [](const std::vector<int64_t>& table, int r) {
+    if (r < 0 || static_cast<std::size_t>(r + 1) * qkv::ring::kPlanFields > table.size())
+      throw qkv::Error("ring: rank " + std::to_string(r) + " has no row in the table");
+    const int64_t* row = table.data() + static_cast<std::size_t>(r) * qkv::ring::kPlanFields;
+    const int64_t B = row[0], Hkv = row[2], D = row[3], Dv = row[4], Mr = row[6];
+    return py::make_tuple(py::make_tuple(B, Hkv, Mr, D), py::make_tuple(B, Hkv, Mr, Dv));
+  });
+
   py::class_<Forward> forward(m, "_RingForward");
   refuse_bare_new(forward);
   forward
@@ -119,8 +130,8 @@ void bind_ring(py::module_& m) {
           [](const std::vector<int64_t>& table, int ranks, int rank, const Array& q, const qkv::RingOptions& o) {
             auto f = std::make_unique<Forward>();
             f->options = o;
-            f->plan = plan_of(table, ranks, rank, f->options);
             f->q = q;
+            f->plan = plan_of(table, ranks, rank, f->options, f->q);
             const auto qv = view(f->q, 4, "q");
             f->out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), f->plan.Dv});
             f->steps =
@@ -148,7 +159,7 @@ void bind_ring(py::module_& m) {
                      const Array& out, const Array& lse, const qkv::RingOptions& o) {
                     auto b = std::make_unique<Backward>();
                     b->options = o;
-                    b->plan = plan_of(table, ranks, rank, b->options);
+                    b->plan = plan_of(table, ranks, rank, b->options, q);
                     b->dout = dout, b->q = q, b->out = out, b->lse = lse;
                     const auto qv = view(b->q, 4, "q");
                     const qkv::ring::Plan& p = b->plan;

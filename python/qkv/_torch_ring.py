@@ -5,7 +5,7 @@ each rank holds a shard of the sequence ("zigzag": chunks r and 2P-1-r of 2P, wh
 causal mask), the K/V shards travel the ring by isend/irecv while the rank attends its queries to
 the shard at hand, and partial results merge by log-sum-exp in ring order. The backward sends
 each shard's dK/dV sum along with it. For a fixed number of ranks the results are bitwise the same
-for any num_threads, and the same as qkv.distributed's.
+for any num_threads.
 
 Messages use their own tags on the caller's group; a group used for other point-to-point traffic
 at the same time must not use tags 0x4b56-0x4b57 or 0x6447-0x6448.
@@ -18,7 +18,6 @@ from . import _qkv
 from ._ring import as4, options, shard_ranges
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
-_FIELDS = 8  # a rank's row of the agreement: B, H, Hkv, D, Dv, Nr, Mr, options fingerprint
 
 
 def _global_rank(group, rank):
@@ -38,19 +37,20 @@ class _Ring:
 
     def kv_shapes(self, r):
         """The shapes of rank r's k and v shards."""
-        B, _, Hkv, D, Dv, _, Mr, _ = self.table[r * _FIELDS:(r + 1) * _FIELDS]
-        return (B, Hkv, Mr, D), (B, Hkv, Mr, Dv)
+        return _qkv._ring_kv_shapes(self.table, r)
 
-    def post(self, tensors, tags, recv_shapes, what, peer_step):
+    def post(self, tensors, tags, recv_shapes, what, step):
         """Sends tensors to the right and receives tensors of recv_shapes from the left, one tag
         each; returns a _Pending whose wait() gives the received tensors."""
         sends = [dist.isend(t, self.right, group=self.group, tag=tag) for t, tag in zip(tensors, tags)]
         got = [torch.empty(s, dtype=torch.float32) for s in recv_shapes]
         recvs = [dist.irecv(t, self.left, group=self.group, tag=tag) for t, tag in zip(got, tags)]
-        return _Pending(self, sends, recvs, tensors, got, what, peer_step)
+        return _Pending(self, sends, recvs, tensors, got, what, step)
 
 
 class _Pending:
+    """The transfers of one ring step in flight (`sent` keeps the sent tensors alive until then)."""
+
     def __init__(self, ring, sends, recvs, sent, got, what, step):
         self.ring, self.sends, self.recvs, self.sent, self.got = ring, sends, recvs, sent, got
         self.what, self.step = what, step

@@ -28,6 +28,7 @@ CASES = [
     dict(BASE, seed=5, causal=False, window=[5, 3], alibi_slopes=[0.5, 0.25, 0.125, 0.0625], softcap=4.0,
          scale=0.3),
     dict(BASE, seed=6, causal=True, causal_align="bottom_right", key_lengths=[30], window=[9, None], group=True),
+    dict(BASE, seed=7, causal=True, N=1),  # rank 1 holds no token
 ]
 
 
