@@ -433,10 +433,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         # TorchScript compiles only the taken branch of is_scripting(), so the eager code below
         # stays plain Python; traced and scripted modules call the qkv::multihead_attention
         # operator, whose kernel is that same eager code.
-        if torch.jit.is_scripting():
-            result = self._op(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
-                              is_causal)
-        elif torch.jit.is_tracing():
+        if torch.jit.is_scripting() or torch.jit.is_tracing():
             result = self._op(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                               is_causal)
         else:
