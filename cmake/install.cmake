@@ -13,11 +13,11 @@ install(TARGETS qkv ${QKV_OTHER_TARGET} EXPORT qkvTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT qkvTargets NAMESPACE qkv:: DESTINATION ${QKV_CMAKE_DIR})
-# The ring API (qkv/distributed.h, qkv::qkv_distributed) in an export of its own, which
-# qkvConfig.cmake loads only when the consumer's CMake finds MPI too (component `distributed`).
+# The ring API (qkv/distributed.h and the qkv/sharding.h it includes, qkv::qkv_distributed) in an
+# export of its own, which qkvConfig.cmake loads only when the consumer's CMake finds MPI too (component `distributed`).
 if(TARGET qkv_distributed)
   target_sources(qkv_distributed PUBLIC FILE_SET HEADERS BASE_DIRS ${PROJECT_SOURCE_DIR}/include
-    FILES ${PROJECT_SOURCE_DIR}/include/qkv/distributed.h)
+    FILES ${PROJECT_SOURCE_DIR}/include/qkv/distributed.h ${PROJECT_SOURCE_DIR}/include/qkv/sharding.h)
   install(TARGETS qkv_distributed EXPORT qkvDistributedTargets
     ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
     FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

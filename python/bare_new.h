@@ -1,4 +1,4 @@
-// Shared by both extension modules (_qkv and _qkv_distributed).
+// Used by the bindings of classes (python/*.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>

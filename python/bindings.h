@@ -14,6 +14,8 @@ void bind_explain(pybind11::module_& m);
 void bind_weights(pybind11::module_& m);
 void bind_optim(pybind11::module_& m);
 void bind_cache(pybind11::module_& m);
+// The transport-free ring steps (qkv.torch's ring) and the ring options qkv.distributed shares.
+void bind_ring(pybind11::module_& m);
 // The argument checks of bind_util.h, for Python code that builds a call itself (qkv.distributed).
 void bind_argument_checks(pybind11::module_& m);
 

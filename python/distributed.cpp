@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "bare_new.h"
 #include "qkv/distributed.h"
 
 namespace py = pybind11;
@@ -33,30 +32,6 @@ qkv::TensorView<float> mutable_view(Array& a) {
 
 MPI_Comm comm_of(uintptr_t address) { return *reinterpret_cast<MPI_Comm*>(address); }
 
-// Mask and options from the keyword arguments the Python wrapper forwards (global positions).
-qkv::RingOptions ring_options(bool causal, const std::string& align, std::optional<std::pair<int64_t, int64_t>> window,
-                              std::vector<int64_t> key_lengths, std::vector<int64_t> query_lengths,
-                              std::vector<float> alibi_slopes, float softcap, std::optional<double> scale,
-                              int num_threads, const std::string& sharding) {
-  qkv::RingOptions o;
-  if (align != "top_left" && align != "bottom_right")
-    throw py::value_error("causal_align must be 'top_left' or 'bottom_right', got '" + align + "'");
-  if (sharding != "zigzag" && sharding != "contiguous")
-    throw py::value_error("sharding must be 'zigzag' or 'contiguous', got '" + sharding + "'");
-  const auto a = align == "top_left" ? qkv::CausalAlign::top_left : qkv::CausalAlign::bottom_right;
-  if (causal) o.attention.mask.causal = a;
-  o.attention.mask.diagonal = a;
-  if (window) o.attention.mask.window = qkv::Window{window->first, window->second};
-  o.attention.mask.key_lengths = std::move(key_lengths);
-  o.attention.mask.query_lengths = std::move(query_lengths);
-  o.attention.mask.alibi_slopes = std::move(alibi_slopes);
-  o.attention.mask.softcap = softcap;
-  o.attention.scale = scale;
-  o.attention.num_threads = num_threads;
-  o.sharding = sharding == "zigzag" ? qkv::Sharding::zigzag : qkv::Sharding::contiguous;
-  return o;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_qkv_distributed, m) {
@@ -67,8 +42,8 @@ PYBIND11_MODULE(_qkv_distributed, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
-  m.def("ring_options", &ring_options);
-  qkvpy::refuse_bare_new(py::class_<qkv::RingOptions>(m, "RingOptions"));
+  // RingOptions and shard_ranges are the core module's (qkv._qkv, python/ring.cpp): pybind11 shares
+  // the registered type between the two modules.
   m.def("forward", [](uintptr_t comm, const Array& q, const Array& k, const Array& v, const qkv::RingOptions& o) {
     const auto qv = view(q, "q"), kv = view(k, "k"), vv = view(v, "v");
     Array out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), vv.dim(3)});
@@ -94,11 +69,5 @@ PYBIND11_MODULE(_qkv_distributed, m) {
                                    view(dout, "dout"), qv, kv, vv, view(out, "out"), lv, o);
     }
     return py::make_tuple(dq, dk, dv);
-  });
-  m.def("shard_ranges", [](int64_t length, int ranks, int rank, const std::string& sharding) {
-    std::vector<std::pair<int64_t, int64_t>> out;
-    const auto s = sharding == "contiguous" ? qkv::Sharding::contiguous : qkv::Sharding::zigzag;
-    for (const qkv::TokenRange& r : qkv::shard_ranges(length, ranks, rank, s)) out.emplace_back(r.begin, r.end);
-    return out;
   });
 }

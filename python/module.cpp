@@ -56,5 +56,6 @@ PYBIND11_MODULE(_qkv, m) {
   qkvpy::bind_weights(m);
   qkvpy::bind_optim(m);
   qkvpy::bind_cache(m);
+  qkvpy::bind_ring(m);
   qkvpy::bind_argument_checks(m);
 }

@@ -19,7 +19,8 @@ For a fixed number of ranks the results are bitwise the same for any num_threads
 
 import numpy as np
 
-from . import _qkv
+from . import _qkv  # noqa: F401 (registers the ring options type _qkv_distributed takes)
+from ._ring import as4 as _as4, options as _options, shard_ranges  # noqa: F401
 
 try:
     from . import _qkv_distributed as _d
@@ -33,12 +34,6 @@ except ImportError as e:  # qkv was built without MPI, or the MPI runtime is not
 def _comm_address(comm):
     from mpi4py import MPI
     return MPI._addressof(comm)
-
-
-def shard_ranges(length, ranks, rank, sharding="zigzag"):
-    """The [begin, end) token ranges of `rank`, in the order they are stored in its shard."""
-    return _d.shard_ranges(_qkv._index_arg(length, "length"), _qkv._index_arg(ranks, "ranks"),
-                           _qkv._index_arg(rank, "rank"), sharding)
 
 
 def shard(x, comm, sharding="zigzag"):
@@ -58,28 +53,6 @@ def unshard(x, comm, sharding="zigzag"):
             full[..., b:e, :] = part[..., offset:offset + e - b, :]
             offset += e - b
     return full
-
-
-def _as4(x, name):
-    x = np.asarray(x)
-    if x.ndim < 2 or x.ndim > 4:
-        raise ValueError(f"{name}: expected [n, D], [H, n, D] or [B, H, n, D], got shape {x.shape}")
-    return x.reshape((1,) * (4 - x.ndim) + x.shape)
-
-
-def _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap, scale, num_threads,
-             sharding):
-    # The main module's checks, so nothing is truncated or taken as truthy (1.5 as 1, "no" as True).
-    def ints(x, name):
-        return [] if x is None else [_qkv._index_arg(v, f"{name}[{i}]") for i, v in enumerate(np.atleast_1d(x))]
-    if window is not None:
-        window = tuple(-1 if window[i] is None else _qkv._index_arg(window[i], f"window[{i}]") for i in (0, 1))
-    slopes = [] if alibi_slopes is None else [_qkv._number_arg(s, f"alibi_slopes[{i}]")
-                                              for i, s in enumerate(alibi_slopes)]
-    return _d.ring_options(_qkv._flag_arg(causal, "causal"), causal_align, window, ints(key_lengths, "key_lengths"),
-                           ints(query_lengths, "query_lengths"), slopes,
-                           0.0 if softcap is None else _qkv._number_arg(softcap, "softcap"), _qkv._scale_arg(scale),
-                           _qkv._threads_arg(num_threads), sharding)
 
 
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,

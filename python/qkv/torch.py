@@ -5,7 +5,10 @@ autograd, computed by qkv's fused CPU kernels (float64 by its reference kernel).
     out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # like F.sdpa
     attn = qkv.torch.MultiheadAttention(256, 8, batch_first=True)           # like nn.MultiheadAttention
 
-`import qkv` never imports torch; `import qkv.torch` does (and needs it).
+`import qkv` never imports torch; `import qkv.torch` does (and needs it). Both functions are also
+PyTorch operators (qkv::scaled_dot_product_attention, qkv::multihead_attention), so models using
+them trace and script; ring_attention runs sequence-parallel attention over a torch.distributed
+process group (docs/torch.md).
 
 Memory: CPU tensors of float32, bfloat16 or float64 are read in place through numpy views of
 their storage (any strides, broadcast views included), and results are wrapped without a copy.
@@ -36,6 +39,7 @@ Differences from PyTorch, all deliberate:
 
 import functools
 import math
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,7 +48,7 @@ import torch.nn.functional as F
 from . import _qkv
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
-           "MhaTypeError"]
+           "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -337,7 +341,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     A query row with no allowed key returns 0 (as PyTorch >= 2.5). Raises SdpaTypeError (a
     TypeError and RuntimeError) for a wrong type or dtype and SdpaValueError (a ValueError and
     RuntimeError) for a wrong device, shape, or dropout_p > 0, naming the argument.
+
+    torch.jit.trace records a call as one qkv::scaled_dot_product_attention node and torch.jit.script
+    compiles it to that operator (docs/torch.md); return_lse=True is traced as the operator's
+    overload qkv::scaled_dot_product_attention.lse.
     """
+    if torch.jit.is_tracing():
+        return _ops.traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                                alibi_slopes, softcap, key_lengths, query_lengths, causal_align, return_lse,
+                                num_threads)
     _check_qkv(query, key, value)
     dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
     if not 0.0 <= dropout_p <= 1.0:
@@ -414,9 +426,35 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     instance of this class swapped into it runs only in training or with grad enabled.
     """
 
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        # TorchScript compiles only the taken branch of is_scripting(), so the eager code below
+        # stays plain Python; traced and scripted modules call the qkv::multihead_attention
+        # operator, whose kernel is that same eager code.
+        if torch.jit.is_scripting() or torch.jit.is_tracing():
+            result = self._op(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                              is_causal)
+        else:
+            result = self._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        return result
+
+    def _op(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: Optional[torch.Tensor],
+            need_weights: bool, attn_mask: Optional[torch.Tensor], average_attn_weights: bool,
+            is_causal: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        # The tracer records no optional outputs: the operator returns an empty tensor for no weights.
+        out, weights = torch.ops.qkv.multihead_attention(
+            query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
+            self.num_heads, self.batch_first, self.add_zero_attn, self.dropout, self.training, self.in_proj_weight,
+            self.in_proj_bias, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight, self.bias_k, self.bias_v,
+            self.out_proj.weight, self.out_proj.bias)
+        return out, (weights if need_weights else None)
+
     @_raising(MhaValueError, MhaTypeError)
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                 is_causal):
         if self.training and self.dropout > 0.0:
             raise ValueError(f"MultiheadAttention(dropout={self.dropout}) in training mode: qkv has no attention "
                              "dropout; construct it with dropout=0.0, call .eval(), or use torch.nn.MultiheadAttention")
@@ -525,3 +563,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, lse_np, mask, None,
                                                         torch.get_num_threads())).to(q.dtype)
         return w.mean(dim=1) if average else w
+
+
+from . import _torch_ops as _ops  # noqa: E402 (registers the qkv:: operators, which call the functions above)
+from ._torch_ring import ring_attention, shard, shard_ranges, unshard  # noqa: E402,F401

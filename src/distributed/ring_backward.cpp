@@ -11,7 +11,6 @@
 
 #include "attention/backward_checks.h"
 #include "distributed/ring_common.h"
-#include "qkv/backward.h"
 
 namespace qkv {
 namespace {
@@ -42,10 +41,6 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   const int threads = resolve_num_threads(options.attention.num_threads);
   const int64_t Mr = plan.kv_tokens(r);
 
-  // A call may span a whole shard (coalesced blocks, see step_calls).
-  const ring::Scratch dq_block(plan.B * plan.H * plan.q_tokens(r) * plan.D, "ring attention block dq");
-  const ring::Scratch dk_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.D, "ring attention block dk");
-  const ring::Scratch dv_block(plan.B * plan.Hkv * plan.max_kv_tokens * plan.Dv, "ring attention block dv");
   const int64_t shard = plan.max_kv_floats();
   const ring::Scratch kv[2] = {{shard, "ring attention K/V buffer"}, {shard, "ring attention K/V buffer"}};
   // Gradient sums: `local` is this step's contribution, `in` the sum arriving from the left,
@@ -59,10 +54,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   // The last hop brings this rank's finished dK/dV: straight into dk and dv when they are
   // contiguous, else into a buffer copied out at the end.
   const bool grads_in_place = P > 1 && dk.is_contiguous() && dv.is_contiguous();
-  ring::Accumulators dq_acc(plan.q_chunks[r].size(), [&](int c) {
-    const ring::Chunk& chunk = plan.q_chunks[r][c];
-    ring::fill_zero(ring::rows(dq, chunk.offset, chunk.global.size()), threads);
-  });
+  ring::BackwardSteps steps(plan, options, dq, dout, q, out, lse);
 
   ring::Transfers kv_transfers, grad_in, grad_out;
   for (int s = 0; s < P; ++s) {
@@ -76,35 +68,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
       kv_transfers.send_shard(plan, src, current, right, kTagKV, comm.get());
       kv_transfers.poll(ring::kPollSeconds);
     }
-    auto local_k = [&](int64_t offset, int64_t m) { return ring::packed_k(plan, local, src, offset, m); };
-    auto local_v = [&](int64_t offset, int64_t m) { return ring::packed_v(plan, local, src, offset, m); };
-    ring::Accumulators local_acc(plan.kv_chunks[src].size(), [&](int c) {
-      const ring::Chunk& chunk = plan.kv_chunks[src][c];
-      ring::fill_zero(local_k(chunk.offset, chunk.global.size()), threads);
-      ring::fill_zero(local_v(chunk.offset, chunk.global.size()), threads);
-    });
-    for (const ring::BlockCall& c : ring::step_calls(plan, options, src)) {
-      const int64_t n = c.n, m = c.m;
-      const bool dq_fresh = dq_acc.claim(c.q_first, c.q_end), dkv_fresh = local_acc.claim(c.k_first, c.k_end);
-      const TensorView<float> dq_rows = ring::rows(dq, c.q_offset, n);
-      const TensorView<float> dk_rows = local_k(c.k_offset, m), dv_rows = local_v(c.k_offset, m);
-      // A first contribution goes in place, a later one to the block buffer and is added.
-      auto target = [](bool fresh, TensorView<float> place, const ring::Scratch& block) {
-        return fresh ? place : TensorView<float>(block.data(), place.shape());
-      };
-      const TensorView<float> bdq = target(dq_fresh, dq_rows, dq_block);
-      const TensorView<float> bdk = target(dkv_fresh, dk_rows, dk_block), bdv = target(dkv_fresh, dv_rows, dv_block);
-      attention_backward(bdq, bdk, bdv, TensorView<float>(), ring::rows(dout, c.q_offset, n),
-                         ring::rows(q, c.q_offset, n), current.k_rows(plan, src, c.k_offset, m),
-                         current.v_rows(plan, src, c.k_offset, m), ring::rows(out, c.q_offset, n),
-                         ring::rows(lse, c.q_offset, n), c.options);
-      if (!dq_fresh) ring::add_into(dq_rows, bdq, threads);
-      if (!dkv_fresh) {
-        ring::add_into(dk_rows, bdk, threads);
-        ring::add_into(dv_rows, bdv, threads);
-      }
-    }
-    local_acc.finish();
+    steps.step(src, current, local, local + plan.k_floats(src));
     if (P > 1) {
       // The sum for src so far (ranks src .. r-1) plus this rank's part, always in that order.
       if (s > 0) {
@@ -123,7 +87,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     }
     kv_transfers.wait();
   }
-  dq_acc.finish();
+  steps.finish();
   grad_in.wait();
   grad_out.wait();
   if (grads_in_place) return;

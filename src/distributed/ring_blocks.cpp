@@ -11,7 +11,7 @@
 #include <optional>
 #include <utility>
 
-#include "distributed/ring_common.h"
+#include "distributed/ring_plan.h"
 #include "kernels/mask_eval.h"
 
 namespace qkv::ring {

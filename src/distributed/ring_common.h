@@ -1,150 +1,19 @@
-// Pieces shared by the ring forward and backward: the validated plan of a ring call (agreed by
-// every rank), K/V shards packed for the wire, the attention calls of one ring step (blocks of
-// query chunk × key chunk with the global mask in block positions), and non-blocking transfers.
+// The MPI half of the ring forward and backward: the plan agreed over a communicator and
+// non-blocking transfers (the rest is ring_plan.h).
 #pragma once
 
 #include <mpi.h>
 
-#include <array>
-#include <cstdlib>
-#include <functional>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
+#include "distributed/ring_plan.h"
 #include "qkv/distributed.h"
 
 namespace qkv::ring {
-
-// A chunk of a shard: global token range and its row offset inside the shard.
-struct Chunk {
-  TokenRange global;
-  int64_t offset = 0;
-};
-
-// What every rank knows after the agreement: shapes, global lengths and the layout of every rank.
-struct Plan {
-  int ranks = 1;
-  int rank = 0;
-  int64_t B = 0, H = 0, Hkv = 0, D = 0, Dv = 0;
-  int64_t N = 0, M = 0;
-  std::vector<std::vector<Chunk>> q_chunks;   // per rank
-  std::vector<std::vector<Chunk>> kv_chunks;  // per rank
-  int64_t max_kv_tokens = 0;
-  int64_t q_tokens(int r) const;
-  int64_t kv_tokens(int r) const;
-  // Floats of rank r's K/V shard as the wire carries it: k [B,Hkv,Mr,D], v [B,Hkv,Mr,Dv].
-  int64_t k_floats(int r) const { return B * Hkv * kv_tokens(r) * D; }
-  int64_t v_floats(int r) const { return B * Hkv * kv_tokens(r) * Dv; }
-  int64_t kv_floats(int r) const { return k_floats(r) + v_floats(r); }
-  int64_t max_kv_floats() const { return B * Hkv * max_kv_tokens * (D + Dv); }
-};
 
 // Validates one rank's arguments (local_checks throws qkv::Error on a bad output shape, etc.),
 // agrees with every rank on shapes and options, and returns the plan. Throws the same qkv::Error
 // on every rank if any rank is wrong.
 Plan make_plan(MPI_Comm comm, TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
                const RingOptions& options, const std::function<void(const AttentionShape&)>& local_checks);
-
-// The options of the block (query chunk qc, key chunk kc): the global mask in block positions.
-AttentionOptions block_options(const Plan& plan, const RingOptions& options, const Chunk& qc, const Chunk& kc);
-
-// One attention call of a ring step: this rank's query chunks [q_first, q_end) against key chunks
-// [k_first, k_end) of the K/V shard at hand, which are the shard rows [q_offset, q_offset + n)
-// and [k_offset, k_offset + m).
-struct BlockCall {
-  int q_first = 0, q_end = 0, k_first = 0, k_end = 0;
-  int64_t q_offset = 0, n = 0, k_offset = 0, m = 0;
-  AttentionOptions options;
-};
-// The calls of the step against the K/V shard of rank src, in a fixed order: one call over the
-// rectangle of the chunks with work when they are consecutive, no ALiBi term is on (it depends on
-// distances that rectangle positions do not keep) and one causal/window mask in rectangle
-// positions gives every row exactly the keys its blocks give it (checked on the evaluated bands,
-// so key and query lengths count too); else one call per block with work. Zigzag without ALiBi
-// or lengths: one call per step, causal or not.
-std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, int src);
-// Accumulators kept per chunk that start empty (zeros, or 0 and -inf for out and lse) and take
-// their first partial result in place: merging it into an empty accumulator would copy it bit for
-// bit, so skipping the zeroing and the merge changes no result. clear(c) empties chunk c.
-class Accumulators {
- public:
-  Accumulators(std::size_t chunks, std::function<void(int)> clear) : written_(chunks), clear_(std::move(clear)) {}
-  // Marks chunks [first, end) written. True if none was before: the caller writes in place.
-  // Otherwise the ones that were not are cleared, and the caller merges into all of them.
-  bool claim(int first, int end);
-  // Clears the chunks never written.
-  void finish();
-
- private:
-  std::vector<bool> written_;
-  std::function<void(int)> clear_;
-};
-
-// Rows [offset, offset + len) of a contiguous [B,Hkv,Mr,C] region of rank r's shard at `data`.
-template <class T>
-TensorView<T> shard_rows(const Plan& plan, T* data, int r, int64_t offset, int64_t len, int64_t C) {
-  const int64_t Mr = plan.kv_tokens(r);
-  const std::array<int64_t, 4> shape{plan.B, plan.Hkv, len, C};
-  const std::array<int64_t, 4> strides{plan.Hkv * Mr * C, Mr * C, C, 1};
-  return TensorView<T>(data + offset * C, shape, strides);
-}
-// Views of a packed K/V shard of rank r at `base` (k, then v right after it): rows
-// [offset, offset + len) of k or v.
-TensorView<float> packed_k(const Plan& plan, float* base, int r, int64_t offset, int64_t len);
-TensorView<float> packed_v(const Plan& plan, float* base, int r, int64_t offset, int64_t len);
-
-// A K/V shard of rank r as two regions, k [B,Hkv,Mr,D] and v [B,Hkv,Mr,Dv], each contiguous but
-// not necessarily adjacent: the wire carries them as two messages, so the caller's own
-// contiguous k and v go out as they are, with no packed copy (see own_shard).
-struct ShardAt {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  TensorView<const float> k_rows(const Plan& plan, int r, int64_t offset, int64_t len) const {
-    return shard_rows(plan, k, r, offset, len, plan.D);
-  }
-  TensorView<const float> v_rows(const Plan& plan, int r, int64_t offset, int64_t len) const {
-    return shard_rows(plan, v, r, offset, len, plan.Dv);
-  }
-};
-// The packed shard of rank r at `base`.
-ShardAt packed_shard(const Plan& plan, const float* base, int r);
-// This rank's own k and v as the ring sends them: the caller's tensors when both are contiguous,
-// else copies packed into `buffer` (kv_floats of this rank).
-ShardAt own_shard(const Plan& plan, TensorView<const float> k, TensorView<const float> v, float* buffer, int threads);
-// Rows [begin, begin + len) of axis 2 of a rank-3 or rank-4 view.
-template <class T>
-TensorView<T> rows(TensorView<T> t, int64_t begin, int64_t len) {
-  std::array<int64_t, 4> shape{}, strides{};
-  for (int i = 0; i < t.rank(); ++i) shape[i] = t.dim(i), strides[i] = t.stride(i);
-  shape[2] = len;
-  const auto n = static_cast<std::size_t>(t.rank());
-  return TensorView<T>(t.data() + begin * t.stride(2), std::span<const int64_t>(shape.data(), n),
-                       std::span<const int64_t>(strides.data(), n));
-}
-
-// Floats the ring always writes before it reads them (K/V and gradient buffers, block results).
-// Unlike a Tensor they are not zeroed: zeroing faulted in and wrote every page of up to eight
-// shard-sized buffers per call, and a buffer a call never touches (a block buffer when every
-// partial goes in place) now costs no memory traffic at all.
-class Scratch {
- public:
-  Scratch(int64_t floats, const char* what);
-  float* data() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-};
-
-// dst (rank 4, any strides) = src or += src, elementwise; threads split the first two dims, so
-// the result does not depend on the thread count.
-void copy_into(TensorView<float> dst, TensorView<const float> src, int threads);
-void add_into(TensorView<float> dst, TensorView<const float> src, int threads);
-void fill_zero(TensorView<float> dst, int threads);
 
 // How long a step polls its K/V transfers after posting them (ranks start a step nearly together,
 // so the neighbour's message is usually there within this time).

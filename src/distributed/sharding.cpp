@@ -2,7 +2,7 @@
 // between a whole sequence and one rank's shard (sequence on axis 2).
 #include <fmt/format.h>
 
-#include "qkv/distributed.h"
+#include "qkv/sharding.h"
 
 namespace qkv {
 namespace {

@@ -60,7 +60,7 @@ if [ "$what" = deb ]; then
   dpkg-deb --contents "$deb" > "$work/contents"
   want=(./usr/include/qkv/qkv.h ./usr/include/qkv/attention.h ./usr/include/qkv/version.h ./usr/bin/qkv qkvConfig.cmake
         qkvConfigVersion.cmake qkvTargets.cmake /libqkv.a /libqkv.so /pkgconfig/qkv.pc /dist-packages/qkv/__init__.py)
-  [ $have_mpi = yes ] && want+=(./usr/include/qkv/distributed.h qkvDistributedTargets.cmake /libqkv_distributed.a)
+  [ $have_mpi = yes ] && want+=(./usr/include/qkv/distributed.h ./usr/include/qkv/sharding.h qkvDistributedTargets.cmake /libqkv_distributed.a)
   [ -f "$words" ] && want+=(./usr/share/qkv/words.txt)
   [ -f "$build/data/context-layer.safetensors" ] && want+=(./usr/share/qkv/context-layer.safetensors)
   for w in "${want[@]}"; do

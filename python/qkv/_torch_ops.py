@@ -1,0 +1,128 @@
+"""qkv.torch's attention as PyTorch operators in the namespace qkv, so torch.jit.trace records a call
+as one qkv:: node and torch.jit.script compiles it to that operator (the graph calls qkv, and a
+saved module runs wherever `import qkv.torch` has registered the operators).
+
+Each operator's kernel is the eager function itself, registered as CompositeImplicitAutograd: its
+torch.autograd.Function records the backward, so gradients flow through traced and scripted
+modules as in eager mode, and every argument check stays in one place. Torch 1.13 has no
+torch.compile, so there is no meta or fake-tensor kernel.
+
+Schemas mirror the public signatures. Options added later (dropout's generator state, a packed
+variable-length form as an operator of its own) go in as keyword-only arguments with defaults, so
+graphs saved before still load and run.
+"""
+
+import functools
+import sys
+import types
+import warnings
+
+import torch
+
+from . import torch as _qt
+
+_lib = torch.library.Library("qkv", "DEF")
+
+_SDPA = ("Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, "
+         "float? scale=None, bool enable_gqa=False, *, int[]? window=None, float[]? alibi_slopes=None, "
+         "float? softcap=None, int[]? key_lengths=None, int[]? query_lengths=None, "
+         "str causal_align=\"top_left\", int? num_threads=None")
+_lib.define(f"scaled_dot_product_attention({_SDPA}) -> Tensor")
+_lib.define(f"scaled_dot_product_attention.lse({_SDPA}, bool return_lse) -> (Tensor, Tensor)")
+_lib.define("multihead_attention(Tensor query, Tensor key, Tensor value, Tensor? key_padding_mask, bool need_weights, "
+            "Tensor? attn_mask, bool average_attn_weights, bool is_causal, int num_heads, bool batch_first, "
+            "bool add_zero_attn, float dropout, bool training, Tensor? in_proj_weight, Tensor? in_proj_bias, "
+            "Tensor? q_proj_weight, Tensor? k_proj_weight, Tensor? v_proj_weight, Tensor? bias_k, Tensor? bias_v, "
+            "Tensor out_proj_weight, Tensor? out_proj_bias) -> (Tensor, Tensor)")
+
+
+def _kernel(name):
+    """The decorated function as the kernel of operator qkv::name. Torch 1.13 hands TorchScript a
+    Python kernel's exception with an empty message (only a Python caller, through torch.ops, gets
+    the exception itself), so when TorchScript is the caller the message goes out as a warning
+    before the interpreter raises its RuntimeError."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def kernel(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                if sys._getframe(1).f_code.co_filename != torch._ops.__file__:
+                    warnings.warn(f"qkv::{name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+                raise
+
+        _lib.impl(name, kernel, "CompositeImplicitAutograd")
+        return kernel
+
+    return wrap
+
+
+@_kernel("scaled_dot_product_attention")
+def _sdpa_kernel(*args, **kwargs):
+    return _qt.scaled_dot_product_attention(*args, **kwargs)
+
+
+@_kernel("scaled_dot_product_attention.lse")
+def _sdpa_lse_kernel(*args, return_lse, **kwargs):
+    if not return_lse:
+        raise _qt.SdpaValueError("qkv::scaled_dot_product_attention.lse is the return_lse=True form; call "
+                                 "qkv.torch.scaled_dot_product_attention without return_lse for the output alone")
+    return _qt.scaled_dot_product_attention(*args, return_lse=True, **kwargs)
+
+
+class _MhaParams:
+    """What MultiheadAttention._forward reads of its module, rebuilt from the operator's arguments."""
+
+    _forward = _qt.MultiheadAttention._forward
+    _project = _qt.MultiheadAttention._project
+    _weights = _qt.MultiheadAttention._weights
+
+    def __init__(self, num_heads, batch_first, add_zero_attn, dropout, training, in_proj_weight, in_proj_bias,
+                 q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v, out_proj_weight, out_proj_bias):
+        self.num_heads, self.batch_first, self.add_zero_attn = num_heads, batch_first, add_zero_attn
+        self.dropout, self.training = dropout, training
+        self.in_proj_weight, self.in_proj_bias = in_proj_weight, in_proj_bias
+        self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = q_proj_weight, k_proj_weight, v_proj_weight
+        self.bias_k, self.bias_v = bias_k, bias_v
+        self.out_proj = types.SimpleNamespace(weight=out_proj_weight, bias=out_proj_bias)
+        self._qkv_same_embed_dim = in_proj_weight is not None
+        self.embed_dim = out_proj_weight.size(0)
+        self.head_dim = self.embed_dim // num_heads
+
+
+@_kernel("multihead_attention")
+def _mha_kernel(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
+                *module):
+    out, weights = _MhaParams(*module)._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                                average_attn_weights, is_causal)
+    return out, query.new_empty(0) if weights is None else weights
+
+
+# TorchScript compiles a call of the Python function as a call of the operator (as it does for
+# torch.nn.functional's functions and their aten:: operators).
+torch.jit._builtins._register_builtin(_qt.scaled_dot_product_attention, "qkv::scaled_dot_product_attention")
+
+
+def _listed(x, convert):
+    """A sequence (or tensor, or one number) as the list the schema takes; None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        x = x.tolist()
+    return [convert(e) for e in x] if isinstance(x, (list, tuple)) else [convert(x)]
+
+
+def traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes, softcap,
+                key_lengths, query_lengths, causal_align, return_lse, num_threads):
+    """The operator call torch.jit.trace records: the Python forms the eager function accepts (a
+    window side None, slopes and lengths as tensors or tuples) in the schema's types; the kernel
+    then checks every value as the eager call does."""
+    window = _listed(window, lambda w: -1 if w is None else int(w))
+    kwargs = dict(window=window, alibi_slopes=_listed(alibi_slopes, float), softcap=softcap,
+                  key_lengths=_listed(key_lengths, int), query_lengths=_listed(query_lengths, int),
+                  causal_align=causal_align, num_threads=num_threads)
+    args = (query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+    if return_lse:
+        return torch.ops.qkv.scaled_dot_product_attention.lse(*args, return_lse=True, **kwargs)
+    return torch.ops.qkv.scaled_dot_product_attention(*args, **kwargs)
