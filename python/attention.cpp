@@ -2,6 +2,7 @@
 // live in qkv/attention.py; this file converts arrays (zero-copy for float32 and float64, any
 // strides), runs the kernel with the GIL released, and returns out (and lse).
 #include <fmt/format.h>
+#include <pybind11/stl.h>
 
 #include "bind_util.h"
 #include "bindings.h"
@@ -91,6 +92,33 @@ void bind_attention(py::module_& m) {
         py::arg("simd"), py::arg("check_finite"),
         "Core of qkv.scaled_dot_product_attention (see that function's docstring); mask is a dict of mask "
         "keyword arguments.");
+  m.def(
+      "dropout_mask",
+      [](const std::vector<int64_t>& shape, const py::dict& options) {
+        if (shape.size() < 2 || shape.size() > 4)
+          throw py::value_error(fmt::format("shape must have 2 to 4 dims ([..., N, M]), got {}", shape.size()));
+        for (const int64_t d : shape)
+          if (d < 0) throw py::value_error(fmt::format("shape must not have negative dims, got {}", d));
+        const qkv::Dropout d = dropout_arg(options);
+        const std::size_t r = shape.size();
+        const int64_t B = r == 4 ? shape[0] : 1, H = r >= 3 ? shape[r - 3] : 1, N = shape[r - 2], M = shape[r - 1];
+        py::array_t<bool> out(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+        bool* keep = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < N; ++i) {
+                const qkv::DropoutRow row(d, H, b, h, i);
+                bool* dst = keep + ((b * H + h) * N + i) * M;
+                for (int64_t j = 0; j < M; ++j) dst[j] = !d.active() || row.keep(j);
+              }
+        }
+        return out;
+      },
+      py::arg("shape"), py::arg("options"),
+      "Core of qkv.dropout_mask: the keep-mask [..., N, M] of dropout options {dropout_p, dropout_seed, "
+      "dropout_offset}.");
   m.def("default_num_threads", &qkv::default_num_threads,
         "Threads a call uses when num_threads=0: QKV_NUM_THREADS if set to a positive integer, else OpenMP's default.");
   m.def(

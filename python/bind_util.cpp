@@ -320,6 +320,37 @@ std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, co
   return {aligned(q), aligned(k), aligned(v)};
 }
 
+uint64_t seed_arg(const py::handle& obj, const std::string& name) {
+  const std::string shown = py::repr(obj).cast<std::string>();
+  PyObject* index = py::isinstance<py::bool_>(obj) ? nullptr : PyNumber_Index(obj.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    throw py::type_error(fmt::format("{} must be an integer, got {}", name, shown));
+  }
+  const py::object i = py::reinterpret_steal<py::object>(index);
+  const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(fmt::format("{} must be in [0, 2**64), got {}", name, shown));
+  }
+  return v;
+}
+
+qkv::Dropout dropout_arg(const py::dict& mask) {
+  auto get = [&](const char* key) -> py::object {
+    return mask.contains(key) ? py::reinterpret_borrow<py::object>(mask[key]) : py::none();
+  };
+  qkv::Dropout d;
+  if (const py::object p = get("dropout_p"); !p.is_none()) d.p = to_float(p, "dropout_p");
+  if (!(d.p >= 0.0 && d.p < 1.0)) throw py::value_error(fmt::format("dropout_p must be in [0, 1), got {}", d.p));
+  const py::object seed = get("dropout_seed");
+  if (d.active() && seed.is_none())
+    throw py::value_error("dropout_p > 0 needs seed= (an integer): the backward regenerates the same mask from it");
+  if (!seed.is_none()) d.seed = seed_arg(seed, "seed");
+  if (const py::object offset = get("dropout_offset"); !offset.is_none()) d.offset = seed_arg(offset, "dropout_offset");
+  return d;
+}
+
 AttentionCall prepare_call(const py::array& q, const py::array& k, const py::array& v, const CallOptions& options) {
   AttentionCall call;
   call.dtype = dtype_of(q, "q");
@@ -332,6 +363,7 @@ AttentionCall prepare_call(const py::array& q, const py::array& k, const py::arr
   call.out_shape.push_back(v.shape(r - 1));
   call.mask = parse_mask(options.mask, lead.B, lead.H, q.shape(r - 2), k.shape(r - 2));
   call.options.mask = call.mask.mask;
+  call.options.dropout = dropout_arg(options.mask);
   apply_options(options, call.options);
   return call;
 }

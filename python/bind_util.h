@@ -97,6 +97,12 @@ struct MaskArgs {
   py::array bias_owner;
 };
 
+// Attention dropout from the same dictionary (keys dropout_p, dropout_seed, dropout_offset; missing
+// or None: off). ValueError for p outside [0, 1) or p > 0 without a seed; seeds are integers in
+// [0, 2**64).
+qkv::Dropout dropout_arg(const py::dict& mask);
+uint64_t seed_arg(const py::handle& obj, const std::string& name);
+
 // Builds a mask from the dictionary the Python layer passes (keys: causal, causal_align,
 // key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap; missing keys or None
 // mean "off"). keep_mask and bias broadcast to [B, H, N, M] by numpy rules. Raises TypeError or

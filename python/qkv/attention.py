@@ -22,19 +22,37 @@ _MASK_DOC = """
       alibi_slopes: sequence of H floats; adds -slope[h] * |j - diag(i)| to the scores.
       softcap: float c > 0: scores s become c * tanh(s / c) before bias and ALiBi (0/None: off).
     A query row with no allowed key gets output 0 and lse -inf (never NaN).
+    Dropout (training): dropout_p in [0, 1) drops each softmax weight with that probability and
+      scales the kept ones by 1 / (1 - dropout_p); which weights are dropped is a pure function of
+      seed (an integer, required when dropout_p > 0), dropout_offset (default 0: count calls that
+      share a seed) and the weight's batch row, head, query and key, so attention_backward given
+      the same three regenerates the same mask, and qkv.dropout_mask returns it. lse is the
+      softmax's without dropout. The same bits for any thread count.
 """
 
 
-def _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap):
+def _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap,
+               dropout_p=0.0, seed=None, dropout_offset=0):
     return dict(causal=causal, causal_align=causal_align, key_lengths=key_lengths, query_lengths=query_lengths,
-                window=window, keep_mask=keep_mask, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap)
+                window=window, keep_mask=keep_mask, bias=bias, alibi_slopes=alibi_slopes, softcap=softcap,
+                dropout_p=dropout_p, dropout_seed=seed, dropout_offset=dropout_offset)
+
+
+def dropout_mask(shape, dropout_p, seed, *, dropout_offset=0):
+    """The keep-mask (bool, True = kept) that scaled_dot_product_attention(..., dropout_p=dropout_p,
+    seed=seed, dropout_offset=dropout_offset) applies to softmax weights of shape [..., N, M]
+    (rank 2 to 4: [N, M], [H, N, M] or [B, H, N, M], the scores' shape of that call). For tests and
+    inspection, as FlashAttention's return_attn_probs: the output is
+    ((softmax * mask) / (1 - dropout_p)) @ v."""
+    return _qkv.dropout_mask([int(d) for d in shape], dict(dropout_p=dropout_p, dropout_seed=seed,
+                                                            dropout_offset=dropout_offset))
 
 
 @suggest_keywords
 def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_left", key_lengths=None,
                                  query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None,
                                  softcap=None, scale=None, return_lse=False, kernel="auto", num_threads=0,
-                                 simd="auto", check_finite=False):
+                                 simd="auto", check_finite=False, dropout_p=0.0, seed=None, dropout_offset=0):
     """out = softmax(scale * q @ k^T + mask) @ v, like PyTorch's scaled_dot_product_attention.
 
     Shapes follow PyTorch: q [..., N, D], k [..., M, D], v [..., M, Dv] with the same rank 2, 3 or
@@ -74,7 +92,8 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
     k, v of different dtypes) and ValueError for inconsistent shapes or values. The GIL is
     released while computing, so other Python threads keep running.
     """
-    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
+    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap,
+                      dropout_p, seed, dropout_offset)
     if not (isinstance(return_lse, (bool, np.bool_)) or (isinstance(return_lse, str) and return_lse == "float64")):
         raise ValueError(f'return_lse must be False, True or "float64", got {return_lse!r}')
     lse64 = isinstance(return_lse, str)
@@ -101,10 +120,11 @@ def _reduce_to_shape(grad, shape):
 def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causal_align="top_left", key_lengths=None,
                        query_lengths=None, window=None, keep_mask=None, bias=None, alibi_slopes=None, softcap=None,
                        scale=None, return_dbias=False, kernel="auto", num_threads=0, simd="auto",
-                       check_finite=False):
+                       check_finite=False, dropout_p=0.0, seed=None, dropout_offset=0):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
-    q, k, v and every mask argument are as for scaled_dot_product_attention; dout has out's shape
+    q, k, v and every mask and dropout argument are as for scaled_dot_product_attention (give the
+    forward's dropout_p, seed and dropout_offset: the mask is regenerated); dout has out's shape
     [..., N, Dv] and dtype. out and lse are the forward's results for the same inputs (out float32;
     lse from return_lse="float64", or a float32 one, which at |lse| ~ 100 leaves up to 3.8e-6
     relative error in the recomputed softmax); when either is None the forward is run here first.
@@ -118,7 +138,8 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     {mask}
     Raises TypeError / ValueError as scaled_dot_product_attention does (dout too). Releases the GIL.
     """
-    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap)
+    mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap,
+                      dropout_p, seed, dropout_offset)
     grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, return_dbias, kernel, num_threads, simd,
                                     check_finite)
     if return_dbias and bias is not None:

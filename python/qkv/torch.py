@@ -30,8 +30,9 @@ Differences from PyTorch, all deliberate:
     scaled_dot_product_attention does (earlier versions, and nn.MultiheadAttention's weights, NaN);
   - second-order gradients (create_graph=True, then differentiating the gradients) raise
     RuntimeError when used, instead of being silently 0;
-  - dropout is not implemented: dropout_p > 0 (or a training MultiheadAttention with dropout > 0)
-    raises ValueError instead of silently not dropping;
+  - dropout runs in qkv's kernels with qkv's own keep-mask (Philox, keyed by a seed drawn from
+    torch's default generator, so torch.manual_seed makes runs reproducible; the masks differ from
+    PyTorch's bernoulli ones); dropout_p = 1 raises (it must be below 1);
   - float64 inputs run qkv's float64 reference, but a float mask is rounded to float32 first
     (finite values saturate at float32's largest: torch.finfo(torch.float64).min stays a very
     negative finite bias, as in PyTorch, not -inf).
@@ -46,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _qkv
+from .attention import dropout_mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
@@ -275,9 +277,27 @@ def _scalar(x):
     return x.item() if isinstance(x, torch.Tensor) and x.dim() == 0 else x
 
 
-def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths):
-    return dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window,
-                alibi_slopes=alibi_slopes, softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
+def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths, dropout_p=0.0):
+    """The options dict of one call; with dropout, the seed of its keep-mask is drawn here from torch's
+    default generator (only then, so runs without dropout leave the generator alone), and the
+    backward reuses this dict, so it regenerates the same mask."""
+    extras = dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window,
+                  alibi_slopes=alibi_slopes, softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
+    dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        extras.update(dropout_p=dropout_p, dropout_seed=int(torch.empty((), dtype=torch.int64).random_()))
+    return extras
+
+
+def _dropped(w, extras):
+    """Softmax weights [B, H, L, S] as the call's dropout left them (what PyTorch's MHA returns)."""
+    p = extras.get("dropout_p", 0.0)
+    if p == 0.0:
+        return w
+    keep = torch.from_numpy(dropout_mask(tuple(w.shape), p, extras["dropout_seed"]))
+    return w * keep.to(w.dtype) / (1.0 - p)
 
 
 def _check_mask(mask, name, scores_shape):
@@ -340,7 +360,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     A query row with no allowed key returns 0 (as PyTorch >= 2.5). Raises SdpaTypeError (a
     TypeError and RuntimeError) for a wrong type or dtype and SdpaValueError (a ValueError and
-    RuntimeError) for a wrong device, shape, or dropout_p > 0, naming the argument.
+    RuntimeError) for a wrong device, shape, or dropout_p outside [0, 1), naming the argument.
+
+    dropout_p > 0 drops each softmax weight with that probability inside qkv's kernels (forward and
+    backward regenerate one keep-mask; qkv.dropout_mask shows it), keyed by a seed drawn from
+    torch's default generator: torch.manual_seed(s) replays a run. Pass dropout_p=0.0 at eval, as
+    with PyTorch's function.
 
     torch.jit.trace records a call as one qkv::scaled_dot_product_attention node and torch.jit.script
     compiles it to that operator (docs/torch.md); return_lse=True is traced as the operator's
@@ -351,13 +376,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                 alibi_slopes, softcap, key_lengths, query_lengths, causal_align, return_lse,
                                 num_threads)
     _check_qkv(query, key, value)
-    dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise ValueError(f"dropout_p={dropout_p}: qkv has no attention dropout; pass dropout_p=0.0 (e.g. "
-                         f"dropout_p=p if self.training else 0.0 and use qkv only at eval), or use {_TORCH_SDPA}")
-    extras = _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths)
+    extras = _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths, dropout_p)
     # Flags are True or False, as PyTorch's own argument parser requires of enable_gqa.
     enable_gqa = _qkv._flag_arg(enable_gqa, "enable_gqa")
     if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
@@ -418,7 +437,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     need_weights=True returns the exact softmax weights (recomputed by qkv's attention_weights
     from the forward's log-sum-exp, in float32; float64 modules use the float64 composite), which
     are not differentiable; need_weights=False (use it when training) skips that work entirely.
-    Dropout: a module with dropout > 0 raises ValueError in training mode (eval mode is fine).
+    Dropout: a module with dropout > 0 drops attention weights in training mode, in qkv's kernels
+    (see scaled_dot_product_attention); the returned weights are the dropped ones, as in PyTorch.
     Fully masked rows give zeros where PyTorch gives NaN.
 
     Note: torch.nn.TransformerEncoderLayer's inference fast path (eval mode under no_grad) calls
@@ -455,9 +475,6 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     @_raising(MhaValueError, MhaTypeError)
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                  is_causal):
-        if self.training and self.dropout > 0.0:
-            raise ValueError(f"MultiheadAttention(dropout={self.dropout}) in training mode: qkv has no attention "
-                             "dropout; construct it with dropout=0.0, call .eval(), or use torch.nn.MultiheadAttention")
         _check_inputs(query, key, value)
         weight = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
         if query.dtype != weight.dtype:
@@ -521,7 +538,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         keep, bias = _merge_masks(masks)
 
         layout = _Layout(q, k, v, False)
-        extras = _extras(bool(is_causal), "top_left", None, None, None, None, None)
+        extras = _extras(bool(is_causal), "top_left", None, None, None, None, None,
+                         self.dropout if self.training else 0.0)
         out, lse = _attention(q, k, v, layout, keep, bias, extras, None, None)
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
         out = F.linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
@@ -562,6 +580,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             lse_np = None if q.dtype == torch.bfloat16 else _numpy(lse)  # float16's lse is the fp32 forward's
             w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, lse_np, mask, None,
                                                         torch.get_num_threads())).to(q.dtype)
+        w = _dropped(w, extras)
         return w.mean(dim=1) if average else w
 
 

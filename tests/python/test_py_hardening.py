@@ -229,8 +229,8 @@ def test_unknown_keyword_suggests_the_known_one(call, given, best):
 def test_unknown_keyword_without_a_close_one_points_to_help():
     q = np.ones((3, 4), np.float32)
     with pytest.raises(TypeError, match=r"scaled_dot_product_attention\(\) got an unexpected keyword argument "
-                                        r"'dropout' \(see help\(qkv.scaled_dot_product_attention\)\)"):
-        qkv.scaled_dot_product_attention(q, q, q, dropout=0.1)
+                                        r"'attn_drop' \(see help\(qkv.scaled_dot_product_attention\)\)"):
+        qkv.scaled_dot_product_attention(q, q, q, attn_drop=0.1)
     # A TypeError of a known argument keeps its own message; a correct call is untouched.
     with pytest.raises(TypeError, match="causal must be True or False"):
         qkv.scaled_dot_product_attention(q, q, q, causal="yes")
