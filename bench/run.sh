@@ -37,6 +37,13 @@ fi
 if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
   echo "ring attention, 2 ranks x 1 thread vs 1 rank x 2 threads (several minutes)..." >&2
   /usr/bin/python3 "$HERE/ring_bench.py" "$BUILD/bench/qkv_ring_bench" | tee "$OUT/ring_table.md"
+  # The compute-vs-transfer model of a ring step at scale (docs/ring-attention.md), calibrated
+  # with the 1-thread kernel speeds just measured, for 32-core ranks.
+  speed() { grep "^kernel .* $1 " "$OUT/ring_table.md" | grep -o 'gflops=[0-9.]*' | head -n 1 | cut -d= -f2; }
+  fwd=$(speed forward) bwd=$(speed backward)
+  if [ -n "$fwd" ] && [ -n "$bwd" ]; then
+    /usr/bin/python3 "$HERE/ring_model.py" --fwd "$fwd" --bwd "$bwd" --cores 32 | tee "$OUT/ring_model.md"
+  fi
 fi
 # Decode against a paged KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a
 # percentage of the roofline bound measured by the same binary (docs/benchmarks.md, "Decode").
