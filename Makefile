@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 all: build
 
 # `make demo` installs only what the demo needs (scripts/install-deps.sh demo); `make test`,
-# `make build` and the rest install the test set too (README "Set-up": sizes and times).
+# `make build` and the rest install the test set too (README "Two commands": sizes and times).
 deps:
 	@scripts/install-deps.sh test
 deps-demo:
@@ -53,7 +53,7 @@ demo: demo-build
 	PYTHONPATH=$(BUILD)/python scripts/sense_eval.py $(BUILD)/data/words.txt
 
 # ctest (with a 1,000-case property slice; it builds the word vectors too, as Data.embeddings),
-# then sanitizers, a fuzz smoke run and the kernels on ARM64 under qemu (TESTING.md), as two
+# then sanitizers, a fuzz smoke run and the kernels on ARM64 under qemu (docs/testing.md), as two
 # chains at once, each on its own trees: ASan then the fuzzers (the same tree), TSan then arm64.
 # One chain's runs that leave a core idle (the qemu run, the ASan tests, fuzz replays, links)
 # overlap the other's compiles; -Oline keeps each output line whole.
@@ -97,10 +97,10 @@ clean:
 	rm -rf $(BUILD)
 
 # A .deb of the library, headers, CMake package, pkg-config file, the qkv command and the Python
-# module (README: Use from CMake): apt-get install ./$(BUILD)/qkv_*.deb
+# module (README, "C++"; docs/cpp.md): apt-get install ./$(BUILD)/qkv_*.deb
 package: build
 	cd $(BUILD) && cpack -G DEB
 
-# Builds Release and prints the comparison table (qkv vs the FMA peak and PyTorch); see BENCHMARKS.md.
+# Builds Release and prints the comparison table (qkv vs the FMA peak and PyTorch); see docs/benchmarks.md.
 bench: build
 	bench/run.sh $(BUILD)

@@ -1,8 +1,8 @@
-// Google Benchmark of the fused attention forward on the issue's shapes S1-S6 (fp32, and bf16 for
+// Google Benchmark of the fused attention forward on the benchmark shapes S1-S6 (bench/shapes.h) (fp32, and bf16 for
 // S3/S4), with 1 and 2 threads, each thread group preceded by the FMA peak measured the same way.
 // `qkv_bench --peak-memory` instead runs S6 once and prints its peak resident memory growth;
 // `qkv_bench --avx2` runs the AVX2 path alone (S3, S4 fp32 and its micro-kernels) against the
-// AVX2 FMA peak (issue 16 item 4), for CPUs without AVX-512.
+// AVX2 FMA peak, for CPUs without AVX-512.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -144,7 +144,7 @@ void register_group(int threads) {
     if (is_s3_or_s4(shape)) register_shape("attention/", shape, true, threads, Simd::automatic);
 }
 
-// The AVX2 path on the issue's shapes with N >= 1024 (S3, S4), held to the AVX2 FMA peak.
+// The AVX2 path on the shapes with N >= 1024 (S3, S4), held to the AVX2 FMA peak.
 void register_avx2_group(int threads) {
   register_peak("avx2/fma_peak/threads:" + std::to_string(threads), threads, PeakIsa::avx2);
   for (const Shape& shape : kShapes)

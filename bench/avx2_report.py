@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The AVX2 section of `make bench` (issue 16 item 4): the AVX2 path (AttentionOptions::simd =
+"""The AVX2 section of `make bench`: the AVX2 path (AttentionOptions::simd =
 avx2, as QKV_SIMD=avx2 chooses) on S3 and S4, forward and backward, 1 and 2 threads, each as a
 percentage of the AVX2 FMA peak measured by the same binary in the same run (`qkv_bench --avx2`,
 `qkv_backward_bench --avx2`), plus the AVX2 micro-kernel alone. Target: >= 80% for N >= 1024.
@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--load-after", default="?")
     a = ap.parse_args()
     runs = {"forward": medians(a.forward), "backward": medians(a.backward)}
-    print(f"AVX2 path (QKV_SIMD=avx2), issue 16 item 4. load average (1, 5, 15 min) before: {a.load_before}; "
+    print(f"AVX2 path (QKV_SIMD=avx2). load average (1, 5, 15 min) before: {a.load_before}; "
           f"after: {a.load_after}")
     print()
     print("| pass | shape [B·H·N·D] | thr | ms (median) | GFLOP/s | % AVX2 peak | CPU GFLOP/s | % AVX2 CPU peak | ≥ 80% |")

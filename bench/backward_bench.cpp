@@ -1,10 +1,9 @@
 // Google Benchmark of the fused attention backward on the forward's shapes S2-S6 (fp32), with 1
-// and 2 threads, each thread group preceded by the FMA peak measured the same way. FLOPs are the
-// issue's convention: 10·B·H·N·M·D (the five block products), half of it under a causal mask.
+// and 2 threads, each thread group preceded by the FMA peak measured the same way. FLOPs follow the
+// forward's convention: 10·B·H·N·M·D (the five block products), half of it under a causal mask.
 // Besides FLOPS (per wall-clock second), CPU_FLOPS counts per CPU-second of the whole process (all
 // threads): on a shared machine wall time measures the load, CPU time the kernel.
-// `qkv_backward_bench --avx2` runs the AVX2 path alone (S3, S4) against the AVX2 FMA peak
-// (issue 16 item 4).
+// `qkv_backward_bench --avx2` runs the AVX2 path alone (S3, S4) against the AVX2 FMA peak.
 #include <benchmark/benchmark.h>
 
 #include <time.h>
@@ -130,7 +129,7 @@ int main(int argc, char** argv) {
     }
     argv[1] = argv[0];  // Google Benchmark parses the rest
     ++argv, --argc;
-    // N >= 1024 without a mask: the issue's target shapes for the AVX2 path.
+    // N >= 1024 without a mask: the shapes the AVX2 path is measured on.
     auto s3_s4 = [](const Shape& s) { return std::strcmp(s.name, "S3") == 0 || std::strcmp(s.name, "S4") == 0; };
     for (int threads : {1, 2}) qkv::bench::register_group("avx2/", threads, qkv::PeakIsa::avx2, qkv::Simd::avx2, s3_s4);
   } else {

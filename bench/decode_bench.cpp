@@ -218,7 +218,7 @@ void register_all() {
     for (int64_t M : {4096, 16384, 32768})  // contiguous: one page
       add_decode(std::string("D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M), dtype, {M}, M, false);
   const std::vector<int64_t> d2{1024, 2048, 4096, 6144, 8192, 16384, 24576, 32768};
-  // The target's shape, and larger pages: what a page costs beyond its tokens (BENCHMARKS.md).
+  // The target's shape, and larger pages: what a page costs beyond its tokens (docs/benchmarks.md).
   for (int64_t page_tokens : {16, 64, 256})
     add_decode("D2/f16/paged" + std::to_string(page_tokens) + "_shuffled", KVDtype::f16, d2, page_tokens, true);
   // One page per sequence; the pool is mapped lazily, so only the filled part is resident.

@@ -1,8 +1,8 @@
 // How close can a decode step on this machine come to its roofline bound, with the arithmetic a
-// KV head of D1 needs and no more? A probe for the decode kernel's design, not part of the build
-// (AVX-512 only):
+// KV head of D1 needs and no more? A probe for the decode kernel's design, built by `make bench`
+// as build/bench/qkv_decode_floor_probe (AVX-512 only; or by hand:
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
-//   /tmp/decode_floor_probe
+//   /tmp/decode_floor_probe)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
 // of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
@@ -10,10 +10,10 @@
 // not; and with each key's K and V rows side by side in one array (one stream instead of two, a
 // layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV
 // head's 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's roofline bound
-// is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. BENCHMARKS.md, decode round 8.
+// is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
-// stream their own KV heads; it prints their total rate, min of 3 (round 19).
+// stream their own KV heads; it prints their total rate, min of 3.
 #include <immintrin.h>
 #include <sys/mman.h>
 

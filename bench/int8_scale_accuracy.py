@@ -1,7 +1,7 @@
 """Why the int8 KV cache keeps one scale per (token, head): the error of per-token scales against
 one scale per page of 16 or 64 tokens, on synthetic keys (iid, varying token magnitudes, outlier
 channels, outlier tokens). Prints relative RMS error of the dequantized keys and the largest logit
-error for 16 random queries. Run: /usr/bin/python3 bench/int8_scale_accuracy.py"""
+error for 16 random queries. `make bench` runs it; by hand: /usr/bin/python3 bench/int8_scale_accuracy.py"""
 import numpy as np
 rng = np.random.default_rng(0)
 T, D = 4096, 128

@@ -2,7 +2,7 @@
 the forward and of forward + backward, 1·12·1024·64 fp32, 1 thread, q ~ N(0, m²) for m = 1 to 50,
 median of 7 calls each; with softcap 50 if SOFTCAP is given.
 
-Usage, in build/: PYTHONPATH=python /usr/bin/python3 ../bench/large_score_cost.py [SOFTCAP]
+`make bench` runs it (bench/run.sh); by hand: PYTHONPATH=build/python /usr/bin/python3 bench/large_score_cost.py [SOFTCAP]
 """
 
 import sys

@@ -1,5 +1,6 @@
-// What do small pages cost the memory system itself, before any arithmetic? A probe for issue 12's
-// "paged D2 within 10% of contiguous" target, not part of the build (AVX-512 only):
+// What do small pages cost the memory system itself, before any arithmetic? A probe for the
+// "paged D2 within 10% of contiguous" target, built by `make bench` as
+// build/bench/qkv_paged_stream_probe (AVX-512 only); or by hand:
 //   g++ -O3 -march=native -pthread -o /tmp/paged_stream_probe bench/paged_stream_probe.cpp && /tmp/paged_stream_probe
 // Two threads read the K and V pools of one f16 layer (8 KV heads, 256-byte rows, 131072 tokens:
 // 512 MiB in 2 MiB huge pages) the way cache/decode.cpp's tasks do, and only sum them: tasks of
@@ -9,7 +10,7 @@
 //   paged P, shuffled: pages of P tokens taken from the pool in random order, tasks in (chunk,
 //     head) order (the order decode.cpp uses below 256-token pages);
 //   paged P, in order: the same pages in pool order (no scatter, only the P-token segments).
-// It prints ms per pass (median of 7) and GB/s. BENCHMARKS.md, decode round 10.
+// It prints ms per pass (median of 7) and GB/s. docs/benchmarks.md, "Decode".
 #include <immintrin.h>
 #include <sys/mman.h>
 

@@ -4,7 +4,7 @@ single-process fused kernel), forward and backward, S4 and S6, plain and causal;
 t(single, 2 threads) / t(ring, 2 ranks) per line (1.0 = the ring loses nothing), in wall time and
 in CPU time summed over threads or ranks (MPI waits spin, so waiting counts; other jobs' load does
 not, which makes the CPU ratio the stable one on a shared machine). Also the
-loopback MPI bandwidth and the 1-thread kernel speed that calibrate the model in BENCHMARKS.md.
+loopback MPI bandwidth and the 1-thread kernel speed that calibrate the model in docs/ring-attention.md.
 
     /usr/bin/python3 bench/ring_bench.py build/bench/qkv_ring_bench [--reps 3] [--rounds 2]
 

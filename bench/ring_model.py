@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Predicted ring-attention efficiency per ring step: compute vs transfer (BENCHMARKS.md).
+"""Predicted ring-attention efficiency per ring step: compute vs transfer (docs/ring-attention.md).
+`make bench` runs it after the ring benchmark, with the kernel speeds that run measured.
 
 Per step a rank with n = N/P tokens (H heads, head dim D, fp32, K/V heads = H) computes
   forward  4·n²·D·H flops (zigzag causal: half)     and receives K, V:        8·n·D·H bytes

@@ -1,6 +1,6 @@
 #!/bin/sh
 # `make bench`: bench/run.sh <build dir>. Runs the qkv benchmarks, S6's peak memory and the
-# PyTorch comparison, then prints one table (see BENCHMARKS.md). Raw results stay in
+# PyTorch comparison, then prints one table (see docs/benchmarks.md). Raw results stay in
 # <build dir>/bench-results/.
 set -eu
 BUILD=${1:-build}
@@ -21,7 +21,8 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
   --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"
 /usr/bin/python3 "$HERE/compare_backward.py" --build "$BUILD" --out "$OUT" | tee "$OUT/backward_table.md"
-# The AVX2 path against the AVX2 FMA peak (issue 16 item 4; about 1 minute), where the CPU has AVX2.
+# The AVX2 path against the AVX2 FMA peak (what a CPU without AVX-512 reaches; about 1 minute),
+# where the CPU has AVX2.
 if "$BUILD/bench/qkv_bench" --avx2 --benchmark_list_tests > /dev/null 2>&1; then
   echo "AVX2 path (about 1 minute)..." >&2
   LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -36,8 +37,22 @@ fi
 if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
   echo "ring attention, 2 ranks x 1 thread vs 1 rank x 2 threads (several minutes)..." >&2
   /usr/bin/python3 "$HERE/ring_bench.py" "$BUILD/bench/qkv_ring_bench" | tee "$OUT/ring_table.md"
+  # The compute-vs-transfer model of a ring step at scale (docs/ring-attention.md), calibrated
+  # with the 1-thread kernel speeds just measured, for 32-core ranks.
+  speed() { grep "^kernel .* $1 " "$OUT/ring_table.md" | grep -o 'gflops=[0-9.]*' | head -n 1 | cut -d= -f2; }
+  fwd=$(speed forward) bwd=$(speed backward)
+  if [ -n "$fwd" ] && [ -n "$bwd" ]; then
+    /usr/bin/python3 "$HERE/ring_model.py" --fwd "$fwd" --bwd "$bwd" --cores 32 | tee "$OUT/ring_model.md"
+  fi
 fi
 # Decode against a paged KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a
-# percentage of the roofline bound measured by the same binary (BENCHMARKS.md, "Decode").
+# percentage of the roofline bound measured by the same binary (docs/benchmarks.md, "Decode").
 echo "qkv decode benchmarks (about 6 minutes)..." >&2
 "$BUILD/bench/qkv_decode_bench" --benchmark_out="$OUT/decode.json" --benchmark_out_format=json | tee "$OUT/decode.log"
+# What the second sum of large scores costs as q grows (fp32 forward and backward, 1 thread,
+# with and without softcap; docs/accuracy.md), and the int8 KV cache's error per scale
+# granularity (why one scale per token and head; docs/decode.md). Under a minute together.
+echo "large scores, int8 scales (under a minute)..." >&2
+PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/large_score_cost.py" | tee "$OUT/large_scores.txt"
+PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/large_score_cost.py" 50 | tee "$OUT/large_scores_softcap.txt"
+/usr/bin/python3 "$HERE/int8_scale_accuracy.py" | tee "$OUT/int8_scales.txt"

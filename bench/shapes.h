@@ -1,4 +1,4 @@
-// The benchmark shapes S1-S6 [B, H, N, D], shared by the forward (attention_bench.cpp) and
+// The benchmark shapes S1-S6 [B, H, N, D] (docs/benchmarks.md), shared by the forward (attention_bench.cpp) and
 // backward (backward_bench.cpp) benchmarks so both measure the same problems.
 #pragma once
 
@@ -27,7 +27,7 @@ inline constexpr Shape kShapes[] = {
 };
 
 // flops_per_product · B·H·N²·D (4 for the forward, 10 for the backward), half of it under a causal
-// mask (the issues' convention).
+// mask (FlashAttention's convention).
 inline double flops_of(const Shape& s, double flops_per_product) {
   const double f = flops_per_product * s.B * s.H * static_cast<double>(s.N) * s.N * s.D;
   return s.causal ? f / 2 : f;

@@ -8,7 +8,7 @@
 #                          MPI, Chromium and Selenium for the HTML pages, the packaging tools,
 #                          clang for the sanitizers and fuzzers, the aarch64 cross compiler and qemu
 #   install-deps.sh        (or `all`) the same as test
-# README.md ("Set-up") gives each set's package count, download and disk size.
+# README.md ("Two commands") gives each set's package count, disk size and time on a fresh machine.
 set -euo pipefail
 demo=(
   cmake g++ make ccache

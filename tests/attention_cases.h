@@ -1,6 +1,6 @@
-// Random attention problems for the fused-kernel tests: shapes from the odd sizes the issue
-// lists, every mask kind (alone and combined), GQA, cross-attention and non-contiguous layouts,
-// compared against the float64 reference run on the same fp32 values.
+// Random attention problems for the fused-kernel tests: odd shapes (sizes 1-3, 17, 63-65, 1000 and odd head
+// dims), every mask kind (alone and combined), GQA, cross-attention and non-contiguous layouts, compared against the
+// float64 reference run on the same fp32 values.
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// A UTF-8 byte-order mark at the start of an embeddings file (issue 17, cause 2) is skipped in
+// A UTF-8 byte-order mark at the start of an embeddings file (Windows editors write one) is skipped in
 // every format: the first word is "the", not "\xEF\xBB\xBFthe", and the word2vec header parses.
 #include <cstring>
 

@@ -55,7 +55,7 @@ TEST(Explain, Seed003WeightsAndOutput) {
   const HeadSteps& h = e.heads[0];
   EXPECT_EQ(e.d_k, 4);
   EXPECT_DOUBLE_EQ(h.scale, 0.5);
-  // The numbers the issue quotes for seed 003's first row.
+  // Seed 003's own numbers for its first row.
   const std::array<double, 3> w0{0.31359894, 0.35006362, 0.33633743};
   const std::array<double, 4> o0{0.3109394, 0.25997455, 0.27228657, 0.44092668};
   for (int j = 0; j < 3; ++j) EXPECT_NEAR(h.weights(0, j), w0[j], 1e-6) << "weights[0][" << j << "]";

@@ -1,4 +1,4 @@
-// Where write_file_atomically writes (issue 17, cause 1; the rule is in qkv/output_file.h): the
+// Where write_file_atomically writes (the rule is in qkv/output_file.h): the
 // library-level matrix behind every output option. tests/python/test_output_targets.py runs the
 // same cases through each option of the `qkv` command.
 #include <fcntl.h>

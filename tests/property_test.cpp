@@ -1,7 +1,7 @@
 // Property tests at scale: QKV_PROPERTY_CASES random problems (default 1,000; `make check-long`
 // runs 10,000) of the fused forward kernel on every SIMD path and of attention_backward, each
 // against the float64 reference, over every mask kind, odd shapes, strided layouts and thread
-// counts. Prints the worst error per category, so TESTING.md reports measured figures.
+// counts. Prints the worst error per category, so docs/testing.md reports measured figures.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

@@ -190,7 +190,7 @@ TEST(Safetensors, MalformedFilesAreRefusedWithAReason) {
        make_st("{" + entry("a", "F64", "[4611686018427387904, 4]", 0, 8) + "}", 8),
        {"too large to address"}},
       {"meta", make_st(R"({"__metadata__": {"k": 1}})", 0), {"__metadata__ value of \"k\" is not a string"}},
-      // Duplicate keys (issue 17): a reader keeping the first copy and one keeping the last disagree.
+      // Duplicate keys: a reader keeping the first copy and one keeping the last disagree.
       {"dup_tensor",
        make_st("{" + entry("a", "F32", "[1]", 0, 4) + "," + entry("a", "F32", "[1]", 0, 4) + "}", 4),
        {"key \"a\" twice"}},

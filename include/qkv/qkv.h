@@ -1,5 +1,5 @@
 // Everything qkv offers, for callers who prefer one include. Each header below is one concept
-// (ARCHITECTURE.md lists them by layer); including only the ones used compiles faster.
+// (docs/design.md lists them by layer); including only the ones used compiles faster.
 #pragma once
 
 #include "qkv/address_space.h"

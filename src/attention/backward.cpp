@@ -39,7 +39,7 @@ int64_t plan_chunk_rows(const AttentionShape& s) {
 // Key tiles per group: a task visits each query tile against a group's key tiles in turn
 // (backward_tile.h), so the chunk's packed q, dout and dq, which outgrow L2 from N of about 2048
 // (3 MiB at S4), come from L3 once per group instead of once per key tile: 4 tiles ran S4 and S6
-// about 3% faster than 1, 8 no faster than 4 (BENCHMARKS.md). A key tile's buffers (kᵀ, k, vᵀ and its
+// about 3% faster than 1, 8 no faster than 4 (measured). A key tile's buffers (kᵀ, k, vᵀ and its
 // dk, dv rows) must stay in L2 next to a query tile's: at most 640 KB for the group.
 int64_t plan_key_group(const AttentionShape& s) {
   constexpr int64_t kGroupBytes = 640 * 1024, kMaxGroup = 4;

@@ -461,7 +461,7 @@ class BackwardChunk {
   // dP − D summed in double: dk = dSᵀ·q multiplies its rounding by that large q, and the fp32
   // chains over Dv round at the size of their partial sums (~5x PyTorch's small matmuls, which sum
   // in lanes): with keys sharing a row's weight that took dk to 2.5x PyTorch's error at q·50
-  // (ACCURACY.md, "Round 13"). Lighter keys pass on a rounding below 1/16 of it.
+  // (docs/accuracy.md). Lighter keys pass on a rounding below 1/16 of it.
   void heavy_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
     constexpr float kHeavy = 0.0625f;
     for (int64_t r = 0; r < rows; ++r) {
@@ -482,8 +482,8 @@ class BackwardChunk {
   // logits' gradients sum to 0, as ΣP = 1 and D = ΣP·dP). Each of those carries D's rounding times
   // its own P, so the dominant key gets it times 1 − P_dom, where P_dom·(dP − D) or
   // dout·(v − out) gets all of out's rounding: with a near-one-hot row and q scaled by 50, one ulp
-  // of out took dk to 2.6x PyTorch's error (whose Σ P·dP cancels the same way; ACCURACY.md,
-  // "Round 13"). Here: the dominant key's dS leaves the tile's products (0) and the others' dS,
+  // of out took dk to 2.6x PyTorch's error (whose Σ P·dP cancels the same way;
+  // docs/accuracy.md). Here: the dominant key's dS leaves the tile's products (0) and the others' dS,
   // before softcap's factor, join the row's sum in double, in key order.
   // The sum runs in 8 double lanes (one serial chain of double adds cost 15% of q·50's backward),
   // in a fixed order; columns past cols hold dS = 0.

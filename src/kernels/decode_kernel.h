@@ -17,8 +17,8 @@ namespace qkv::kernels {
 // Keys a chunk task reads between the scores and the P·V product, within one page.
 constexpr int64_t kDecodeBlock = 64;
 // How far ahead of the key being scored a task asks for K and V rows (decode_chunk.h): 4 KB of
-// them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (BENCHMARKS.md, "Round
-// 17"): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
+// them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (measured on a
+// Zen 5): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
 // 8% slower, and 32 keys did nothing more for int8. The cap keeps tiny rows (D = 1: thousands of
 // keys) from starting the cursor past a whole chunk.
 constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {

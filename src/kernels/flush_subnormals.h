@@ -2,7 +2,7 @@
 // becomes 0 instead of a subnormal. On x86 every subnormal result takes a microcode assist of
 // ~100 cycles, and with scores ~150 apart (q·50, FlashAttention's large-score tests) most of the
 // small weights and their P·V products land there: the forward ran 9x slower and the backward 8x
-// (BENCHMARKS.md, "Round 9"). What is lost is below 1.2e-38 of a row's largest weight. Subnormal
+// (measured on 1·12·1024·64). What is lost is below 1.2e-38 of a row's largest weight. Subnormal
 // inputs are still read as they are (DAZ stays off), and the caller's mode comes back at the end
 // of the scope. Elsewhere (AArch64, whose flush mode also zeroes inputs) this does nothing.
 #pragma once

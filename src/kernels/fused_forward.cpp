@@ -30,7 +30,7 @@ namespace {
 
 // Query rows per tile, from the shape alone (see ForwardParams::tile_rows). With tiles grouped
 // (plan_tile_group), 64 rows beat 32 by 5-7% on S3-S6 and 128 rows (1 thread, per CPU second,
-// BENCHMARKS.md). Short sequences get smaller tiles so two threads still have work at B·H = 1.
+// measured). Short sequences get smaller tiles so two threads still have work at B·H = 1.
 constexpr int64_t kLongTileRows = 64;
 static_assert(kLongTileRows <= kMaxTileRows, "ForwardTile's per-row arrays hold kMaxTileRows rows");
 
@@ -42,7 +42,7 @@ int64_t plan_tile_rows(const AttentionShape& s) {
 
 // Tiles per task. The task's tiles run block-major (tile_group.h), so each key block of K and V
 // is fetched from L3 once per task instead of once per tile: on S4 and S6, whose K and V outgrow
-// L2, 16 tiles ran 10-25% faster than 1 and 3% faster than 8 (BENCHMARKS.md). The tiles' own
+// L2, 16 tiles ran 10-25% faster than 1 and 3% faster than 8. The tiles' own
 // Qᵀ and O buffers, (D + Dv) floats per row, must stay in L2 next to the blocks: at most 512 KB.
 // Fewer tiles when that would leave under 8 tasks for the threads.
 int64_t plan_tile_group(const AttentionShape& s, int64_t tile_rows) {

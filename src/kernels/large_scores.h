@@ -1,5 +1,6 @@
-// Scores of large vectors summed again in double, in the forward and the backward alike (issue
-// 16, item 0). Include only after kernel_deps.h and a family's simd_*.h.
+// Scores of large vectors summed again in double, in the forward and the backward alike, so that
+// fp32 keeps FlashAttention's accuracy rule on large scores (docs/accuracy.md). Include only after
+// kernel_deps.h and a family's simd_*.h.
 //
 // The micro-kernel sums each q·k in one fp32 FMA chain over d, and the chain rounds at the size
 // of its partial sums, which the vectors' size bounds, not the score: with q scaled by 50
@@ -23,7 +24,7 @@ namespace {
 // about m·√D (D = 64: 8 at q·1, 32 at q·4, 64 at q·8, 400 at q·50; D = 128: 11 at q·1). Over 1000
 // fresh cases per scaling, the scores left in fp32 below 64 took dk to 1.10x FlashAttention's rule
 // at q·4 and 1.43x at q·8 (0.5-0.9% of cases over); below 32 the worst was 0.78x at q·4 and 0.62x at
-// q·2, with every score summed again 0.61x at q·8 (ACCURACY.md, "Round 10").
+// q·2, with every score summed again 0.61x at q·8 (docs/accuracy.md).
 constexpr float kLargeScore = 32.0f;
 
 // The limit for |q|·|k|, which is what the kernels multiply.
@@ -172,7 +173,7 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // s_lo (optional, laid out as s, rows x lds): where a score is written, what its rounding left,
 // score − s rounded to float (0 where s is not finite or past kLowPartLimit); 0 elsewhere. The softmax adds it
 // to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
-// rounding of a score of ~100 (ACCURACY.md, "Round 10").
+// rounding of a score of ~100 (docs/accuracy.md).
 inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
                           int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, float* s_lo,
                           int64_t lds, int64_t rows, int64_t n, float limit, bool every, double* wide) {
@@ -256,7 +257,7 @@ inline void split_logit(double logit, float& hi, float& lo) {
 // softcap_wide, to double's accuracy, and its derivative to *slope when asked. The fp32 adjust
 // rounded softcap's cap·tanh(x/cap) at ~32 once more, an error of up to 1.9e-6 in the logit and
 // so in P's relative error: with q scaled by 50 that took dk to 2x FlashAttention's rule
-// (ACCURACY.md, "Round 13"). Both passes call it on the same refined scores, so P = exp(S − lse)
+// (docs/accuracy.md). Both passes call it on the same refined scores, so P = exp(S − lse)
 // stays consistent.
 template <class Mask>
 void adjust_refined(const Mask& mask, float& s, float& s_lo, int64_t b, int64_t h, int64_t i, int64_t j,

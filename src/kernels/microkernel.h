@@ -115,7 +115,7 @@ class GemmTable {
 // k step (A with a_row = 1: the forward's P, transposed): a whole number of cache lines, and an odd one.
 // At 64 floats (four lines) the rows of such a walk fell into a quarter of L1's sets, beside B's
 // rows in all of them, and evicted one another: one more line per row took P·V from ~80% to
-// ~95% of the FMA peak (Skylake-SP, BENCHMARKS.md, "K chunks").
+// ~95% of the FMA peak (Skylake-SP, measured).
 constexpr int64_t column_read_stride(int64_t n) {
   const int64_t lines = (n + 15) / 16;
   return (lines | 1) * 16;
@@ -124,7 +124,7 @@ constexpr int64_t column_read_stride(int64_t n) {
 // The B rows one K chunk of gemm_blocked may span: with more, B fell out of L1 (32 KB on many
 // cores) between the strips of rows that reuse it. A block product of K = 128 over one panel of B
 // (P·V over a key block of 128 at Dv = 64, or the scores at head dim 128) ran at ~80% of the FMA
-// peak in one pass and ~95% in two chunks of 64 (Skylake-SP, BENCHMARKS.md, "K chunks"). Over two
+// peak in one pass and ~95% in two chunks of 64 (Skylake-SP, measured). Over two
 // panels (Dv = 128) chunks measured slower than one pass (84 against 103-113 GFLOP/s), so only one
 // panel is chunked.
 constexpr int64_t kChunkBytes = 16 * 1024;

@@ -1,5 +1,5 @@
 // The AVX-512 decode kernel's transposing reduction, in its own header so that the probes that
-// measure the kernel's arithmetic (bench/decode_floor_probe.cpp, bench/int8_layout_probe.cpp)
+// measure the kernel's arithmetic (bench/decode_floor_probe.cpp)
 // run this very code. Include after the AVX-512 target pragma (or build with -march=native).
 #pragma once
 

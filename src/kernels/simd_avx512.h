@@ -37,7 +37,7 @@ struct Bf16PairDot {
 };
 
 // AMX-BF16 tile products for the bf16 forward where the CPU and OS have them (dispatch.cpp): on
-// the machine of BENCHMARKS.md ("bf16 speed, round 5") vdpbf16ps issues once per 2 cycles, so its
+// a Zen 4 (measured) vdpbf16ps issues once per 2 cycles, so its
 // pairs multiply at half the rate of fp32 FMAs, while tdpbf16ps runs ~15x the FMA peak. Every tile
 // is 16 rows x 64 bytes: tmm0-3 a 2x2 block of C, tmm4-5 two row blocks of A, tmm6-7 two column
 // blocks of B. The results are deterministic (one fixed order per element), not those of

@@ -2,7 +2,7 @@
 // float calls softcap_score; the float64 reference keeps std::tanh).
 //
 // Why not std::tanh: at ~50 ns a score it made a softcapped forward 14× slower than the same
-// forward without (BENCHMARKS.md, "Issue 16 round 14"). This is branch-free double arithmetic
+// forward without (measured). This is branch-free double arithmetic
 // that GCC vectorizes inside each SIMD family's source (softcap_scores), and a single call gives
 // the same bits as the vectorized loop: the same operations in the same order, which GCC contracts
 // into FMAs alike where the target has them (the Softcap test checks it on x86's baseline and, with

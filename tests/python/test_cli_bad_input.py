@@ -357,7 +357,7 @@ def test_missing_required_option(attend):
     (["compare", "--embeddings", "e.txt", "--random-weights", "0", "--word", "bank", "only one sentence"], "sentences"),
 ])
 def test_usage_errors(run, tmp_path, monkeypatch, args, needle):
-    monkeypatch.setenv("QKV_EMBEDDINGS", "")  # no default word vectors (README "Real words")
+    monkeypatch.setenv("QKV_EMBEDDINGS", "")  # no default word vectors (docs/cli.md)
     proc = run(*args, cwd=tmp_path)
     check_failure(proc, 2, needle, directory=tmp_path)
 

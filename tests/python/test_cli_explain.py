@@ -71,7 +71,7 @@ def test_explain_prints_seed003_steps_and_numbers(run, seed003):
                    "Scale the scores", "np.sqrt(d_k)", "Apply the softmax function", "Attention weights:",
                    "Compute the weighted sum of values", "Self-attention output:"]:
         assert phrase in out, phrase
-    # The numbers the issue quotes, and every step's numbers recomputed here.
+    # Seed 003's own numbers, and every step's numbers recomputed here.
     for number in ["0.31359894", "0.35006362", "0.33633743", "0.3109394", "0.25997455", "0.27228657", "0.44092668"]:
         assert number in out, number
     want = seed003_numpy(seed003)

@@ -7,13 +7,13 @@ precision (fp32 autograd here). Its test matrix scales q by 50 when it tests sof
 reach ~50-150 (large scores), and uses 9 query heads per kv head (MQA / large GQA groups): both
 are drawn here, with and without softcap and the causal mask.
 
-Over 6000 fresh cases (AVX-512, q scaled by 1 to 50: bench/fa_rule_tail.py) no out, dq or dv
+Over 6000 fresh cases (AVX-512, q scaled by 1 to 50) no out, dq or dv
 misses the rule (worst 0.47, 0.48, 0.49) and dk misses it in 6 of the ~1000 with q·50 (worst 1.64
-with softcap, 1.43 without). Until round 9 dk reached 7x in ~1 case in 700 (and 6.3x on the
+with softcap, 1.43 without). With q·k summed in one fp32 chain, dk reached 7x in ~1 case in 700 (and 6.3x on the
 scalar path, which rounded each term twice): all of it came from summing q·k in one fp32 chain
 over d, which rounds at the size of the vectors where PyTorch's small matmuls sum in 16 lanes.
 Scores of large vectors are now summed and scaled again in double, and what their rounding left
-goes to the softmax (src/kernels/large_scores.h; ACCURACY.md, "Round 9" and "Round 10").
+goes to the softmax (src/kernels/large_scores.h; docs/accuracy.md).
 """
 
 import math
@@ -28,8 +28,8 @@ from py_oracle import as4, random_case, rng_for, seed_note, torch_scores
 HEADS = (9, 9, 3, 1)  # kv heads for 9 query heads: MHA, MHA, GQA 3, MQA
 LENGTHS = (1, 3, 17, 64, 113, 128, 239)
 DIMS = (32, 40, 59, 64, 111, 128)
-# Measured worst over 3000 fresh cases (q·1 to q·50, round 13): out 0.47, dq 0.37, dk 0.62, dv 0.55;
-# dk needed 5 until round 13 (ACCURACY.md).
+# Measured worst over 3000 fresh cases (q·1 to q·50): out 0.47, dq 0.37, dk 0.62, dv 0.55
+# (docs/accuracy.md).
 SLACK = {"out": 1.5, "dq": 1.5, "dk": 1.5, "dv": 1.5}
 
 
@@ -104,14 +104,14 @@ def test_fp32_within_flash_attention_rule(case):
 
 
 # Rows that see a few keys, one of them holding most of the weight, with q scaled by 50: where dk
-# sat last (ACCURACY.md, "Round 13"): softcap's logits rounded in fp32, dP − D summed in fp32
+# sat last (docs/accuracy.md): softcap's logits rounded in fp32, dP − D summed in fp32
 # chains, and out's rounding in a dominant key's dS. (kv heads, N, M, D, causal, softcap); 9 query
 # heads, B = 2, fresh inputs per case. Held to the rule itself, without the general test's slack:
 # before those fixes each of 6 seeds had 1-4 of these 48 cases over 3/4 of it (worst 1.75), most
 # runs one over 1. After them the worst of 1,200 fresh cases was 0.70, but the tail is long: one
 # case reached 0.754 (QKV_TEST_SEED=1698129422 case=3100, shape 2: dk 1.1e-5 on a value of 32,
 # three ulps, where PyTorch's own error was 2.4e-6), and 3/4 failed a clean-clone make test on
-# it; ACCURACY.md, "Round 14".
+# it.
 FEW_KEYS_SLACK = 1.0
 FEW_KEYS = [
     (1, 1, 3, 59, False, 0.0),

@@ -1,4 +1,4 @@
-"""Every output option of `qkv` against every kind of target (issue 17, cause 1; the rule is in
+"""Every output option of `qkv` against every kind of target (the rule is in
 include/qkv/output_file.h): regular files are replaced atomically, through symlinks; character
 devices and FIFOs are written in place; everything else is refused with one line, exit 1, and
 nothing touched. Device nodes and a full filesystem need root (mknod, mount); without it those

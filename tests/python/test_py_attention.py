@@ -202,7 +202,7 @@ def test_neon_is_refused_off_arm():
 
 
 def test_matches_torch_formula_directly_in_float32():
-    # The literal oracle: torch.softmax(q @ k^T * scale + mask) @ v, computed by torch in fp32.
+    # The literal oracle: torch.softmax(q @ k^T * scale + mask) @ v, computed by torch in fp32.
     rng = rng_for(2500)
     q = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
     k = rng.standard_normal((2, 3, 65, 64)).astype(np.float32)

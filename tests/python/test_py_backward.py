@@ -8,7 +8,7 @@ import qkv
 from py_oracle import assert_close, random_case, rng_for, seed_note, torch_attention
 
 
-# The issue-4 bound on fp32 gradients (as tests/backward_test.cpp and test_backward_torch.py):
+# The bound on fp32 gradients (as tests/backward_test.cpp and test_backward_torch.py):
 # max error <= 2e-4 relative to max |grad|; 2e-5 was tighter than that contract and failed on
 # QKV_TEST_SEED=1894769981 case 5080 (dk 2.33e-5).
 FP32_TOL = 2e-4

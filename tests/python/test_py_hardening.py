@@ -1,4 +1,4 @@
-"""Issue 17 through the Python module: embeddings text with a byte-order mark or non-UTF-8 words,
+"""Hostile conditions through the Python module: embeddings text with a byte-order mark or non-UTF-8 words,
 Ctrl-C during a long call, a MultiHeadAttention shared by threads, and tight memory."""
 import os
 import signal

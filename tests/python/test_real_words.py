@@ -1,4 +1,4 @@
-"""Real words out of the box (README "Real words"): the default word vectors, `qkv train --task
+"""Real words out of the box (docs/guide.md, "Real words"): the default word vectors, `qkv train --task
 masked-word`, sinusoidal positions in `explain`, and an explainer that does not mislead (weights
 labelled by origin, 1-based token numbers, file names only, did-you-mean for options)."""
 import csv

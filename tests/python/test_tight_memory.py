@@ -1,4 +1,4 @@
-"""Issue 17, causes 5 and 6 through the `qkv` command: every command starts and ends in a 100 MB
+"""Tight memory and long input through the `qkv` command: every command starts and ends in a 100 MB
 address space (OpenBLAS's thread pool used to hang it at start-up), and sentences come from a
 file or standard input as well as from the command line."""
 import resource

@@ -265,7 +265,7 @@ def test_bfloat16_module_matches_float32():
 
 
 def test_training_example_runs():
-    """examples/torch_train.py end to end at a tiny size (its figures are in BENCHMARKS.md)."""
+    """examples/torch_train.py end to end at a tiny size (its figures are in docs/benchmarks.md)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "torch_train.py"
     args = ["--seq", "32", "--steps", "2", "--warmup", "1", "--d-model", "32"]
     res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=dict(os.environ),
