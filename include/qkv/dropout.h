@@ -17,6 +17,9 @@ struct Dropout {
   double p = 0.0;         // probability of dropping a weight, in [0, 1); 0 turns dropout off
   uint64_t seed = 0;      // the generator's key
   uint64_t offset = 0;    // counts calls that share a seed (PyTorch's generator offset)
+  // The batch index of the call's batch row 0: calls that each run one part of a larger batch
+  // (the sequences of a packed varlen batch) give each part its own mask.
+  int64_t first_batch = 0;
   bool active() const { return p > 0.0; }
 };
 

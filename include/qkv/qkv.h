@@ -7,6 +7,7 @@
 #include "qkv/attention_options.h"
 #include "qkv/backward.h"
 #include "qkv/decode.h"
+#include "qkv/dropout.h"
 #include "qkv/embeddings.h"
 #include "qkv/error.h"
 #include "qkv/explain.h"
@@ -30,4 +31,5 @@
 #include "qkv/tensor_map.h"
 #include "qkv/train_progress.h"
 #include "qkv/utf8.h"
+#include "qkv/varlen.h"
 #include "qkv/weights.h"
