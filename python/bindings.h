@@ -8,6 +8,7 @@ namespace qkvpy {
 
 void bind_attention(pybind11::module_& m);
 void bind_backward(pybind11::module_& m);
+void bind_varlen(pybind11::module_& m);
 void bind_layer(pybind11::module_& m);
 void bind_embeddings(pybind11::module_& m);
 void bind_explain(pybind11::module_& m);

@@ -50,6 +50,7 @@ PYBIND11_MODULE(_qkv, m) {
   });
   qkvpy::bind_attention(m);
   qkvpy::bind_backward(m);
+  qkvpy::bind_varlen(m);
   qkvpy::bind_layer(m);
   qkvpy::bind_embeddings(m);
   qkvpy::bind_explain(m);

@@ -12,7 +12,8 @@ autograd); `import qkv` itself never imports torch.
 
 from . import _qkv
 from ._qkv import __version__, simd_path  # noqa: F401
-from .attention import attention_backward, attention_weights, default_num_threads, dropout_mask, scaled_dot_product_attention
+from .attention import (attention_backward, attention_weights, default_num_threads, dropout_mask,  # noqa: F401
+                        scaled_dot_product_attention, varlen_attention, varlen_attention_backward)
 
 from ._qkv import Embeddings, MultiHeadAttention, Optimizer, clip_grad_norm, explain_examples, load_embeddings, lr_at, tokenize  # noqa: F401,E501
 from .optim import SGD, AdamW  # noqa: F401
@@ -39,4 +40,5 @@ __all__ = ["__version__", "MultiHeadAttention", "Embeddings", "load_embeddings",
            "context", "compare", "load_layer", "data_file", "SentenceLayer",
            "Optimizer", "SGD", "AdamW", "clip_grad_norm", "lr_at",
            "scaled_dot_product_attention", "attention_backward", "attention_weights", "default_num_threads", "dropout_mask",
+           "varlen_attention", "varlen_attention_backward",
            "simd_path", "KVCache", "apply_rotary", "decode_attention", "decode_attention_weights"]

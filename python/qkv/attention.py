@@ -184,3 +184,37 @@ attention_weights.__doc__ = attention_weights.__doc__.replace("{mask}", _MASK_DO
 def default_num_threads():
     """Threads a call uses when num_threads=0: QKV_NUM_THREADS if positive, else OpenMP's default."""
     return _qkv.default_num_threads()
+
+
+@suggest_keywords
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, causal_align="top_left", window=None,
+                     alibi_slopes=None, softcap=None, scale=None, return_lse=False, num_threads=0, dropout_p=0.0,
+                     seed=None, dropout_offset=0):
+    """Packed variable-length attention (FlashAttention's varlen form), float32.
+
+    q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]: the sequences of a batch stored end
+    to end; sequence s owns query rows cu_seqlens_q[s]:cu_seqlens_q[s+1] and key rows
+    cu_seqlens_k[s]:cu_seqlens_k[s+1] (cu_seqlens_* start at 0, never decrease, end at the total,
+    one entry more than there are sequences) and attends only to its own keys. No padding, no work
+    on padding. causal (in either alignment, per sequence), window, alibi_slopes, softcap, scale and
+    dropout are those of scaled_dot_product_attention, applied to each sequence as a batch of one
+    (dropout: the sequence is the batch row). Returns out [total_q, H, Dv], or (out, lse) with lse
+    [H, total_q] in float64 (what varlen_attention_backward takes). A sequence with queries and no
+    keys gives zeros and lse -inf. The same bits for any thread count; the GIL is released.
+    """
+    mask = _mask_dict(causal, causal_align, None, None, window, None, None, alibi_slopes, softcap, dropout_p, seed,
+                      dropout_offset)
+    out, lse = _qkv.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, mask, scale, num_threads)
+    return (out, lse) if return_lse else out
+
+
+@suggest_keywords
+def varlen_attention_backward(q, k, v, dout, out, lse, cu_seqlens_q, cu_seqlens_k, *, causal=False,
+                              causal_align="top_left", window=None, alibi_slopes=None, softcap=None, scale=None,
+                              num_threads=0, dropout_p=0.0, seed=None, dropout_offset=0):
+    """Gradients (dq, dk, dv) of varlen_attention given dout [total_q, H, Dv] and that call's out and
+    float64 lse; every other argument as the forward was given it (dropout: the same seed and offset
+    regenerate the mask)."""
+    mask = _mask_dict(causal, causal_align, None, None, window, None, None, alibi_slopes, softcap, dropout_p, seed,
+                      dropout_offset)
+    return _qkv.varlen_backward(q, k, v, dout, out, lse, cu_seqlens_q, cu_seqlens_k, mask, scale, num_threads)

@@ -586,3 +586,4 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 
 from . import _torch_ops as _ops  # noqa: E402 (registers the qkv:: operators, which call the functions above)
 from ._torch_ring import ring_attention, shard, shard_ranges, unshard  # noqa: E402,F401
+from ._torch_varlen import varlen_attention  # noqa: E402,F401
