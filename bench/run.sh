@@ -56,3 +56,7 @@ echo "large scores, int8 scales (under a minute)..." >&2
 PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/large_score_cost.py" | tee "$OUT/large_scores.txt"
 PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/large_score_cost.py" 50 | tee "$OUT/large_scores_softcap.txt"
 /usr/bin/python3 "$HERE/int8_scale_accuracy.py" | tee "$OUT/int8_scales.txt"
+# Packed variable-length batches against padding (32 sequences of 16-2048 tokens, causal,
+# forward + backward; docs/benchmarks.md, "Packed sequences"). About a minute.
+echo "varlen vs padded (about a minute)..." >&2
+PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/varlen_bench.py" | tee "$OUT/varlen.md"
