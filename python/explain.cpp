@@ -177,11 +177,16 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     if (!py::isinstance<py::dict>(labels)) throw py::type_error("labels must be a dict of str");
     for (const auto& [key, value] : labels.cast<py::dict>()) {
       const std::string name = string_arg(key, "labels key"), text = string_arg(value, "labels[" + name + "]");
-      if (name == "title") e.title = text;
-      else if (name == "source") e.source = text;
-      else if (name == "weights") e.weights = text;
-      else if (name == "style") e.style = text;
-      else throw py::value_error(fmt::format("labels: unknown key '{}' (title, source, weights, style)", name));
+      if (name == "title")
+        e.title = text;
+      else if (name == "source")
+        e.source = text;
+      else if (name == "weights")
+        e.weights = text;
+      else if (name == "style")
+        e.style = text;
+      else
+        throw py::value_error(fmt::format("labels: unknown key '{}' (title, source, weights, style)", name));
     }
   }
   if (format == "text") return py::str(qkv::explanation_to_text(e, precision));

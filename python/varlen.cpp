@@ -41,7 +41,8 @@ VarlenCall varlen_call(const py::handle& q, const py::handle& cu_q, const py::ha
 }
 
 py::tuple forward(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& cu_q,
-                  const py::object& cu_k, const py::dict& mask, const py::object& scale, const py::object& num_threads) {
+                  const py::object& cu_k, const py::dict& mask, const py::object& scale,
+                  const py::object& num_threads) {
   py::array qo, ko, vo;
   const auto q = float32_view(q_obj, "q", qo), k = float32_view(k_obj, "k", ko), v = float32_view(v_obj, "v", vo);
   const VarlenCall c = varlen_call(qo, cu_q, cu_k, mask, scale, num_threads);
@@ -74,8 +75,7 @@ py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::o
       dv({v.dim(0), v.dim(1), v.dim(2)});
   {
     py::gil_scoped_release release;
-    qkv::varlen_attention_backward(dq.view(), dk.view(), dv.view(), dout, q, k, v, out,
-                                   lse, c.cu_q, c.cu_k, c.options);
+    qkv::varlen_attention_backward(dq.view(), dk.view(), dv.view(), dout, q, k, v, out, lse, c.cu_q, c.cu_k, c.options);
   }
   return py::make_tuple(tensor_to_numpy(std::move(dq)), tensor_to_numpy(std::move(dk)), tensor_to_numpy(std::move(dv)));
 }

@@ -124,7 +124,8 @@ TEST(Dropout, Bf16ForwardWithinTheCompositeRuleOnEveryPath) {
         }
         for (int64_t j = 0; j < s.M; ++j) l += p[j] = std::isinf(mx) ? 0.0f : std::exp(p[j] - mx);
         const DropoutRow row(o.dropout, 2, 0, h, i);
-        for (int64_t j = 0; j < s.M; ++j) p[j] = l > 0 ? round_bf16(round_bf16(p[j] / l) * (row.keep(j) ? kept : 0.0f)) : 0;
+        for (int64_t j = 0; j < s.M; ++j)
+          p[j] = l > 0 ? round_bf16(round_bf16(p[j] / l) * (row.keep(j) ? kept : 0.0f)) : 0;
         for (int64_t e = 0; e < 64; ++e) {
           float acc = 0;
           for (int64_t j = 0; j < s.M; ++j) acc += p[j] * static_cast<float>(v64.cview()(0, 0, j, e));
@@ -153,9 +154,9 @@ struct Grads {
 };
 
 Grads run_both(const AttentionShape& s, const AttentionOptions& options, const Tensor<float>& q, const Tensor<float>& k,
-        const Tensor<float>& v, const Tensor<float>& dout) {
+               const Tensor<float>& v, const Tensor<float>& dout) {
   Grads r{Tensor<float>({s.B, s.H, s.N, s.Dv}), Tensor<double>({s.B, s.H, s.N}), Tensor<float>({s.B, s.H, s.N, s.D}),
-        Tensor<float>({s.B, s.Hkv, s.M, s.D}), Tensor<float>({s.B, s.Hkv, s.M, s.Dv})};
+          Tensor<float>({s.B, s.Hkv, s.M, s.D}), Tensor<float>({s.B, s.Hkv, s.M, s.Dv})};
   // lse in float64, as qkv.torch keeps it: its fp32 rounding alone puts ~5e-7 into each recomputed
   // P at scores of q·50, which dropout's 1 / (1 − p) then carries into dv.
   attention_forward_lse64(r.out.view(), r.lse.view(), q.cview(), k.cview(), v.cview(), options);
@@ -180,8 +181,11 @@ double max_diff(const Tensor<float>& a, const Tensor<float>& b) {
 // and MQA; and the same bits for 1, 2 and 3 threads.
 TEST(Dropout, BackwardWithinTheCompositeRuleAndBitwiseForAnyThreadCount) {
   test::Rng rng("Dropout.Backward");
-  const AttentionShape shapes[] = {{1, 2, 2, 3, 5, 40, 40},     {2, 3, 1, 70, 65, 59, 59}, {1, 4, 1, 130, 140, 64, 64},
-                                   {1, 2, 2, 1, 1, 111, 111},   {1, 2, 1, 200, 200, 128, 128}};
+  const AttentionShape shapes[] = {{1, 2, 2, 3, 5, 40, 40},
+                                   {2, 3, 1, 70, 65, 59, 59},
+                                   {1, 4, 1, 130, 140, 64, 64},
+                                   {1, 2, 2, 1, 1, 111, 111},
+                                   {1, 2, 1, 200, 200, 128, 128}};
   for (Simd simd : test::available_paths())
     for (const AttentionShape& s : shapes)
       for (bool large : {false, true}) {
@@ -214,15 +218,15 @@ TEST(Dropout, BackwardWithinTheCompositeRuleAndBitwiseForAnyThreadCount) {
                                      v64.cview(), o);
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
         const test::Composite32 pt = test::composite32(q, k, v, dout, scale, 0.0f, causal, o.dropout);
-        const std::string what = fmt::format("{} B{} H{} Hkv{} N{} M{} D{} q×{} causal {} p {} seed {}",
-                                             simd_path_name(simd), s.B, s.H, s.Hkv, s.N, s.M, s.D, large ? 50 : 1,
-                                             causal, o.dropout.p, o.dropout.seed);
+        const std::string what =
+            fmt::format("{} B{} H{} Hkv{} N{} M{} D{} q×{} causal {} p {} seed {}", simd_path_name(simd), s.B, s.H,
+                        s.Hkv, s.N, s.M, s.D, large ? 50 : 1, causal, o.dropout.p, o.dropout.seed);
         double max_ref = 0;
         for (int64_t i = 0; i < out.numel(); ++i) max_ref = std::max(max_ref, std::abs(out[i]));
         EXPECT_LE(max_diff(one.out, out), 2e-5 * (1 + max_ref)) << "out " << what;
-        for (auto [name, got, peer, ref] : {std::tuple{"dq", &one.dq, &pt.dq, &dq}, std::tuple{"dk", &one.dk, &pt.dk, &dk},
-                                            std::tuple{"dv", &one.dv, &pt.dv, &dv}})
-        {
+        for (auto [name, got, peer, ref] :
+             {std::tuple{"dq", &one.dq, &pt.dq, &dq}, std::tuple{"dk", &one.dk, &pt.dk, &dk},
+              std::tuple{"dv", &one.dv, &pt.dv, &dv}}) {
           // The peer must agree with the oracle on its own (a wrong mask in either shows here).
           double max_ref_grad = 0;
           for (int64_t i = 0; i < ref->numel(); ++i) max_ref_grad = std::max(max_ref_grad, std::abs((*ref)[i]));

@@ -165,8 +165,8 @@ TEST(Varlen, EqualsThePaddedCallWhenEverySequenceHasOneLength) {
   Tensor<double> lse({B, H, n});
   auto out4 = view4(out.data(), H);
   attention_forward_lse64(out4, lse.view(), as4(b.q), as4(b.k), as4(b.v), o);
-  attention_backward(view4(dq.data(), H), view4(dk.data(), Hkv), view4(dv.data(), Hkv), {}, as4(b.dout),
-                     as4(b.q), as4(b.k), as4(b.v), TensorView<const float>(out4), lse.cview(), o);
+  attention_backward(view4(dq.data(), H), view4(dk.data(), Hkv), view4(dv.data(), Hkv), {}, as4(b.dout), as4(b.q),
+                     as4(b.k), as4(b.v), TensorView<const float>(out4), lse.cview(), o);
   for (auto [x, y] : {std::pair{&packed.out, &out}, std::pair{&packed.dq, &dq}, std::pair{&packed.dk, &dk},
                       std::pair{&packed.dv, &dv}})
     ASSERT_EQ(0, std::memcmp(x->data(), y->data(), x->numel() * sizeof(float)));

@@ -2,10 +2,10 @@
 //
 // A weight P[b, h, i, j] is kept or dropped by a counter-based generator (Philox4x32-10, Salmon
 // et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by the call's seed and
-// counted by (j / 4, i, b·H + h, offset; the offset's high word joins the key): no state passes between elements, so the forward, the
-// backward (which regenerates the mask instead of storing it) and any number of threads all see
-// the same mask, and a run replays from its seed. Kept weights are scaled by 1 / (1 − p), so the
-// expected output is the output without dropout.
+// counted by (j / 4, i, b·H + h, offset; the offset's high word joins the key): no state passes between elements, so
+// the forward, the backward (which regenerates the mask instead of storing it) and any number of threads all see the
+// same mask, and a run replays from its seed. Kept weights are scaled by 1 / (1 − p), so the expected output is the
+// output without dropout.
 #pragma once
 
 #include <array>
@@ -14,9 +14,9 @@
 namespace qkv {
 
 struct Dropout {
-  double p = 0.0;         // probability of dropping a weight, in [0, 1); 0 turns dropout off
-  uint64_t seed = 0;      // the generator's key
-  uint64_t offset = 0;    // counts calls that share a seed (PyTorch's generator offset)
+  double p = 0.0;       // probability of dropping a weight, in [0, 1); 0 turns dropout off
+  uint64_t seed = 0;    // the generator's key
+  uint64_t offset = 0;  // counts calls that share a seed (PyTorch's generator offset)
   // The batch index of the call's batch row 0: calls that each run one part of a larger batch
   // (the sequences of a packed varlen batch) give each part its own mask.
   int64_t first_batch = 0;

@@ -46,9 +46,10 @@ struct Packed {
 
 Packed check_packed(std::span<const int64_t> q, std::span<const int64_t> k, std::span<const int64_t> v,
                     std::span<const int64_t> cu_q, std::span<const int64_t> cu_k, const AttentionOptions& options) {
-  for (auto [shape, name] : {std::pair{q, "q [total_q, H, D]"}, std::pair{k, "k [total_k, Hkv, D]"},
-                             std::pair{v, "v [total_k, Hkv, Dv]"}})
-    if (shape.size() != 3) throw Error(fmt::format("varlen: {} must have rank 3, got shape {}", name, shape_string(shape)));
+  for (auto [shape, name] :
+       {std::pair{q, "q [total_q, H, D]"}, std::pair{k, "k [total_k, Hkv, D]"}, std::pair{v, "v [total_k, Hkv, Dv]"}})
+    if (shape.size() != 3)
+      throw Error(fmt::format("varlen: {} must have rank 3, got shape {}", name, shape_string(shape)));
   const Packed p{q[0], k[0], q[1], k[1], q[2], v[2], static_cast<int64_t>(cu_q.size()) - 1};
   if (k[2] != p.D) throw Error(fmt::format("varlen: head dims differ: q has D = {} but k has D = {}", p.D, k[2]));
   if (v[0] != p.total_k || v[1] != p.Hkv)
@@ -61,8 +62,9 @@ Packed check_packed(std::span<const int64_t> q, std::span<const int64_t> k, std:
   const Mask& m = options.mask;
   if (!m.key_lengths.empty() || !m.query_lengths.empty() || !m.keep.empty() || !m.bias.empty() ||
       !m.diagonal_offsets.empty())
-    throw Error("varlen: key_lengths, query_lengths, keep and bias masks are not supported (each sequence has its "
-                "own lengths; mask a sequence's keys by leaving them out of it)");
+    throw Error(
+        "varlen: key_lengths, query_lengths, keep and bias masks are not supported (each sequence has its "
+        "own lengths; mask a sequence's keys by leaving them out of it)");
   return p;
 }
 
@@ -73,8 +75,8 @@ void check_cu_seqlens(std::span<const int64_t> cu, int64_t total, const char* na
   if (cu.front() != 0) throw Error(fmt::format("varlen: {}[0] must be 0, got {}", name, cu.front()));
   for (std::size_t s = 1; s < cu.size(); ++s)
     if (cu[s] < cu[s - 1])
-      throw Error(fmt::format("varlen: {} must not decrease, but [{}] = {} < [{}] = {}", name, s, cu[s], s - 1,
-                              cu[s - 1]));
+      throw Error(
+          fmt::format("varlen: {} must not decrease, but [{}] = {} < [{}] = {}", name, s, cu[s], s - 1, cu[s - 1]));
   if (cu.back() != total)
     throw Error(fmt::format("varlen: {} must end at the {} packed rows, got {}", name, total, cu.back()));
 }

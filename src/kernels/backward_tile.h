@@ -548,8 +548,10 @@ class BackwardChunk {
       const float z = keep ? p_.dropout_scale : 0.0f;
       float x = 0.0f;
       for (int64_t e = 0; e < s_.Dv; ++e)
-        x = std::fma(dop[e], (p_.dropout.active() ? v[e * p_.v_stride.col] * z : v[e * p_.v_stride.col]) -
-                                 out[e * p_.out_stride.col], x);
+        x = std::fma(
+            dop[e],
+            (p_.dropout.active() ? v[e * p_.v_stride.col] * z : v[e * p_.v_stride.col]) - out[e * p_.out_stride.col],
+            x);
       ds[c] = pr[c] * x;
     }
   }

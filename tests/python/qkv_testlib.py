@@ -165,3 +165,15 @@ def layer_forward(x, w, H, Hkv=None):
     if "w_o" in w:
         out = out @ w["w_o"] + w.get("b_o", 0.0)
     return out
+
+
+def allowed_pairs(n, m, causal, window, bottom_right=False):
+    """[n, m] bool: which keys each query may see under a causal mask and a (left, right) window,
+    the diagonal top-left (i) or bottom-right (i + m - n), as include/qkv/mask.h places it."""
+    i, j = np.arange(n)[:, None] + (m - n if bottom_right else 0), np.arange(m)[None, :]
+    allowed = np.ones((n, m), bool)
+    if causal:
+        allowed &= j <= i
+    if window is not None:
+        allowed &= (j >= i - window[0]) & (j <= i + window[1])
+    return allowed

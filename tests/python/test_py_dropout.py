@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import qkv
+from qkv_testlib import allowed_pairs
 
 torch = pytest.importorskip("torch")
 import qkv.torch as qt  # noqa: E402
@@ -23,13 +24,7 @@ def composite(q, k, v, keep, p, causal, window, dtype):
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ kk.transpose(-1, -2) / np.sqrt(q.shape[-1])
-    N, M = s.shape[-2:]
-    i, j = np.arange(N)[:, None], np.arange(M)[None, :]
-    allowed = np.ones((N, M), bool)
-    if causal:
-        allowed &= j <= i
-    if window is not None:
-        allowed &= (j >= i - window[0]) & (j <= i + window[1])
+    allowed = allowed_pairs(*s.shape[-2:], causal, window)
     s = s.masked_fill(torch.from_numpy(~allowed), float("-inf"))
     w = torch.softmax(s, -1).nan_to_num(0.0)
     out = (w * torch.from_numpy(keep).to(dtype) / (1 - p)) @ vv

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import qkv
+from qkv_testlib import allowed_pairs
 
 torch = pytest.importorskip("torch")
 import qkv.torch as qt  # noqa: E402
@@ -17,13 +18,7 @@ def composite(q, k, v, keep, p, causal, window, dtype):
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.einsum("nhd,mhd->hnm", q, kk) / np.sqrt(q.shape[-1])
-    n, m = q.shape[0], k.shape[0]
-    i, j = np.arange(n)[:, None] + (m - n), np.arange(m)[None, :]  # bottom-right diagonal
-    allowed = np.ones((n, m), bool)
-    if causal:
-        allowed &= j <= i
-    if window is not None:
-        allowed &= (j >= i - window[0]) & (j <= i + window[1])
+    allowed = allowed_pairs(q.shape[0], k.shape[0], causal, window, bottom_right=True)
     s = s.masked_fill(torch.from_numpy(~allowed), float("-inf"))
     w = torch.softmax(s, -1).nan_to_num(0.0)
     if keep is not None:
