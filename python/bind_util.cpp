@@ -482,6 +482,10 @@ bool python_signal_pending(void*) {
 
 }  // namespace
 
+InterruptibleRelease::PendingSignals::PendingSignals() {
+  if (PyErr_CheckSignals() != 0) throw qkv::Interrupted();  // module.cpp raises the Python error it left
+}
+
 InterruptibleRelease::InterruptibleRelease() : scope_(&python_signal_pending, nullptr) {}
 
 }  // namespace qkvpy

@@ -167,7 +167,13 @@ class InterruptibleRelease {
   InterruptibleRelease();
 
  private:
+  // Raises a signal Python recorded while the call was being set up (argument checks run with the
+  // GIL held and do not poll), before any work and without waiting for the first poll.
+  struct PendingSignals {
+    PendingSignals();
+  };
   qkv::InterruptScope scope_;  // declared first: outlives the release, so the GIL is held again first
+  PendingSignals pending_;
   py::gil_scoped_release release_;
 };
 
