@@ -204,7 +204,7 @@ def test_ctrl_c_during_the_reference_kernels_widening_of_float32_and_bf16():
     """kernel="reference" on float32 or bf16 inputs first widens q, k and v to float64 (1.8 s for
     these shapes on a loaded machine), which once ignored Ctrl-C. One child runs the call again and
     again; SIGINT at 20 offsets from 0 to 50 ms after the call starts must raise KeyboardInterrupt
-    within 1 s every time. A child the machine gave under 0.3 s of CPU in that time (other work
+    within 1 s every time. A child the machine gave under 0.5 s of CPU in that time (other work
     starving it, as ctest -j and other users do) is not counted late: it had no chance to react."""
     script = textwrap.dedent("""
         import sys
@@ -224,7 +224,7 @@ def test_ctrl_c_during_the_reference_kernels_widening_of_float32_and_bf16():
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    late = []
+    late, worst = [], {}
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         for kind, offsets in (("float32", 20), ("bf16", 10)):
@@ -239,11 +239,13 @@ def test_ctrl_c_during_the_reference_kernels_widening_of_float32_and_bf16():
                 result = proc.stdout.readline().strip()
                 waited, used = time.monotonic() - sent, _cpu_seconds(proc.pid) - cpu
                 assert result == "interrupted", (kind, offset, result, proc.stderr.read())
-                if waited > 1.0 and used > 0.3:
+                worst[kind] = max(worst.get(kind, (0, 0)), (round(waited, 3), round(used, 2)))
+                if waited > 1.0 and used > 0.5:
                     late.append((kind, round(offset * 1000, 1), round(waited, 2), round(used, 2)))
     finally:
         proc.kill()
         proc.wait()
+    print(f"slowest KeyboardInterrupt after SIGINT (seconds, CPU seconds the child used meanwhile): {worst}")
     assert not late, f"(input, ms after the start, seconds to KeyboardInterrupt, CPU seconds) of the signals seen " \
                      f"late: {late}"
 
