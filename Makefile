@@ -4,7 +4,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 
 .PHONY: all deps deps-demo build demo-build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
-  fuzz fuzz-smoke arm64 check-long package
+  fuzz fuzz-smoke arm64 check-long package soak
 
 all: build
 
@@ -92,6 +92,12 @@ arm64:
 # CHECK_LONG_CASES random problems of the fused forward and backward kernels vs the float64 reference.
 check-long: build
 	QKV_PROPERTY_CASES=$(CHECK_LONG_CASES) QKV_TEST_DATA=$(CURDIR)/tests/data $(BUILD)/tests/qkv_tests --gtest_filter='Property.*'
+
+# The long soak (docs/soak-and-fuzz.md): decode over paged caches of every dtype, layer training and
+# save/load, with resident memory, the free-page count and the results against float64 checked.
+SOAK_ARGS ?= --decode-steps 100000 --train-steps 10000 --io-rounds 10000
+soak: build
+	$(BUILD)/tests/qkv_soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(BUILD)

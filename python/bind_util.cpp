@@ -1,7 +1,10 @@
 #include "bind_util.h"
 
 #include <cmath>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
@@ -514,6 +517,78 @@ bool python_signal_pending(void*) {
 
 }  // namespace
 
+InterruptibleRelease::PendingSignals::PendingSignals() {
+  if (PyErr_CheckSignals() != 0) throw qkv::Interrupted();  // module.cpp raises the Python error it left
+}
+
 InterruptibleRelease::InterruptibleRelease() : scope_(&python_signal_pending, nullptr) {}
+
+namespace {
+
+// Never destroyed: a thread may still finish a read while the interpreter exits.
+std::mutex& readers_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::condition_variable& readers_changed() {
+  static auto* cv = new std::condition_variable;
+  return *cv;
+}
+// Per shared object: reads running, and changes waiting or running.
+struct Users {
+  int readers = 0, writers = 0;
+};
+std::unordered_map<const void*, Users>& users() {
+  static auto* c = new std::unordered_map<const void*, Users>;
+  return *c;
+}
+
+// Waits (the GIL released, the lock dropped before the GIL is taken again: a reader takes them in
+// that order) until `ready` holds under the lock; returns holding the GIL and the lock.
+template <class F>
+std::unique_lock<std::mutex> wait_until(F ready) {
+  std::unique_lock lock(readers_mutex());
+  while (!ready()) {
+    lock.unlock();
+    {
+      py::gil_scoped_release release;
+      std::unique_lock wait(readers_mutex());
+      readers_changed().wait(wait, ready);
+    }
+    lock.lock();
+  }
+  return lock;
+}
+
+void leave(const void* object, int Users::*role) {
+  {
+    const std::lock_guard lock(readers_mutex());
+    auto it = users().find(object);
+    if (--(it->second.*role) == 0 && it->second.readers == 0 && it->second.writers == 0) users().erase(it);
+  }
+  readers_changed().notify_all();
+}
+
+}  // namespace
+
+SharedReads::Reading::Reading(const void* object) : object_(object) {
+  auto lock = wait_until([&] {
+    auto it = users().find(object_);
+    return it == users().end() || it->second.writers == 0;
+  });
+  ++users()[object_].readers;
+}
+
+SharedReads::Reading::~Reading() { leave(object_, &Users::readers); }
+
+SharedReads::Writing::Writing(const void* object) : object_(object) {
+  {
+    const std::lock_guard lock(readers_mutex());
+    ++users()[object_].writers;  // from now on no reader starts
+  }
+  auto lock = wait_until([&] { return users()[object_].readers == 0; });
+}
+
+SharedReads::Writing::~Writing() { leave(object_, &Users::writers); }
 
 }  // namespace qkvpy

@@ -173,8 +173,50 @@ class InterruptibleRelease {
   InterruptibleRelease();
 
  private:
+  // Raises a signal Python recorded while the call was being set up (argument checks run with the
+  // GIL held and do not poll), before any work and without waiting for the first poll.
+  struct PendingSignals {
+    PendingSignals();
+  };
   qkv::InterruptScope scope_;  // declared first: outlives the release, so the GIL is held again first
+  PendingSignals pending_;
   py::gil_scoped_release release_;
+};
+
+// Objects that Python threads share and that calls read with the GIL released (a KVCache's pool,
+// a layer's weights): such a call registers as a reader with the GIL still held, and a call that
+// changes the object first waits, with the GIL released, until it has no reader. Readers only
+// start with the GIL held, so after the wait none starts before the change (made with the GIL
+// held) is done: a change never lands in the middle of a read, and a read never sees half a
+// change. A waiting change goes first: a reader that would start meanwhile waits for it (with the
+// GIL released), or a thread running reads back to back would keep the change waiting for ever.
+class SharedReads {
+ public:
+  // A read of `object` for the guard's lifetime; construct it with the GIL held.
+  class Reading {
+   public:
+    explicit Reading(const void* object);
+    ~Reading();
+    Reading(const Reading&) = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    const void* object_;
+  };
+
+  // A change of `object` for the guard's lifetime: construct it with the GIL held just before
+  // changing the object; it returns with the GIL held and no reader, and no reader starts until
+  // the guard is destroyed.
+  class Writing {
+   public:
+    explicit Writing(const void* object);
+    ~Writing();
+    Writing(const Writing&) = delete;
+    Writing& operator=(const Writing&) = delete;
+
+   private:
+    const void* object_;
+  };
 };
 
 }  // namespace qkvpy

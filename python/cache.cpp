@@ -4,10 +4,6 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
-
 #include "bare_new.h"
 #include "bind_util.h"
 #include "bindings.h"
@@ -22,63 +18,9 @@ namespace {
 // and its weights read the pool with the GIL released, from a copy of the sequences' page tables
 // and lengths: an append in another thread writes only slots past those lengths or free pages,
 // but free() makes the pages of a sequence being read free, and the next append would overwrite
-// them mid-read. So a decode registers as a reader while the GIL is still held, and free() waits
-// (with the GIL released) until the cache has no readers.
-class CacheReaders {
- public:
-  // A decode call reading `cache` for the guard's lifetime; construct it with the GIL held.
-  class Reading {
-   public:
-    explicit Reading(const qkv::KVCache& cache) : cache_(&cache) {
-      const std::lock_guard lock(mutex());
-      ++counts()[cache_];
-    }
-    ~Reading() {
-      {
-        const std::lock_guard lock(mutex());
-        auto it = counts().find(cache_);
-        if (--it->second == 0) counts().erase(it);
-      }
-      done().notify_all();
-    }
-    Reading(const Reading&) = delete;
-    Reading& operator=(const Reading&) = delete;
-
-   private:
-    const qkv::KVCache* cache_;
-  };
-
-  // Called with the GIL held before freeing pages of `cache`; returns with the GIL held and no
-  // reader. A reader only starts with the GIL held, so none starts before the change is done.
-  static void wait_for_no_readers(const qkv::KVCache& cache) {
-    auto idle = [&] { return counts().count(&cache) == 0; };
-    while (true) {
-      {
-        const std::lock_guard lock(mutex());
-        if (idle()) return;
-      }
-      // The lock is dropped before the GIL is taken again (a reader takes them in that order).
-      py::gil_scoped_release release;
-      std::unique_lock lock(mutex());
-      done().wait(lock, idle);
-    }
-  }
-
- private:
-  // Never destroyed: a thread may still finish a read while the interpreter exits.
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex;
-    return *m;
-  }
-  static std::condition_variable& done() {
-    static auto* cv = new std::condition_variable;
-    return *cv;
-  }
-  static std::unordered_map<const qkv::KVCache*, int>& counts() {
-    static auto* c = new std::unordered_map<const qkv::KVCache*, int>;
-    return *c;
-  }
-};
+// them mid-read. So a decode registers as a reader (SharedReads, bind_util.h) and free() waits
+// until the cache has none.
+using CacheReaders = SharedReads;
 
 qkv::KVDtype parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32") return qkv::KVDtype::f32;
@@ -234,7 +176,7 @@ py::object decode(const py::object& q_obj, const py::object& cache, const py::ob
   py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), c.kv.Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
-    const CacheReaders::Reading reading(cache_arg(cache));
+    const CacheReaders::Reading reading(&cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), c.q, c.kv, c.options);
   }
@@ -253,7 +195,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
     for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
     py::array w = new_array<float>({B, H, N, M});
     {
-      const CacheReaders::Reading reading(cache_arg(cache));
+      const CacheReaders::Reading reading(&cache_arg(cache));
       py::gil_scoped_release release;
       qkv::decode_attention_weights(mutable_view<float>(w, "weights"), c.q, c.kv, {}, c.options);
     }
@@ -263,7 +205,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
   // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
   auto [values, indices] = new_top_k({B, H, N, std::max<int64_t>(k, 0)});
   {
-    const CacheReaders::Reading reading(cache_arg(cache));
+    const CacheReaders::Reading reading(&cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
                                 c.kv, {}, k, c.options);
@@ -313,7 +255,7 @@ void bind_cache(py::module_& m) {
           "free",
           [](qkv::KVCache& c, const py::object& seq) {
             const int64_t id = index_arg(seq, "seq");
-            CacheReaders::wait_for_no_readers(c);
+            const CacheReaders::Writing writing(&c);
             c.free(id);
           },
           py::arg("seq"))

@@ -50,6 +50,7 @@ void set_parameter(PyLayer& layer, const std::string& name, const py::object& va
   for (int64_t i = 0; i < copy.numel(); ++i)
     if (!std::isfinite(copy[i]))
       throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));
+  const SharedReads::Writing writing(&layer.layer);  // not under a forward, backward or save in another thread
   std::copy(copy.data(), copy.data() + copy.numel(), t.data());
 }
 
@@ -121,7 +122,8 @@ py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_o
   apply_options(call, state->options);
   qkv::Tensor<float> out;
   {
-    InterruptibleRelease release;  // Ctrl-C stops it
+    const SharedReads::Reading reading(&self.layer);  // weights change only between calls that read them
+    InterruptibleRelease release;                     // Ctrl-C stops it
     out = layer.forward(x, kv, state->options, self.training ? &state->cache : nullptr);
   }
   self.mine().last = self.training ? std::move(state) : nullptr;
@@ -137,6 +139,7 @@ py::object backward(PyLayer& self, const py::object& dy_obj) {
   qkv::TensorMap grads;
   qkv::Tensor<float> dx, dkv;
   {
+    const SharedReads::Reading reading(&self.layer);
     InterruptibleRelease release;  // Ctrl-C stops it
     self.layer.backward(state->cache, dy, state->options, &grads, &dx, state->cache.cross ? &dkv : nullptr);
   }
@@ -180,12 +183,15 @@ Weights (.w_q, .w_k, .w_v, .w_o, .b_q, .b_k, .b_v, .b_o) are float32 numpy views
 own memory: writing into them changes the layer; assigning an array of the same shape copies it
 in. A parameter the config does not have reads as None.
 
-Thread safety: forward() and backward() release the GIL, so threads sharing a layer run them in
-parallel. What backward() uses and what .grads returns are per thread: each thread's backward()
-goes through that thread's last training-mode forward(), and .grads (and Optimizer.step() /
-clip_grad_norm() called from that thread) are that thread's last backward()'s gradients. The
-weights are shared: do not change them (assignment, Optimizer.step(), load) while another thread
-runs forward() or backward().)";
+Thread safety: forward(), backward() and save() release the GIL, so threads sharing a layer run
+them in parallel. What backward() uses and what .grads returns are per thread: each thread's
+backward() goes through that thread's last training-mode forward(), and .grads (and
+Optimizer.step() / clip_grad_norm() called from that thread) are that thread's last backward()'s
+gradients. The weights are shared: assigning one (layer.w_q = ...) or Optimizer.step() waits
+until no forward(), backward() or save() of the layer is running in another thread, and none
+starts until the change is done, so each call sees the weights wholly before or wholly after
+it. Writing into the numpy views in place (layer.w_q[...] = ...) is not guarded: like any numpy
+array another thread reads, do that only while no other thread uses the layer.)";
 
 constexpr const char* kForwardDoc = R"(forward(x, kv=None, **options) -> numpy.ndarray float32
 
@@ -228,6 +234,7 @@ void bind_layer(py::module_& m) {
       "save",
       [](const PyLayer& l, const py::object& path) {
         const std::string p = path_arg(path, "path");
+        const SharedReads::Reading reading(&l.layer);
         py::gil_scoped_release release;
         l.layer.save(p);
       },

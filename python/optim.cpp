@@ -91,11 +91,13 @@ void step(PyOptimizer& self, const py::object& grads_obj, const py::object& lr) 
   if (grads) {
     const qkv::TensorMap map = grads_from_dict(*grads);
     refuse_unknown_names(map, self.layer.layer.parameters(), "step: grads");
+    const SharedReads::Writing writing(&self.layer.layer);  // see the layer's "Thread safety"
     self.optimizer.step(map, rate);
     return;
   }
   if (self.layer.grads().empty())
     throw py::value_error("step: the layer has no gradients; call layer.backward() first or pass grads=");
+  const SharedReads::Writing writing(&self.layer.layer);
   self.optimizer.step(self.layer.grads(), rate);
 }
 

@@ -3,11 +3,16 @@
 // (nothing half-appended), and the pool is the only allocation that grows with tokens.
 #include <malloc.h>
 
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -213,6 +218,72 @@ TEST(KVCache, ForkSharesPagesAndCopiesOnlyASharedPartialLastPage) {
   EXPECT_EQ(cache.free_pages(), 8 - 2);  // child keeps shared[0] and its copy
   cache.free(child);
   EXPECT_EQ(cache.free_pages(), 8);
+}
+
+// What a cache shared by Python threads rests on (python/cache.cpp): a decode reads a PagedKV taken
+// under the caller's lock (the GIL) and runs without it, while other threads create, append to,
+// fork and free other sequences under that lock, reusing pages all the time. Nothing they write
+// may be a page the decode reads: under TSan (thread_tests.filter) that would be a reported race,
+// and here every decode must be bitwise the first.
+TEST(KVCacheThreads, DecodeBesideAppendForkAndFreeOfOtherSequences) {
+  test::Rng rng("KVCacheThreads.Decode");
+  KVCache cache(config(KVDtype::f16, 96, 16, 2, 32, 32));
+  std::mutex lock;  // the GIL's part
+  const int64_t shared = cache.create();
+  const Tensor<float> k = rng.normal32({200, 2, 32}), v = rng.normal32({200, 2, 32});
+  cache.append(shared, k.cview(), v.cview());  // the last page partly filled: forks copy it
+  const Tensor<float> q = rng.normal32({1, 4, 1, 32});
+  DecodeOptions options;
+  options.mask.causal = CausalAlign::bottom_right;
+  options.num_threads = 1;
+  auto decode = [&](Tensor<float>& out) {
+    Tensor<float> lse({1, 4, 1});
+    PagedKV kv;
+    {
+      const std::lock_guard hold(lock);
+      kv = cache.paged(std::array<int64_t, 1>{shared});
+    }
+    decode_attention(out.view(), lse.view(), q.cview(), kv, options);
+  };
+  Tensor<float> expected({1, 4, 1, 32});
+  decode(expected);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> changes{0};
+  auto writer = [&](uint64_t seed) {
+    std::mt19937_64 r(seed);
+    std::vector<int64_t> mine;
+    std::vector<float> kv(16 * 2 * 32, 0.25f);
+    while (!stop.load()) {
+      const std::lock_guard hold(lock);
+      if (mine.size() < 3 || (mine.size() < 6 && r() % 2 == 0)) {  // at most 12 of the 96 pages each
+        const int64_t seq = r() % 3 == 0 ? cache.fork(shared) : cache.create();
+        const int64_t T = 1 + static_cast<int64_t>(r() % 16);
+        cache.append(seq, TensorView<const float>(kv.data(), {T, 2, 32}),
+                     TensorView<const float>(kv.data(), {T, 2, 32}));
+        mine.push_back(seq);
+      } else {
+        cache.free(mine.back());
+        mine.pop_back();
+      }
+      ++changes;
+    }
+    const std::lock_guard hold(lock);
+    for (const int64_t seq : mine) cache.free(seq);
+  };
+  std::thread a(writer, rng.engine()()), b(writer, rng.engine()());
+  int differ = 0, decodes = 0;
+  for (; decodes < 400 || changes.load() < 400; ++decodes) {
+    Tensor<float> out({1, 4, 1, 32});
+    decode(out);
+    differ += std::memcmp(out.data(), expected.data(), sizeof(float) * 128) != 0;
+    if (decodes > 100000) break;
+  }
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(differ, 0) << "of " << decodes << " decodes beside " << changes.load() << " changes";
+  EXPECT_GE(changes.load(), 400);
+  EXPECT_EQ(cache.free_pages(), 96 - static_cast<int64_t>(cache.pages(shared).size()));
 }
 
 TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {

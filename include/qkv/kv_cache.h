@@ -60,8 +60,12 @@ class KVCache {
   std::span<const int32_t> pages(int64_t seq) const;
   int32_t page_refcount(int32_t page) const { return refcount_[page]; }
 
-  // The sequences `seq_ids` as the decode kernel reads them (borrowing this cache's pool: valid
-  // until the next append, fork, free or move). Throws for an unknown id.
+  // The sequences `seq_ids` as the decode kernel reads them: copies of their page tables and
+  // lengths, borrowing this cache's pool (which never moves while the cache lives). Valid until
+  // the cache is moved or destroyed, or one of these sequences is freed; appends to any sequence,
+  // forks, and frees of other sequences never write what it reads, so a decode may run on it in
+  // one thread while another changes the cache (each call on the cache itself under a lock the
+  // threads share; the Python module's is the GIL). Throws for an unknown id.
   PagedKV paged(std::span<const int64_t> seq_ids) const;
 
   // The stored (dequantized) keys and values of one sequence: k [Hkv, len, D], v [Hkv, len, Dv].

@@ -200,6 +200,63 @@ def test_ctrl_c_at_many_moments_around_the_start_of_a_call():
     assert not slow, f"(offset, seconds to stop) of the signals seen late: {slow}"
 
 
+def test_ctrl_c_during_the_reference_kernels_widening_of_float32_and_bf16():
+    """kernel="reference" on float32 or bf16 inputs first widens q, k and v to float64 (1.8 s for
+    these shapes on a loaded machine), which once ignored Ctrl-C. One child runs the call again and
+    again; SIGINT at 20 offsets from 0 to 50 ms after the call starts must raise KeyboardInterrupt
+    within 1 s every time. A child the machine gave under 0.5 s of CPU in that time (other work
+    starving it, as ctest -j and other users do) is not counted late: it had no chance to react."""
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import qkv
+        q32 = np.random.default_rng(0).standard_normal((1, 16, 6000, 64), dtype=np.float32)
+        inputs = {"float32": q32, "bf16": (q32.view(np.uint32) >> 16).astype(np.uint16)}
+        print("ready", flush=True)
+        for line in sys.stdin:
+            q = inputs[line.strip()]
+            try:
+                print("start", flush=True)
+                qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
+                print("finished", flush=True)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    late, worst = [], {}
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        for kind, offsets in (("float32", 20), ("bf16", 10)):
+            for i in range(offsets):
+                offset = 0.05 * i / (offsets - 1)
+                proc.stdin.write(kind + "\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline().strip() == "start", proc.stderr.read()
+                time.sleep(offset)
+                sent, cpu = time.monotonic(), _cpu_seconds(proc.pid)
+                proc.send_signal(signal.SIGINT)
+                result = proc.stdout.readline().strip()
+                waited, used = time.monotonic() - sent, _cpu_seconds(proc.pid) - cpu
+                assert result == "interrupted", (kind, offset, result, proc.stderr.read())
+                worst[kind] = max(worst.get(kind, (0, 0)), (round(waited, 3), round(used, 2)))
+                if waited > 1.0 and used > 0.5:
+                    late.append((kind, round(offset * 1000, 1), round(waited, 2), round(used, 2)))
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"slowest KeyboardInterrupt after SIGINT (seconds, CPU seconds the child used meanwhile): {worst}")
+    assert not late, f"(input, ms after the start, seconds to KeyboardInterrupt, CPU seconds) of the signals seen " \
+                     f"late: {late}"
+
+
+def _cpu_seconds(pid):
+    """User + system CPU time of a process so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_interrupt_does_not_fire_without_a_signal():
     rng = rng_for(17)
     q = rng.standard_normal((1, 2, 300, 16))

@@ -1,0 +1,193 @@
+"""One qkv.MultiHeadAttention or qkv.KVCache used from several Python threads at once. forward(),
+backward(), save() and decode_attention() run with the GIL released; what changes the object
+(weight assignment, Optimizer.step(), append, fork, free) must never land in the middle of such a
+call: each call sees the object wholly before or wholly after a change (docs/soak-and-fuzz.md,
+"Threads")."""
+import threading
+import time
+
+import numpy as np
+
+import qkv
+from py_oracle import rng_for, seed_note
+
+E = 256  # weights of 256 KB: a copy into them takes long enough to overlap the other thread's reads
+
+
+def _layer_and_input(seed):
+    rng = rng_for(seed)
+    layer = qkv.MultiHeadAttention(E, num_heads=4, seed=seed)
+    layer.training = False
+    x = rng.standard_normal((512, E)).astype(np.float32)
+    return rng, layer, x
+
+
+def _close(a, b):
+    return float(np.max(np.abs(a - b))) <= 1e-5 * (1 + float(np.max(np.abs(b))))
+
+
+def _in_another_thread(work):
+    """Runs work(stop) in a thread until the returned stop() is called; stop() re-raises its error."""
+    stop, errors = threading.Event(), []
+
+    def run():
+        try:
+            work(stop)
+        except Exception as e:  # noqa: BLE001 (re-raised in the calling thread)
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+
+    def finish():
+        stop.set()
+        t.join()
+        if errors:
+            raise errors[0]
+    return finish
+
+
+def test_weight_assignment_never_lands_inside_another_threads_forward():
+    """w_o alternates between two values in one thread while another runs forward(): every output
+    is the forward of one of the two (an assignment that copied into w_o mid-forward gave a mix)."""
+    rng, layer, x = _layer_and_input(181)
+    w_a = layer.w_o.copy()
+    w_b = rng.uniform(-0.1, 0.1, w_a.shape).astype(np.float32)
+    y_a = layer.forward(x)
+    layer.w_o = w_b
+    y_b = layer.forward(x)
+    layer.w_o = w_a
+    assigned = [0]
+
+    def writer(stop):
+        while not stop.is_set():
+            layer.w_o = w_b if assigned[0] % 2 == 0 else w_a
+            assigned[0] += 1
+
+    finish = _in_another_thread(writer)
+    try:
+        mixed = sum(not (_close(y, y_a) or _close(y, y_b)) for y in (layer.forward(x) for _ in range(150)))
+    finally:
+        finish()
+    print(f"{assigned[0]} assignments beside 150 forwards")
+    assert assigned[0] > 150, "the writer barely ran: the race was not exercised"
+    assert mixed == 0, f"{mixed} of 150 forwards used a half-assigned w_o {seed_note(181)}"
+
+
+def test_save_beside_weight_assignment_writes_one_whole_version(tmp_path):
+    """save() reads the weights with the GIL released; each file saved while another thread assigns
+    w_o holds one of the two values whole."""
+    rng, layer, _ = _layer_and_input(182)
+    w_a = layer.w_o.copy()
+    w_b = rng.uniform(-0.1, 0.1, w_a.shape).astype(np.float32)
+
+    def writer(stop):
+        i = 0
+        while not stop.is_set():
+            layer.w_o = w_b if i % 2 == 0 else w_a
+            i += 1
+
+    path = tmp_path / "layer.safetensors"
+    finish = _in_another_thread(writer)
+    mixed = 0
+    try:
+        for _ in range(60):
+            layer.save(path)
+            w = qkv.MultiHeadAttention.load(path).w_o
+            mixed += not (np.array_equal(w, w_a) or np.array_equal(w, w_b))
+    finally:
+        finish()
+    assert mixed == 0, f"{mixed} of 60 saved files hold a half-assigned w_o {seed_note(182)}"
+
+
+def test_optimizer_step_never_lands_inside_another_threads_forward():
+    """Optimizer.step() in one thread (SGD, big steps, so every step moves every weight by O(1))
+    while another runs forward(): every output is the forward of the weights after some whole
+    number of steps."""
+    rng, layer, x = _layer_and_input(183)
+    x = x[:128]
+    names = ["w_q", "w_k", "w_v", "w_o"]
+    grads = {n: rng.standard_normal(getattr(layer, n).shape).astype(np.float32) * 0.02 for n in names}
+    opt = qkv.SGD(layer, lr=1.0, momentum=0.0)
+    states = [{n: getattr(layer, n).copy() for n in names}]
+
+    def stepper(stop):
+        while not stop.is_set() and len(states) < 200:
+            time.sleep(0.001)  # let forwards start between the steps
+            opt.step(grads)
+            states.append({n: getattr(layer, n).copy() for n in names})
+
+    finish = _in_another_thread(stepper)
+    try:
+        outputs = [layer.forward(x) for _ in range(30)]
+    finally:
+        finish()
+    check = qkv.MultiHeadAttention(E, num_heads=4)
+    check.training = False
+    candidates = []
+    for s in states:
+        for n in names:
+            setattr(check, n, s[n])
+        candidates.append(check.forward(x))
+    mixed = sum(not any(_close(y, c) for c in candidates) for y in outputs)
+    print(f"30 forwards beside {len(states) - 1} optimizer steps")
+    assert len(states) > 10, "the optimizer barely ran: the race was not exercised"
+    assert mixed == 0, f"{mixed} of {len(outputs)} forwards saw a half-done optimizer step {seed_note(183)}"
+
+
+def test_cache_shared_by_threads_decodes_what_was_appended():
+    """Three threads create, append to, fork and free their own sequences (so pages are reused all
+    the time, and forks of the shared sequence copy its partial last page) while the main thread
+    decodes a shared sequence no one changes: every decode is bitwise the first one, and every
+    sequence a writer reads back holds what it appended."""
+    rng = rng_for(184)
+    Hkv, D = 2, 64
+    cache = qkv.KVCache(num_pages=600, page_tokens=16, kv_heads=Hkv, head_dim=D, dtype="bf16")
+    shared = cache.create()
+    cache.append(shared, rng.standard_normal((1000, Hkv, D)).astype(np.float32),
+                 rng.standard_normal((1000, Hkv, D)).astype(np.float32))
+    q = rng.standard_normal((1, 4, 1, D)).astype(np.float32)
+    expected = qkv.decode_attention(q, cache, [shared], num_threads=1)
+    bad, done = [], [0]
+
+    def writer(seed):
+        def work(stop):
+            r = np.random.default_rng(seed)
+            mine = []
+            while not stop.is_set():
+                if len(mine) < 4 or (len(mine) < 8 and r.random() < 0.5):  # at most 8 x 4 pages each
+                    seq = cache.fork(shared) if r.random() < 0.3 else cache.create()
+                    base = cache.keys(seq).copy()
+                    k = r.standard_normal((int(r.integers(1, 40)), Hkv, D)).astype(np.float32)
+                    cache.append(seq, k, k)
+                    mine.append((seq, base, k))
+                else:
+                    seq, base, k = mine.pop(int(r.integers(len(mine))))
+                    got = cache.keys(seq)
+                    want = np.concatenate([base, qkv_bf16(k).transpose(1, 0, 2)], axis=1)
+                    if not np.array_equal(got, want):
+                        bad.append(f"writer {seed}: sequence {seq} changed")
+                    cache.free(seq)
+                done[0] += 1
+        return work
+
+    finishers = [_in_another_thread(writer(s)) for s in (1, 2, 3)]
+    try:
+        changed = decodes = 0
+        until = time.monotonic() + 60
+        while (done[0] < 300 or decodes < 300) and time.monotonic() < until:
+            changed += not np.array_equal(qkv.decode_attention(q, cache, [shared], num_threads=1), expected)
+            decodes += 1
+    finally:
+        for f in finishers:
+            f()
+    print(f"{done[0]} cache changes beside {decodes} decodes")
+    assert done[0] >= 100, "the writers barely ran: the race was not exercised"
+    assert changed == 0 and not bad, (changed, bad[:3], seed_note(184))
+
+
+def qkv_bf16(x):
+    """float32 rounded to bfloat16 (nearest, ties to even), as the bf16 cache stores it."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
