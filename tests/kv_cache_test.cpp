@@ -18,29 +18,17 @@
 #include <gtest/gtest.h>
 
 #include "qkv/kv_cache.h"
+#include "kv_storage_error.h"
 #include "test_util.h"
 
 namespace qkv {
 namespace {
 
+using test::storage_error;
+
 KVCacheConfig config(KVDtype dtype, int64_t pages = 8, int64_t page_tokens = 4, int64_t Hkv = 2, int64_t D = 5,
                      int64_t Dv = 3) {
   return KVCacheConfig{pages, page_tokens, Hkv, D, Dv, dtype};
-}
-
-// The largest error a stored value may have: half an ulp of bf16/fp16, half a step of int8.
-double storage_error(KVDtype dtype, double x, double amax) {
-  switch (dtype) {
-    case KVDtype::f32:
-      return 0.0;
-    case KVDtype::bf16:
-      return std::fabs(x) * std::ldexp(1.0, -8);
-    case KVDtype::f16:
-      return std::max(std::fabs(x) * std::ldexp(1.0, -11), std::ldexp(1.0, -25));
-    case KVDtype::i8:
-      return amax / 127.0 / 2.0 * (1 + 1e-6) + 1e-30;
-  }
-  return 0.0;
 }
 
 // Checks that `stored` [Hkv, T, E] holds `x` [T, Hkv, E] (appended rows) within storage error.
@@ -178,7 +166,9 @@ TEST(KVCache, Int8KeepsHalfAStepForSubnormalTinyAndHugeTokens) {
     for (int h = 0; h < 2; ++h) {
       const float scale = cache.k_scales()[h];
       EXPECT_TRUE(std::isfinite(127.0f * scale)) << scale;
-      if (amax >= kept) EXPECT_LE(127.0 * scale, amax) << "the scale is max|x| / 127 rounded down";
+      if (amax >= kept) {
+        EXPECT_LE(127.0 * scale, amax) << "the scale is max|x| / 127 rounded down";
+      }
     }
   }
 }

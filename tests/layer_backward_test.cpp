@@ -9,23 +9,13 @@
 
 #include "layer_reference.h"
 #include "qkv/layer.h"
+#include "finite_difference.h"
 #include "test_util.h"
 
 namespace qkv {
 namespace {
 
-// Fourth-order central difference of f with respect to *x (restored afterwards).
-double derivative(double* x, const std::function<double()>& f) {
-  constexpr double h = 1e-3;
-  const double x0 = *x;
-  auto at = [&](double delta) {
-    *x = x0 + delta;
-    return f();
-  };
-  const double d = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
-  *x = x0;
-  return d;
-}
+using test::derivative;
 
 // Checks an fp32 gradient against finite differences of f over the float64 values `x`: error
 // relative to max |fd| (floored at 0.1, where cancellation makes the exact gradient ~0).

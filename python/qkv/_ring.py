@@ -12,6 +12,18 @@ def shard_ranges(length, ranks, rank, sharding="zigzag"):
                               _qkv._index_arg(rank, "rank"), sharding)
 
 
+def place_shards(full, parts, sharding):
+    """Writes each rank's shard parts[r] [..., n_r, C] into its rows of the whole sequence `full`
+    [..., L, C] (numpy arrays or torch tensors alike); returns full."""
+    length = full.shape[-2]
+    for r, part in enumerate(parts):
+        offset = 0
+        for b, e in shard_ranges(length, len(parts), r, sharding):
+            full[..., b:e, :] = part[..., offset:offset + e - b, :]
+            offset += e - b
+    return full
+
+
 def as4(x, name):
     """x [n, D], [H, n, D] or [B, H, n, D] (a numpy array, or a torch tensor as it is) as [B, H, n, D]."""
     if not hasattr(x, "ndim"):

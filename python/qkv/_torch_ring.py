@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import _qkv
-from ._ring import as4, options, shard_ranges
+from ._ring import as4, options, place_shards, shard_ranges
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -194,10 +194,4 @@ def unshard(x, group=None, sharding="zigzag"):
     parts = [None] * dist.get_world_size(group)
     dist.all_gather_object(parts, x.detach(), group=group)
     length = sum(p.size(-2) for p in parts)
-    full = x.new_empty(*x.shape[:-2], length, x.size(-1))
-    for r, part in enumerate(parts):
-        offset = 0
-        for b, e in shard_ranges(length, len(parts), r, sharding):
-            full[..., b:e, :] = part[..., offset:offset + e - b, :]
-            offset += e - b
-    return full
+    return place_shards(x.new_empty(*x.shape[:-2], length, x.size(-1)), parts, sharding)

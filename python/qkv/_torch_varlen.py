@@ -4,6 +4,7 @@ import torch
 
 from . import _qkv
 from .attention import _mask_dict
+from .torch import _extras  # the seed rule of every qkv.torch call (torch.py imports this module last)
 
 
 class _VarlenFunction(torch.autograd.Function):
@@ -69,7 +70,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     if window_size is not None and tuple(window_size) != (-1, -1):
         left, right = window_size
         window = (None if left < 0 else int(left), None if right < 0 else int(right))
-    from .torch import _extras  # the seed rule of every qkv.torch call
     extras = _extras(False, "bottom_right", None, None, None, None, None, dropout_p)
     mask = _mask_dict(bool(causal), "bottom_right", None, None, window, None, None, alibi_slopes,
                       softcap if softcap else None, extras.get("dropout_p", 0.0), extras.get("dropout_seed"))

@@ -20,7 +20,7 @@ For a fixed number of ranks the results are bitwise the same for any num_threads
 import numpy as np
 
 from . import _qkv  # noqa: F401 (registers the ring options type _qkv_distributed takes)
-from ._ring import as4 as _as4, options as _options, shard_ranges  # noqa: F401
+from ._ring import as4 as _as4, options as _options, place_shards as _place_shards, shard_ranges  # noqa: F401
 
 try:
     from . import _qkv_distributed as _d
@@ -46,13 +46,7 @@ def unshard(x, comm, sharding="zigzag"):
     """The whole sequence, on every rank, from each rank's shard x [..., n, C] (an allgather)."""
     parts = comm.allgather(np.ascontiguousarray(x))
     length = sum(p.shape[-2] for p in parts)
-    full = np.empty(x.shape[:-2] + (length, x.shape[-1]), dtype=x.dtype)
-    for r, part in enumerate(parts):
-        offset = 0
-        for b, e in shard_ranges(length, len(parts), r, sharding):
-            full[..., b:e, :] = part[..., offset:offset + e - b, :]
-            offset += e - b
-    return full
+    return _place_shards(np.empty(x.shape[:-2] + (length, x.shape[-1]), dtype=x.dtype), parts, sharding)
 
 
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,

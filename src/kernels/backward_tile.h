@@ -25,13 +25,17 @@
 // float64 (BackwardParams::lse_wide), P = 2^(((S − hi) − lo)·log2e) with lse = hi + lo.
 #pragma once
 
+#include "kernels/backward_ops.h"
+#include "kernels/dropout_tile.h"
 #include "kernels/large_scores.h"
 
 namespace qkv::kernels {
 namespace {
 
 template <class Ops>
-class BackwardChunk {
+class BackwardChunk : BackwardOps<Ops> {
+  using BackwardOps<Ops>::add_to, BackwardOps<Ops>::copy_row, BackwardOps<Ops>::transpose_tile,
+      BackwardOps<Ops>::product;
   using V = typename Ops::V;
   static constexpr int L = Ops::kLanes;
   static constexpr int64_t T = kBackwardTile;
@@ -169,20 +173,6 @@ class BackwardChunk {
     return d;
   }
 
-  // dst[0, n) += src[0, n); n is a multiple of L.
-  static void add_to(float* dst, const float* src, int64_t n) {
-    for (int64_t i = 0; i < n; i += L) Ops::store(dst + i, Ops::add(Ops::load(dst + i), Ops::load(src + i)));
-  }
-
-  // dst[0, n) = src[0, width) read with element stride `stride`, then zeros up to n.
-  static void copy_row(float* dst, const float* src, int64_t stride, int64_t width, int64_t n) {
-    if (stride == 1)
-      std::copy(src, src + width, dst);
-    else
-      for (int64_t d = 0; d < width; ++d) dst[d] = src[d * stride];
-    std::fill(dst + width, dst + n, 0.0f);
-  }
-
   // dst[d * stride] = scale · src[d] for d < width, noting in worst_ an inf or NaN written.
   void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
     uint32_t worst = 0;
@@ -218,28 +208,6 @@ class BackwardChunk {
     for (int64_t i0 = r0_; i0 < r1_; i0 += T)
       for (int64_t t = 0; t * T < keys; ++t)
         pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
-  }
-
-  // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
-  // src + c·row_stride, element d at d·col_stride) for c < cols, 0 for the columns past them.
-  // Whole 16 x 16 blocks go through the family's register transpose where it has one (a scalar
-  // loop of strided loads was 7% of S2's backward).
-  static void transpose_tile(float* dst, const float* src, int64_t row_stride, int64_t col_stride, int64_t width,
-                             int64_t cols) {
-    int64_t d0 = 0;
-    if constexpr (Ops::kHasTranspose16) {
-      static_assert(T % 16 == 0);
-      if (col_stride == 1)
-        for (; d0 + 16 <= width; d0 += 16)
-          for (int64_t c0 = 0; c0 < T; c0 += 16) {
-            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, 16);  // rows past cols read as 0
-            Ops::transpose16(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T, 1.0f);
-          }
-    }
-    for (int64_t d = d0; d < width; ++d) {
-      for (int64_t c = 0; c < cols; ++c) dst[d * T + c] = src[c * row_stride + d * col_stride];
-      std::fill(dst + d * T + cols, dst + (d + 1) * T, 0.0f);
-    }
   }
 
   // Per-row bands of one query tile against keys [j0, j0 + cols); returns false if no row sees
@@ -320,14 +288,10 @@ class BackwardChunk {
   // D = rowsum(dout ∘ out) already is Σ P·Z·dP / (1 − p). The tile's mask is kept for drop_weights.
   void drop_grads(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     const float scale = p_.dropout_scale;
-    for (int64_t r = 0; r < rows; ++r) {
-      const DropoutRow mask(p_.dropout, s_.H, b_, h, i0 + r);
-      for (int64_t c = 0; c < cols; ++c) {
-        const bool keep = mask.keep(j0 + c);
-        keep_[r * T + c] = keep;
-        ds_[r * T + c] = keep ? ds_[r * T + c] * scale : 0.0f;
-      }
-    }
+    for_each_kept(p_.dropout, s_.H, b_, h, i0, rows, j0, cols, [&](int64_t r, int64_t c, bool kept) {
+      keep_[r * T + c] = kept;
+      ds_[r * T + c] = kept ? ds_[r * T + c] * scale : 0.0f;
+    });
   }
 
   // dv's weights: P (st) becomes P ∘ Z / (1 − p), the weights the forward multiplied v by.
@@ -335,22 +299,6 @@ class BackwardChunk {
     const float scale = p_.dropout_scale;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < T; ++c) st_[r * T + c] = keep_[r * T + c] ? st_[r * T + c] * scale : 0.0f;
-  }
-
-  // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
-  static void product(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
-                      const float* alpha, int64_t kdim, int64_t m, int64_t n) {
-    GemmArgs<float, float> g;
-    g.kdim = kdim;
-    g.a = a;
-    g.a_row = a_row;
-    g.a_k = a_k;
-    g.b = b;
-    g.ldb = ldb;
-    g.c = c;
-    g.ldc = ldc;
-    g.alpha = alpha;
-    gemm_blocked<Ops>(g, m, n / L);
   }
 
   // st: scale·(q·kᵀ) on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
@@ -544,14 +492,11 @@ class BackwardChunk {
       if (!(pr[c] > 0.5f)) continue;
       const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
       // With dropout, dP − D = dout · (v·Z / (1 − p) − out): the difference is no longer exact.
-      const bool keep = !p_.dropout.active() || keep_[row_in_tile(row) * T + c];
-      const float z = keep ? p_.dropout_scale : 0.0f;
+      // z is 1 without dropout (dropout_scale 1), and v·1 is exact.
+      const float z = !p_.dropout.active() || keep_[row_in_tile(row) * T + c] ? p_.dropout_scale : 0.0f;
       float x = 0.0f;
       for (int64_t e = 0; e < s_.Dv; ++e)
-        x = std::fma(
-            dop[e],
-            (p_.dropout.active() ? v[e * p_.v_stride.col] * z : v[e * p_.v_stride.col]) - out[e * p_.out_stride.col],
-            x);
+        x = std::fma(dop[e], v[e * p_.v_stride.col] * z - out[e * p_.out_stride.col], x);
       ds[c] = pr[c] * x;
     }
   }

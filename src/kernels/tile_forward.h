@@ -16,6 +16,7 @@
 // the scores, P and out to bf16 as well.
 #pragma once
 
+#include "kernels/dropout_tile.h"
 #include "kernels/large_scores.h"
 #include "kernels/softmax_columns.h"
 #include "kernels/value_block.h"
@@ -225,12 +226,9 @@ class ForwardTile {
   // Dropout: zeroes the dropped weights of P (after their row sums took them: the softmax is of
   // every weight); the kept ones are scaled by 1 / (1 − p) once, in write_rows().
   void drop(int64_t j0, int64_t nb) {
-    for (int64_t r = 0; r < rows_; ++r) {
-      if (!live_[r]) continue;
-      const DropoutRow row(p_.dropout, s_.H, b_, h_, i0_ + r);
-      for (int64_t jj = 0; jj < nb; ++jj)
-        if (!row.keep(j0 + jj)) st_[jj * ls_ + r] = 0.0f;
-    }
+    for_each_kept(p_.dropout, s_.H, b_, h_, i0_, rows_, j0, nb, [&](int64_t r, int64_t jj, bool kept) {
+      if (!kept) st_[jj * ls_ + r] = 0.0f;  // st is Pᵀ; a dead row's P is 0 already
+    });
   }
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums

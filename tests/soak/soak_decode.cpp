@@ -13,10 +13,13 @@
 
 #include "qkv/error.h"
 #include "qkv/kv_cache.h"
+#include "kv_storage_error.h"
 #include "soak_util.h"
 
 namespace qkv::soak {
 namespace {
+
+using test::storage_error;
 
 constexpr int64_t kHkv = 2, kGroup = 2, kH = kHkv * kGroup, kD = 32, kDv = 24;
 constexpr int64_t kNumPages = 160, kMaxLen = 320, kMaxSeqs = 24, kAuditEvery = 1000;
@@ -84,23 +87,6 @@ void oracle(const float* q, int64_t N, const Kv& s, double* out, double* lse) {
       for (int64_t e = 0; e < kDv; ++e) o[e] /= sum;
       lse[h * N + i] = mx + std::log(sum);
     }
-}
-
-// The largest error a stored value may have: half an ulp of bf16/fp16; for int8 half a step (max|x|
-// / 127 of its token and head) plus the float rounding of q · scale on the way back (kv_cache_test's
-// Int8KeepsHalfAStep bound; 10^4 steps met a value 1e-8 past the half step alone).
-double storage_error(KVDtype dtype, double x, double amax) {
-  switch (dtype) {
-    case KVDtype::f32:
-      return 0.0;
-    case KVDtype::bf16:
-      return std::fabs(x) * std::ldexp(1.0, -8);
-    case KVDtype::f16:
-      return std::max(std::fabs(x) * std::ldexp(1.0, -11), std::ldexp(1.0, -25));
-    case KVDtype::i8:
-      return amax / 127.0 / 2.0 * (1 + 1e-6) + (std::fabs(x) + amax) * std::ldexp(1.0, -24) + 1e-30;
-  }
-  return 0.0;
 }
 
 class DecodeSoak {

@@ -15,6 +15,7 @@
 #include "layer_reference.h"
 #include "qkv/layer.h"
 #include "qkv/optim.h"
+#include "finite_difference.h"
 #include "soak_util.h"
 
 namespace qkv::soak {
@@ -22,6 +23,8 @@ namespace qkv::soak {
 void prime_decode();
 
 namespace {
+
+using test::derivative;
 
 // Small enough for finite differences of the float64 layer at the end; grouped-query heads and
 // biases so every parameter and path of backward() is in the loop.
@@ -50,19 +53,6 @@ double loss(const MultiHeadAttention& student, const MultiHeadAttention& teacher
     if (dy != nullptr) (*dy)[i] = static_cast<float>(d / static_cast<double>(y.numel()));
   }
   return 0.5 * sum / static_cast<double>(y.numel());
-}
-
-// Fourth-order central difference (layer_backward_test.cpp).
-double derivative(double* x, const std::function<double()>& f) {
-  constexpr double h = 1e-3;
-  const double x0 = *x;
-  auto at = [&](double delta) {
-    *x = x0 + delta;
-    return f();
-  };
-  const double d = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
-  *x = x0;
-  return d;
 }
 
 // The trained layer against the float64 layer: forward within 2e-5 of max|y|, and one backward's

@@ -1,0 +1,69 @@
+// The block operations of the fused backward (backward_tile.h) that need no task state: row copies,
+// tile transposes and the micro-kernel's products, for one SIMD family (Ops). Include, as
+// backward_tile.h, after the family's target pragma.
+#pragma once
+
+namespace qkv::kernels {
+namespace {
+
+template <class Ops>
+struct BackwardOps {
+  using V = typename Ops::V;
+  static constexpr int L = Ops::kLanes;
+  static constexpr int64_t T = kBackwardTile;
+
+  // dst[0, n) += src[0, n); n is a multiple of L.
+  static void add_to(float* dst, const float* src, int64_t n) {
+    for (int64_t i = 0; i < n; i += L) Ops::store(dst + i, Ops::add(Ops::load(dst + i), Ops::load(src + i)));
+  }
+
+  // dst[0, n) = src[0, width) read with element stride `stride`, then zeros up to n.
+  static void copy_row(float* dst, const float* src, int64_t stride, int64_t width, int64_t n) {
+    if (stride == 1)
+      std::copy(src, src + width, dst);
+    else
+      for (int64_t d = 0; d < width; ++d) dst[d] = src[d * stride];
+    std::fill(dst + width, dst + n, 0.0f);
+  }
+
+  // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
+  // src + c·row_stride, element d at d·col_stride) for c < cols, 0 for the columns past them.
+  // Whole 16 x 16 blocks go through the family's register transpose where it has one (a scalar
+  // loop of strided loads was 7% of S2's backward).
+  static void transpose_tile(float* dst, const float* src, int64_t row_stride, int64_t col_stride, int64_t width,
+                             int64_t cols) {
+    int64_t d0 = 0;
+    if constexpr (Ops::kHasTranspose16) {
+      static_assert(T % 16 == 0);
+      if (col_stride == 1)
+        for (; d0 + 16 <= width; d0 += 16)
+          for (int64_t c0 = 0; c0 < T; c0 += 16) {
+            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, 16);  // rows past cols read as 0
+            Ops::transpose16(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T, 1.0f);
+          }
+    }
+    for (int64_t d = d0; d < width; ++d) {
+      for (int64_t c = 0; c < cols; ++c) dst[d * T + c] = src[c * row_stride + d * col_stride];
+      std::fill(dst + d * T + cols, dst + (d + 1) * T, 0.0f);
+    }
+  }
+
+  // c [m, n] = alpha ⊙ c + a · b (alpha null: c = a · b), a element (r, k) at a[r·a_row + k·a_k].
+  static void product(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b, int64_t ldb,
+                      const float* alpha, int64_t kdim, int64_t m, int64_t n) {
+    GemmArgs<float, float> g;
+    g.kdim = kdim;
+    g.a = a;
+    g.a_row = a_row;
+    g.a_k = a_k;
+    g.b = b;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = ldc;
+    g.alpha = alpha;
+    gemm_blocked<Ops>(g, m, n / L);
+  }
+};
+
+}  // namespace
+}  // namespace qkv::kernels
