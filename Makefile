@@ -17,11 +17,12 @@ deps-demo:
 
 # With ccache (make deps installs it), the pip tests' own tree build-pip/ (setup.py) gets this
 # build's objects instead of compiling the library and module again inside ctest, even with an
-# empty cache; CCACHE_BASEDIR makes the two trees' paths hash alike.
-CCACHE := $(shell command -v ccache)
+# empty cache; CCACHE_BASEDIR makes the two trees' paths hash alike. CCACHE is looked up when a
+# recipe runs (=, not :=), after deps has installed it, so a fresh machine's first build uses it.
+CCACHE = $(shell command -v ccache)
 export CCACHE_BASEDIR := $(CURDIR)
 
-$(BUILD)/CMakeCache.txt:
+$(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/CMakeCache.txt
