@@ -11,6 +11,7 @@
 
 #include "qkv/address_space.h"
 #include "qkv/mask.h"
+#include "qkv/options_parse.h"
 #include "qkv/out_of_memory.h"
 #include "qkv/suggest.h"
 
@@ -173,13 +174,12 @@ void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v
   if (v.shape(r - 1) == 0) throw py::value_error(fmt::format("v {}: value head dim Dv must be at least 1", sv));
 }
 
-namespace {
-
-// Python's bool or numpy's: a flag, never a number (numpy's bool_ passes PyNumber_Check).
 bool is_bool(const py::handle& obj) {
   static const py::handle numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release();  // kept
   return py::isinstance<py::bool_>(obj) || py::isinstance(obj, numpy_bool);
 }
+
+namespace {
 
 // A real number: not a bool, str or complex (all three pass PyNumber_Check or convert to float).
 bool is_real(const py::handle& obj) {
@@ -204,21 +204,6 @@ int64_t to_index(const py::handle& obj_in, const std::string& name) {
   return static_cast<int64_t>(value);
 }
 
-std::vector<int64_t> parse_lengths(const py::handle& obj, int64_t B, const char* name) {
-  if (obj.is_none()) return {};
-  if (!is_list_arg(obj)) {
-    if (PyIndex_Check(obj.ptr()) && !is_bool(obj))
-      return std::vector<int64_t>(static_cast<std::size_t>(B), to_index(obj, name));
-    throw py::type_error(fmt::format("{} must be an int or a sequence of {} ints (one per batch row)", name, B));
-  }
-  std::vector<int64_t> out;
-  std::size_t i = 0;
-  for (const py::handle item : obj) out.push_back(to_index(item, fmt::format("{}[{}]", name, i++)));
-  if (static_cast<int64_t>(out.size()) != B)
-    throw py::value_error(fmt::format("{}: expected {} entries (one per batch row), got {}", name, B, out.size()));
-  return out;
-}
-
 double to_float(const py::handle& obj, const std::string& name) {
   if (!is_real(obj)) throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
@@ -226,84 +211,7 @@ double to_float(const py::handle& obj, const std::string& name) {
   return py::reinterpret_steal<py::object>(f).cast<double>();
 }
 
-qkv::CausalAlign parse_align(const py::handle& obj) {
-  if (!obj.is_none() && !py::isinstance<py::str>(obj)) throw py::type_error("causal_align must be a string");
-  const std::string s = obj.is_none() ? "top_left" : py::cast<std::string>(obj);
-  if (s == "top_left") return qkv::CausalAlign::top_left;
-  if (s == "bottom_right") return qkv::CausalAlign::bottom_right;
-  throw py::value_error(fmt::format("causal_align must be 'top_left' or 'bottom_right', got '{}'", s));
-}
-
-std::optional<qkv::Window> parse_window(const py::handle& obj) {
-  if (obj.is_none()) return std::nullopt;
-  if (!is_list_arg(obj) || py::len(obj) != 2)
-    throw py::type_error("window must be a pair (left, right); None or a negative bound means unbounded");
-  const py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
-  qkv::Window w;
-  w.left = seq[0].is_none() ? -1 : to_index(seq[0], "window[0]");
-  w.right = seq[1].is_none() ? -1 : to_index(seq[1], "window[1]");
-  return w;
-}
-
 }  // namespace
-
-MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int64_t M) {
-  auto get = [&](const char* key) -> py::object {
-    return kwargs.contains(key) ? py::reinterpret_borrow<py::object>(kwargs[key]) : py::none();
-  };
-  MaskArgs out;
-  qkv::Mask& mask = out.mask;
-  const qkv::CausalAlign align = parse_align(get("causal_align"));
-  const py::object causal = get("causal");
-  if (!causal.is_none() && flag_arg(causal, "causal")) mask.causal = align;
-  mask.diagonal = align;
-  mask.window = parse_window(get("window"));
-  mask.key_lengths = parse_lengths(get("key_lengths"), B, "key_lengths");
-  mask.query_lengths = parse_lengths(get("query_lengths"), B, "query_lengths");
-
-  if (const py::object keep = get("keep_mask"); !keep.is_none()) {
-    if (!py::isinstance<py::array_t<bool>>(keep) && !py::isinstance<py::array_t<uint8_t>>(keep))
-      throw py::type_error(
-          "keep_mask must be a numpy bool (or uint8) array, True = may attend; pass an additive "
-          "float mask as bias=");
-    out.keep_owner = py::reinterpret_borrow<py::array>(keep);
-    mask.keep = qkv::broadcast_mask(array_view<uint8_t>(out.keep_owner, "keep_mask"), B, H, N, M, "keep_mask");
-  }
-  if (const py::object bias = get("bias"); !bias.is_none()) {
-    if (!py::isinstance<py::array_t<float>>(bias) && !py::isinstance<py::array_t<double>>(bias))
-      throw py::type_error("bias must be a numpy float32 or float64 array (added to the scaled scores)");
-    // float64 biases are rounded to float32 once, as every kernel reads float32 bias.
-    out.bias_owner = py::array_t<float>::ensure(bias);
-    mask.bias = qkv::broadcast_mask(array_view<float>(out.bias_owner, "bias"), B, H, N, M, "bias");
-  }
-  if (const py::object slopes = get("alibi_slopes"); !slopes.is_none()) {
-    if (!is_list_arg(slopes)) throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");
-    std::size_t i = 0;
-    for (const py::handle s : slopes) {
-      const double x = to_float(s, fmt::format("alibi_slopes[{}]", i));
-      // A finite slope that float32 cannot hold (1e300) would reach the kernels as inf.
-      if (std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
-        throw py::value_error(
-            fmt::format("alibi_slopes[{}] = {} must be at most FLT_MAX (3.4e38) in magnitude (kept as float32)", i, x));
-      mask.alibi_slopes.push_back(static_cast<float>(x));
-      ++i;
-    }
-    if (static_cast<int64_t>(mask.alibi_slopes.size()) != H)
-      throw py::value_error(
-          fmt::format("alibi_slopes: expected {} entries (one per query head), got {}", H, mask.alibi_slopes.size()));
-  }
-  if (const py::object cap = get("softcap"); !cap.is_none()) {
-    const double c = to_float(cap, "softcap");
-    const float f = static_cast<float>(c);
-    if (!(c >= 0.0) || !std::isfinite(f))
-      throw py::value_error(fmt::format("softcap must be a finite number >= 0 (0 = off), got {}", c));
-    // Rounded to float32 a tiny cap would become 0, which turns the cap off instead.
-    if (c > 0.0 && !(f >= std::numeric_limits<float>::min()))
-      throw py::value_error(fmt::format("softcap = {} is below float32's normal range; pass 0 to turn the cap off", c));
-    mask.softcap = f;
-  }
-  return out;
-}
 
 template <class T>
 py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t) {
@@ -337,21 +245,6 @@ uint64_t seed_arg(const py::handle& obj, const std::string& name) {
     throw py::value_error(fmt::format("{} must be in [0, 2**64), got {}", name, shown));
   }
   return v;
-}
-
-qkv::Dropout dropout_arg(const py::dict& mask) {
-  auto get = [&](const char* key) -> py::object {
-    return mask.contains(key) ? py::reinterpret_borrow<py::object>(mask[key]) : py::none();
-  };
-  qkv::Dropout d;
-  if (const py::object p = get("dropout_p"); !p.is_none()) d.p = to_float(p, "dropout_p");
-  if (!(d.p >= 0.0 && d.p < 1.0)) throw py::value_error(fmt::format("dropout_p must be in [0, 1), got {}", d.p));
-  const py::object seed = get("dropout_seed");
-  if (d.active() && seed.is_none())
-    throw py::value_error("dropout_p > 0 needs seed= (an integer): the backward regenerates the same mask from it");
-  if (!seed.is_none()) d.seed = seed_arg(seed, "seed");
-  if (const py::object offset = get("dropout_offset"); !offset.is_none()) d.offset = seed_arg(offset, "dropout_offset");
-  return d;
 }
 
 AttentionCall prepare_call(const py::array& q, const py::array& k, const py::array& v, const CallOptions& options) {
@@ -486,6 +379,7 @@ void bind_argument_checks(py::module_& m) {
   m.def("_flag_arg", [](const py::object& obj, const std::string& name) { return flag_arg(obj, name); });
   m.def("_threads_arg", [](const py::object& obj) { return threads_arg(obj); });
   m.def("_scale_arg", [](const py::object& obj) { return scale_arg(obj); });
+  m.def("_dropout_p_arg", [](const py::object& obj) { return qkv::dropout_p_value(to_float(obj, "dropout_p")); });
   m.def(
       "_closest_name",
       [](const std::string& given, const std::vector<std::string>& known) { return qkv::closest_name(given, known); },

@@ -1,6 +1,6 @@
 // Shared pieces of the Python bindings: numpy arrays as qkv views (zero-copy, any strides), dtype
-// checks that raise TypeError, the mask dictionary every attention entry point accepts, and the
-// finite-value check. Everything here runs with the GIL held.
+// checks that raise TypeError, argument conversions, and the finite-value check (the mask
+// dictionary is bind_mask.h's). Everything here runs with the GIL held.
 #pragma once
 
 #include <array>
@@ -12,6 +12,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "bind_mask.h"
 #include "qkv/attention.h"
 #include "qkv/interrupt.h"
 #include "qkv/tensor.h"
@@ -90,24 +91,8 @@ Lead lead_of(const py::array& a, const char* name);
 // batch, heads of k a divisor of heads of q) so messages show the shapes the caller passed.
 void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v);
 
-// Holds everything a qkv::Mask borrows (converted bias or keep arrays) for the duration of a call.
-struct MaskArgs {
-  qkv::Mask mask;
-  py::array keep_owner;
-  py::array bias_owner;
-};
-
-// Attention dropout from the same dictionary (keys dropout_p, dropout_seed, dropout_offset; missing
-// or None: off). ValueError for p outside [0, 1) or p > 0 without a seed; seeds are integers in
-// [0, 2**64).
-qkv::Dropout dropout_arg(const py::dict& mask);
+// An integer seed in [0, 2**64): TypeError / ValueError naming `name` otherwise.
 uint64_t seed_arg(const py::handle& obj, const std::string& name);
-
-// Builds a mask from the dictionary the Python layer passes (keys: causal, causal_align,
-// key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap; missing keys or None
-// mean "off"). keep_mask and bias broadcast to [B, H, N, M] by numpy rules. Raises TypeError or
-// ValueError naming the key.
-MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int64_t M);
 
 // One attention call in the caller's terms: the common dtype of q, k, v, the shapes of out
 // (q.shape[:-1] + (Dv,)) and lse (q.shape[:-1]), the mask and the options.
@@ -153,6 +138,9 @@ std::string string_arg(const py::handle& obj, const std::string& name);
 
 // A file path: str or os.PathLike (pathlib.Path); TypeError "<name> must be a path, got <repr>".
 std::string path_arg(const py::handle& obj, const std::string& name);
+
+// Python's bool or numpy's bool_: a flag, never a number (numpy's bool_ passes PyNumber_Check).
+bool is_bool(const py::handle& obj);
 
 // A real number (not bool or str): TypeError "<name> must be a number, got <repr>" otherwise.
 double number_arg(const py::handle& obj, const std::string& name);

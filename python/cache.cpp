@@ -22,14 +22,6 @@ namespace {
 // until the cache has none.
 using CacheReaders = SharedReads;
 
-qkv::KVDtype parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "float32") return qkv::KVDtype::f32;
-  if (name == "bf16" || name == "bfloat16") return qkv::KVDtype::bf16;
-  if (name == "f16" || name == "float16") return qkv::KVDtype::f16;
-  if (name == "i8" || name == "int8") return qkv::KVDtype::i8;
-  throw py::value_error(fmt::format("dtype must be 'f32', 'bf16', 'f16' or 'i8', got '{}'", name));
-}
-
 std::optional<qkv::RotaryOptions> parse_rotary(const py::object& rotary) {
   if (rotary.is_none()) return std::nullopt;
   if (!py::isinstance<py::dict>(rotary))
@@ -229,7 +221,8 @@ void bind_cache(py::module_& m) {
              const int64_t d = index_arg(head_dim, "head_dim");
              const int64_t dv = value_dim.is_none() ? d : index_arg(value_dim, "value_dim");
              return qkv::KVCache({index_arg(num_pages, "num_pages"), index_arg(page_tokens, "page_tokens"),
-                                  index_arg(kv_heads, "kv_heads"), d, dv, parse_dtype(string_arg(dtype, "dtype"))});
+                                  index_arg(kv_heads, "kv_heads"), d, dv,
+                                  qkv::parse_kv_dtype(string_arg(dtype, "dtype"))});
            }),
            py::arg("num_pages"), py::arg("page_tokens"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("value_dim") = py::none(), py::arg("dtype") = "f32")

@@ -14,6 +14,7 @@
 #include "bare_new.h"
 #include "bindings.h"
 #include "distributed/ring_plan.h"
+#include "qkv/options_parse.h"
 
 namespace py = pybind11;
 
@@ -36,23 +37,23 @@ qkv::Sharding sharding_of(const std::string& name) {
   return name == "zigzag" ? qkv::Sharding::zigzag : qkv::Sharding::contiguous;
 }
 
-// Mask and options from the keyword arguments the Python wrappers forward (global positions).
+// Mask and options from the keyword arguments the Python wrappers forward (global positions),
+// by the rules every front end shares (qkv/options_parse.h).
 qkv::RingOptions ring_options(bool causal, const std::string& align, std::optional<std::pair<int64_t, int64_t>> window,
                               std::vector<int64_t> key_lengths, std::vector<int64_t> query_lengths,
-                              std::vector<float> alibi_slopes, float softcap, std::optional<double> scale,
+                              const std::vector<double>& alibi_slopes, double softcap, std::optional<double> scale,
                               int num_threads, const std::string& sharding) {
   qkv::RingOptions o;
-  if (align != "top_left" && align != "bottom_right")
-    throw py::value_error("causal_align must be 'top_left' or 'bottom_right', got '" + align + "'");
+  const qkv::CausalAlign a = qkv::parse_causal_align(align);
   o.sharding = sharding_of(sharding);
-  const auto a = align == "top_left" ? qkv::CausalAlign::top_left : qkv::CausalAlign::bottom_right;
   if (causal) o.attention.mask.causal = a;
   o.attention.mask.diagonal = a;
   if (window) o.attention.mask.window = qkv::Window{window->first, window->second};
   o.attention.mask.key_lengths = std::move(key_lengths);
   o.attention.mask.query_lengths = std::move(query_lengths);
-  o.attention.mask.alibi_slopes = std::move(alibi_slopes);
-  o.attention.mask.softcap = softcap;
+  for (std::size_t i = 0; i < alibi_slopes.size(); ++i)
+    o.attention.mask.alibi_slopes.push_back(qkv::alibi_slope_value(alibi_slopes[i], i));
+  o.attention.mask.softcap = qkv::softcap_value(softcap);
   o.attention.scale = scale;
   o.attention.num_threads = num_threads;
   return o;

@@ -32,10 +32,6 @@ struct AttentionOptions {
   int num_threads = 0;
   // Forces a SIMD path of the fused kernel (tests, benchmarks); a path the CPU lacks is an Error.
   Simd simd = Simd::automatic;
-  // Backward only: the keys of this call are a part of each row's softmax, whose out and lse come
-  // from the whole row (ring attention's blocks). Turns off the shortcut that zeroes the gradient
-  // of a row with exactly one allowed key, which is exact only when that key is the whole row.
-  bool partial_rows = false;
   // Attention dropout (qkv/dropout.h): off unless dropout.p > 0. The forward and the backward of one
   // step must be given the same Dropout.
   Dropout dropout;

@@ -1,35 +1,8 @@
-// Everything qkv offers, for callers who prefer one include. Each header below is one concept
-// (docs/design.md lists them by layer); including only the ones used compiles faster.
+// Everything qkv offers, for callers who prefer one include: the engine, the teaching kit and the
+// platform helpers (docs/cpp.md lists each group's headers). Each header is one concept; including
+// only the ones used compiles faster. Ring attention over MPI is apart: qkv/distributed.h.
 #pragma once
 
-#include "qkv/address_space.h"
-#include "qkv/attention.h"
-#include "qkv/attention_options.h"
-#include "qkv/backward.h"
-#include "qkv/decode.h"
-#include "qkv/dropout.h"
-#include "qkv/embeddings.h"
-#include "qkv/error.h"
-#include "qkv/explain.h"
-#include "qkv/interrupt.h"
-#include "qkv/io.h"
-#include "qkv/kv_cache.h"
-#include "qkv/kv_dtype.h"
-#include "qkv/layer.h"
-#include "qkv/machine.h"
-#include "qkv/lookup.h"
-#include "qkv/mask.h"
-#include "qkv/masked_word.h"
-#include "qkv/optim.h"
-#include "qkv/out_of_memory.h"
-#include "qkv/output_file.h"
-#include "qkv/positions.h"
-#include "qkv/reference.h"
-#include "qkv/render.h"
-#include "qkv/rotary.h"
-#include "qkv/tensor.h"
-#include "qkv/tensor_map.h"
-#include "qkv/train_progress.h"
-#include "qkv/utf8.h"
-#include "qkv/varlen.h"
-#include "qkv/weights.h"
+#include "qkv/engine.h"
+#include "qkv/platform.h"
+#include "qkv/teaching.h"

@@ -283,9 +283,7 @@ def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths,
     backward reuses this dict, so it regenerates the same mask."""
     extras = dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window,
                   alibi_slopes=alibi_slopes, softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
-    dropout_p = _qkv._number_arg(_scalar(dropout_p), "dropout_p")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    dropout_p = _qkv._dropout_p_arg(_scalar(dropout_p))
     if dropout_p > 0.0:
         extras.update(dropout_p=dropout_p, dropout_seed=int(torch.empty((), dtype=torch.int64).random_()))
     return extras

@@ -13,6 +13,7 @@
 #include "attention/overflow.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
+#include "qkv/options_parse.h"
 #include "qkv/reference.h"
 
 namespace qkv {
@@ -47,16 +48,8 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   check_dropout(options.dropout, "attention");
 
   const Mask& m = options.mask;
-  auto check_lengths = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* name) {
-    if (lengths.empty()) return;
-    if (static_cast<int64_t>(lengths.size()) != s.B)
-      throw Error(fmt::format("{}: expected {} entries (one per batch row), got {}", name, s.B, lengths.size()));
-    for (std::size_t b = 0; b < lengths.size(); ++b)
-      if (lengths[b] < 0 || lengths[b] > limit)
-        throw Error(fmt::format("{}[{}] = {} is outside [0, {}]", name, b, lengths[b], limit));
-  };
-  check_lengths(m.key_lengths, s.M, "key_lengths");
-  check_lengths(m.query_lengths, s.N, "query_lengths");
+  if (!m.key_lengths.empty()) check_lengths(m.key_lengths, s.B, s.M, "key_lengths");
+  if (!m.query_lengths.empty()) check_lengths(m.query_lengths, s.B, s.N, "query_lengths");
   if (!m.diagonal_offsets.empty() && static_cast<int64_t>(m.diagonal_offsets.size()) != s.B)
     throw Error(fmt::format("diagonal_offsets: expected {} entries (one per batch row), got {}", s.B,
                             m.diagonal_offsets.size()));
@@ -68,12 +61,9 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   };
   if (!m.keep.empty()) check_mask_view(m.keep.shape(), "keep mask");
   if (!m.bias.empty()) check_mask_view(m.bias.shape(), "bias");
-  if (!m.alibi_slopes.empty() && static_cast<int64_t>(m.alibi_slopes.size()) != s.H)
-    throw Error(fmt::format("alibi slopes: expected H = {} entries, got {}", s.H, m.alibi_slopes.size()));
-  for (std::size_t h = 0; h < m.alibi_slopes.size(); ++h)
-    if (!std::isfinite(m.alibi_slopes[h]))
-      throw Error(fmt::format("alibi_slopes[{}] = {} must be finite", h, m.alibi_slopes[h]));
-  if (!(m.softcap >= 0) || !std::isfinite(m.softcap)) throw Error("softcap must be finite and >= 0 (0 = off)");
+  if (!m.alibi_slopes.empty()) check_alibi_count(m.alibi_slopes.size(), s.H);
+  for (std::size_t h = 0; h < m.alibi_slopes.size(); ++h) alibi_slope_value(m.alibi_slopes[h], h);
+  softcap_value(m.softcap);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/backward_checks.h"
+#include "attention/backward_rows.h"
 #include "attention/overflow.h"
 #include "kernels/backward_kernel.h"
 #include "kernels/dispatch.h"
@@ -87,7 +88,7 @@ template <class L>
 void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                   TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                   TensorView<const float> v, TensorView<const float> out, TensorView<const L> lse,
-                  const AttentionOptions& options) {
+                  const AttentionOptions& options, detail::BackwardRows rows = {}) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
   require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
@@ -122,7 +123,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   p.dq_stride = kernels::strides_of(dq), p.dk_stride = kernels::strides_of(dk), p.dv_stride = kernels::strides_of(dv);
   p.dbias = dbias.empty() ? nullptr : dbias.data(), p.dbias_stride = kernels::strides_of(dbias);
   p.bands = bands.data();
-  p.whole_rows = !options.partial_rows;
+  p.whole_rows = !rows.partial;
   p.chunk_rows = plan_chunk_rows(s);
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
   p.key_group = plan_key_group(s);
@@ -214,4 +215,14 @@ void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<f
   backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options);
 }
 
+namespace detail {
+
+void attention_backward_rows(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                             TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                             TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                             const AttentionOptions& options, BackwardRows rows) {
+  backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options, rows);
+}
+
+}  // namespace detail
 }  // namespace qkv

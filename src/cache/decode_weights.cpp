@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "attention/top_k.h"
-#include "core/half.h"
+#include "core/kv_codec.h"
 #include "kernels/mask_eval.h"
 #include "qkv/decode.h"
 
@@ -18,20 +18,9 @@ namespace qkv {
 namespace {
 
 double stored(const PagedKV& kv, bool values, int64_t row, int64_t e) {
-  const int64_t n = values ? kv.Dv : kv.D;
-  const auto* pool = static_cast<const char*>(values ? kv.v : kv.k);
-  const int64_t at = row * n + e;
-  switch (kv.dtype) {
-    case KVDtype::f32:
-      return reinterpret_cast<const float*>(pool)[at];
-    case KVDtype::bf16:
-      return bf16_to_float(reinterpret_cast<const bf16*>(pool)[at]);
-    case KVDtype::f16:
-      return detail::half_to_float(reinterpret_cast<const uint16_t*>(pool)[at]);
-    case KVDtype::i8:
-      return static_cast<float>(reinterpret_cast<const int8_t*>(pool)[at]) * (values ? kv.v_scale : kv.k_scale)[row];
-  }
-  return 0.0;
+  const float* scales = values ? kv.v_scale : kv.k_scale;
+  return detail::kv_decode(kv.dtype, (values ? kv.v : kv.k), row * (values ? kv.Dv : kv.D) + e,
+                           scales != nullptr ? scales[row] : 0.0f);
 }
 
 // Shapes checked, then each row's weights in float64, one row at a time (O(max len) memory).

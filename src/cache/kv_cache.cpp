@@ -12,107 +12,17 @@
 
 #include <fmt/format.h>
 
-#include "core/half.h"
+#include "core/kv_codec.h"
 #include "core/huge_pages.h"
 
 namespace qkv {
 namespace {
-
-// IEEE binary16, round to nearest even. Callers have refused non-finite values and values that
-// would round to infinity.
-uint16_t float_to_half(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
-  if (absx < 0x38800000u) {  // below 2^-14: a subnormal half, m · 2^-24 (the product is exact)
-    const float m = std::nearbyint(std::bit_cast<float>(absx) * 16777216.0f);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(m));  // m = 1024 is the smallest normal
-  }
-  uint32_t h = ((absx >> 23) - 112) << 10 | (absx & 0x7fffffu) >> 13;
-  const uint32_t rest = absx & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
-  return static_cast<uint16_t>(sign | h);
-}
-
-constexpr float kHalfLimit = 65520.0f;  // rounds to infinity in binary16
 
 // Pools are allocated by the huge-page rule (core/huge_pages.h): decode streams them whole.
 void* allocate(int64_t bytes, const char* what, std::size_t& mapped) {
   void* p = detail::huge_pages_alloc(bytes, mapped);
   if (p == nullptr) throw Error(fmt::format("KVCache: cannot allocate the {} ({} bytes)", what, bytes));
   return p;
-}
-
-// The int8 scale of a (token, head) vector whose largest magnitude is amax (kv_dtype.h): the
-// largest float s with 127·s <= amax, so every |x| <= amax is within s/2 <= amax/254 (half the
-// step max|x| / 127) of a level q·s, |q| <= 127, and 127·s never overflows. Below FLT_MIN·127 the
-// scale is a subnormal, a multiple of 2^-149: rounding down then costs up to 2^-149 of it, which
-// is still within the step's half while amax >= 127·255·2^-149 (4.5e-41). Below that no float
-// scale keeps the bound (amax = 200·2^-149 needs a step of exactly 200/127 · 2^-149), and the next
-// float up is taken: every value is within s/2, at most half a step plus 2^-150.
-float int8_scale(float amax) {
-  const double limit = amax;  // 127·s and 127.5·s below are exact in double
-  float s = static_cast<float>(limit / 127.0);
-  if (127.0 * s > limit) s = std::nextafter(s, 0.0f);
-  if (127.5 * s < limit) s = std::nextafter(s, std::numeric_limits<float>::infinity());
-  return s;
-}
-
-// Writes one token's head vector x[0..n) (stride sx) at dst in the storage dtype.
-void store_row(KVDtype dtype, const float* x, int64_t sx, int64_t n, void* dst, float* scale) {
-  switch (dtype) {
-    case KVDtype::f32: {
-      auto* d = static_cast<float*>(dst);
-      for (int64_t e = 0; e < n; ++e) d[e] = x[e * sx];
-      return;
-    }
-    case KVDtype::bf16: {
-      auto* d = static_cast<bf16*>(dst);
-      for (int64_t e = 0; e < n; ++e) d[e] = float_to_bf16(x[e * sx]);
-      return;
-    }
-    case KVDtype::f16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t e = 0; e < n; ++e) d[e] = float_to_half(x[e * sx]);
-      return;
-    }
-    case KVDtype::i8: {
-      auto* d = static_cast<int8_t*>(dst);
-      float amax = 0.0f;
-      for (int64_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(x[e * sx]));
-      const float s = int8_scale(amax);
-      *scale = s;
-      // q = round(x / s) in double (exact enough: the quotient of two floats): the nearest of the
-      // 255 levels, so |q·s - x| <= s/2. (127 / amax in float overflowed for amax < 3.7e-37 and
-      // turned every nonzero value into ±127, and a zero into 0 · inf = NaN.)
-      for (int64_t e = 0; e < n; ++e) {
-        const double q = s > 0.0f ? std::nearbyint(static_cast<double>(x[e * sx]) / s) : 0.0;
-        d[e] = static_cast<int8_t>(std::clamp(q, -127.0, 127.0));
-      }
-      return;
-    }
-  }
-}
-
-float load_element(KVDtype dtype, const void* src, int64_t e, const float* scale) {
-  switch (dtype) {
-    case KVDtype::f32:
-      return static_cast<const float*>(src)[e];
-    case KVDtype::bf16:
-      return bf16_to_float(static_cast<const bf16*>(src)[e]);
-    case KVDtype::f16:
-      return detail::half_to_float(static_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8:
-      return static_cast<float>(static_cast<const int8_t*>(src)[e]) * *scale;
-  }
-  return 0.0f;
-}
-
-// Whether a finite value stays finite in the storage dtype (bf16 and f16 round to infinity near
-// their limits; f32 and i8, whose scale is finite, hold every finite value).
-bool storable(KVDtype dtype, float value) {
-  if (dtype == KVDtype::f16) return std::fabs(value) < kHalfLimit;
-  if (dtype == KVDtype::bf16) return std::isfinite(bf16_to_float(float_to_bf16(value)));
-  return true;
 }
 
 // Refuses what the storage dtype cannot hold, naming the tensor and element.
@@ -126,7 +36,7 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
         if (!std::isfinite(value))
           throw Error(fmt::format("KVCache::append: {}[{}, {}, {}] = {}: the cache holds finite values only", name, t,
                                   h, e, value));
-        if (!storable(dtype, value))
+        if (!detail::kv_storable(dtype, value))
           throw Error(fmt::format("KVCache::append: {}[{}, {}, {}] = {} cannot be stored as {}", name, t, h, e, value,
                                   kv_dtype_name(dtype)));
       }
@@ -146,7 +56,7 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   const int64_t bytes = kv_dtype_bytes(c.dtype);
   k_.reset(allocate(checked_numel(kshape, bytes, "KVCache keys") * bytes, "key pages", k_.get_deleter().mapped));
   v_.reset(allocate(checked_numel(vshape, bytes, "KVCache values") * bytes, "value pages", v_.get_deleter().mapped));
-  if (c.dtype == KVDtype::i8) {
+  if (kv_dtype_scaled(c.dtype)) {
     const int64_t slots = c.num_pages * c.Hkv * c.page_tokens;
     k_scale_.reset(static_cast<float*>(allocate(slots * 4, "key scales", k_scale_.get_deleter().mapped)));
     v_scale_.reset(static_cast<float*>(allocate(slots * 4, "value scales", v_scale_.get_deleter().mapped)));
@@ -164,7 +74,7 @@ KVCache& KVCache::operator=(KVCache&&) noexcept = default;
 int64_t KVCache::pool_bytes() const {
   const KVCacheConfig& c = config_;
   const int64_t slots = c.num_pages * c.Hkv * c.page_tokens;
-  return slots * (c.D + c.Dv) * kv_dtype_bytes(c.dtype) + (c.dtype == KVDtype::i8 ? 2 * slots * 4 : 0);
+  return slots * (c.D + c.Dv) * kv_dtype_bytes(c.dtype) + (kv_dtype_scaled(c.dtype) ? 2 * slots * 4 : 0);
 }
 
 KVCache::Sequence& KVCache::find(int64_t seq) { return const_cast<Sequence&>(std::as_const(*this).find(seq)); }
@@ -245,9 +155,10 @@ void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const fl
     const int64_t pos = s.length + t, page = s.pages[pos / c.page_tokens], slot = pos % c.page_tokens;
     for (int64_t h = 0; h < c.Hkv; ++h) {
       const int64_t row = (page * c.Hkv + h) * c.page_tokens + slot;
-      store_row(c.dtype, &k(t, h, 0), k.stride(2), c.D, kp + row * c.D * eb, k_scale_ ? k_scale_.get() + row : nullptr);
-      store_row(c.dtype, &v(t, h, 0), v.stride(2), c.Dv, vp + row * c.Dv * eb,
-                v_scale_ ? v_scale_.get() + row : nullptr);
+      detail::kv_encode_row(c.dtype, &k(t, h, 0), k.stride(2), c.D, kp + row * c.D * eb,
+                            k_scale_ ? k_scale_.get() + row : nullptr);
+      detail::kv_encode_row(c.dtype, &v(t, h, 0), v.stride(2), c.Dv, vp + row * c.Dv * eb,
+                            v_scale_ ? v_scale_.get() + row : nullptr);
     }
   }
   s.length += T;
@@ -303,7 +214,7 @@ Tensor<float> KVCache::read(int64_t seq, bool values) const {
       const int64_t row = (s.pages[t / c.page_tokens] * c.Hkv + h) * c.page_tokens + t % c.page_tokens;
       for (int64_t e = 0; e < dim; ++e)
         out[(h * s.length + t) * dim + e] =
-            load_element(c.dtype, pool + row * dim * eb, e, scales ? scales + row : nullptr);
+            detail::kv_decode(c.dtype, pool + row * dim * eb, e, scales ? scales[row] : 0.0f);
     }
   return out;
 }

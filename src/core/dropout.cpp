@@ -6,11 +6,16 @@
 #include <fmt/format.h>
 
 #include "qkv/error.h"
+#include "qkv/options_parse.h"
 
 namespace qkv {
 
 void check_dropout(const Dropout& d, const char* what) {
-  if (!(d.p >= 0.0 && d.p < 1.0)) throw Error(fmt::format("{}: dropout_p must be in [0, 1), got {}", what, d.p));
+  try {
+    dropout_p_value(d.p);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", what, e.what()));
+  }
 }
 
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {

@@ -83,7 +83,6 @@ std::optional<std::vector<KeyBand>> rectangle_bands(const std::vector<std::vecto
 // block (qi, ki) moved to rectangle positions, softcap kept. The caller checks it row by row.
 AttentionOptions rectangle_options(const RingOptions& options, const Block& block, int64_t q_at, int64_t k_at) {
   AttentionOptions o = options.attention;
-  o.partial_rows = true;
   o.mask = Mask{};
   o.mask.causal = block.options.mask.causal;
   o.mask.window = block.options.mask.window;
@@ -107,7 +106,6 @@ bool same_bands(const AttentionOptions& o, const std::vector<KeyBand>& want, con
 AttentionOptions block_options(const Plan& plan, const RingOptions& options, const Chunk& qc, const Chunk& kc) {
   const Mask& g = options.attention.mask;
   AttentionOptions o = options.attention;
-  o.partial_rows = true;
   Mask& m = o.mask;
   // The block keeps the global diagonal through diagonal_offsets; alignment is folded into it.
   if (g.causal) m.causal = CausalAlign::top_left;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "distributed/ring_plan.h"
+#include "qkv/options_parse.h"
 #include "qkv/out_of_memory.h"
 
 namespace qkv::ring {
@@ -92,14 +93,17 @@ void check_table(std::span<const int64_t> table, int ranks, const RingOptions& o
                       "and M = {} over {} ranks gives it {} and {} (see shard_ranges)",
                       r, row(r)[5], row(r)[6], name, plan.N, plan.M, ranks, nr, mr));
   }
-  auto check_lengths = [](const std::vector<int64_t>& lengths, int64_t limit, const char* what) {
-    for (std::size_t b = 0; b < lengths.size(); ++b)
-      if (lengths[b] < 0 || lengths[b] > limit)
-        throw AgreedError(
-            fmt::format("ring attention: {}[{}] = {} is outside [0, {}] (global length)", what, b, lengths[b], limit));
+  // The rule of every front end (qkv/options_parse.h), against the global lengths.
+  auto check_global = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* what) {
+    if (lengths.empty()) return;
+    try {
+      check_lengths(lengths, row(0)[0], limit, what);
+    } catch (const Error& e) {
+      throw AgreedError(fmt::format("ring attention: {} (global length)", e.what()));
+    }
   };
-  check_lengths(options.attention.mask.key_lengths, plan.M, "key_lengths");
-  check_lengths(options.attention.mask.query_lengths, plan.N, "query_lengths");
+  check_global(options.attention.mask.key_lengths, plan.M, "key_lengths");
+  check_global(options.attention.mask.query_lengths, plan.N, "query_lengths");
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "distributed/ring_plan.h"
-#include "qkv/backward.h"
+#include "attention/backward_rows.h"
 
 namespace qkv::ring {
 namespace {
@@ -117,9 +117,10 @@ void BackwardSteps::step(int src, ShardAt shard, float* dk, float* dv) {
     };
     const TensorView<float> bdq = target(dq_fresh, dq_rows, dq_block_);
     const TensorView<float> bdk = target(dkv_fresh, dk_rows, dk_block_), bdv = target(dkv_fresh, dv_rows, dv_block_);
-    attention_backward(bdq, bdk, bdv, TensorView<float>(), rows(dout_, c.q_offset, n), rows(q_, c.q_offset, n),
-                       shard.k_rows(plan_, src, c.k_offset, m), shard.v_rows(plan_, src, c.k_offset, m),
-                       rows(out_, c.q_offset, n), rows(lse_, c.q_offset, n), c.options);
+    detail::attention_backward_rows(bdq, bdk, bdv, TensorView<float>(), rows(dout_, c.q_offset, n),
+                                    rows(q_, c.q_offset, n), shard.k_rows(plan_, src, c.k_offset, m),
+                                    shard.v_rows(plan_, src, c.k_offset, m), rows(out_, c.q_offset, n),
+                                    rows(lse_, c.q_offset, n), c.options, {.partial = true});
     if (!dq_fresh) add_into(dq_rows, bdq, threads_);
     if (!dkv_fresh) {
       add_into(dk_rows, bdk, threads_);

@@ -2,7 +2,7 @@
 // with AVX2 (every AVX2 CPU, Intel from Haswell and AMD from Excavator, has it).
 #include "kernels/kernel_deps.h"
 #include "kernels/decode_kernel.h"
-#include "core/half.h"
+#include "core/kv_codec.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2")
@@ -52,6 +52,10 @@ namespace qkv::kernels {
 
 void decode_chunk_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
   decode_chunk<Avx2Decode>(p, task, ws);
+}
+
+void decode_widen_avx2(KVDtype dtype, const void* src, int64_t n, float* dst) {
+  widen_row<Avx2Decode>(dtype, static_cast<const char*>(src), n, dst, n);
 }
 
 }  // namespace qkv::kernels

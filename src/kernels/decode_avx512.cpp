@@ -2,7 +2,7 @@
 // fp16 pages widen with vcvtph2ps (F16C, which every AVX-512 CPU has).
 #include "kernels/kernel_deps.h"
 #include "kernels/decode_kernel.h"
-#include "core/half.h"
+#include "core/kv_codec.h"
 
 #pragma GCC push_options
 #pragma GCC diagnostic push
@@ -41,6 +41,10 @@ namespace qkv::kernels {
 
 void decode_chunk_avx512(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
   decode_chunk<Avx512Decode>(p, task, ws);
+}
+
+void decode_widen_avx512(KVDtype dtype, const void* src, int64_t n, float* dst) {
+  widen_row<Avx512Decode>(dtype, static_cast<const char*>(src), n, dst, n);
 }
 
 }  // namespace qkv::kernels

@@ -21,20 +21,6 @@
 namespace qkv::kernels {
 namespace {
 
-inline float widen_one(KVDtype dtype, const char* src, int64_t e) {
-  switch (dtype) {
-    case KVDtype::f32:
-      return reinterpret_cast<const float*>(src)[e];
-    case KVDtype::bf16:
-      return std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[e]) << 16);
-    case KVDtype::f16:
-      return detail::half_to_float(reinterpret_cast<const uint16_t*>(src)[e]);
-    case KVDtype::i8:
-      return static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]);
-  }
-  return 0.0f;
-}
-
 // dst[0, n) = the n stored values at src as fp32 (int8: the integers, unscaled), dst[n, npad) = 0.
 template <class Ops>
 void widen_row(KVDtype dtype, const char* src, int64_t n, float* dst, int64_t npad) {
@@ -49,7 +35,7 @@ void widen_row(KVDtype dtype, const char* src, int64_t n, float* dst, int64_t np
   } else {
     for (; e + L <= n; e += L) Ops::store(dst + e, Ops::load_i8(reinterpret_cast<const int8_t*>(src) + e));
   }
-  for (; e < n; ++e) dst[e] = widen_one(dtype, src, e);
+  for (; e < n; ++e) dst[e] = detail::kv_decode_unscaled(dtype, src, e);
   for (; e < npad; ++e) dst[e] = 0.0f;
 }
 

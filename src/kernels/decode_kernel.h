@@ -77,4 +77,11 @@ void decode_chunk_avx2(const DecodeParams& p, const DecodeTask& task, Workspace&
 void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
 void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);  // AArch64 only
 
+// For tests: dst[0, n) = the n stored elements at src through the family's widening loads (int8
+// unscaled), which must equal the codec's detail::kv_decode_unscaled (core/kv_codec.h).
+void decode_widen_avx512(KVDtype dtype, const void* src, int64_t n, float* dst);
+void decode_widen_avx2(KVDtype dtype, const void* src, int64_t n, float* dst);
+void decode_widen_scalar(KVDtype dtype, const void* src, int64_t n, float* dst);
+void decode_widen_neon(KVDtype dtype, const void* src, int64_t n, float* dst);  // AArch64 only
+
 }  // namespace qkv::kernels

@@ -2,7 +2,7 @@
 // Advanced SIMD always has.
 #include "kernels/kernel_deps.h"
 #include "kernels/decode_kernel.h"
-#include "core/half.h"
+#include "core/kv_codec.h"
 
 #include "kernels/simd_neon.h"
 
@@ -33,6 +33,10 @@ namespace qkv::kernels {
 
 void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
   decode_chunk<NeonDecode>(p, task, ws);
+}
+
+void decode_widen_neon(KVDtype dtype, const void* src, int64_t n, float* dst) {
+  widen_row<NeonDecode>(dtype, static_cast<const char*>(src), n, dst, n);
 }
 
 }  // namespace qkv::kernels

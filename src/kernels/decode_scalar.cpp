@@ -1,7 +1,7 @@
 // The decode kernel for the baseline ISA: the same chunk algorithm with one-lane vectors.
 #include "kernels/kernel_deps.h"
 #include "kernels/decode_kernel.h"
-#include "core/half.h"
+#include "core/kv_codec.h"
 
 #include "kernels/simd_scalar.h"
 
@@ -12,9 +12,9 @@ struct ScalarDecode : Scalar {
   static float hsum(V x) { return x; }
   static float hmax(V x) { return x; }
   static V reduce_lanes(const V* a) { return a[0]; }
-  static V load_f16(const uint16_t* p) { return detail::half_to_float(*p); }
-  static V load_bf16(const uint16_t* p) { return std::bit_cast<float>(static_cast<uint32_t>(*p) << 16); }
-  static V load_i8(const int8_t* p) { return static_cast<float>(*p); }
+  static V load_f16(const uint16_t* p) { return detail::kv_decode_unscaled(KVDtype::f16, p, 0); }
+  static V load_bf16(const uint16_t* p) { return detail::kv_decode_unscaled(KVDtype::bf16, p, 0); }
+  static V load_i8(const int8_t* p) { return detail::kv_decode_unscaled(KVDtype::i8, p, 0); }
 };
 
 }  // namespace
@@ -26,6 +26,10 @@ namespace qkv::kernels {
 
 void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
   decode_chunk<ScalarDecode>(p, task, ws);
+}
+
+void decode_widen_scalar(KVDtype dtype, const void* src, int64_t n, float* dst) {
+  widen_row<ScalarDecode>(dtype, static_cast<const char*>(src), n, dst, n);
 }
 
 }  // namespace qkv::kernels

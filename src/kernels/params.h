@@ -107,7 +107,7 @@ struct BackwardParams : ForwardParams {
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
   int64_t chunk_rows = 0, chunks = 1;
   int64_t key_group = 1;  // key tiles packed at once, each query tile visiting them in turn
-  // Whether each task sees every key of its rows (off for AttentionOptions::partial_rows, where the
+  // Whether each task sees every key of its rows (off for detail::BackwardRows::partial, where the
   // ring hands a task one block of keys): then a row's gradients may use identities over the whole
   // row (backward_tile.h: a single key's dS is 0; a dominant key's dS is minus the others').
   bool whole_rows = true;

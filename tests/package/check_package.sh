@@ -96,6 +96,12 @@ done
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
 [ -f "$prefix/include/qkv/qkv.h" ] || fail "no include/qkv/qkv.h installed"
+# Every public header of the source tree, the ring's pair only with MPI.
+for h in "$src"/include/qkv/*.h; do
+  name=$(basename "$h")
+  case $name in distributed.h | sharding.h) [ $have_mpi = yes ] || continue ;; esac
+  [ -f "$prefix/include/qkv/$name" ] || fail "include/qkv/$name is not installed"
+done
 if find "$prefix/include" -name '*.h' | xargs grep -l '"\(core\|io\|kernels\|attention\|layer\)/' ; then
   fail "an installed header includes an internal one"
 fi

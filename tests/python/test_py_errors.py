@@ -126,7 +126,7 @@ def test_check_finite_index_for_rank4_float64():
     (dict(alibi_slopes=[0.1, 0.2]), ValueError, r"alibi_slopes: expected 1 entries \(one per query head\), got 2"),
     (dict(alibi_slopes=["a"]), TypeError, r"alibi_slopes\[0\] must be a number"),
     (dict(alibi_slopes=[np.inf]), ValueError, r"alibi_slopes\[0\] = inf must be finite"),
-    (dict(alibi_slopes=[1e300]), ValueError, r"alibi_slopes\[0\] = 1e\+300 must be at most FLT_MAX"),
+    (dict(alibi_slopes=[1e300]), ValueError, r"alibi_slopes\[0\] = 1e\+300 must be finite and at most FLT_MAX"),
     (dict(softcap=-1.0), ValueError, "softcap must be a finite number >= 0"),
     (dict(softcap="big"), TypeError, "softcap must be a number"),
     (dict(scale=np.nan), ValueError, "scale must be finite"),

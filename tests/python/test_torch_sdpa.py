@@ -362,7 +362,7 @@ ERRORS = [
     ("gqa rank", lambda: qt.scaled_dot_product_attention(*(x[0] for x in q3()), enable_gqa=True), ValueError,
      "rank >= 3"),
     ("dropout range", lambda: qt.scaled_dot_product_attention(*q3(), dropout_p=2.0), ValueError,
-     "dropout_p must be a number in \\[0, 1\\)"),
+     "dropout_p must be in \\[0, 1\\)"),
     ("mask and causal", lambda: qt.scaled_dot_product_attention(*q3(), attn_mask=torch.ones(4, 4, dtype=torch.bool),
                                                                 is_causal=True), ValueError,
      "attn_mask must be None when is_causal=True"),

@@ -1,6 +1,5 @@
-// Helpers shared by the `qkv` subcommands: mask options, the layer/embedding options of the
-// sentence commands, finiteness checks that name the tensor and index, and output files that
-// are either all written or none.
+// Helpers shared by the `qkv` subcommands: the layer/embedding options of the sentence commands, finiteness checks that
+// name the tensor and index, and output files that are either all written or none.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +11,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "cli_values.h"
 
 #include "qkv/attention.h"
 #include "qkv/embeddings.h"
@@ -37,38 +38,6 @@ using IndexMap = std::function<void(std::vector<int64_t>& index)>;
 template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false,
                   const IndexMap& to_file_index = {});
-
-// Validators for numeric options. CLI11 prefixes the option name; the messages echo the value as
-// typed ("'inf' is not a finite number", "'0' is outside 1 to 4096"), never a rendering of the
-// bound such as CLI11's own 300-digit DBL_MAX. nonnegative_number / positive_number: a finite
-// number >= 0 / > 0; NaN, Inf and values beyond double's range are refused. integer_in: an
-// integer in [lo, hi], parsed as CLI11 converts it (strtoll, base 0).
-CLI::Validator nonnegative_number();
-CLI::Validator positive_number();
-CLI::Validator integer_in(int64_t lo, int64_t hi);
-
-// Parses "3,5" (option `option`) into integers / floats; throws qkv::Error naming the option.
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
-std::vector<float> parse_float_list(const std::string& text, const std::string& option);
-
-// The mask options of `qkv attend`. add_mask_options() registers them; build_mask() loads the
-// mask files and returns a Mask whose views point into this struct (keep it alive).
-struct MaskArgs {
-  std::string causal;                 // "", "top_left" or "bottom_right"
-  std::string diagonal = "top_left";  // the window/ALiBi diagonal when not causal
-  std::string window;                 // "L,R"
-  std::string key_lengths, query_lengths;
-  std::string keep_mask_path, bias_path;
-  std::string alibi_slopes;
-  double softcap = 0.0;
-
-  Tensor<uint8_t> keep;
-  Tensor<float> bias;
-};
-void add_mask_options(CLI::App* app, MaskArgs& args);
-// Loads and checks the mask files against [B, H, N, M] (numpy broadcasting); throws qkv::Error
-// naming the option and file.
-Mask build_mask(MaskArgs& args, int64_t B, int64_t H, int64_t N, int64_t M);
 
 // Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h;
 // throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before computing.

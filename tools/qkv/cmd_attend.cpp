@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_mask.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/attention.h"

@@ -138,19 +138,13 @@ DecodeShape parse_decode_shape(const std::string& text) {
   return s;
 }
 
-KVDtype kv_dtype_of(const std::string& name) {
-  for (KVDtype d : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
-    if (name == kv_dtype_name(d)) return d;
-  throw Error(fmt::format("--kv-dtype: unknown dtype '{}'", name));
-}
-
 // One decode step (one query per sequence, causal) against B sequences of M tokens in pages of
 // page_tokens, as a % of the roofline bound max(K+V bytes / read bandwidth, FLOPs / FMA peak).
 // Hot: the same cache step after step. Cold: a read of memory_probe_bytes() before each timed
 // step evicts the cache, as a model's step finds each layer's cache in memory.
 int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwidth) {
   const DecodeShape s = parse_decode_shape(a.decode);
-  const KVDtype dtype = kv_dtype_of(a.kv_dtype);
+  const KVDtype dtype = parse_kv_dtype(a.kv_dtype);
   const int64_t pages_per_seq = (s.M + a.page_tokens - 1) / a.page_tokens;
   KVCache cache(KVCacheConfig{s.B * pages_per_seq, a.page_tokens, s.Hkv, s.D, s.D, dtype});
   std::mt19937 gen(12345);
@@ -177,11 +171,11 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
   auto step = [&] { decode_attention(out.view(), TensorView<float>(), q.cview(), kv, options); };
 
   const double tokens = static_cast<double>(s.B) * static_cast<double>(s.M);
-  const double bytes = tokens * s.Hkv * (2.0 * s.D * kv_dtype_bytes(dtype) + (dtype == KVDtype::i8 ? 8.0 : 0.0));
+  const double bytes = tokens * s.Hkv * (2.0 * s.D * kv_dtype_bytes(dtype) + (kv_dtype_scaled(dtype) ? 8.0 : 0.0));
   const double flops = 4.0 * tokens * s.H * s.D;
   const double bound = std::max(bytes / bandwidth, peak > 0 ? flops / peak : 0.0);
   fmt::print("decode: K+V {:.3g} MB ({} cache, pages of {} tokens), {:.3g} GFLOP; bound {:.1f} us ({})\n", bytes / 1e6,
-             a.kv_dtype, a.page_tokens, flops / 1e9, bound * 1e6,
+             kv_dtype_name(dtype), a.page_tokens, flops / 1e9, bound * 1e6,
              peak > 0 && flops / peak > bytes / bandwidth ? "FMA peak" : "read bandwidth");
   const double hot = median_seconds(a.repeats, step);
   std::vector<char> flush(static_cast<std::size_t>(memory_probe_bytes()), 1);
@@ -225,7 +219,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.decode.empty()) {
     const DecodeShape d = parse_decode_shape(a.decode);
     fmt::print("qkv bench --decode: B={} H={} Hkv={} M={} D={} kv-dtype {} threads {}\n", d.B, d.H, d.Hkv, d.M, d.D,
-               a.kv_dtype, threads);
+               kv_dtype_name(parse_kv_dtype(a.kv_dtype)), threads);
     print_machine(threads, peak512, peak256, bandwidth);
     return run_bench_decode(a, threads, peak, bandwidth);
   }
@@ -332,7 +326,7 @@ Command add_bench(CLI::App& app) {
                   "KV cache instead, cold and hot, as a % of its roofline bound")
       ->check(parsed_by([](const std::string& t) { parse_decode_shape(t); }, "--decode", "B,H,Hkv,M,D"));
   sub->add_option("--kv-dtype", args->kv_dtype, "With --decode: the cache's dtype f32, bf16, f16 or i8 (default f16)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "i8"}));
+      ->check(parsed_by([](const std::string& t) { parse_kv_dtype(t); }, "--kv-dtype", "DTYPE"));
   sub->add_option("--page-tokens", args->page_tokens, "With --decode: tokens per page (default 16)")
       ->check(integer_in(1, 1 << 24));
   sub->add_flag("--causal", args->causal, "Causal mask (top-left)");

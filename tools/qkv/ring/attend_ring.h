@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "cli_mask.h"
 #include "cli_util.h"
 
 namespace qkv::cli {
