@@ -1,0 +1,14 @@
+// The decode kernel compiled for AVX2 + FMA. fp16 pages widen with vcvtph2ps: F16C is assumed
+// with AVX2 (every AVX2 CPU, Intel from Haswell and AMD from Excavator, has it).
+#include "core/half.h"
+#include "kernels/avx2/ops.h"
+#include "kernels/decode.h"
+#include "kernels/decode_tile.h"
+
+namespace qkv::kernels {
+
+void decode_tile_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws) {
+  decode_tile<Avx2Decode>(p, task, ws);
+}
+
+}  // namespace qkv::kernels
