@@ -497,6 +497,12 @@ TEST(Decode, RefusesBadInputByName) {
   o = {};
   o.sink_tokens = -1;
   expect_error(good, q.cview(), o, "sink_tokens = -1 is negative");
+  o = {};
+  o.attention.kernel = Kernel::reference;
+  expect_error(good, q.cview(), o, "there is no reference kernel for decode");
+  o = {};
+  o.attention.dropout.p = 0.5;
+  expect_error(good, q.cview(), o, "dropout is not supported");
   const std::vector<int64_t> ids{99};
   test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
                      {"unknown sequence id 99"});
