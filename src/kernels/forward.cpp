@@ -6,7 +6,6 @@
 #include "qkv/interrupt.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include <omp.h>
 
