@@ -170,8 +170,8 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches) {
   std::vector<PagedKV> kv;
   for (const Setup& s : caches) kv.push_back(s.cache->paged(s.ids));
   DecodeOptions o;
-  o.num_threads = kThreads;
-  o.mask.causal = CausalAlign::bottom_right;
+  o.attention.num_threads = kThreads;
+  o.attention.mask.causal = CausalAlign::bottom_right;
   const TensorView<const float> qv(q.data(), {B, kH, 1, kD});
   const TensorView<float> ov(out.data(), {B, kH, 1, kD});
   for (const PagedKV& c : kv) decode_attention(ov, TensorView<float>(), qv, c, o);  // warm the threads and scratch

@@ -1,18 +1,19 @@
 // The AVX2 micro-kernel of the fused kernels in isolation (microkernel_block.h), compiled for AVX2
-// + FMA only, as src/kernels/*_avx2.cpp are: 16 ymm registers, no EVEX. Registered by
+// + FMA only, as src/kernels/avx2/ are: 16 ymm registers, no EVEX. Registered by
 // `qkv_bench --avx2` (attention_bench.cpp) as avx2/microkernel/...; per CPU second.
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <vector>
 
-// Before the target pragma, like kernel_deps.h: library code stays compiled for the baseline ISA.
+// Before the target pragma: library code (Google Benchmark's too, which this file shares with the
+// rest of qkv_bench) stays compiled for the baseline ISA, so no copy of it needs AVX-512 or AVX2.
 #include "kernels/kernel_deps.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,bmi,bmi2")
 
-#include "kernels/simd_avx2.h"
+#include "kernels/avx2/ops.h"
 #include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
 #include "microkernel_block.h"

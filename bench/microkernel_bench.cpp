@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-// Before the target pragma, like kernel_deps.h: library code stays compiled for the baseline ISA.
+// Before the target pragma: library code (Google Benchmark's too, which this file shares with the
+// rest of qkv_bench) stays compiled for the baseline ISA, so no copy of it needs AVX-512 or AVX2.
 #include "kernels/kernel_deps.h"
 
 #pragma GCC push_options
@@ -16,7 +17,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
 
-#include "kernels/simd_avx512.h"
+#include "kernels/avx512/ops.h"
 #include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
 #include "microkernel_block.h"

@@ -2,7 +2,7 @@
 // (microkernel_bench.cpp: AVX-512, microkernel_avx2_bench.cpp: AVX2): what a family's block
 // products reach without the softmax, packing and memory traffic around them, and (fused_D*)
 // with the block's online softmax between them. Include only after kernel_deps.h, a family's
-// target pragma, its simd_*.h, microkernel.h and softmax_columns.h.
+// target pragma, its <isa>/ops.h, microkernel.h and softmax_columns.h.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -41,7 +41,7 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
 }
 
 // The forward's work on one cache-resident block of 64 keys and 64 query lanes, and nothing else:
-// Sᵀ = K · Qᵀ, each query row's max (the deferred scale, as tile_forward.h's interior blocks),
+// Sᵀ = K · Qᵀ, each query row's max (the deferred scale, as forward_tile.h's interior blocks),
 // the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No
 // packing, transposes, masks or memory traffic: the ceiling of the fp32 forward at this D on this
 // machine. FLOPs: the two products only, as the attention benchmarks count them.

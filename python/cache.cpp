@@ -144,8 +144,8 @@ DecodeCall decode_call(const py::object& q_obj, const py::object& cache_obj, con
   for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
   py::dict m = mask;
   if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
-  c.options.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
-  c.options.scale = scale_arg(scale);
+  c.options.attention.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
+  c.options.attention.scale = scale_arg(scale);
   if (!sinks.is_none()) {
     if (!is_list_arg(sinks))
       throw py::type_error(
@@ -154,8 +154,8 @@ DecodeCall decode_call(const py::object& q_obj, const py::object& cache_obj, con
       c.options.sinks.push_back(static_cast<float>(number_arg(s, fmt::format("sinks[{}]", c.options.sinks.size()))));
   }
   c.options.sink_tokens = index_arg(sink_tokens, "sink_tokens");
-  c.options.num_threads = num_threads;
-  c.options.simd = qkv::parse_simd(simd);
+  c.options.attention.num_threads = num_threads;
+  c.options.attention.simd = qkv::parse_simd(simd);
   return c;
 }
 

@@ -81,9 +81,9 @@ Filled fill(test::Rng& rng, const Case& c, double outlier = 0) {
 void reference(const Case& c, const Tensor<float>& q, const std::vector<Tensor<float>>& k,
                const std::vector<Tensor<float>>& v, bool token_major, Tensor<double>& out, Tensor<double>& lse) {
   const DecodeOptions& o = c.options;
-  const Mask& m = o.mask;
+  const Mask& m = o.attention.mask;
   const int64_t H = c.Hkv * c.G;
-  const double scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D)));
+  const double scale = o.attention.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D)));
   for (std::size_t b = 0; b < c.lens.size(); ++b) {
     const int64_t len = c.lens[b];
     auto kat = [&](int64_t g, int64_t j, int64_t d) {
@@ -158,8 +158,8 @@ Result run_decode(const Case& c, const Filled& f, const Tensor<float>& q, Simd s
   const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.Hkv * c.G;
   Result r{Tensor<float>({B, H, c.N, c.Dv}), Tensor<float>({B, H, c.N})};
   DecodeOptions o = c.options;
-  o.simd = simd;
-  o.num_threads = threads;
+  o.attention.simd = simd;
+  o.attention.num_threads = threads;
   decode_attention(r.out.view(), r.lse.view(), q.cview(), f.cache, f.ids, o);
   return r;
 }
@@ -173,8 +173,8 @@ Tensor<float> run_prefill(const Case& c, const Filled& f, const Tensor<float>& q
     const Tensor<float> k = f.cache.keys(f.ids[b]), v = f.cache.values(f.ids[b]);
     const int64_t len = c.lens[b];
     AttentionOptions o;
-    o.scale = c.options.scale;
-    o.mask = c.options.mask;
+    o.scale = c.options.attention.scale;
+    o.mask = c.options.attention.mask;
     const float* qb = q.data() + b * H * c.N * c.D;
     float* ob = out.data() + b * H * c.N * c.Dv;
     Tensor<float> lse({1, H, c.N});
@@ -206,7 +206,7 @@ Case make_case(test::Rng& rng, int idx) {
   if (idx % 5 == 0) c.lens[0] = 1;
   const int64_t longest = *std::max_element(c.lens.begin(), c.lens.end());
   c.page_tokens = std::array<int64_t, 4>{16, 64, 5, longest}[rng.uniform_int(0, 3)];  // the last: contiguous
-  Mask& m = c.options.mask;
+  Mask& m = c.options.attention.mask;
   const int variant = (idx / 4) % 6;  // with idx % 4 for the dtype: every pair in 24 cases
   if (variant >= 1) m.causal = CausalAlign::bottom_right;
   if (variant == 2) m.window = Window{37, -1};
@@ -229,8 +229,8 @@ std::string describe(const Case& c) {
   return std::string(kv_dtype_name(c.dtype)) + " Hkv " + std::to_string(c.Hkv) + " G " + std::to_string(c.G) + " N " +
          std::to_string(c.N) + " D " + std::to_string(c.D) + " Dv " + std::to_string(c.Dv) + " page " +
          std::to_string(c.page_tokens) + " lens " + lens + "causal " +
-         std::to_string(c.options.mask.causal.has_value()) + " sinks " + std::to_string(c.options.sinks.size()) +
-         " sink_tokens " + std::to_string(c.options.sink_tokens);
+         std::to_string(c.options.attention.mask.causal.has_value()) + " sinks " +
+         std::to_string(c.options.sinks.size()) + " sink_tokens " + std::to_string(c.options.sink_tokens);
 }
 
 TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
@@ -272,7 +272,7 @@ TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
     c.dtype = dtype;
     c.Hkv = 2, c.G = 4, c.N = 3, c.D = 64, c.Dv = 64, c.page_tokens = page_tokens;
     c.lens = {3001, 777, 5};
-    c.options.mask.causal = CausalAlign::bottom_right;
+    c.options.attention.mask.causal = CausalAlign::bottom_right;
     c.options.sinks = {0.5f, -1, 2, 0, 1, 1, 1, 1};
     const Filled f = fill(rng, c);
     const Tensor<float> q = rng.normal32({3, 8, 3, 64});
@@ -301,7 +301,7 @@ TEST(Decode, Int8WithinTheBoundOfItsQuantizationStep) {
     c.dtype = KVDtype::i8;
     c.Hkv = 2, c.G = 4, c.N = 2, c.D = 128, c.Dv = 128, c.page_tokens = 64;
     c.lens = {1500, 300};
-    c.options.mask.causal = CausalAlign::bottom_right;
+    c.options.attention.mask.causal = CausalAlign::bottom_right;
     const Filled f = fill(rng, c, outlier);
     const Tensor<float> q = rng.normal32({2, 8, 2, 128});
     Tensor<double> ref({2, 8, 2, 128}), ref_lse({2, 8, 2});
@@ -357,7 +357,7 @@ TEST(Decode, LongSequenceNeedsNoScratchProportionalToLength) {
   const PagedKV kv = f.cache.paged(f.ids);  // its block table (1024 entries) belongs to the caller
   Tensor<float> out({1, 2, 1, 8}), lse({1, 2, 1});
   DecodeOptions o;
-  o.num_threads = 1;  // other threads' allocations would not show in the main arena
+  o.attention.num_threads = 1;  // other threads' allocations would not show in the main arena
   const struct mallinfo2 m0 = mallinfo2();
   decode_attention(out.view(), lse.view(), q.cview(), kv, o);
   const struct mallinfo2 m1 = mallinfo2();
@@ -374,8 +374,8 @@ TEST(Decode, WeightsReproduceTheOutput) {
   c.dtype = KVDtype::f16;
   c.Hkv = 2, c.G = 4, c.N = 3, c.D = 40, c.Dv = 24, c.page_tokens = 16;
   c.lens = {300, 2};
-  c.options.mask.causal = CausalAlign::bottom_right;
-  c.options.mask.window = Window{50, -1};
+  c.options.attention.mask.causal = CausalAlign::bottom_right;
+  c.options.attention.mask.window = Window{50, -1};
   c.options.sink_tokens = 4;
   for (int64_t h = 0; h < 8; ++h) c.options.sinks.push_back(static_cast<float>(rng.uniform(-1, 2)));
   const Filled f = fill(rng, c);
@@ -423,8 +423,8 @@ TEST(Decode, TopKWeightsAreTheLargestOfTheFullRow) {
   c.dtype = KVDtype::i8;
   c.Hkv = 2, c.G = 2, c.N = 2, c.D = 40, c.Dv = 8, c.page_tokens = 16;
   c.lens = {97, 3};
-  c.options.mask.causal = CausalAlign::bottom_right;
-  c.options.mask.window = Window{40, -1};
+  c.options.attention.mask.causal = CausalAlign::bottom_right;
+  c.options.attention.mask.window = Window{40, -1};
   const Filled f = fill(rng, c);
   const Tensor<float> q = rng.normal32({2, 4, 2, 40});
   const PagedKV kv = f.cache.paged(f.ids);
@@ -492,11 +492,17 @@ TEST(Decode, RefusesBadInputByName) {
   o.sinks[2] = std::numeric_limits<float>::infinity();
   expect_error(good, q.cview(), o, "sinks[2] = inf must be a finite logit or -inf (no sink)");
   o = {};
-  o.mask.key_lengths = {3};
+  o.attention.mask.key_lengths = {3};
   expect_error(good, q.cview(), o, "mask.key_lengths must be empty");
   o = {};
   o.sink_tokens = -1;
   expect_error(good, q.cview(), o, "sink_tokens = -1 is negative");
+  o = {};
+  o.attention.kernel = Kernel::reference;
+  expect_error(good, q.cview(), o, "there is no reference kernel for decode");
+  o = {};
+  o.attention.dropout.p = 0.5;
+  expect_error(good, q.cview(), o, "dropout is not supported");
   const std::vector<int64_t> ids{99};
   test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), q.cview(), f.cache, ids); },
                      {"unknown sequence id 99"});
@@ -509,8 +515,8 @@ TEST(Decode, RefusesBadInputByName) {
   for (int64_t e = 0; e < q_huge.numel(); ++e) q_huge[e] = 1e38f;
   for (int threads : {1, 2}) {
     o = {};
-    o.num_threads = threads;
-    o.scale = 1e30;
+    o.attention.num_threads = threads;
+    o.attention.scale = 1e30;
     expect_error(good, q_huge.cview(), o,
                  "decode_attention: the output overflowed float32 although q and the cache are finite");
   }
@@ -526,7 +532,7 @@ TEST(Decode, RefusesBadInputByName) {
   for (int64_t e = 0; e < 4; ++e) q_neg[e] = -1e20f;
   for (int threads : {1, 2}) {
     o = {};
-    o.num_threads = threads;
+    o.attention.num_threads = threads;
     test::expect_error([&] { decode_attention(out2.view(), TensorView<float>(), q_neg.cview(), ones, two, o); },
                        {"decode_attention: the output overflowed float32 although q and the cache are finite"});
   }
@@ -538,7 +544,7 @@ TEST(Decode, RefusesBadInputByName) {
   EXPECT_EQ(out1[1], 0.0f);
   // A scale fp32 cannot hold is the caller's error, named as such (it was blamed on q and the cache).
   o = {};
-  o.scale = 1e300;
+  o.attention.scale = 1e300;
   expect_error(good, q.cview(), o, "decode_attention: scale must be finite and at most FLT_MAX (3.4e38)");
 }
 

@@ -12,7 +12,7 @@
 
 #include "attention_cases.h"
 #include "kernels/dispatch.h"
-#include "kernels/fused_forward.h"
+#include "kernels/forward.h"
 #include "kernels/softcap.h"
 #include "qkv/attention.h"
 #include "test_util.h"

@@ -224,8 +224,8 @@ TEST(KVCacheThreads, DecodeBesideAppendForkAndFreeOfOtherSequences) {
   cache.append(shared, k.cview(), v.cview());  // the last page partly filled: forks copy it
   const Tensor<float> q = rng.normal32({1, 4, 1, 32});
   DecodeOptions options;
-  options.mask.causal = CausalAlign::bottom_right;
-  options.num_threads = 1;
+  options.attention.mask.causal = CausalAlign::bottom_right;
+  options.attention.num_threads = 1;
   auto decode = [&](Tensor<float>& out) {
     Tensor<float> lse({1, 4, 1});
     PagedKV kv;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/kv_codec.h"
-#include "kernels/decode_kernel.h"
+#include "kernels/decode.h"
 #include "kernels/dispatch.h"
 #include "qkv/error.h"
 #include "qkv/kv_dtype.h"

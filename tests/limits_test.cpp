@@ -255,7 +255,7 @@ TEST(Limits, LargeFiniteScoresGiveTheReferenceResultOnEveryPath) {
 }
 
 // Unmasked key blocks take the scale after the block's max when scale > 0 (max(s)·scale, then
-// s·scale − m in one FMA: tile_forward.h), and scale it first otherwise: every sign and size of
+// s·scale − m in one FMA: forward_tile.h), and scale it first otherwise: every sign and size of
 // scale gives the reference's out and lse. 300 keys: several blocks, the last one partial.
 TEST(Limits, EveryScaleSignMatchesTheReferenceOnUnmaskedBlocks) {
   test::Rng rng("Limits.EveryScaleSign");

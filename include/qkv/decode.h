@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,13 +34,13 @@ struct PagedKV {
 };
 
 struct DecodeOptions {
-  // Multiplies q·k; defaults to 1/sqrt(D).
-  std::optional<double> scale;
-  // Supported: causal (bottom_right: query i of N sits at position len - N + i, i.e. the new
-  // tokens' keys are already appended), window, alibi_slopes, softcap, query_lengths, keep and
-  // bias ([B, H, N, max len] views). key_lengths must be empty: the sequence lengths are the key
-  // lengths.
-  Mask mask;
+  // Scale (unset: 1/sqrt(D)), mask, threads (0: default_num_threads(); the result is bitwise the
+  // same for any count) and SIMD path, as for attention_forward. Mask: causal (bottom_right:
+  // query i of N sits at position len - N + i, i.e. the new tokens' keys are already appended),
+  // window, alibi_slopes, softcap, query_lengths, keep and bias ([B, H, N, max len] views);
+  // key_lengths must be empty: the sequence lengths are the key lengths. Decode runs the fused
+  // kernel and has no dropout: Kernel::reference and an active dropout are refused.
+  AttentionOptions attention;
   // Attention sinks (gpt-oss): one learned logit per query head (size H, or empty) that joins
   // every row's softmax denominator and attends to nothing, so out = Σ p_j v_j with
   // Σ p_j = L / (L + e^sink) < 1. lse includes it: lse = log(Σ e^s_j + e^sink). Each is finite
@@ -50,9 +49,6 @@ struct DecodeOptions {
   // StreamingLLM: the first `sink_tokens` keys of every sequence stay visible to every query in
   // addition to its causal/window band (they still obey causality and the sequence length).
   int64_t sink_tokens = 0;
-  // Threads; 0 means default_num_threads(). The result is bitwise the same for any count.
-  int num_threads = 0;
-  Simd simd = Simd::automatic;
 };
 
 // out [B,H,N,Dv] = attention of q [B,H,N,D] over each sequence's cached keys and values;

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/dispatch.h"
-#include "kernels/fused_forward.h"
+#include "kernels/forward.h"
 #include "attention/overflow.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
@@ -165,7 +165,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   std::atomic<bool> nonfinite{false}, emptied{false};
   p.nonfinite = &nonfinite;
   p.emptied = &emptied;
-  kernels::fused_forward(p, path, threads_for(s, options));
+  kernels::forward(p, path, threads_for(s, options));
   // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
   // (l = 0), as it writes the rows: no pass of its own.
   if (nonfinite.load() || (emptied.load() && !detail::may_mask_whole_rows(options.mask)))

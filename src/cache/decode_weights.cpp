@@ -38,14 +38,14 @@ class DecodeRows {
     // decode_attention's own checks, by running it once into scratch: one decode step's cost,
     // small next to the float64 scores below.
     DecodeOptions check = options;
-    check.num_threads = 1;
+    check.attention.num_threads = 1;
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
     std::vector<float> scratch(static_cast<std::size_t>(B * H * N * kv.Dv));
     decode_attention(TensorView<float>(scratch.data(), oshape), TensorView<float>(), q, kv, check);
-    mask_ = options.mask;
+    mask_ = options.attention.mask;
     mask_.key_lengths = kv.seq_lens;
     eval_.emplace(mask_, AttentionShape{B, H, kv.Hkv, N, M, kv.D, kv.Dv});  // keeps a reference to mask_
-    scale_ = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(kv.D)));
+    scale_ = attention_scale(options.attention.scale, kv.D);
     score_.resize(static_cast<std::size_t>(M));
   }
 

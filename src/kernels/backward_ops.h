@@ -1,7 +1,10 @@
 // The block operations of the fused backward (backward_tile.h) that need no task state: row copies,
 // tile transposes and the micro-kernel's products, for one SIMD family (Ops). Include, as
-// backward_tile.h, after the family's target pragma.
+// backward_tile.h, after a family's <isa>/ops.h.
 #pragma once
+
+#include "kernels/backward.h"
+#include "kernels/microkernel.h"
 
 namespace qkv::kernels {
 namespace {

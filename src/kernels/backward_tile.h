@@ -1,6 +1,6 @@
 // One task of the fused attention backward (FlashAttention-2 style), written once for every SIMD
-// family: Ops is a family's vector operations (simd_*.h). Include only after kernel_deps.h,
-// backward_kernel.h, the family's target pragma, its simd_*.h and microkernel.h.
+// family: Ops is a family's vector operations (<isa>/ops.h). Included by each family's
+// backward.cpp after its <isa>/ops.h, with backward.h and microkernel.h.
 //
 // A task owns one chunk of query rows of every query head of one kv head. Head by head, it packs
 // the chunk's q and dout once, then walks the key tiles in groups of BackwardParams::key_group,
@@ -33,7 +33,7 @@ namespace qkv::kernels {
 namespace {
 
 template <class Ops>
-class BackwardChunk : BackwardOps<Ops> {
+class BackwardTile : BackwardOps<Ops> {
   using BackwardOps<Ops>::add_to, BackwardOps<Ops>::copy_row, BackwardOps<Ops>::transpose_tile,
       BackwardOps<Ops>::product;
   using V = typename Ops::V;
@@ -43,7 +43,7 @@ class BackwardChunk : BackwardOps<Ops> {
   static_assert(T % L == 0);
 
  public:
-  BackwardChunk(const BackwardParams& p, const BackwardTask& t, float* scratch)
+  BackwardTile(const BackwardParams& p, const BackwardTask& t, float* scratch)
       : p_(p), s_(p.shape), mask_(*p.mask), b_(t.b), hk_(t.hk), chunk_(t.chunk), group_(p.shape.H / p.shape.Hkv) {
     r0_ = chunk_ * p.chunk_rows;
     r1_ = std::min(s_.N, r0_ + p.chunk_rows);
@@ -559,8 +559,8 @@ class BackwardChunk : BackwardOps<Ops> {
 };
 
 template <class Ops>
-void backward_task(const BackwardParams& p, const BackwardTask& task, float* scratch) {
-  BackwardChunk<Ops>(p, task, scratch).run();
+void backward_tile(const BackwardParams& p, const BackwardTask& task, float* scratch) {
+  BackwardTile<Ops>(p, task, scratch).run();
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // Which SIMD family the fused kernels run: the CPU's features, QKV_SIMD, and the caller's choice;
-// and the one table of each family's kernels, so a new family is added in dispatch.cpp alone.
+// and the one table of each family's kernels: a new family is its folder (<isa>/) and one row of it.
 #pragma once
 
-#include "kernels/backward_kernel.h"
-#include "kernels/decode_kernel.h"
-#include "kernels/fused_forward.h"
+#include "kernels/backward.h"
+#include "kernels/decode.h"
+#include "kernels/forward.h"
 #include "qkv/attention_options.h"
 
 namespace qkv::kernels {
@@ -27,9 +27,9 @@ Simd resolve_simd(Simd requested);
 // Every kernel of one SIMD family.
 struct KernelFamily {
   Simd simd;
-  TileFn forward_tile;
-  BackwardFn backward_task;
-  DecodeChunkFn decode_chunk;
+  ForwardFn forward;
+  BackwardFn backward;
+  DecodeFn decode;
   Exp2Fn exp2;
 };
 

@@ -1,5 +1,5 @@
 // Dropout in the fused kernels' tiles (qkv/dropout.h): the one walk over a tile's keep-mask that
-// the forward and the backward share. Include, as the tiles, after the family's target pragma.
+// the forward and the backward share. Include, as the tiles, after a family's <isa>/ops.h.
 #pragma once
 
 namespace qkv::kernels {

@@ -1,7 +1,6 @@
-// Everything the SIMD-family headers (simd_*.h, microkernel.h, tile_forward.h) need, included by
-// each family's .cpp BEFORE its `#pragma GCC target`. Code defined after the pragma is compiled
-// for that family's ISA; library code (std, MaskEval) must be compiled before it, for the
-// baseline ISA, or the linker could pick an AVX-512 copy of an inline function for every caller.
+// What the kernels' shared templates (microkernel.h, forward_tile.h, backward_tile.h,
+// decode_tile.h and the headers they include) take from the standard library, the intrinsics and
+// the layers below; every family's ops.h includes it first.
 #pragma once
 
 #if defined(__x86_64__)
@@ -23,5 +22,5 @@
 #include <utility>
 
 #include "kernels/exp2_constants.h"
-#include "kernels/fused_forward.h"
+#include "kernels/forward.h"
 #include "kernels/mask_eval.h"

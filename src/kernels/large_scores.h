@@ -1,6 +1,6 @@
 // Scores of large vectors summed again in double, in the forward and the backward alike, so that
 // fp32 keeps FlashAttention's accuracy rule on large scores (docs/accuracy.md). Include only after
-// kernel_deps.h and a family's simd_*.h.
+// kernel_deps.h and a family's <isa>/ops.h.
 //
 // The micro-kernel sums each q·k in one fp32 FMA chain over d, and the chain rounds at the size
 // of its partial sums, which the vectors' size bounds, not the score: with q scaled by 50

@@ -3,9 +3,9 @@
 // A is read one element at a time (broadcast), through a row stride and a k stride, so it can be
 // any strided matrix (rows of K, or a transposed P); B is read in vectors of L = Ops::kLanes
 // contiguous elements per k step, rows ldb apart. The R x NV fp32 accumulators stay in registers.
-// Dot says what an element is: FloatDot multiplies floats with FMA; the bf16 policy (simd_avx512.h)
+// Dot says what an element is: FloatDot multiplies floats with FMA; the bf16 policy (avx512/ops.h)
 // makes each element a pair of bf16 and each step a vdpbf16ps (two products per lane).
-// Include only after kernel_deps.h and a family's simd_*.h (see kernel_deps.h).
+// Include after a family's <isa>/ops.h.
 #pragma once
 
 namespace qkv::kernels {

@@ -1,7 +1,6 @@
 // The forward's softmax over a block of transposed scores, one vector of query rows at a time:
-// st [keys x lanes] with rows ls floats apart (tile_forward.h), so a row's max, weights and sum
-// are vertical operations. Include only after kernel_deps.h, the family's target pragma and its
-// simd_*.h (Ops).
+// st [keys x lanes] with rows ls floats apart (forward_tile.h), so a row's max, weights and sum
+// are vertical operations. Include after a family's <isa>/ops.h (Ops).
 #pragma once
 
 namespace qkv::kernels {

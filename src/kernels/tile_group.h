@@ -1,7 +1,9 @@
 // One task of the fused forward: the query tiles of a group run block by block, with what they
 // share (the kv head's bounds for large_scores.h, the packed V block), written once for every SIMD
-// family. Include right after tile_forward.h.
+// family. Include after a family's <isa>/ops.h.
 #pragma once
+
+#include "kernels/forward_tile.h"
 
 namespace qkv::kernels {
 namespace {
@@ -9,14 +11,14 @@ namespace {
 // large_scores.h's norms of the task's kv head: a bound of |k| over every key (fp32, cheap), and
 // |k| of each key, only when a tile's gate passes.
 template <class In>
-float key_norm_bound(const ForwardParams& p, const TileTask& task) {
+float key_norm_bound(const ForwardParams& p, const ForwardTask& task) {
   const AttentionShape& s = p.shape;
   const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
   return max_row_norm(k, p.k_stride.row, p.k_stride.col, s.M, s.D);
 }
 
 template <class In>
-const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+const float* key_sizes(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
   const AttentionShape& s = p.shape;
   float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(s.M));
   const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
@@ -29,7 +31,7 @@ const float* key_sizes(const ForwardParams& p, const TileTask& task, Workspace& 
 // L2 from M of about 2048). Each tile still sees its own blocks in its own order, so grouping
 // does not change a bit of the result.
 template <class Ops, class In, bool Pairs>
-void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+void forward_group(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
   using Tile = ForwardTile<Ops, In, Pairs>;
   // The tiles live in the workspace, not in a stack array: a std::array of optional tiles was
   // zero-filled on every call, which doubled the time of a 3-token call (S1).
@@ -68,7 +70,7 @@ void forward_group(const ForwardParams& p, const TileTask& task, Workspace& ws) 
 
 // Pairs is only instantiated for families that define Ops::PairDot (AVX512_BF16).
 template <class Ops, bool Pairs = false>
-void forward_tile(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+void forward_tile(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
   if (!p.is_bf16())
     forward_group<Ops, float, false>(p, task, ws);
   else

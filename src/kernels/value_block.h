@@ -1,6 +1,6 @@
-// A key block's V rows for the forward tile (tile_forward.h): packed as fp32 for the P·V product,
-// or checked for values that are not finite. Include only after kernel_deps.h, the family's target
-// pragma, its simd_*.h (Ops) and large_scores.h (widen).
+// A key block's V rows for the forward tile (forward_tile.h): packed as fp32 for the P·V product,
+// or checked for values that are not finite. Include after a family's
+// <isa>/ops.h (Ops) and large_scores.h (widen).
 #pragma once
 
 namespace qkv::kernels {

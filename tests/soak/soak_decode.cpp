@@ -263,8 +263,8 @@ class DecodeSoak {
     std::normal_distribution<float> normal;
     for (int64_t i = 0; i < q.numel(); ++i) q[i] = normal(rng_);
     DecodeOptions options;
-    options.mask.causal = CausalAlign::bottom_right;
-    options.num_threads = 1;  // other threads' spin-waits on a loaded machine would only cost time
+    options.attention.mask.causal = CausalAlign::bottom_right;
+    options.attention.num_threads = 1;  // other threads' spin-waits on a loaded machine would only cost time
     decode_attention(out.view(), lse.view(), q.cview(), cache_, chosen_, options);
     ++decodes_;
     std::vector<double> ref(static_cast<std::size_t>(kH * N * kDv)), ref_lse(static_cast<std::size_t>(kH * N));

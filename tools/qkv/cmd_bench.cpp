@@ -166,8 +166,8 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
   for (int64_t i = 0; i < q.numel(); ++i) q[i] = normal(gen);
   const PagedKV kv = cache.paged(ids);
   DecodeOptions options;
-  options.num_threads = threads;
-  options.mask.causal = CausalAlign::bottom_right;
+  options.attention.num_threads = threads;
+  options.attention.mask.causal = CausalAlign::bottom_right;
   auto step = [&] { decode_attention(out.view(), TensorView<float>(), q.cview(), kv, options); };
 
   const double tokens = static_cast<double>(s.B) * static_cast<double>(s.M);

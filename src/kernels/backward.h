@@ -1,8 +1,7 @@
 // The fused attention backward's internal interface (the params are in params.h): the unit of
-// work (one chunk of query rows of one kv-head group), the layout of a task's scratch, and one
-// task function per SIMD family (backward_avx512.cpp, backward_avx2.cpp, backward_scalar.cpp,
-// all instantiating backward_tile.h). The driver (attention/backward.cpp) plans the chunks and
-// runs the tasks on threads.
+// work (one chunk of query rows of one kv-head group), the layout of a task's scratch, one task
+// function per SIMD family (<isa>/backward.cpp, all instantiating backward_tile.h), and the driver
+// (backward.cpp), which plans the chunks, runs the tasks on threads and sums their partials.
 #pragma once
 
 #include <array>
@@ -73,9 +72,16 @@ struct BackwardLayout {
 using BackwardFn = void (*)(const BackwardParams&, const BackwardTask&, float* scratch);
 
 // Computes one task; every family computes the same function (only rounding differs).
-void backward_task_avx512(const BackwardParams& p, const BackwardTask& task, float* scratch);
-void backward_task_avx2(const BackwardParams& p, const BackwardTask& task, float* scratch);
-void backward_task_scalar(const BackwardParams& p, const BackwardTask& task, float* scratch);
-void backward_task_neon(const BackwardParams& p, const BackwardTask& task, float* scratch);  // AArch64 only
+void backward_tile_avx512(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_tile_avx2(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_tile_scalar(const BackwardParams& p, const BackwardTask& task, float* scratch);
+void backward_tile_neon(const BackwardParams& p, const BackwardTask& task, float* scratch);  // AArch64 only
+
+// Runs the whole backward on `num_threads` threads with the given SIMD family. The caller sets p's
+// inputs, out, lse, dout and outputs (dk, dv and dbias also as views); plan, partial sums, bands
+// and scratch are the driver's. Returns false when a task or a partial sum wrote an inf or NaN
+// gradient: the caller names the cause. Throws qkv::Interrupted on a stop request.
+[[nodiscard]] bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                            Simd path, int num_threads);
 
 }  // namespace qkv::kernels

@@ -1,6 +1,9 @@
-// The NEON vector operations of the attention kernels (AArch64 Advanced SIMD, 4 fp32 lanes; every
-// AArch64 CPU has it, so no target pragma). Include only after kernel_deps.h.
+// Every NEON vector operation of the kernels (AArch64 Advanced SIMD, 4 fp32 lanes; every AArch64
+// CPU has it, so the folder needs no compile option): the forward's and backward's Neon, and the
+// decode widening loads and reductions.
 #pragma once
+
+#include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
 namespace {
@@ -48,6 +51,23 @@ struct Neon {
   static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
   // x == x is false only in NaN lanes.
   static bool any_nan(V x) { return vminvq_u32(vceqq_f32(x, x)) == 0; }
+};
+
+// The decode kernel's operations besides Neon's: horizontal sums and maxima, the transposing
+// reduction, and the widening loads of each storage type.
+struct NeonDecode : Neon {
+  static float hsum(V x) { return vaddvq_f32(x); }
+  static float hmax(V x) { return vmaxvq_f32(x); }
+  // Lane j of the result = the sum of the lanes of a[j], j < 4: two rounds of pairwise adds.
+  static V reduce_lanes(const V* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
+  static V load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  static V load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  static V load_i8(const int8_t* p) {
+    int32_t four;
+    std::memcpy(&four, p, sizeof four);  // exactly 4 bytes: the next page may not be there
+    const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(four)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+  }
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // One tile of the fused forward kernel (FlashAttention-2 style), written once for every SIMD
-// family: Ops is a family's vector operations (simd_*.h). Include only after kernel_deps.h, the
-// family's target pragma, its simd_*.h and microkernel.h; tile_group.h runs a task's tiles.
+// family: Ops is a family's vector operations (<isa>/ops.h). Include after a family's <isa>/ops.h
+// and microkernel.h; tile_group.h runs a task's tiles.
 //
 // The scores of a key block are computed transposed, Sᵀ [keys x queries], so that each vector
 // lane is one query row: the row max, the exponentials and the row sums are then plain vertical
@@ -18,6 +18,7 @@
 
 #include "kernels/dropout_tile.h"
 #include "kernels/large_scores.h"
+#include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
 #include "kernels/value_block.h"
 
@@ -59,7 +60,8 @@ class ForwardTile {
  public:
   // k_bound: an upper bound of |k| over the whole kv head (key_norm_bound in tile_group.h; 0 with
   // Pairs).
-  ForwardTile(const ForwardParams& p, const TileTask& t, int64_t sub, Workspace& ws, PackedBlock* packed, float k_bound)
+  ForwardTile(const ForwardParams& p, const ForwardTask& t, int64_t sub, Workspace& ws, PackedBlock* packed,
+              float k_bound)
       : p_(p),
         packed_(packed),
         k_bound_(k_bound),

@@ -1,14 +1,11 @@
 // The fused forward kernel for the baseline ISA: the same tile algorithm with one-lane vectors.
-#include "kernels/kernel_deps.h"
-
-#include "kernels/simd_scalar.h"
-#include "kernels/microkernel.h"
-#include "kernels/tile_forward.h"
+#include "kernels/scalar/ops.h"
+#include "kernels/forward.h"
 #include "kernels/tile_group.h"
 
 namespace qkv::kernels {
 
-void forward_tile_scalar(const ForwardParams& p, const TileTask& task, Workspace& ws) {
+void forward_tile_scalar(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
   forward_tile<Scalar>(p, task, ws);
 }
 

@@ -1,7 +1,10 @@
-// The portable one-lane "vector" operations of the attention kernels: the same algorithm as the
-// SIMD families, compiled for the baseline ISA, so the library runs on any x86-64 (and is the
-// path to compare the others against when a SIMD family is in doubt).
+// The portable one-lane "vector" operations of the kernels, decode's included: the same
+// algorithm as the SIMD families, compiled for the baseline ISA, so the library runs on any CPU
+// (and is the path to compare the others against when a SIMD family is in doubt).
 #pragma once
+
+#include "core/kv_codec.h"
+#include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
 namespace {
@@ -39,6 +42,17 @@ struct Scalar {
   static V neg_inf_to_zero(V m) { return m == -std::numeric_limits<float>::infinity() ? 0.0f : m; }
   static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
   static bool any_nan(V x) { return std::isnan(x); }
+};
+
+// The decode kernel's operations besides Scalar's: horizontal sums and maxima, the transposing
+// reduction, and the widening loads of each storage type.
+struct ScalarDecode : Scalar {
+  static float hsum(V x) { return x; }
+  static float hmax(V x) { return x; }
+  static V reduce_lanes(const V* a) { return a[0]; }
+  static V load_f16(const uint16_t* p) { return detail::kv_decode_unscaled(KVDtype::f16, p, 0); }
+  static V load_bf16(const uint16_t* p) { return detail::kv_decode_unscaled(KVDtype::bf16, p, 0); }
+  static V load_i8(const int8_t* p) { return detail::kv_decode_unscaled(KVDtype::i8, p, 0); }
 };
 
 }  // namespace

@@ -1,6 +1,10 @@
-// The AVX-512 vector operations of the attention kernels (16 fp32 lanes). Include only after
-// kernel_deps.h and `#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,...")`.
+// Every AVX-512 vector operation of the kernels (16 fp32 lanes): the forward's and backward's
+// Avx512, the bf16 pair products, AMX, and the decode widening loads and reductions. This folder
+// is compiled for AVX-512 (src/kernels/CMakeLists.txt); the library around it stays baseline.
 #pragma once
+
+#include "kernels/avx512/reduce_lanes.h"
+#include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
 namespace {
@@ -179,6 +183,24 @@ struct Avx512 {
       out(dst + (c + 4) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0x88));
       out(dst + (c + 12) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0xDD));
     }
+  }
+};
+
+// The decode kernel's operations besides Avx512's: horizontal sums and maxima, the transposing
+// reduction, and the widening loads of each storage type.
+struct Avx512Decode : Avx512 {
+  static float hsum(V x) { return _mm512_reduce_add_ps(x); }
+  static float hmax(V x) { return _mm512_reduce_max_ps(x); }
+  static V reduce_lanes(const V* a) { return reduce_lanes_avx512(a); }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V load_bf16(const uint16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
 };
 

@@ -1,30 +1,15 @@
 // The fused forward driver: splits (b, h, query tile) work items over OpenMP threads.
-#include "kernels/fused_forward.h"
+#include "kernels/forward.h"
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
 #include "qkv/interrupt.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include <omp.h>
 
 namespace qkv::kernels {
-
-void Workspace::Free::operator()(void* p) const { std::free(p); }
-
-void* Workspace::bytes(int slot, std::size_t count) {
-  if (sizes_[slot] < count) {
-    // 64 spare bytes: vector loads of a tail may read (never use) past the last element.
-    const std::size_t rounded = (count + 64 + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) throw Error("fused attention: cannot allocate the per-thread tile buffers");
-    buffers_[slot].reset(p);
-    sizes_[slot] = count;
-  }
-  return buffers_[slot].get();
-}
 
 namespace {
 
@@ -62,7 +47,7 @@ Workspace& thread_workspace() {
 
 }  // namespace
 
-void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
+void forward(const ForwardParams& params, Simd path, int num_threads) {
   ForwardParams p = params;
   const AttentionShape& s = p.shape;
   p.tile_rows = plan_tile_rows(s);
@@ -74,12 +59,12 @@ void fused_forward(const ForwardParams& params, Simd path, int num_threads) {
   const int64_t heads = s.B * s.H;
   const int64_t items = heads * tiles;
   if (items == 0) return;
-  const TileFn fn = kernel_family(path).forward_tile;
+  const ForwardFn fn = kernel_family(path).forward;
   // Later tiles are heavier under a causal mask, so they go first; the order cannot change the
   // result because each tile is computed by one thread from start to end.
   auto task_of = [&](int64_t idx) {
     const int64_t tile = tiles - 1 - idx / heads, bh = idx % heads;
-    return TileTask{bh / s.H, bh % s.H, tile * task_rows};
+    return ForwardTask{bh / s.H, bh % s.H, tile * task_rows};
   };
   const int threads = resolve_num_threads(num_threads, items);
   // A stop request skips the remaining tasks; the caller discards the partial output.

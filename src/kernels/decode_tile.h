@@ -1,14 +1,13 @@
 // One decode task, written once for every SIMD family: the keys [j0, j1) of one sequence and KV
-// head against the G·N query rows of that head's GQA group. Include only after kernel_deps.h,
-// the family's target pragma, its simd_*.h and its Decode ops (decode_*.cpp: Ops plus hsum, hmax,
-// reduce_lanes and the widening loads load_f16, load_bf16, load_i8); it includes the softmax's
-// e^x (softmax_columns.h) itself.
+// head against the G·N query rows of that head's GQA group. Include after a family's
+// <isa>/ops.h, whose <Isa>Decode adds to its Ops hsum, hmax, reduce_lanes and the widening loads
+// load_f16, load_bf16, load_i8; it includes the softmax's e^x (softmax_columns.h) itself.
 //
 // The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
 // is loaded from the pool and widened to fp32 in registers once, and used there by a tile of up
 // to 8 rows (a buffer re-read per row cost ~20% of the cycles in perf):
 //   S [rows x nb] = (scale·Q) · Kᵀ   lanes along D, R rows x L/R keys reduced together
-//   online softmax per row (base 2, running max in natural units, as tile_forward.h)
+//   online softmax per row (base 2, running max in natural units, as forward_tile.h)
 //   O [rows x dvp] = alpha ⊙ O + P · V   R rows x C vectors of O in registers
 // int8 is widened as the stored integers; its scales act once per key and row instead of on
 // the 2·D elements: s = k_scale · (q · k_int), o += (p · v_scale) · v_int.
@@ -16,6 +15,7 @@
 // The result is unnormalized (o, m, l): decode.cpp merges the chunks in a fixed order.
 #pragma once
 
+#include "core/kv_codec.h"
 #include "kernels/softmax_columns.h"
 
 namespace qkv::kernels {
@@ -127,7 +127,7 @@ class DecodeChunk {
   // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
   // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
   // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these. Rows of int8
-  // now go 16 keys ahead (decode_prefetch_keys, decode_kernel.h).
+  // now go 16 keys ahead (decode_prefetch_keys, decode.h).
   // The cursor runs on to t_.pf_end, past the task's keys when the thread's next task takes them.
   // always_inline: as separate functions GCC found them free of side effects (prefetches count
   // as none) and deleted every call, so no prefetch was ever issued.
@@ -358,7 +358,7 @@ class DecodeChunk {
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
     }
-    // The family's exp2, as the prefill's alpha (tile_forward.h) (speed the same as std::exp2).
+    // The family's exp2, as the prefill's alpha (forward_tile.h) (speed the same as std::exp2).
     alignas(64) float alpha[L];
     Ops::store(alpha, exp_e<Ops>(Ops::set1(t_.m[r] - m_use)));
     alpha_[r] = alpha[0];
@@ -381,7 +381,7 @@ class DecodeChunk {
 };
 
 template <class Ops>
-void decode_chunk(const DecodeParams& p, const DecodeTask& t, Workspace& ws) {
+void decode_tile(const DecodeParams& p, const DecodeTask& t, Workspace& ws) {
   DecodeChunk<Ops>(p, t, ws).run();
 }
 

@@ -1,22 +1,24 @@
-// The decode kernel's internal interface. cache/decode.cpp checks the inputs, plans the key chunks and
-// merges the partial results; one chunk function per SIMD family (decode_chunk.h) computes a
-// (sequence, KV head, key chunk) task for every query head of the GQA group from one read of
-// the chunk's keys and values.
+// The decode kernel's internal interface: the params, the unit of work, the layout of a task's
+// workspace, one tile function per SIMD family (<isa>/decode.cpp, all instantiating
+// decode_tile.h), which computes a (sequence, KV head, key chunk) task for every query head of the
+// GQA group from one read of the chunk's keys and values, and the driver (decode.cpp), which
+// plans the chunks, runs the tasks on threads and merges their partial results.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
-#include "kernels/fused_forward.h"
 #include "kernels/mask_eval.h"
+#include "kernels/params.h"
+#include "kernels/workspace.h"
 #include "qkv/kv_dtype.h"
 
 namespace qkv::kernels {
 
 // Keys a chunk task reads between the scores and the P·V product, within one page.
 constexpr int64_t kDecodeBlock = 64;
-// How far ahead of the key being scored a task asks for K and V rows (decode_chunk.h): 4 KB of
+// How far ahead of the key being scored a task asks for K and V rows (decode_tile.h): 4 KB of
 // them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (measured on a
 // Zen 5): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
 // 8% slower, and 32 keys did nothing more for int8. The cap keeps tiny rows (D = 1: thousands of
@@ -58,7 +60,7 @@ struct DecodeTask {
   float* l = nullptr;
 };
 
-// What each slot of a thread's Workspace holds during a decode task (decode_chunk.h).
+// What each slot of a thread's Workspace holds during a decode task (decode_tile.h).
 namespace decode_slot {
 enum : int {
   q,       // the task's query rows, scaled
@@ -70,12 +72,19 @@ enum : int {
 };
 }  // namespace decode_slot
 
-using DecodeChunkFn = void (*)(const DecodeParams&, const DecodeTask&, Workspace&);
+using DecodeFn = void (*)(const DecodeParams&, const DecodeTask&, Workspace&);
 
-void decode_chunk_avx512(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
-void decode_chunk_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
-void decode_chunk_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
-void decode_chunk_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);  // AArch64 only
+void decode_tile_avx512(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_tile_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_tile_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
+void decode_tile_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);  // AArch64 only
+
+// Runs decode on `num_threads` threads with the given SIMD family and writes out [B,H,N,Dv] and lse
+// [B,H,N] (unless empty). seq_lens: B lengths, checked against the cache; sinks: H logits or null.
+// The driver sets p.dvp and p.prefetch_keys. Returns false when a row came out non-finite (a
+// non-finite q or an fp32 overflow: the caller names the cause); out may then be partly written.
+[[nodiscard]] bool decode(const DecodeParams& p, const int64_t* seq_lens, const float* sinks, TensorView<float> out,
+                          TensorView<float> lse, Simd path, int num_threads);
 
 // For tests: dst[0, n) = the n stored elements at src through the family's widening loads (int8
 // unscaled), which must equal the codec's detail::kv_decode_unscaled (core/kv_codec.h).

@@ -1,0 +1,15 @@
+// The fused forward kernel compiled for AVX2 + FMA (forward.cpp runs it only when resolve_simd in
+// dispatch.cpp chose it, i.e. on CPUs with both).
+#include "kernels/avx2/ops.h"
+#include "kernels/forward.h"
+#include "kernels/tile_group.h"
+
+namespace qkv::kernels {
+
+void forward_tile_avx2(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
+  forward_tile<Avx2>(p, task, ws);
+}
+
+void exp2_avx2(const float* x, float* y, int64_t n) { exp2_array<Avx2>(x, y, n); }
+
+}  // namespace qkv::kernels

@@ -1,0 +1,19 @@
+// The fused forward kernel compiled for AVX-512 (F, BW, DQ, VL; BF16 and AMX for the bf16 inputs).
+// forward.cpp runs this family only when resolve_simd (dispatch.cpp) chose it, i.e. on CPUs that
+// have these features.
+#include "kernels/avx512/ops.h"
+#include "kernels/forward.h"
+#include "kernels/tile_group.h"
+
+namespace qkv::kernels {
+
+void forward_tile_avx512(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
+  if (p.bf16_dot)
+    forward_tile<Avx512, true>(p, task, ws);
+  else
+    forward_tile<Avx512, false>(p, task, ws);
+}
+
+void exp2_avx512(const float* x, float* y, int64_t n) { exp2_array<Avx512>(x, y, n); }
+
+}  // namespace qkv::kernels

@@ -1,0 +1,32 @@
+// The per-thread scratch of the forward and decode tasks (each kernel names its slots beside its
+// task: forward_slot in forward.h, decode_slot in decode.h).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+
+namespace qkv::kernels {
+
+// Per-thread scratch buffers that only grow; a thread keeps them across calls, so a steady
+// stream of calls allocates nothing.
+class Workspace {
+ public:
+  static constexpr int kSlots = 12;
+  // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
+  // (< kSlots); the previous contents of the slot are not kept.
+  template <class T>
+  T* get(int slot, std::size_t count) {
+    return static_cast<T*>(bytes(slot, count * sizeof(T)));
+  }
+
+ private:
+  void* bytes(int slot, std::size_t count);
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::array<std::unique_ptr<void, Free>, kSlots> buffers_;
+  std::array<std::size_t, kSlots> sizes_{};
+};
+
+}  // namespace qkv::kernels

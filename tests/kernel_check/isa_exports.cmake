@@ -1,0 +1,32 @@
+# cmake -DNM=<nm> -DOBJECTS=<list> -P isa_exports.cmake
+# Each SIMD family folder of src/kernels is compiled for its instruction set as a whole. If one of
+# its objects defined a symbol of external linkage besides its entry points (an inline function of
+# a header, a template instantiated on a type of the library), the linker could pick that copy,
+# built for AVX-512, for every caller in the baseline library. Fails naming any such symbol.
+set(bad "")
+set(checked 0)
+foreach(object IN LISTS OBJECTS)
+  if(NOT object MATCHES "/(avx512|avx2|neon)/[a-z_]+\\.cpp\\.o$")
+    continue()
+  endif()
+  set(isa ${CMAKE_MATCH_1})
+  math(EXPR checked "${checked} + 1")
+  execute_process(COMMAND ${NM} -C -g --defined-only ${object} OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${NM} failed on ${object}")
+  endif()
+  string(REPLACE "\n" ";" symbols "${symbols}")
+  foreach(line IN LISTS symbols)
+    if(line STREQUAL "" OR line MATCHES " qkv::kernels::(forward_tile|backward_tile|decode_tile|exp2)_${isa}\\(")
+      continue()
+    endif()
+    string(APPEND bad "\n  ${object}: ${line}")
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no object of an ISA folder among OBJECTS")
+endif()
+if(bad)
+  message(FATAL_ERROR "ISA folder objects export more than their entry points:${bad}")
+endif()
+message(STATUS "${checked} ISA objects export only their entry points")
