@@ -2,7 +2,9 @@
 // query) stepped cold (streamed from memory, bench/decode_caches.h) in pages of 16-256 tokens and
 // in a contiguous cache (one page), per storage dtype, context length and thread count; the
 // layouts alternate round by round, so a slow phase of a shared machine hits each alike, and each
-// figure is the median of the rounds. This is the measurement the cache's default page size
+// figure is the median of the rounds: wall time, and CPU time per thread (process CPU seconds /
+// threads, which other jobs' load does not lengthen; run with OMP_WAIT_POLICY=passive so idle
+// threads do not spin it up). This is the measurement the cache's default page size
 // (KVCacheConfig::page_tokens) is chosen by.
 //   build/bench/qkv_decode_page_sweep [--shuffled] [--rounds R] [--dtypes f32,f16,i8]
 //                                     [--tokens 4096,16384,32768] [--pages 16,32,64,128,256]
@@ -16,6 +18,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "decode_caches.h"
 
@@ -49,20 +53,32 @@ struct Layout {
   std::vector<PagedKV> kv;
 };
 
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct StepTime {
+  double wall, cpu;  // seconds per step; cpu: per thread
+};
+
 // Seconds per step over `steps` steps, each on the next layer (cold).
-double time_steps(const Layout& l, int threads, int steps, std::vector<float>& q, std::vector<float>& out) {
+StepTime time_steps(const Layout& l, int threads, int steps, std::vector<float>& q, std::vector<float>& out) {
   DecodeOptions o;
   o.num_threads = threads;
   o.mask.causal = CausalAlign::bottom_right;
   const TensorView<const float> qv(q.data(), {1, kH, 1, kD});
   const TensorView<float> ov(out.data(), {1, kH, 1, kD});
   std::size_t next = 0;
+  const double cpu = process_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s) {
     decode_attention(ov, TensorView<float>(), qv, l.kv[next], o);
     next = next + 1 == l.kv.size() ? 0 : next + 1;
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {wall / steps, (process_cpu_seconds() - cpu) / threads / steps};
 }
 
 int run(int argc, char** argv) {
@@ -96,11 +112,12 @@ int run(int argc, char** argv) {
   std::printf("decode step vs page size: D1 (B1 H32 Hkv8 D128), cold, %s pages; %s (%s), default page %lld tokens\n",
               shuffled ? "shuffled" : "in-order", m.class_name.c_str(), m.brand.c_str(),
               static_cast<long long>(KVCacheConfig{}.page_tokens));
-  std::printf("load before: %s; median of %d rounds, us per step (%% slower than contiguous)\n\n", load().c_str(),
-              rounds);
-  std::printf("| dtype | M | thr |");
+  std::printf(
+      "load before: %s; median of %d rounds, us per step, wall and CPU per thread (%% slower than contiguous)\n\n",
+      load().c_str(), rounds);
+  std::printf("| dtype | M | thr | time |");
   for (int64_t p : pages) std::printf(" %lld |", static_cast<long long>(p));
-  std::printf(" contiguous |\n|---|---|---|");
+  std::printf(" contiguous |\n|---|---|---|---|");
   for (std::size_t i = 0; i <= pages.size(); ++i) std::printf("---|");
   std::printf("\n");
   std::vector<float> q(kH * kD), out(q.size());
@@ -124,20 +141,24 @@ int run(int argc, char** argv) {
       const int steps =
           std::max(2 * static_cast<int>(layouts[0].kv.size()), static_cast<int>(0.04 * 40e9 / kv_bytes(dtype, M)));
       for (int threads : {1, 2}) {
-        std::vector<std::vector<double>> t(layouts.size());
+        std::vector<std::vector<double>> t(layouts.size()), c(layouts.size());
         for (Layout& l : layouts) time_steps(l, threads, static_cast<int>(l.kv.size()), q, out);  // warm-up
         for (int r = 0; r < rounds; ++r)
           for (std::size_t i = 0; i < layouts.size(); ++i) {
             const std::size_t k = (i + r) % layouts.size();  // a different layout first each round
-            t[k].push_back(time_steps(layouts[k], threads, steps, q, out));
+            const StepTime st = time_steps(layouts[k], threads, steps, q, out);
+            t[k].push_back(st.wall);
+            c[k].push_back(st.cpu);
           }
-        const double contiguous = median(t.back());
-        std::printf("| %s | %lldk | %d |", name.c_str(), static_cast<long long>(M / 1024), threads);
-        for (std::size_t k = 0; k + 1 < layouts.size(); ++k) {
-          const double x = median(t[k]);
-          std::printf(" %.0f (%+.0f%%) |", x * 1e6, 100 * (x / contiguous - 1));
+        for (const auto& [label, times] : {std::pair{"wall", &t}, std::pair{"CPU", &c}}) {
+          const double contiguous = median(times->back());
+          std::printf("| %s | %lldk | %d | %s |", name.c_str(), static_cast<long long>(M / 1024), threads, label);
+          for (std::size_t k = 0; k + 1 < layouts.size(); ++k) {
+            const double x = median((*times)[k]);
+            std::printf(" %.0f (%+.0f%%) |", x * 1e6, 100 * (x / contiguous - 1));
+          }
+          std::printf(" %.0f |\n", contiguous * 1e6);
         }
-        std::printf(" %.0f |\n", contiguous * 1e6);
         std::fflush(stdout);
       }
     }
