@@ -1,8 +1,9 @@
-// `qkv bench`: what qkv does on this CPU. Measures the machine's fp32 FMA peak and read bandwidth,
-// then times the user's shape through every path this CPU can run (the fused kernel on each SIMD
-// family, and the float64 reference when the shape is small) and says which one the automatic
-// choice takes, so a user sees the % of peak on their own machine. With --decode: one decode step
-// against a paged KV cache, as a % of its roofline bound (bandwidth or FMA peak).
+// `qkv bench`: what qkv does on this CPU. Prints the machine (cli_machine.h: class, L3, fp32 and
+// bf16 peaks, read bandwidth at 1 thread and at --threads; --machine stops there), then times the
+// user's shape through every path this CPU can run (the fused kernel on each SIMD family, and the
+// float64 reference when the shape is small) and says which one the automatic choice takes, so a
+// user sees the % of peak on their own machine. With --decode: one decode step against a paged KV
+// cache, as a % of its roofline bound (bandwidth or FMA peak).
 #include <algorithm>
 #include <fstream>
 #include <chrono>
