@@ -19,7 +19,7 @@
 namespace qkv {
 
 struct KVCacheConfig {
-  int64_t num_pages = 0;     // pool size; the cache holds at most num_pages * page_tokens tokens
+  int64_t num_pages = 0;  // pool size; the cache holds at most num_pages * page_tokens tokens
   // Tokens per page. 256 by measurement (bench/decode_page_sweep.cpp, docs/benchmarks.md): smaller
   // pages cost a decode step up to about 20-40% at 32k tokens against a contiguous cache, 256 the
   // least of 16-256 (the decode kernel then streams one head's keys a run at a time); the price is
