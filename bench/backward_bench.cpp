@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 #include "fma_peak.h"
@@ -100,6 +101,7 @@ void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd si
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond)
       ->Repetitions(5)
+      ->ComputeStatistics("max", [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); })
       ->ReportAggregatesOnly(true);
   for (const Shape& shape : kShapes) {
     if (!keep(shape)) continue;

@@ -1,18 +1,21 @@
-// Google Benchmark of decode_attention against a paged KV cache (include/qkv/decode.h), on
-//   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype;
-//   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16 (the target), 64 and 256 tokens shuffled
-//       in the pool, and the same tokens in contiguous caches (one page per sequence).
-// The same binary first measures the machine's read bandwidth (a read-only streaming sum over
-// memory_probe_bytes(), qkv/machine.h: 2x the L3, at least 256 MiB) and its FMA peak
-// (fma_peak.h), then reports each step as a percentage of the roofline bound
+// Google Benchmark of decode_attention against a KV cache (include/qkv/decode.h), at 1 and 2 threads, on
+//   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype, in a
+//       contiguous cache (one page) and, at M = 32768, in pages of the cache's default size;
+//   D8: 8 sequences of 4096 tokens in default-size pages (batched decode), f32, f16 and int8;
+//   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16, 64 and 256 tokens shuffled in the pool,
+//       and the same tokens in contiguous caches (one page per sequence); 2 threads.
+// Before any benchmark the same binary measures the ceilings at each thread count: the read
+// bandwidth (probe_read_bandwidth, qkv/machine_info.h: the best of 1-8 streams per thread, median
+// of 11 passes over memory_probe_bytes()) and the FMA peak (measure_peak: best of 5), recorded in
+// the JSON's context; each step is reported as a percentage of its roofline bound
 // max(K+V bytes / bandwidth, FLOPs / peak): counter roofline_pct (wall time).
 // "cold": each step decodes the next of `layers` independent caches, as a model's step visits
 // every layer's cache once, with enough of them that more than memory_probe_bytes() are read
 // between two visits of one cache, so every step streams K and V from memory. "hot": one cache
 // decoded again and again (what fits in the L3 stays there).
-// On a machine shared with other jobs the threads get a fraction of their cores, so each rate is
+// On a machine shared with other jobs the threads get a fraction of their cores, so each step is
 // also given per CPU second of the process (CPU time / threads standing for the time the threads
-// ran), and cpu_roofline_pct compares those: the kernel's efficiency while it runs.
+// ran): cpu_roofline_pct, the kernel's efficiency while it runs.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -27,20 +30,16 @@
 #include <sys/resource.h>
 
 #include "fma_peak.h"
-#include "core/huge_pages.h"
+#include "decode_caches.h"
 #include "qkv/kv_cache.h"
 #include "qkv/machine.h"
 
 namespace qkv::bench {
 namespace {
 
-constexpr int kThreads = 2;
-constexpr int64_t kH = 32, kHkv = 8, kD = 128;
-
-double g_read_bandwidth = 0;      // bytes/s, set by the bandwidth benchmark
-double g_fma_peak = 0;            // flop/s
-double g_cpu_read_bandwidth = 0;  // the same per CPU second of each thread
-double g_cpu_fma_peak = 0;
+// The ceilings at 1 and 2 threads (index = threads), measured once before the benchmarks.
+double g_read_bandwidth[3] = {};  // bytes/s
+double g_fma_peak[3] = {};        // flop/s
 
 double process_cpu_seconds() {
   rusage u{};
@@ -50,96 +49,24 @@ double process_cpu_seconds() {
 
 // Wall and per-thread CPU seconds of a timed loop.
 struct Timer {
+  int threads;
   std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
   double cpu = process_cpu_seconds();
   double wall_seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count(); }
-  double thread_seconds() const { return (process_cpu_seconds() - cpu) / kThreads; }
+  double thread_seconds() const { return (process_cpu_seconds() - cpu) / threads; }
 };
 
-void read_bandwidth(benchmark::State& state) {
-  const int64_t n = memory_probe_bytes() / 4 / (64 * kThreads) * (64 * kThreads);
-  const detail::HugePageFloats buf(n, "read_bandwidth buffer");  // as the cache's pools are
-  std::fill(buf.data(), buf.data() + n, 1.0f);
-  float sink = 0;
-  const Timer timer;
-  for (auto _ : state) sink += streaming_sum(buf.data(), n, kThreads);
-  benchmark::DoNotOptimize(sink);
-  const double bytes = static_cast<double>(n) * 4 * static_cast<double>(state.iterations());
-  const double rate = bytes / timer.wall_seconds(), cpu_rate = bytes / timer.thread_seconds();
-  // The best run: the bound is what the machine can do.
-  g_read_bandwidth = std::max(g_read_bandwidth, rate);
-  g_cpu_read_bandwidth = std::max(g_cpu_read_bandwidth, cpu_rate);
-  state.counters["GBps"] = rate / 1e9;
-  state.counters["cpu_GBps"] = cpu_rate / 1e9;
-}
-
-void fma_peak(benchmark::State& state) {
-  double flops = 0;
-  const Timer timer;
-  for (auto _ : state) flops = fma_peak_work(kThreads, 20'000'000);
-  const double total = flops * static_cast<double>(state.iterations());
-  const double rate = total / timer.wall_seconds(), cpu_rate = total / timer.thread_seconds();
-  g_fma_peak = std::max(g_fma_peak, rate);
-  g_cpu_fma_peak = std::max(g_cpu_fma_peak, cpu_rate);
-  state.counters["GFLOPS"] = rate / 1e9;
-  state.counters["cpu_GFLOPS"] = cpu_rate / 1e9;
-}
-
-// A cache holding sequences of the given lengths; shuffled: its pages are taken from the pool in
-// a random order (as after many sequences came and went).
-struct Setup {
-  std::unique_ptr<KVCache> cache;
-  std::vector<int64_t> ids;
-  int64_t tokens = 0;
-};
-
-constexpr int64_t kPiece = 1024;  // tokens appended at a time
-constexpr int kPieces = 8;        // distinct random pieces, reused (drawing 1 GB took longer than the run)
-
-// kPieces pieces of K or V, uniform in [-2, 2) from the top bits of one 64-bit draw each.
-std::vector<float> random_pieces(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<float> x(static_cast<std::size_t>(kPieces * kPiece * kHkv * kD));
-  for (float& e : x) e = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1p-51 - 2.0);
-  return x;
-}
-
-Setup make_cache(KVDtype dtype, const std::vector<int64_t>& lens, int64_t page_tokens, bool shuffled, int layer) {
-  static const std::vector<float> k_pieces = random_pieces(7), v_pieces = random_pieces(8);
-  Setup s;
-  int64_t pages = 0;
-  for (int64_t len : lens) pages += (len + page_tokens - 1) / page_tokens;
-  s.cache = std::make_unique<KVCache>(KVCacheConfig{pages, page_tokens, kHkv, kD, kD, dtype});
-  if (shuffled) {
-    std::mt19937_64 rng(100 + layer);
-    std::vector<int64_t> decoys(static_cast<std::size_t>(pages));
-    std::vector<float> one(kHkv * kD, 0.0f);
-    const TensorView<const float> row(one.data(), {1, kHkv, kD});
-    for (int64_t& d : decoys) {
-      d = s.cache->create();
-      s.cache->append(d, row, row);
-    }
-    std::shuffle(decoys.begin(), decoys.end(), rng);
-    for (int64_t d : decoys) s.cache->free(d);
+void measure_ceilings() {
+  const PeakIsa isa = best_peak_isa();
+  for (int threads : {1, 2}) {
+    g_read_bandwidth[threads] = probe_read_bandwidth(threads, memory_probe_bytes(), 11).best;
+    g_fma_peak[threads] = measure_peak(threads, isa, 5, 0.2).best;
+    const std::string t = std::to_string(threads);
+    benchmark::AddCustomContext("read_bandwidth_threads_" + t, std::to_string(g_read_bandwidth[threads]));
+    benchmark::AddCustomContext("fma_peak_threads_" + t, std::to_string(g_fma_peak[threads]));
   }
-  int64_t piece = layer;
-  for (int64_t len : lens) {
-    const int64_t id = s.cache->create();
-    s.ids.push_back(id);
-    for (int64_t t = 0; t < len; t += kPiece, ++piece) {
-      const int64_t T = std::min(kPiece, len - t), at = piece % kPieces * kPiece * kHkv * kD;
-      s.cache->append(id, TensorView<const float>(k_pieces.data() + at, {T, kHkv, kD}),
-                      TensorView<const float>(v_pieces.data() + at, {T, kHkv, kD}));
-    }
-    s.tokens += len;
-  }
-  return s;
-}
-
-// K and V bytes one decode step reads from a cache of `tokens` tokens (int8: with its scales).
-double kv_bytes(KVDtype dtype, int64_t tokens) {
-  return static_cast<double>(tokens) * kHkv *
-         (2.0 * kD * static_cast<double>(kv_dtype_bytes(dtype)) + (dtype == KVDtype::i8 ? 8.0 : 0.0));
+  benchmark::AddCustomContext("eviction_bytes", std::to_string(memory_probe_bytes()));
+  benchmark::AddCustomContext("default_page_tokens", std::to_string(KVCacheConfig{}.page_tokens));
 }
 
 // The caches a benchmark decodes in turn: one (hot) or enough that more than memory_probe_bytes()
@@ -153,15 +80,14 @@ const std::vector<Setup>& layers(const std::string& name, KVDtype dtype, const s
     caches.clear();
     int64_t tokens = 0;
     for (int64_t len : lens) tokens += len;
-    const double probe = static_cast<double>(memory_probe_bytes());
-    const int count = cold ? 1 + static_cast<int>(std::ceil(probe / kv_bytes(dtype, tokens))) : 1;
+    const int count = cold ? cold_layers(dtype, tokens) : 1;
     for (int layer = 0; layer < count; ++layer) caches.push_back(make_cache(dtype, lens, page_tokens, shuffled, layer));
     built = name;
   }
   return caches;
 }
 
-void run_decode(benchmark::State& state, const std::vector<Setup>& caches) {
+void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int threads) {
   const int64_t B = static_cast<int64_t>(caches[0].ids.size());
   std::vector<float> q(B * kH * kD), out(B * kH * kD);
   std::mt19937 rng(3);
@@ -170,13 +96,13 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches) {
   std::vector<PagedKV> kv;
   for (const Setup& s : caches) kv.push_back(s.cache->paged(s.ids));
   DecodeOptions o;
-  o.attention.num_threads = kThreads;
+  o.attention.num_threads = threads;
   o.attention.mask.causal = CausalAlign::bottom_right;
   const TensorView<const float> qv(q.data(), {B, kH, 1, kD});
   const TensorView<float> ov(out.data(), {B, kH, 1, kD});
   for (const PagedKV& c : kv) decode_attention(ov, TensorView<float>(), qv, c, o);  // warm the threads and scratch
   std::size_t next = 0;
-  const Timer timer;
+  const Timer timer{threads};
   for (auto _ : state) {
     decode_attention(ov, TensorView<float>(), qv, kv[next], o);
     next = next + 1 == kv.size() ? 0 : next + 1;
@@ -185,10 +111,9 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches) {
   const double step = timer.wall_seconds() / iterations, cpu_step = timer.thread_seconds() / iterations;
   const double bytes = kv_bytes(caches[0].cache->config().dtype, caches[0].tokens);
   const double flops = 4.0 * static_cast<double>(caches[0].tokens) * kH * kD;
-  const double bound = std::max(bytes / g_read_bandwidth, flops / g_fma_peak);
-  const double cpu_bound = std::max(bytes / g_cpu_read_bandwidth, flops / g_cpu_fma_peak);
+  const double bound = std::max(bytes / g_read_bandwidth[threads], flops / g_fma_peak[threads]);
   state.counters["roofline_pct"] = 100.0 * bound / step;
-  state.counters["cpu_roofline_pct"] = 100.0 * cpu_bound / cpu_step;
+  state.counters["cpu_roofline_pct"] = 100.0 * bound / cpu_step;
   state.counters["GBps"] = bytes / step / 1e9;
   state.counters["cpu_us"] = cpu_step * 1e6;
   state.counters["bound_us"] = bound * 1e6;
@@ -203,26 +128,35 @@ void register_all() {
         ->Repetitions(3)
         ->ReportAggregatesOnly(true);
   };
-  add("read_bandwidth/threads:2", read_bandwidth);
-  add("fma_peak/threads:2", fma_peak);
-  // Each shape cold (streamed from memory, the target) and hot (one cache, partly in L3).
+  // Each shape cold (streamed from memory, the target) and, at 2 threads, hot (one cache, partly in L3).
   auto add_decode = [&add](const std::string& shape, KVDtype dtype, const std::vector<int64_t>& lens,
-                           int64_t page_tokens, bool shuffled) {
-    for (bool cold : {true, false}) {
-      const std::string name = "decode/" + shape + (cold ? "/cold" : "/hot") + "/threads:2";
-      add(name,
-          [=](benchmark::State& state) { run_decode(state, layers(name, dtype, lens, page_tokens, shuffled, cold)); });
-    }
+                           int64_t page_tokens, bool shuffled, std::vector<int> thread_counts) {
+    for (int threads : thread_counts)
+      for (bool cold : {true, false}) {
+        if (!cold && threads == 1) continue;
+        const std::string name = "decode/" + shape + (cold ? "/cold" : "/hot") + "/threads:" + std::to_string(threads);
+        add(name, [=](benchmark::State& state) {
+          run_decode(state, layers(name, dtype, lens, page_tokens, shuffled, cold), threads);
+        });
+      }
   };
-  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8})
+  const int64_t page = KVCacheConfig{}.page_tokens;
+  const std::string paged = "/paged" + std::to_string(page);
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
+    const std::string d = kv_dtype_name(dtype);
     for (int64_t M : {4096, 16384, 32768})  // contiguous: one page
-      add_decode(std::string("D1/") + kv_dtype_name(dtype) + "/M:" + std::to_string(M), dtype, {M}, M, false);
+      add_decode("D1/" + d + "/M:" + std::to_string(M), dtype, {M}, M, false, {1, 2});
+    add_decode("D1/" + d + "/M:32768" + paged, dtype, {32768}, page, false, {1, 2});
+  }
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::f16, KVDtype::i8})
+    add_decode(std::string("D8/") + kv_dtype_name(dtype) + paged, dtype, std::vector<int64_t>(8, 4096), page, false,
+               {1, 2});
   const std::vector<int64_t> d2{1024, 2048, 4096, 6144, 8192, 16384, 24576, 32768};
-  // The target's shape, and larger pages: what a page costs beyond its tokens (docs/benchmarks.md).
+  // Shuffled pages of several sizes: what a page costs beyond its tokens (docs/benchmarks.md).
   for (int64_t page_tokens : {16, 64, 256})
-    add_decode("D2/f16/paged" + std::to_string(page_tokens) + "_shuffled", KVDtype::f16, d2, page_tokens, true);
+    add_decode("D2/f16/paged" + std::to_string(page_tokens) + "_shuffled", KVDtype::f16, d2, page_tokens, true, {2});
   // One page per sequence; the pool is mapped lazily, so only the filled part is resident.
-  add_decode("D2/f16/contiguous", KVDtype::f16, d2, 32768, false);
+  add_decode("D2/f16/contiguous", KVDtype::f16, d2, 32768, false, {2});
 }
 
 }  // namespace
@@ -231,6 +165,7 @@ void register_all() {
 int main(int argc, char** argv) {
   qkv::bench::register_all();
   benchmark::Initialize(&argc, argv);
+  qkv::bench::measure_ceilings();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -4,7 +4,7 @@
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
 //   /tmp/decode_floor_probe)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
-// of 64 keys, as decode_chunk.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
+// of 64 keys, as decode_tile.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
 // D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
 // 64 columns, 4 rows x 4 vectors), with K and V rows asked for 8 keys ahead while scoring, or
 // not; and with each key's K and V rows side by side in one array (one stream instead of two, a
@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/reduce_lanes_avx512.h"
+#include "kernels/avx512/reduce_lanes.h"
 
 namespace {
 

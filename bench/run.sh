@@ -1,6 +1,7 @@
 #!/bin/sh
-# `make bench`: bench/run.sh <build dir>. Runs the qkv benchmarks, S6's peak memory and the
-# PyTorch comparison, then prints one table (see docs/benchmarks.md). Raw results stay in
+# `make bench`: bench/run.sh <build dir>. Prints the machine (class, L3, peaks, bandwidth), runs the
+# qkv benchmarks, S6's peak memory and the PyTorch comparison, and ends with the targets table:
+# every target as a % of the ceilings measured here (see docs/benchmarks.md). Raw results stay in
 # <build dir>/bench-results/.
 set -eu
 BUILD=${1:-build}
@@ -11,6 +12,18 @@ mkdir -p "$OUT"
 # thread steals the core its partner needs (S2 on 2 threads took twice the 1-thread wall time
 # with the default policy under a load of 10). Applies to qkv and PyTorch alike.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+# The machine first: five invocations of the probes (their spread is one of the targets), and a
+# plain read that shares no code with them (AVX-512 CPUs; bench/plain_read.cpp).
+echo "the machine: 5 x qkv bench --machine, a plain read (about a minute)..." >&2
+for i in 1 2 3 4 5; do
+  "$BUILD/qkv" bench --machine --threads 2 --json "$OUT/machine-$i.json" > "$OUT/machine-$i.txt"
+done
+cat "$OUT/machine-1.txt"
+PLAIN=
+if [ -x "$BUILD/bench/qkv_plain_read" ] && grep -q avx512f /proc/cpuinfo; then
+  "$BUILD/bench/qkv_plain_read" > "$OUT/plain.json" && PLAIN="--plain $OUT/plain.json"
+fi
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes)..." >&2
 "$BUILD/bench/qkv_bench" --benchmark_out="$OUT/qkv.json" --benchmark_out_format=json > "$OUT/qkv.log"
@@ -19,7 +32,7 @@ echo "PyTorch (about 2 minutes)..." >&2
 /usr/bin/python3 "$HERE/torch_compare.py" > "$OUT/torch.json"
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 /usr/bin/python3 "$HERE/report.py" --qkv "$OUT/qkv.json" --torch "$OUT/torch.json" --memory "$OUT/memory.json" \
-  --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/table.md"
+  --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" --machine "$OUT/machine-1.json" | tee "$OUT/table.md"
 /usr/bin/python3 "$HERE/compare_backward.py" --build "$BUILD" --out "$OUT" | tee "$OUT/backward_table.md"
 # The AVX2 path against the AVX2 FMA peak (what a CPU without AVX-512 reaches; about 1 minute),
 # where the CPU has AVX2.
@@ -45,8 +58,8 @@ if [ -x "$BUILD/bench/qkv_ring_bench" ]; then
     /usr/bin/python3 "$HERE/ring_model.py" --fwd "$fwd" --bwd "$bwd" --cores 32 | tee "$OUT/ring_model.md"
   fi
 fi
-# Decode against a paged KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a
-# percentage of the roofline bound measured by the same binary (docs/benchmarks.md, "Decode").
+# Decode against a KV cache (bench/decode_bench.cpp, about 6 minutes): each step as a percentage
+# of the roofline bound measured by the same binary (docs/benchmarks.md, "Decode").
 echo "qkv decode benchmarks (about 6 minutes)..." >&2
 "$BUILD/bench/qkv_decode_bench" --benchmark_out="$OUT/decode.json" --benchmark_out_format=json | tee "$OUT/decode.log"
 # What the second sum of large scores costs as q grows (fp32 forward and backward, 1 thread,
@@ -60,3 +73,11 @@ PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/large_score_cost.py" 50 | tee
 # forward + backward; docs/benchmarks.md, "Packed sequences"). About a minute.
 echo "varlen vs padded (about a minute)..." >&2
 PYTHONPATH="$BUILD/python" /usr/bin/python3 "$HERE/varlen_bench.py" | tee "$OUT/varlen.md"
+# Every target against the ceilings measured in this run, naming the machine's class.
+AVX2=
+if [ -f "$OUT/avx2.json" ]; then AVX2="--avx2 $OUT/avx2.json $OUT/avx2_backward.json"; fi
+echo
+echo "load average at the start: $LOAD_START; at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck disable=SC2086 # PLAIN and AVX2 are option lists
+/usr/bin/python3 "$HERE/targets.py" --machine "$OUT"/machine-[1-5].json $PLAIN --qkv "$OUT/qkv.json" \
+  --backward "$OUT/backward.json" --decode "$OUT/decode.json" $AVX2 | tee "$OUT/targets.md"

@@ -19,8 +19,12 @@
 namespace qkv {
 
 struct KVCacheConfig {
-  int64_t num_pages = 0;     // pool size; the cache holds at most num_pages * page_tokens tokens
-  int64_t page_tokens = 16;  // tokens per page
+  int64_t num_pages = 0;  // pool size; the cache holds at most num_pages * page_tokens tokens
+  // Tokens per page. 256 by measurement (bench/decode_page_sweep.cpp, docs/benchmarks.md): smaller
+  // pages cost a decode step up to about 20-40% at 32k tokens against a contiguous cache, 256 the
+  // least of 16-256 (the decode kernel then streams one head's keys a run at a time); the price is
+  // up to 255 unused token slots in each sequence's last page.
+  int64_t page_tokens = 256;
   int64_t Hkv = 0, D = 0, Dv = 0;
   KVDtype dtype = KVDtype::f32;
 };

@@ -1,43 +1,42 @@
-// What this machine can do, measured: the fp32 FMA peak and the memory read bandwidth, the two
-// ceilings the attention kernels are judged against (`qkv bench`, bench/).
+// What this machine can do, measured: the fp32 FMA peak, the bf16 dot-product peak and the memory
+// read bandwidth, the ceilings the attention kernels are judged against (`qkv bench`, bench/).
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "qkv/machine_info.h"
 
 namespace qkv {
 
-// Instruction sets the FMA peak can be measured with.
-enum class PeakIsa { avx512, avx2 };
+// What the peak can be measured with: fp32 FMAs on 512-bit (avx512) or 256-bit (avx2) vectors,
+// or AVX512_BF16's bf16 pair dot products into fp32 (avx512_bf16, `vdpbf16ps`), what the bf16
+// forward's products run on.
+enum class PeakIsa { avx512, avx2, avx512_bf16 };
 
 // Requires threads >= 1, iterations >= 1 and a CPU with `isa` (else throws qkv::Error). Runs
-// `iterations` steps of 12 independent FMA chains of one 512-bit vector (avx512) or of two 256-bit
-// vectors (avx2) on each of `threads` OpenMP threads; returns the flops done (2 per lane per FMA),
-// so flops / seconds is the peak. Thread-safe (uses its own OpenMP team).
+// `iterations` steps of independent accumulator chains, 16 of one 512-bit vector (avx512,
+// avx512_bf16) or 12 of two 256-bit vectors (avx2), more than latency x issue width on any
+// current core, on each of `threads` OpenMP threads; returns the flops done (an FMA: 2 per lane;
+// a bf16 pair dot product: 4 per lane, as the attention FLOP counts count them), so flops / seconds
+// is the peak. Thread-safe (uses its own OpenMP team).
 double fma_peak_work(int threads, int64_t iterations, PeakIsa isa);
 
 // True if this CPU (and OS) can run `isa`.
 bool peak_isa_available(PeakIsa isa);
 
-// The size of this machine's last-level (L3) cache in bytes, as the system reports it
-// (sysconf(_SC_LEVEL3_CACHE_SIZE), else /sys/devices/system/cpu/cpu0/cache/index3/size); 0 if
-// unknown.
-int64_t l3_cache_bytes();
+// A peak measured `repeats` times (each run about `seconds` long) on `threads` threads: each
+// run's flop/s, their best (the ceiling: other load only ever lowers a run) and median. All 0
+// where the CPU lacks `isa`. Requires threads >= 1, repeats >= 1, seconds > 0.
+struct PeakMeasurement {
+  std::vector<double> rates;
+  double best = 0, median = 0;
+};
+PeakMeasurement measure_peak(int threads, PeakIsa isa, int repeats, double seconds);
 
-// The one rule for a read-bandwidth probe that measures memory, not cache: stream at least
-// 2 x the L3 (l3_cache_bytes), and never less than 256 MiB (the floor also covers a system that
-// reports no L3). Benchmarks that want data streamed from memory also touch this many bytes
-// between two visits of the same data (bench/decode_bench.cpp).
-int64_t memory_probe_bytes();
-
-// Requires threads >= 1 and bytes >= 4096. Reads a buffer of `bytes` (allocated and written once
-// here, freed on return) `passes` times, split over `threads` threads; returns the bytes read per
-// second of the fastest pass. Pass memory_probe_bytes() to measure the memory's bandwidth.
-// Thread-safe.
+// Requires threads >= 1, bytes >= 4096 and passes >= 1. probe_read_bandwidth(threads, bytes,
+// passes).best: the best stream count's median bytes/s. Pass memory_probe_bytes() to measure the
+// memory's bandwidth. Thread-safe.
 double read_bandwidth(int threads, int64_t bytes, int passes);
-
-// The read loop of read_bandwidth, for benchmarks that time it themselves: the sum of
-// buffer[0, n) (64-byte aligned; n a multiple of 64 x threads, else throws qkv::Error) over
-// `threads` OpenMP threads, with 512-bit loads where the CPU has them.
-float streaming_sum(const float* buffer, int64_t n, int threads);
 
 }  // namespace qkv

@@ -7,6 +7,7 @@
 #include "qkv/atomic_file.h"
 #include "qkv/interrupt.h"
 #include "qkv/machine.h"
+#include "qkv/machine_info.h"
 #include "qkv/out_of_memory.h"
 #include "qkv/output_file.h"
 #include "qkv/suggest.h"

@@ -1,5 +1,6 @@
 """`qkv bench`: the report's format (machine line, one row per available path, the automatic
 path marked) and the refusal of bad input with a message and exit code 2."""
+import json
 import os
 import re
 
@@ -13,8 +14,9 @@ def test_report_lists_every_path_with_figures(run):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "qkv bench: B=1 H=2 N=65 M=33 D=40 causal dtype f32 threads 1"
-    assert re.match(r"machine: fp32 FMA peak [0-9.]+ GFLOP/s \((AVX-512|AVX2), 1 threads\); read bandwidth [0-9.]+ GB/s",
-                    lines[1]), lines[1]
+    assert re.match(r"machine: .+ family [0-9]+ model [0-9]+\): .+", lines[1]), lines[1]
+    assert re.search(r"^  L3 .*cold-cache eviction and bandwidth buffer [0-9]+ MiB", r.stdout, re.M), r.stdout
+    assert re.search(r"^ +1 +([0-9.]+ \( *[0-9.]+\)|-) ", r.stdout, re.M), r.stdout  # the 1-thread peaks row
     rows = [ROW.match(line) for line in lines if ROW.match(line)]
     names = [m.group(1) for m in rows]
     assert "scalar" in names and "reference" in names, r.stdout  # both always run; small shape
@@ -68,6 +70,30 @@ def test_more_threads_than_cpus_is_refused(run):
     assert r.stderr.count("\n") == 1, r.stderr
 
 
+def test_machine_json_agrees_with_itself(run, tmp_path):
+    """`qkv bench --machine --json`: each summary is its own runs' (the probes' internal consistency;
+    no speed is judged), and the eviction buffer is 2x the L3 found, at least 256 MiB."""
+    path = tmp_path / "machine.json"
+    r = run("bench", "--machine", "--json", str(path), "--threads", "1", "--repeats", "1")
+    assert r.returncode == 0, r.stderr
+    assert "read bandwidth, GB/s median" in r.stdout, r.stdout
+    j = json.loads(path.read_text())
+    assert j["class"] and j["eviction_bytes"] == max(2 * j["l3_bytes"], 256 << 20)
+    [t] = j["threads"]
+    assert t["threads"] == 1
+    for name in ("fp32_avx512", "fp32_avx2", "bf16_dot"):
+        p = t[name]
+        if p["runs"]:
+            assert len(p["runs"]) == 5 and p["best"] == max(p["runs"]) and min(p["runs"]) <= p["median"] <= p["best"]
+    bw = t["bandwidth"]
+    assert [s["streams"] for s in bw["by_streams"]] == [1, 2, 4, 8]
+    for s in bw["by_streams"]:
+        assert len(s["runs"]) == 11 and s["min"] == min(s["runs"]) and s["max"] == max(s["runs"])
+        assert s["min"] <= s["median"] <= s["max"] and s["median"] == sorted(s["runs"])[5]
+    assert bw["best"] == max(s["median"] for s in bw["by_streams"])
+    assert bw["best_streams"] in (1, 2, 4, 8)
+
+
 DECODE_ROW = re.compile(r"^(cold|hot)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$")
 
 
@@ -79,10 +105,13 @@ def test_decode_reports_the_bound_and_both_caches(run):
     assert lines[0] == "qkv bench --decode: B=2 H=4 Hkv=2 M=100 D=32 kv-dtype i8 threads 1"
     assert lines[1].startswith("machine: "), lines[1]
     # 2 sequences x 100 tokens x 2 KV heads x (2 x 32 int8 + 2 fp32 scales) = 0.0288 MB
+    decode = [line for line in lines if line.startswith("decode: ")]
+    assert len(decode) == 1, r.stdout  # after the machine section
     assert re.match(r"decode: K\+V 0\.0288 MB \(i8 cache, pages of 16 tokens\), [0-9.e-]+ GFLOP; "
-                    r"bound [0-9.]+ us \((read bandwidth|FMA peak)\)$", lines[2]), lines[2]
+                    r"bound [0-9.]+ us \((read bandwidth|FMA peak)\)$", decode[0]), decode[0]
     rows = [DECODE_ROW.match(line) for line in lines if DECODE_ROW.match(line)]
     assert [m.group(1) for m in rows] == ["cold", "hot"], r.stdout
+    assert re.search(r"^eviction check: ", r.stdout, re.M), r.stdout
     for m in rows:  # a step slowed 1000x by the scheduler still prints its digits (once "0.0")
         assert all(float(m.group(i)) > 0 for i in (2, 3, 4)), m.group(0)
 

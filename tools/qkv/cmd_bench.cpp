@@ -1,9 +1,11 @@
-// `qkv bench`: what qkv does on this CPU. Measures the machine's fp32 FMA peak and read bandwidth,
-// then times the user's shape through every path this CPU can run (the fused kernel on each SIMD
-// family, and the float64 reference when the shape is small) and says which one the automatic
-// choice takes, so a user sees the % of peak on their own machine. With --decode: one decode step
-// against a paged KV cache, as a % of its roofline bound (bandwidth or FMA peak).
+// `qkv bench`: what qkv does on this CPU. Prints the machine (cli_machine.h: class, L3, fp32 and
+// bf16 peaks, read bandwidth at 1 thread and at --threads; --machine stops there), then times the
+// user's shape through every path this CPU can run (the fused kernel on each SIMD family, and the
+// float64 reference when the shape is small) and says which one the automatic choice takes, so a
+// user sees the % of peak on their own machine. With --decode: one decode step against a paged KV
+// cache, as a % of its roofline bound (bandwidth or FMA peak).
 #include <algorithm>
+#include <fstream>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -14,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_machine.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "qkv/attention.h"
@@ -33,7 +36,9 @@ struct BenchArgs {
   int repeats = 5;
   std::string decode;  // B,H,Hkv,M,D: time decode_attention instead
   std::string kv_dtype = "f16";
-  int64_t page_tokens = 16;
+  int64_t page_tokens = KVCacheConfig{}.page_tokens;
+  bool machine_only = false;
+  std::string json;  // with --machine: also write the figures here
 };
 
 // The reference (float64, N×M weights) is timed only below this many multiply-adds.
@@ -95,31 +100,6 @@ std::string fixed(double x, int width, int decimals) {
   return fmt::format("{:>{}.{}f}", x, width, decimals);
 }
 
-// The FMA peak of one instruction set (0 where this CPU lacks it).
-double fma_peak(int threads, PeakIsa isa) {
-  if (!peak_isa_available(isa)) return 0;
-  const int64_t iterations = 20'000'000;
-  double best = 0;
-  for (int r = 0; r < 5; ++r) {  // the best of 5: other load only ever lowers it
-    double flops = 0;
-    const double seconds = median_seconds(1, [&] { flops = fma_peak_work(threads, iterations, isa); });
-    best = std::max(best, flops / seconds);
-  }
-  return best;
-}
-
-// The machine line: the FMA peaks (0: not measurable) and the read bandwidth.
-void print_machine(int threads, double peak512, double peak256, double bandwidth) {
-  const double peak = peak512 > 0 ? peak512 : peak256;
-  if (peak > 0)
-    fmt::print("machine: fp32 FMA peak {:.1f} GFLOP/s ({}, {} threads); read bandwidth {:.1f} GB/s{}\n", peak / 1e9,
-               peak512 > 0 ? "AVX-512" : "AVX2", threads, bandwidth / 1e9,
-               peak512 > 0 && peak256 > 0 ? fmt::format("; AVX2 FMA peak {:.1f} GFLOP/s", peak256 / 1e9) : "");
-  else
-    fmt::print("machine: FMA peak not measurable here (no AVX2/AVX-512); read bandwidth {:.1f} GB/s\n",
-               bandwidth / 1e9);
-}
-
 struct DecodeShape {
   int64_t B, H, Hkv, M, D;
 };
@@ -178,7 +158,7 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
              kv_dtype_name(dtype), a.page_tokens, flops / 1e9, bound * 1e6,
              peak > 0 && flops / peak > bytes / bandwidth ? "FMA peak" : "read bandwidth");
   const double hot = median_seconds(a.repeats, step);
-  std::vector<char> flush(static_cast<std::size_t>(memory_probe_bytes()), 1);
+  const std::vector<char> flush(static_cast<std::size_t>(memory_probe_bytes()), 1);
   std::vector<double> cold;
   volatile long sink = 0;
   for (int r = 0; r < a.repeats; ++r) {
@@ -193,10 +173,20 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
   for (const auto& [name, seconds] : {std::pair{"cold", median(cold)}, std::pair{"hot", hot}})
     fmt::print("{:<6} {} {} {}\n", name, fixed(seconds * 1e6, 10, 1), fixed(bytes / seconds / 1e9, 10, 2),
                fixed(100.0 * bound / seconds, 12, 1));
+  const int64_t l3 = l3_cache_bytes();
   fmt::print(
-      "(cold: a read of {} MiB, 2x the L3, before each step; % roofline above 100 means other programs\n"
+      "(cold: a read of {} MiB before each step{}; % roofline above 100 means other programs\n"
       " slowed the bandwidth measurement, or the data stayed in cache)\n",
-      memory_probe_bytes() >> 20);
+      memory_probe_bytes() >> 20,
+      l3 > 0 ? fmt::format(", {:.0f}x the {} MiB L3", static_cast<double>(memory_probe_bytes()) / l3, l3 >> 20) : "");
+  // The eviction's own check: a cache that fits in the L3 must step slower cold than hot.
+  const double ratio = median(cold) / hot;
+  if (l3 > 0 && bytes < 0.5 * static_cast<double>(l3))
+    fmt::print("eviction check: the cold step takes {:.2f}x the hot one ({})\n", ratio,
+               ratio > 1.05 ? "the eviction evicts" : "NOT slower: the eviction did not evict, or the machine is busy");
+  else
+    fmt::print("eviction check: cold / hot {:.2f} (K+V {} half the L3: the hot step streams from memory too)\n", ratio,
+               l3 > 0 ? "above" : "against an unknown L3;");
   return 0;
 }
 
@@ -212,15 +202,29 @@ int run_bench(const BenchArgs& a) {
                     threads, cpus));
   const bool bf16_in = a.dtype == "bf16";
   // Each SIMD path is held to its own instruction set's peak: an AVX2 path against AVX2's (what a
-  // CPU without AVX-512 reaches), the rest against the machine's best.
-  const double peak512 = fma_peak(threads, PeakIsa::avx512), peak256 = fma_peak(threads, PeakIsa::avx2);
-  const double peak = peak512 > 0 ? peak512 : peak256;
-  const double bandwidth = read_bandwidth(threads, memory_probe_bytes(), 3);
+  // CPU without AVX-512 reaches), the rest against the machine's best, measured at this run's
+  // thread count (a peak from another count let a kernel "reach" more than 100%).
+  std::vector<int> counts{1};
+  if (threads > 1) counts.push_back(threads);
+  const std::vector<MachineFigures> figures = measure_machine(counts, std::max(a.repeats, 5));
+  const MachineFigures& mine = figures.back();
+  const double peak256 = mine.avx2.best, peak = mine.fp32_peak(), peak_bf16 = mine.bf16.best;
+  const double bandwidth = mine.bandwidth.best;
+  if (a.machine_only) {
+    fmt::print("qkv bench --machine: threads {}\n", threads);
+    print_machine(figures);
+    if (!a.json.empty()) {
+      std::ofstream file(a.json);
+      file << machine_json(figures).dump(1) << "\n";
+      if (!file) throw Error(fmt::format("--json: cannot write '{}'", a.json));
+    }
+    return 0;
+  }
   if (!a.decode.empty()) {
     const DecodeShape d = parse_decode_shape(a.decode);
     fmt::print("qkv bench --decode: B={} H={} Hkv={} M={} D={} kv-dtype {} threads {}\n", d.B, d.H, d.Hkv, d.M, d.D,
                kv_dtype_name(parse_kv_dtype(a.kv_dtype)), threads);
-    print_machine(threads, peak512, peak256, bandwidth);
+    print_machine(figures);
     return run_bench_decode(a, threads, peak, bandwidth);
   }
   const double flops = 2.0 * allowed_pairs(s, a.causal) * static_cast<double>(s.D) * 2.0 * s.B * s.H;
@@ -246,7 +250,7 @@ int run_bench(const BenchArgs& a) {
 
   fmt::print("qkv bench: B={} H={} N={} M={} D={}{} dtype {} threads {}\n", s.B, s.H, s.N, s.M, s.D,
              a.causal ? " causal" : "", a.dtype, threads);
-  print_machine(threads, peak512, peak256, bandwidth);
+  print_machine(figures);
   fmt::print("forward: {:.3g} GFLOP (4·pairs·D), {:.3g} MB moved\n", flops / 1e9, bytes / 1e6);
   fmt::print("{:<10} {:>10} {:>10} {:>8} {:>7}\n", "path", "time ms", "GFLOP/s", "GB/s", "% peak");
 
@@ -277,7 +281,9 @@ int run_bench(const BenchArgs& a) {
       else
         attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
     });
-    const double own = p.kernel == Kernel::fused && p.simd == Simd::avx2 ? peak256 : peak;
+    // bf16 inputs on AVX-512 run their products as vdpbf16ps where the CPU has it: that peak.
+    const bool dot = bf16_in && p.kernel == Kernel::fused && p.simd == Simd::avx512 && peak_bf16 > 0;
+    const double own = p.kernel == Kernel::fused && p.simd == Simd::avx2 ? peak256 : dot ? peak_bf16 : peak;
     const std::string pct = own > 0 ? fixed(100.0 * flops / seconds / own, 7, 1) : "      -";
     fmt::print("{:<10} {} {} {} {}{}\n", p.name, fixed(seconds * 1e3, 10, 3), fixed(flops / seconds / 1e9, 10, 1),
                fixed(bytes / seconds / 1e9, 8, 2), pct,
@@ -287,7 +293,8 @@ int run_bench(const BenchArgs& a) {
   fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
   if (peak > 0)
     fmt::print(
-        "(% peak: of the path's own instruction set's FMA peak (avx2: AVX2's), the others of the machine's;\n"
+        "(% peak: of the path's own instruction set's peak (avx2: AVX2's FMA; avx512 with bf16 inputs: the bf16\n"
+        " dot product's), the others of the machine's fp32 FMA peak;\n"
         " above 100 means other programs slowed the peak measurement)\n");
   return 0;
 }
@@ -316,7 +323,8 @@ Command add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Measures this machine's fp32 FMA peak and read bandwidth, then times attention_forward on a shape\n"
+      "Measures this machine's fp32 FMA and bf16 dot peaks and read bandwidth, then times attention_forward on a "
+      "shape\n"
       "through every path this CPU can run (fused avx512 / avx2 / scalar; the float64 reference for small\n"
       "shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the path the automatic choice takes.");
   sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
@@ -327,7 +335,12 @@ Command add_bench(CLI::App& app) {
       ->check(parsed_by([](const std::string& t) { parse_decode_shape(t); }, "--decode", "B,H,Hkv,M,D"));
   sub->add_option("--kv-dtype", args->kv_dtype, "With --decode: the cache's dtype f32, bf16, f16 or i8 (default f16)")
       ->check(parsed_by([](const std::string& t) { parse_kv_dtype(t); }, "--kv-dtype", "DTYPE"));
-  sub->add_option("--page-tokens", args->page_tokens, "With --decode: tokens per page (default 16)")
+  sub->add_flag("--machine", args->machine_only,
+                "Only the machine: its class, L3 and cold-cache eviction, FMA and bf16 peaks and read bandwidth\n"
+                "(1, 2, 4 and 8 streams per thread) at 1 thread and at --threads");
+  sub->add_option("--json", args->json, "With --machine: also write the figures as JSON to this file");
+  sub->add_option("--page-tokens", args->page_tokens,
+                  fmt::format("With --decode: tokens per page (default {}, the cache's)", KVCacheConfig{}.page_tokens))
       ->check(integer_in(1, 1 << 24));
   sub->add_flag("--causal", args->causal, "Causal mask (top-left)");
   sub->add_option("--dtype", args->dtype, "f32 or bf16 inputs (default f32)")->check(CLI::IsMember({"f32", "bf16"}));

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""The head and the targets table of `make bench`: the machine (class, L3, eviction, peaks,
+bandwidth, the spread of the bandwidth probe over several invocations and an outside plain read
+beside it), then every row of the performance targets as a % of the ceilings measured on this
+machine in this run, each with its target and whether it is met.
+
+Ceilings: at each thread count the fp32 and bf16 peaks are the best of every measurement this run
+made (`qkv bench --machine` invocations and the benchmarks' own peak runs): other load only ever
+lowers a peak run, so the best is the closest to the machine's, and no kernel can then "reach"
+more than 100% of it. The read bandwidth is the median, over the invocations, of each one's best
+sustained figure (a median of passes).
+
+Usage: targets.py --machine M1.json [M2.json ...] [--plain plain.json] [--qkv qkv.json]
+       [--backward backward.json] [--decode decode.json] [--avx2 avx2.json avx2_backward.json]"""
+import argparse
+import json
+import statistics
+
+FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
+         "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
+
+
+def aggregates(path, stat):
+    """{run_name without the repeats/real_time suffixes: benchmark record} for one aggregate."""
+    if not path:
+        return {}
+    out = {}
+    for b in json.load(open(path))["benchmarks"]:
+        if b.get("aggregate_name") == stat:
+            name = b["run_name"].split("/repeats:")[0].split("/iterations:")[0].replace("/real_time", "")
+            out[name] = b
+    return out
+
+
+def context(path):
+    return json.load(open(path)).get("context", {}) if path else {}
+
+
+def seconds(b):
+    return b["real_time"] * {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+
+
+def rng(values, fmt="{:.0f}"):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "not measured"
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def verdict(values, ok):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    met = [ok(v) for v in values]
+    return "met" if all(met) else ("partly" if any(met) else "not met")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--machine", nargs="+", required=True)
+    ap.add_argument("--plain")
+    ap.add_argument("--qkv")
+    ap.add_argument("--backward")
+    ap.add_argument("--decode")
+    ap.add_argument("--avx2", nargs=2)
+    a = ap.parse_args()
+    machines = [json.load(open(p)) for p in a.machine]
+    m = machines[0]
+    fwd, fwd_max = aggregates(a.qkv, "median"), aggregates(a.qkv, "max")
+    bwd, bwd_max = aggregates(a.backward, "median"), aggregates(a.backward, "max")
+    dec, dec_ctx = aggregates(a.decode, "median"), context(a.decode)
+
+    # Ceilings per thread count.
+    peak, bf16, bw, bw_runs = {}, {}, {}, {}
+    for t in (1, 2):
+        rows = [r for mm in machines for r in mm["threads"] if r["threads"] == t]
+        if not rows:
+            continue
+        own = [b["FLOPS"] for b in (fwd_max.get(f"fma_peak/threads:{t}"), bwd_max.get(f"fma_peak/threads:{t}")) if b]
+        peak[t] = max([r["fp32_avx512"]["best"] or r["fp32_avx2"]["best"] for r in rows] + own)
+        own_bf16 = [b["FLOPS"] for b in (fwd_max.get(f"bf16_peak/threads:{t}"),) if b]
+        bf16[t] = max([r["bf16_dot"]["best"] for r in rows] + own_bf16)
+        bw_runs[t] = [r["bandwidth"]["best"] for r in rows]
+        bw[t] = statistics.median(bw_runs[t])
+
+    print(f"machine: {m['brand']} ({m['vendor']} family {m['family']} model {m['model']}): **{m['class']}**")
+    print(f"L3 {m['l3_bytes'] >> 20} MiB ({m['l3_source']}); cold-cache eviction {m['eviction_bytes'] >> 20} MiB")
+    plain = json.load(open(a.plain)) if a.plain else {}
+    for t in sorted(peak):
+        r = [r for r in m["threads"] if r["threads"] == t][0]
+        spread = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
+        streams = ", ".join(f"{s['streams']}: {s['median'] / 1e9:.1f}" for s in r["bandwidth"]["by_streams"])
+        line = (f"{t} thread{'s' if t > 1 else ''}: fp32 FMA peak {peak[t] / 1e9:.1f} GFLOP/s, bf16 dot peak "
+                f"{bf16[t] / 1e9:.1f} GFLOP/s; read bandwidth {bw[t] / 1e9:.1f} GB/s (median of {len(bw_runs[t])} "
+                f"invocations, spread {spread:.1f}%; first invocation by streams per thread {streams})")
+        if plain.get(f"threads_{t}"):
+            p = plain[f"threads_{t}"]
+            line += f"; a plain read {p / 1e9:.1f} GB/s ({100 * (bw[t] / p - 1):+.1f}%)"
+        print(line)
+    print()
+
+    print(f"| work ({m['class']}) | thr | measured | target | |")
+    print("|---|---|---|---|---|")
+
+    def row(work, t, values, target, ok, fmt="{:.0f}", unit="%"):
+        print(f"| {work} | {t} | {rng(values, fmt)}{unit if values and any(v is not None for v in values) else ''} "
+              f"| {target} | {verdict(values, ok)} |")
+
+    def dec_pct(name, t):  # % of the read bandwidth: bytes per step / bandwidth
+        b = dec.get(f"decode/{name}/cold/threads:{t}")
+        return 100 * b["GBps"] * 1e9 / bw[t] if b and t in bw else None
+
+    def dec_time(name, t):
+        b = dec.get(f"decode/{name}/cold/threads:{t}")
+        return seconds(b) if b else None
+
+    for t, goal in ((1, 75), (2, 85)):
+        vals = [dec_pct(f"D1/{d}/M:{M}", t) for d in ("f32", "bf16", "f16") for M in (16384, 32768)]
+        row("decode D1, M ≥ 16k, f32/f16/bf16, % of read bandwidth", t, vals, f"≥ {goal}%", lambda v: v >= goal)
+    for t in (1, 2):
+        vals = []
+        for M in (16384, 32768):
+            f16, i8 = dec_time(f"D1/f16/M:{M}", t), dec_time(f"D1/i8/M:{M}", t)
+            vals.append(f16 / i8 if f16 and i8 else None)
+        row("decode int8: f16's step time / int8's, M ≥ 16k", t, vals, "≥ 1.6×", lambda v: v >= 1.6, "{:.2f}", "×")
+    page = dec_ctx.get("default_page_tokens", "?")
+    for t in (1, 2):
+        vals = []
+        for d in ("f32", "bf16", "f16", "i8"):
+            p, c = dec_time(f"D1/{d}/M:32768/paged{page}", t), dec_time(f"D1/{d}/M:32768", t)
+            vals.append(100 * (p / c - 1) if p and c else None)
+        row(f"decode in default pages ({page} tokens) vs contiguous, M = 32k, time", t, vals, "≤ +5%",
+            lambda v: v <= 5, "{:+.0f}")
+    for t in (1, 2):
+        row("batched decode D8 (8 × 4096), f32/f16, % of bandwidth", t,
+            [dec_pct(f"D8/{d}/paged{page}", t) for d in ("f32", "f16")], "≥ 85%", lambda v: v >= 85)
+        row("batched decode D8, int8, % of bandwidth", t, [dec_pct(f"D8/i8/paged{page}", t)], "≥ 85%",
+            lambda v: v >= 85)
+
+    def pct(table, name, t, ceiling):
+        b = table.get(name)
+        return 100 * b["FLOPS"] / ceiling[t] if b and t in ceiling else None
+
+    for t in (1, 2):
+        row("prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", t,
+            [pct(fwd, f"attention/{s}/fp32/threads:{t}", t, peak) for s in ("S3", "S4", "S6")], "≥ 85%",
+            lambda v: v >= 85)
+    for t in (1, 2):
+        row("prefill bf16 S3/S4, % of bf16 dot peak", t,
+            [pct(fwd, f"attention/{s}/bf16/threads:{t}", t, bf16) for s in ("S3", "S4")], "≥ 80%", lambda v: v >= 80)
+    for t in (1, 2):
+        row("backward fp32 S3/S4/S6, % of FMA peak", t,
+            [pct(bwd, f"backward/{s}/fp32/threads:{t}", t, peak) for s in ("S3", "S4", "S6")], "≥ 85%",
+            lambda v: v >= 85)
+    for t in (1, 2):
+        row("short heads S2 forward", t, [pct(fwd, f"attention/S2/fp32/threads:{t}", t, peak)], "≥ 80%",
+            lambda v: v >= 80)
+        row("short heads S2 backward", t, [pct(bwd, f"backward/S2/fp32/threads:{t}", t, peak)], "≥ 75%",
+            lambda v: v >= 75)
+    for t in (1, 2):
+        row("large scores S3q50, % of FMA peak", t, [pct(fwd, f"attention/S3q50/fp32/threads:{t}", t, peak)], "≥ 70%",
+            lambda v: v >= 70)
+    # The roofline itself.
+    for t in sorted(bw):
+        spread = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
+        row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread], "≤ 10%", lambda v: v <= 10,
+            "{:.1f}")
+        if plain.get(f"threads_{t}"):
+            row("roofline: probe vs a plain multi-stream read", t, [100 * (bw[t] / plain[f"threads_{t}"] - 1)], "within ±5%",
+                lambda v: abs(v) <= 5, "{:+.1f}")
+    # No kernel above its ceiling: every fp32 and bf16 forward/backward row, and the AVX2 rows
+    # against the AVX2 peak of the same run.
+    highest = []
+    for t in sorted(peak):
+        for name, b in list(fwd.items()) + list(bwd.items()):
+            if name.endswith(f"/threads:{t}") and ("/attention/" in "/" + name or "/backward/" in "/" + name):
+                ceiling = bf16 if "/bf16/" in name else peak
+                highest.append(100 * b["FLOPS"] / ceiling[t])
+    if a.avx2:
+        for path in a.avx2:
+            med, mx = aggregates(path, "median"), aggregates(path, "max")
+            for t in (1, 2):
+                p = mx.get(f"avx2/fma_peak/threads:{t}") or med.get(f"avx2/fma_peak/threads:{t}")
+                avx2_peak = max(([p["FLOPS"]] if p else []) +
+                                [r["fp32_avx2"]["best"] for mm in machines for r in mm["threads"] if r["threads"] == t])
+                for name, b in med.items():
+                    if name.endswith(f"/threads:{t}") and "fma_peak" not in name and avx2_peak:
+                        highest.append(100 * b["FLOPS"] / avx2_peak)
+    if highest:
+        row("roofline: the highest % of its peak any kernel row reached", "1-2", [max(highest)], "≤ 100%",
+            lambda v: v <= 100)
+
+
+if __name__ == "__main__":
+    main()
