@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_mask.h"
 #include "cli_util.h"
 #include "fuzz_util.h"
 #include "qkv/attention.h"
