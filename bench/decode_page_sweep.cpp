@@ -21,6 +21,7 @@
 
 #include <sys/resource.h>
 
+#include "qkv/machine_info.h"
 #include "decode_caches.h"
 
 namespace qkv::bench {
@@ -39,12 +40,6 @@ std::string load() {
   std::string a, b, c;
   f >> a >> b >> c;
   return a + " " + b + " " + c;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Layout {

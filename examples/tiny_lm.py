@@ -114,21 +114,28 @@ def positions_of(cu):
     return torch.arange(int(cu[-1])) - cu[:-1].long()[seq], seq
 
 
-def composite_attention(q, k, v, cu, longest, dropout_p):
+def padding(cu, longest, pos, seq):
+    """What composite_attention needs of a packed batch, made once per batch: each token's
+    position and sentence (positions_of), and the keys each padded row may see [B, 1, L, L]
+    (causal, in its sentence)."""
+    lengths = (cu[1:] - cu[:-1]).long()
+    col = torch.arange(longest)
+    allowed = (col[None, :] <= col[:, None])[None] & (col[None, None, :] < lengths[:, None, None])
+    return pos, seq, allowed[:, None]
+
+
+def composite_attention(q, k, v, pad_layout, dropout_p):
     """Causal attention of packed q, k, v [T, H, D] as PyTorch code without a fused kernel does it:
-    padded to [B, H, L, D], masked, softmax, dropout, back to packed rows."""
-    pos, seq = positions_of(cu)
-    batch, heads, dim = len(cu) - 1, q.shape[1], q.shape[2]
+    padded to [B, H, L, D], masked, softmax, dropout, back to packed rows. pad_layout: padding()."""
+    pos, seq, allowed = pad_layout
+    batch, longest, heads, dim = allowed.shape[0], allowed.shape[-1], q.shape[1], q.shape[2]
 
     def pad(t):
         return t.new_zeros(batch, longest, heads, dim).index_put((seq, pos), t).transpose(1, 2)
 
     qp, kp, vp = pad(q), pad(k), pad(v)
     scores = qp @ kp.transpose(-1, -2) / dim ** 0.5
-    lengths = (cu[1:] - cu[:-1]).long()
-    col = torch.arange(longest)
-    allowed = (col[None, :] <= col[:, None])[None] & (col[None, None, :] < lengths[:, None, None])
-    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    scores = scores.masked_fill(~allowed, float("-inf"))
     weights = F.dropout(scores.softmax(-1), dropout_p, training=dropout_p > 0)
     return (weights @ vp).transpose(1, 2)[seq, pos]
 
@@ -164,15 +171,16 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, tokens, cu, longest):
         p = self.dropout if self.training else 0.0
-        pos, _ = positions_of(cu)
+        pos, seq = positions_of(cu)
         cos, sin = rotary_tables(pos, self.head_dim)
+        pad_layout = padding(cu, longest, pos, seq) if self.impl == "torch" else None
         x = self.emb(tokens)
         for b in self.blocks:
             q, k, v = b.project(x, cos, sin)
             if self.impl == "qkv":
                 a = qkv.torch.varlen_attention(q, k, v, cu, cu, longest, longest, dropout_p=p, causal=True)
             else:
-                a = composite_attention(q, k, v, cu, longest, p)
+                a = composite_attention(q, k, v, pad_layout, p)
             x = b.finish(x, a)
         return self.ln(x) @ self.emb.weight.t()
 

@@ -40,6 +40,11 @@ int64_t l3_cache_bytes();
 // bytes between two visits of the same data (bench/decode_bench.cpp, `qkv bench --decode`).
 int64_t memory_probe_bytes();
 
+// The median of v (not empty, else throws qkv::Error); of an even count the mean of the middle
+// two, so one run slowed by the scheduler never stands for both. Every figure qkv bench and the
+// benchmarks report as a median is this one.
+double median(std::vector<double> v);
+
 // One read-bandwidth measurement: every thread reads its share of one buffer in `streams` equal
 // parts at once (1: one sequential stream), `repeats` passes of the whole buffer.
 struct StreamRates {

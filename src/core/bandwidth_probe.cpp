@@ -84,13 +84,14 @@ float sum_streams(const float* p, int64_t len, int streams, bool avx512) {
   }
 }
 
-double median_of(std::vector<double> v) {
+}  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) throw Error("median of no figures");
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-
-}  // namespace
 
 float streaming_sum(const float* buffer, int64_t n, int threads, int streams) {
   if (streams != 1 && streams != 2 && streams != 4 && streams != 8)
@@ -134,7 +135,7 @@ BandwidthProbe probe_read_bandwidth(int threads, int64_t bytes, int repeats) {
       r.rates.push_back(static_cast<double>(probe.bytes) / seconds);
     }
   for (StreamRates& r : probe.by_streams) {
-    r.median = median_of(r.rates);
+    r.median = median(r.rates);
     r.min = *std::min_element(r.rates.begin(), r.rates.end());
     r.max = *std::max_element(r.rates.begin(), r.rates.end());
     if (r.median > probe.best) probe.best = r.median, probe.best_streams = r.streams;

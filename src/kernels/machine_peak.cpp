@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "qkv/machine_info.h"
 #include "qkv/error.h"
 #include "qkv/machine.h"
 
@@ -167,11 +168,8 @@ PeakMeasurement measure_peak(int threads, PeakIsa isa, int repeats, double secon
   const double per_iteration = fma_peak_work(1, 1, isa) * threads;
   const int64_t iterations = std::max<int64_t>(probe, static_cast<int64_t>(seconds * rate / per_iteration));
   for (int r = 0; r < repeats; ++r) m.rates.push_back(timed(iterations));
-  std::vector<double> sorted = m.rates;
-  std::sort(sorted.begin(), sorted.end());
-  m.best = sorted.back();
-  const std::size_t n = sorted.size();
-  m.median = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  m.best = *std::max_element(m.rates.begin(), m.rates.end());
+  m.median = median(m.rates);
   return m;
 }
 

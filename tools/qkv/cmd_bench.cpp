@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "qkv/machine_info.h"
 #include "cli_machine.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -69,14 +70,6 @@ double allowed_pairs(const Shape& s, bool causal) {
   double pairs = 0;
   for (int64_t i = 0; i < s.N; ++i) pairs += static_cast<double>(std::min(i + 1, s.M));
   return pairs;
-}
-
-// The median of t (not empty): of an even count, the mean of the middle two (the upper one alone
-// let one run slowed by the scheduler stand for both of two).
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 // Median wall time of `repeats` calls of fn after one warm-up call, in seconds.
