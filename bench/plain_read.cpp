@@ -1,12 +1,14 @@
 // An outside check of qkv's read-bandwidth probe (qkv/machine_info.h), sharing none of its code: T
-// std::threads each sum an array of their own (512 MiB over all, 2 MiB huge pages asked for) as 4
-// streams at once with a plain loop the compiler vectorizes, all started together; the rate of each pass is the bytes
-// read by all over the time until the last finishes. Median of 11 passes, at 1 and 2 threads.
+// threads each sum an array of their own (512 MiB over all, 2 MiB huge pages asked for) as 4
+// streams at once with a plain loop the compiler vectorizes, all released together; the rate of
+// each pass is the bytes read by all over the time until the last finishes. Median of 11 passes,
+// at 1 and 2 threads.
 // Prints one JSON line: {"threads_1": bytes/s, "threads_2": bytes/s}. `make bench` prints the
 // probe's figure beside it.
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,22 +40,40 @@ __attribute__((noinline)) float sum(const float* p, std::size_t n) {
   return total;
 }
 
+// The threads live for every pass and wait at a start line, so a pass times the reads alone, not
+// the creation of threads: from the moment they are released until the last one finishes. The
+// calling thread reads array 0 itself, so no thread waits on a core a reader needs.
 double rate(int threads) {
   const std::size_t n = kBytes / sizeof(float) / threads / 64 * 64;
   std::vector<float*> arrays(threads);
   for (float*& a : arrays) a = huge(n * sizeof(float));
+  constexpr int kPasses = 12;  // the first pass warms up, uncounted
+  std::atomic<int> go{-1}, done{0};
+  std::vector<float> totals(threads);
+  std::vector<std::thread> team;
+  for (int t = 1; t < threads; ++t)
+    team.emplace_back([&, t] {
+      for (int pass = 0; pass < kPasses; ++pass) {
+        while (go.load(std::memory_order_acquire) != pass) {
+        }
+        totals[t] += sum(arrays[t], n);
+        done.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
   std::vector<double> rates;
-  volatile float sink = 0;
-  for (int pass = 0; pass < 12; ++pass) {  // the first pass warms up, uncounted
-    std::vector<float> totals(threads);
+  for (int pass = 0; pass < kPasses; ++pass) {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<std::thread> team;
-    for (int t = 0; t < threads; ++t) team.emplace_back([&, t] { totals[t] = sum(arrays[t], n); });
-    for (std::thread& member : team) member.join();
+    go.store(pass, std::memory_order_release);
+    totals[0] += sum(arrays[0], n);
+    done.fetch_add(1, std::memory_order_acq_rel);
+    while (done.load(std::memory_order_acquire) != threads * (pass + 1)) {
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (float x : totals) sink = sink + x;
     if (pass > 0) rates.push_back(static_cast<double>(n * sizeof(float) * threads) / seconds);
   }
+  for (std::thread& member : team) member.join();
+  volatile float sink = 0;
+  for (float x : totals) sink = sink + x;
   for (float* a : arrays) std::free(a);
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
