@@ -18,13 +18,14 @@ LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 # targets.py compares the two minute by minute.
 echo "the machine: 5 x (qkv bench --machine, a plain read) (about a minute)..." >&2
 PLAIN=
+if [ -x "$BUILD/bench/qkv_plain_read" ] && grep -q avx512f /proc/cpuinfo; then PLAIN=--plain; fi
 for i in 1 2 3 4 5; do
   "$BUILD/qkv" bench --machine --threads 2 --json "$OUT/machine-$i.json" > "$OUT/machine-$i.txt"
-  if [ -x "$BUILD/bench/qkv_plain_read" ] && grep -q avx512f /proc/cpuinfo; then
-    "$BUILD/bench/qkv_plain_read" > "$OUT/plain-$i.json" && PLAIN="$PLAIN $OUT/plain-$i.json"
+  if [ -n "$PLAIN" ]; then
+    "$BUILD/bench/qkv_plain_read" > "$OUT/plain-$i.json"
+    PLAIN="$PLAIN $OUT/plain-$i.json"
   fi
 done
-if [ -n "$PLAIN" ]; then PLAIN="--plain$PLAIN"; fi
 cat "$OUT/machine-1.txt"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes)..." >&2

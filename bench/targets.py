@@ -75,8 +75,10 @@ def main():
     bwd, bwd_max = aggregates(a.backward, "median"), aggregates(a.backward, "max")
     dec, dec_ctx = aggregates(a.decode, "median"), context(a.decode)
 
-    # Ceilings per thread count.
-    peak, bf16, bw, bw_runs = {}, {}, {}, {}
+    # Ceilings per thread count, and the plain read beside the probe: (its median, the median of
+    # probe / plain - 1 in %).
+    plains = [json.load(open(p)) for p in a.plain]
+    peak, bf16, bw, bw_runs, spread, plain = {}, {}, {}, {}, {}, {}
     for t in (1, 2):
         rows = [r for mm in machines for r in mm["threads"] if r["threads"] == t]
         if not rows:
@@ -87,28 +89,23 @@ def main():
         bf16[t] = max([r["bf16_dot"]["best"] for r in rows] + own_bf16)
         bw_runs[t] = [r["bandwidth"]["best"] for r in rows]
         bw[t] = statistics.median(bw_runs[t])
+        spread[t] = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
+        # Invocation i's probe figure against the plain read run right after it.
+        pairs = [(probe, pl[f"threads_{t}"]) for probe, pl in zip(bw_runs[t], plains) if pl.get(f"threads_{t}")]
+        if pairs:
+            plain[t] = (statistics.median(p for _, p in pairs),
+                        100 * (statistics.median(probe / p for probe, p in pairs) - 1))
 
     print(f"machine: {m['brand']} ({m['vendor']} family {m['family']} model {m['model']}): **{m['class']}**")
     print(f"L3 {m['l3_bytes'] >> 20} MiB ({m['l3_source']}); cold-cache eviction {m['eviction_bytes'] >> 20} MiB")
-    plains = [json.load(open(p)) for p in a.plain]
-
-    def plain_vs_probe(t):
-        """(median plain read, median over the invocations of probe / plain - 1 in %), or None."""
-        pairs = [(mm, pl) for mm, pl in zip(machines, plains) if pl.get(f"threads_{t}")]
-        if not pairs:
-            return None
-        ratios = [[r for r in mm["threads"] if r["threads"] == t][0]["bandwidth"]["best"] / pl[f"threads_{t}"]
-                  for mm, pl in pairs]
-        return statistics.median(pl[f"threads_{t}"] for _, pl in pairs), 100 * (statistics.median(ratios) - 1)
     for t in sorted(peak):
         r = [r for r in m["threads"] if r["threads"] == t][0]
-        spread = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
         streams = ", ".join(f"{s['streams']}: {s['median'] / 1e9:.1f}" for s in r["bandwidth"]["by_streams"])
         line = (f"{t} thread{'s' if t > 1 else ''}: fp32 FMA peak {peak[t] / 1e9:.1f} GFLOP/s, bf16 dot peak "
                 f"{bf16[t] / 1e9:.1f} GFLOP/s; read bandwidth {bw[t] / 1e9:.1f} GB/s (median of {len(bw_runs[t])} "
-                f"invocations, spread {spread:.1f}%; first invocation by streams per thread {streams})")
-        if plain_vs_probe(t):
-            p, diff = plain_vs_probe(t)
+                f"invocations, spread {spread[t]:.1f}%; first invocation by streams per thread {streams})")
+        if t in plain:
+            p, diff = plain[t]
             line += f"; a plain read {p / 1e9:.1f} GB/s (median of {len(plains)}, each right after an invocation; the probe against it, pair by pair: {diff:+.1f}%)"
         print(line)
     print()
@@ -176,11 +173,10 @@ def main():
             lambda v: v >= 70)
     # The roofline itself.
     for t in sorted(bw):
-        spread = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
-        row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread], "≤ 10%", lambda v: v <= 10,
+        row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread[t]], "≤ 10%", lambda v: v <= 10,
             "{:.1f}")
-        if plain_vs_probe(t):
-            row("roofline: probe vs a plain multi-stream read (paired)", t, [plain_vs_probe(t)[1]], "within ±5%",
+        if t in plain:
+            row("roofline: probe vs a plain multi-stream read (paired)", t, [plain[t][1]], "within ±5%",
                 lambda v: abs(v) <= 5, "{:+.1f}")
     # No kernel above its ceiling: every fp32 and bf16 forward/backward row, and the AVX2 rows
     # against the AVX2 peak of the same run.

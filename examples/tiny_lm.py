@@ -114,19 +114,19 @@ def positions_of(cu):
     return torch.arange(int(cu[-1])) - cu[:-1].long()[seq], seq
 
 
-def padding(cu, longest, pos, seq):
-    """What composite_attention needs of a packed batch, made once per batch: each token's
-    position and sentence (positions_of), and the keys each padded row may see [B, 1, L, L]
-    (causal, in its sentence)."""
+def padding(cu, longest):
+    """The keys each padded row of a packed batch may see [B, 1, L, L] (causal, in its sentence),
+    made once per batch for composite_attention."""
     lengths = (cu[1:] - cu[:-1]).long()
     col = torch.arange(longest)
     allowed = (col[None, :] <= col[:, None])[None] & (col[None, None, :] < lengths[:, None, None])
-    return pos, seq, allowed[:, None]
+    return allowed[:, None]
 
 
 def composite_attention(q, k, v, pad_layout, dropout_p):
     """Causal attention of packed q, k, v [T, H, D] as PyTorch code without a fused kernel does it:
-    padded to [B, H, L, D], masked, softmax, dropout, back to packed rows. pad_layout: padding()."""
+    padded to [B, H, L, D], masked, softmax, dropout, back to packed rows. pad_layout: (pos, seq) of
+    positions_of and padding()'s mask."""
     pos, seq, allowed = pad_layout
     batch, longest, heads, dim = allowed.shape[0], allowed.shape[-1], q.shape[1], q.shape[2]
 
@@ -173,7 +173,7 @@ class TinyLM(torch.nn.Module):
         p = self.dropout if self.training else 0.0
         pos, seq = positions_of(cu)
         cos, sin = rotary_tables(pos, self.head_dim)
-        pad_layout = padding(cu, longest, pos, seq) if self.impl == "torch" else None
+        pad_layout = (pos, seq, padding(cu, longest)) if self.impl == "torch" else None
         x = self.emb(tokens)
         for b in self.blocks:
             q, k, v = b.project(x, cos, sin)

@@ -54,7 +54,7 @@ def test_packed_batch_positions_restart_per_sentence():
 def test_composite_attention_is_per_sentence_causal(rng):
     cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
     q, k, v = (torch.from_numpy(rng.standard_normal((13, 2, 8)).astype(np.float32)) for _ in range(3))
-    got = lm.composite_attention(q, k, v, lm.padding(cu, 7, *lm.positions_of(cu)), 0.0)
+    got = lm.composite_attention(q, k, v, (*lm.positions_of(cu), lm.padding(cu, 7)), 0.0)
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
         qs, ks, vs = (t[a:b].transpose(0, 1).double() for t in (q, k, v))
         s = qs @ ks.transpose(-1, -2) / 8 ** 0.5
