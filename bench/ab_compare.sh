@@ -16,11 +16,13 @@ for round in $(seq "$ROUNDS"); do
   for bin in "$@"; do
     # qkv_bench reports cpu_s_per_iter and flops_per_iter; qkv_backward_bench the rate itself,
     # CPU_FLOPS (both per CPU second), qkv_decode_bench cpu_us (divided by 1e-9 to cancel the
-    # final 1e9). Each becomes name|value|unit|divisor-value|divisor-unit.
+    # final 1e9); the micro-kernel benchmarks (one thread, nothing else in the process) only their
+    # wall rate, FLOPS. Each becomes name|value|unit|divisor-value|divisor-unit.
     "$bin" --benchmark_filter="$FILTER" --benchmark_report_aggregates_only=true 2>/dev/null | grep median |
       sed -E -e 's/^([^ ]*)_median .*cpu_s_per_iter=([0-9.e+-]+)([munkMG]?) flops_per_iter=([0-9.e+-]+)([munkMG]?).*/\1|\4|\5|\2|\3/' \
         -e 's/^([^ ]*)_median .*CPU_FLOPS=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1|/' \
-        -e 's/^([^ ]*)_median .*cpu_us=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1e-9|/' |
+        -e 's/^([^ ]*)_median .*cpu_us=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1e-9|/' \
+        -e 's/^([^ ]*)_median .* FLOPS=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1|/' |
       awk -F'|' -v bin="$bin" '
         function unit(s) { return s == "n" ? 1e-9 : s == "u" ? 1e-6 : s == "m" ? 1e-3 : s == "k" ? 1e3 : s == "M" ? 1e6 : s == "G" ? 1e9 : 1 }
         NF == 5 { printf "%s %s %.1f\n", bin, $1, $2 * unit($3) / ($4 * unit($5)) / 1e9 }'

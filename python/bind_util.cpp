@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include "qkv/address_space.h"
+#include "qkv/attention_options.h"
 #include "qkv/mask.h"
 #include "qkv/options_parse.h"
 #include "qkv/out_of_memory.h"
@@ -167,9 +168,7 @@ void check_qkv_shapes(const py::array& q, const py::array& k, const py::array& v
     if (k.shape(i) != v.shape(i))
       throw py::value_error(fmt::format("k {} and v {} must agree on every dim but the last", sk, sv));
   if (lq.B != lk.B) throw py::value_error(fmt::format("q {} and k {} have different batch sizes", sq, sk));
-  if (lk.H <= 0 || lq.H % lk.H != 0)
-    throw py::value_error(
-        fmt::format("q {} has {} heads, which is not a multiple of k's {} heads (k {})", sq, lq.H, lk.H, sk));
+  qkv::require_head_groups(lq.H, lk.H, fmt::format("q {} and k {}", sq, sk));
   if (q.shape(r - 1) == 0) throw py::value_error(fmt::format("q {}: head dim D must be at least 1", sq));
   if (v.shape(r - 1) == 0) throw py::value_error(fmt::format("v {}: value head dim Dv must be at least 1", sv));
 }

@@ -483,7 +483,7 @@ TEST(Decode, RefusesBadInputByName) {
   const Tensor<float> q7 = rng.normal32({1, 4, 1, 7});
   expect_error(good, q7.cview(), {}, "mismatched head dims: q has D = 7, the cache D = 8");
   const Tensor<float> q3 = rng.normal32({1, 3, 1, 8});
-  expect_error(good, q3.cview(), {}, "multiple of key/value heads");
+  expect_error(good, q3.cview(), {}, "query heads is not a positive multiple of Hkv");
   DecodeOptions o;
   o.sinks = {1, 2};
   expect_error(good, q.cview(), o, "sinks has 2 entries, expected one per query head (H = 4)");

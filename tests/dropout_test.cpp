@@ -170,11 +170,6 @@ double max_diff(const Tensor<float>& a, const Tensor<double>& ref) {
   for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(double(a[i]) - ref[i]));
   return m;
 }
-double max_diff(const Tensor<float>& a, const Tensor<float>& b) {
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
-  return m;
-}
 
 // Gradients with dropout: within FlashAttention's rule of PyTorch's fp32 composite (the same mask)
 // against the float64 reference, on every path, with ordinary scores, scores of q·50, causal rows

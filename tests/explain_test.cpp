@@ -202,7 +202,7 @@ TEST(Explain, LongSentencesAreShownInPart) {
   test::Rng rng("Explain.LongSentencesAreShownInPart");
   const int64_t N = 15;
   std::vector<std::string> tokens;
-  for (int64_t i = 0; i < N; ++i) tokens.push_back("w" + std::to_string(i));
+  for (int64_t i = 0; i < N; ++i) tokens.push_back(fmt::format("w{}", i));
   const Explanation e = explain_parameter_free(tokens, random_matrix(rng, N, 40));
   const std::string text = explanation_to_text(e, 4);
   EXPECT_NE(text.find("(15 rows)"), std::string::npos);

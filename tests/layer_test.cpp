@@ -148,8 +148,9 @@ TEST(Layer, RefusesBadConfigsAndShapes) {
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 0}); }, "embed_dim must be at least 1");
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 6, .num_heads = 4}); },
                "embed_dim = 6 is not divisible by num_heads = 4");
-  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 4, .num_kv_heads = 3}); },
-               "num_heads = 4 must be a multiple of num_kv_heads = 3");
+  expect_error(
+      [] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 4, .num_kv_heads = 3}); },
+      "layer: num_heads, num_kv_heads: H = 4 query heads is not a positive multiple of Hkv = 3 key/value heads");
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true}); },
                "parameter-free mode needs 1 head");
   // Widths that wrap in int64 (4 · 2^62 = 0) built empty weights, and forward died of SIGFPE.

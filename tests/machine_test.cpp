@@ -30,7 +30,9 @@ TEST(Machine, ProbeIsTwiceTheL3AndAtLeast256MiB) {
   EXPECT_EQ(probe, std::max(2 * l3, int64_t{256} << 20));
   const MachineInfo& m = machine_info();
   EXPECT_EQ(m.l3_bytes, l3);
-  if (l3 > 0) EXPECT_FALSE(m.l3_source.empty());
+  if (l3 > 0) {
+    EXPECT_FALSE(m.l3_source.empty());
+  }
   EXPECT_FALSE(m.class_name.empty());
   std::printf("machine: %s (%s family %d model %d): %s; L3 %lld MiB (%s)\n", m.brand.c_str(), m.vendor.c_str(),
               m.family, m.model, m.class_name.c_str(), static_cast<long long>(l3 >> 20), m.l3_source.c_str());
@@ -110,10 +112,15 @@ TEST(Machine, PeakMeasurementSummarizesItsOwnRuns) {
     std::printf("peak %d: best %.1f GFLOP/s, median %.1f\n", static_cast<int>(isa), m.best / 1e9, m.median / 1e9);
   }
   // The flops counted per step: 16 chains x 16 lanes x 2 (FMA) or 4 (bf16 pair dot product).
-  if (peak_isa_available(PeakIsa::avx512)) EXPECT_EQ(fma_peak_work(2, 10, PeakIsa::avx512), 2 * 10 * 16 * 16 * 2.0);
-  if (peak_isa_available(PeakIsa::avx512_bf16))
+  if (peak_isa_available(PeakIsa::avx512)) {
+    EXPECT_EQ(fma_peak_work(2, 10, PeakIsa::avx512), 2 * 10 * 16 * 16 * 2.0);
+  }
+  if (peak_isa_available(PeakIsa::avx512_bf16)) {
     EXPECT_EQ(fma_peak_work(1, 10, PeakIsa::avx512_bf16), 10 * 16 * 16 * 4.0);
-  if (peak_isa_available(PeakIsa::avx2)) EXPECT_EQ(fma_peak_work(1, 10, PeakIsa::avx2), 10 * 16 * 12 * 2.0);
+  }
+  if (peak_isa_available(PeakIsa::avx2)) {
+    EXPECT_EQ(fma_peak_work(1, 10, PeakIsa::avx2), 10 * 16 * 12 * 2.0);
+  }
   test::expect_error([] { measure_peak(0, PeakIsa::avx2, 1, 0.1); }, {"out of range"});
 }
 

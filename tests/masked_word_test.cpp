@@ -43,7 +43,7 @@ TEST(MaskedWord, ReadoutLossRanksAndGradient) {
   for (int64_t v = 0; v < V; ++v) words.push_back(std::to_string(v) + "w");  // (GCC 12 warns on "w" + string)
   const Embeddings embeddings(words, table.clone());
   Tensor<float> y = rng.normal32({B, L, E});
-  detail::MaskedBatch batch{Tensor<float>({B, L, E}), {}, {}};
+  detail::MaskedBatch batch{Tensor<float>({B, L, E}), {}, {}, {}};
   for (int64_t b = 0; b < B; ++b) {
     batch.hidden.push_back(rng.uniform_int(0, L - 1));
     batch.targets.push_back(rng.uniform_int(0, V - 1));

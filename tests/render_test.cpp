@@ -321,7 +321,7 @@ TEST(Render, TopKRefusesBadArguments) {
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), bad.cview(), 2); }),
             "attention rows: q has D = 4 but k has D = 3");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k3.cview(), 2); }),
-            "attention rows: H = 2 is not a multiple of Hkv = 3");
+            "attention rows: H = 2 query heads is not a positive multiple of Hkv = 3 key/value heads");
   EXPECT_EQ(message([&] { attention_row(q.cview(), k.cview(), 2, 0); }),
             "attention rows: head 2 row 0 is outside H = 2, N = 3");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k.cview(), 2, {}, q.cview()); }),
@@ -347,8 +347,8 @@ TEST(Render, TopKAndComparisonPagesEscapeAndCheckSizes) {
 
   Comparison c;
   c.word = "<b>";
-  c.first = {"a <b> c", {"a", "<b>", "c"}, 1, {{0.2, 0.5, 0.3}}, {1, 2}, {3, 4}};
-  c.second = {"<b> d", {"<b>", "d"}, 0, {{0.6, 0.4}}, {1, 2}, {5, 6}};
+  c.first = {"a <b> c", {"a", "<b>", "c"}, 1, {{0.2, 0.5, 0.3}}, {1, 2}, {3, 4}, {}};
+  c.second = {"<b> d", {"<b>", "d"}, 0, {{0.6, 0.4}}, {1, 2}, {5, 6}, {}};
   const std::string cmp = render_comparison_html(c);
   EXPECT_EQ(cmp.find("<b>"), std::string::npos);
   EXPECT_EQ(page_data(cmp)["sentences"][1]["weights"][0][1].get<double>(), 0.4);

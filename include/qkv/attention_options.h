@@ -67,6 +67,11 @@ double attention_scale(const std::optional<double>& scale, int64_t D);
 // kernels cannot multiply by (they round it to float). Unset passes. Pure.
 void require_scale(const std::optional<double>& scale, std::string_view caller);
 
+// Throws qkv::Error "<caller>: H = .. query heads is not a positive multiple of Hkv = .. key/value
+// heads" unless H > 0, Hkv > 0 and Hkv divides H: every query head reads key/value head h / (H / Hkv)
+// (grouped-query attention). The one statement of the rule for every entry point. Pure.
+void require_head_groups(int64_t H, int64_t Hkv, std::string_view caller);
+
 // The names users type for kernels and SIMD paths, for the CLI, Python and QKV_SIMD alike.
 // Kernel: "auto" (or "automatic"), "reference", "fused". Simd: "auto" (or "automatic" or ""),
 // "avx512", "avx2", "neon", "scalar". Throws qkv::Error "<what> must be 'auto', ..., got '<text>'".

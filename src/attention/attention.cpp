@@ -41,9 +41,7 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (s.Dv <= 0) throw Error("value head dim Dv must be at least 1, got 0");
   if (s.D > kMaxHeadDim || s.Dv > kMaxHeadDim)
     throw Error(fmt::format("head dims D = {} and Dv = {} must be at most {} (kMaxHeadDim)", s.D, s.Dv, kMaxHeadDim));
-  if (s.H <= 0 || s.Hkv <= 0) throw Error(fmt::format("head counts must be positive: H = {}, Hkv = {}", s.H, s.Hkv));
-  if (s.H % s.Hkv != 0)
-    throw Error(fmt::format("query heads H = {} must be a multiple of key/value heads Hkv = {}", s.H, s.Hkv));
+  require_head_groups(s.H, s.Hkv, "attention");
   require_scale(options.scale, "attention");
   check_dropout(options.dropout, "attention");
 

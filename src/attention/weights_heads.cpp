@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "attention/top_k.h"
+#include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/weights.h"
 
@@ -29,8 +30,7 @@ void check_rows(TensorView<const float> q, TensorView<const float> k) {
                             shape_string(q.shape()), shape_string(k.shape())));
   if (k.dim(2) != q.dim(2))
     throw Error(fmt::format("attention rows: q has D = {} but k has D = {}", q.dim(2), k.dim(2)));
-  if (k.dim(0) == 0 || q.dim(0) % k.dim(0) != 0)
-    throw Error(fmt::format("attention rows: H = {} is not a multiple of Hkv = {}", q.dim(0), k.dim(0)));
+  require_head_groups(q.dim(0), k.dim(0), "attention rows");
   if (k.dim(1) == 0) throw Error("attention rows: no keys");
   if (k.dim(1) > INT32_MAX) throw Error(fmt::format("attention rows: M = {} keys is more than 2^31 - 1", k.dim(1)));
 }

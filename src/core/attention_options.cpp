@@ -36,6 +36,12 @@ void require_scale(const std::optional<double>& scale, std::string_view caller) 
         fmt::format("{}: scale must be finite and at most FLT_MAX (3.4e38) in magnitude, got {}", caller, *scale));
 }
 
+void require_head_groups(int64_t H, int64_t Hkv, std::string_view caller) {
+  if (H <= 0 || Hkv <= 0 || H % Hkv != 0)
+    throw Error(
+        fmt::format("{}: H = {} query heads is not a positive multiple of Hkv = {} key/value heads", caller, H, Hkv));
+}
+
 Kernel parse_kernel(std::string_view text, std::string_view what) {
   for (Kernel k : {Kernel::automatic, Kernel::reference, Kernel::fused})
     if (text == kernel_name(k)) return k;

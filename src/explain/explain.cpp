@@ -106,8 +106,7 @@ Explanation projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, M
                         Matrix b_o, const StepOptions& options) {
   check_tokens(tokens, x.rows, "X");
   const int64_t E = x.cols;
-  if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0)
-    throw Error(fmt::format("heads: H = {} must be a positive multiple of Hkv = {}", num_heads, num_kv_heads));
+  require_head_groups(num_heads, num_kv_heads, "heads");
   if (w_q.rows != E || w_k.rows != E || w_v.rows != E)
     throw Error(fmt::format("W_q, W_k, W_v must have E = {} rows (the width of X), got {}, {}, {}", E, w_q.rows,
                             w_k.rows, w_v.rows));

@@ -279,8 +279,8 @@ class BackwardTile : BackwardOps<Ops> {
   // does (large_scores.h): row r of st is query row `row` + r against kᵀ; their low parts go to slo_.
   void refine_large(int64_t row, int64_t rows, int64_t j0, int64_t cols, const float* qp, const float* kt, bool every) {
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
-    refine_scores(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, slo_, T, rows, T,
-                  large_score_limit(p_.scale), every, wide_);
+    refine_scores<Ops>(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, slo_, T, rows, T,
+                       large_score_limit(p_.scale), every, wide_);
   }
 
   // Dropout (qkv/dropout.h) with out = (P ∘ Z / (1 − p)) · v for the keep-mask Z: the gradient

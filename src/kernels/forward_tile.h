@@ -309,8 +309,8 @@ class ForwardTile {
   // for softmax(), through adjust() where elementwise terms follow.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
     lo_block_ = true;
-    refine_scores(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
-                  qvecs_ * L, large_score_limit(p_.scale), every, wide_);
+    refine_scores<Ops>(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
+                       qvecs_ * L, large_score_limit(p_.scale), every, wide_);
   }
 
   // Keep-mask, bias, ALiBi and softcap, through MaskEval itself (the definition), in band only;

@@ -121,43 +121,84 @@ inline Refine refine_extent(const float* size_a, int64_t rows, const float* size
   return Refine::none;
 }
 
-constexpr int64_t kWideCols = 64;          // columns of one pass: 8 Wide per row
+constexpr int64_t kWideCols = 64;          // columns of one refine_scores block: 8 Wide per row
 constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of scores below this
-constexpr int kRefineRows = 3;             // rows of a pass: 24 accumulators
+constexpr int kRefineRows = 3;             // rows of a pass, sharing each load of bt
 
-// acc[r][v] = Σ_d a_r[d·a_stride] · bt[d·kWideCols + 8v .. 8v + 8) for d < kdim, v < NV, in
-// double in the order of d; bt is already widened (refine_scores), since converting it at every
-// use put a vcvtps2pd beside every two FMAs. R rows share each load of bt; NV is a template
-// parameter so that the accumulators stay in registers.
-template <int R, int NV>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim,
-               Wide (&acc)[R][kWideCols / 8]) {
-  Wide sum[R][NV] = {};
+// Doubles in one of a family's vector registers (Ops::kLanes floats; at least one double), as a
+// GCC vector type. Wide itself is 64 bytes: where that is wider than a register, GCC lowered its
+// arithmetic element by element through the stack, and S3 with q·50 ran 15x slower than with
+// ordinary scores on AVX2 (Zen 3, measured). The sums run in this type instead.
+template <int Bytes>
+struct RegisterDoubles;
+template <>
+struct RegisterDoubles<64> {
+  using type = double __attribute__((vector_size(64)));
+};
+template <>
+struct RegisterDoubles<32> {
+  using type = double __attribute__((vector_size(32)));
+};
+template <>
+struct RegisterDoubles<16> {
+  using type = double __attribute__((vector_size(16)));
+};
+template <>
+struct RegisterDoubles<8> {
+  using type = double __attribute__((vector_size(8)));
+};
+template <class Ops>
+using DoubleReg = typename RegisterDoubles<std::clamp(4 * Ops::kLanes, 8, 64)>::type;
+
+// Registers of doubles one pass of wide_dots sums per row: as many as kRefineRows rows of them
+// keep in the registers a family's micro-tile keeps its accumulators in (Ops::kRows x Ops::kVecs).
+template <class Ops>
+constexpr int regs_per_pass() {
+  return std::clamp(Ops::kRows * Ops::kVecs / kRefineRows, 1,
+                    static_cast<int>(kWideCols * sizeof(double) / sizeof(DoubleReg<Ops>)));
+}
+
+// acc[r][x] = Σ_d a_r[d·a_stride] · bt[d·kWideCols + x] for d < kdim and the NV registers of
+// columns from x0, in double in the order of d; bt is already widened (refine_scores), since
+// converting it at every use put a vcvtps2pd beside every two FMAs. R rows share each load of bt;
+// NV is a template parameter so that the accumulators stay in registers. bt and acc are aligned
+// to a register, and read and written as registers: a memcpy went through the stack in 16-byte
+// halves (a stalled store forward at every load), and one of a sum kept every sum in memory.
+template <class Ops, int R, int NV>
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t x0,
+               double (&acc)[R][kWideCols]) {
+  using D = DoubleReg<Ops>;
+  D sum[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) sum[r][v] = D{};  // not `= {}`: GCC cleared that with rep stos
   for (int64_t d = 0; d < kdim; ++d) {
-    Wide b[NV];
-    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bt + d * kWideCols + 8 * v, sizeof b[v]);
+    const D* b = reinterpret_cast<const D*>(bt + d * kWideCols + x0);
     for (int r = 0; r < R; ++r) {
       const double ar = a[r][d * a_stride];
       for (int v = 0; v < NV; ++v) sum[r][v] += ar * b[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = sum[r][v];
+    for (int v = 0; v < NV; ++v) reinterpret_cast<D*>(&acc[r][x0])[v] = sum[r][v];
 }
 
-// The same for a count nv in [1, 8] known only at run time: one instance per count.
-template <int R, std::size_t... Counts>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t nv,
-               Wide (&acc)[R][kWideCols / 8], std::index_sequence<Counts...>) {
-  using Fn = void (*)(const float* const(&)[R], int64_t, const double*, int64_t, Wide(&)[R][kWideCols / 8]);
-  static constexpr Fn kByCount[] = {&wide_dots<R, static_cast<int>(Counts) + 1>...};
-  kByCount[nv - 1](a, a_stride, bt, kdim, acc);
+// The same for columns [0, n), n <= kWideCols known only at run time, in passes of at most
+// sizeof...(Counts) registers (one instance per count); columns up to n rounded up to a register.
+template <class Ops, int R, std::size_t... Counts>
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t n,
+               double (&acc)[R][kWideCols], std::index_sequence<Counts...>) {
+  using Fn = void (*)(const float* const(&)[R], int64_t, const double*, int64_t, int64_t, double(&)[R][kWideCols]);
+  static constexpr Fn kByCount[] = {&wide_dots<Ops, R, static_cast<int>(Counts) + 1>...};
+  constexpr int64_t kD = sizeof(DoubleReg<Ops>) / sizeof(double), kPass = sizeof...(Counts);
+  const int64_t regs = (n + kD - 1) / kD;
+  for (int64_t v0 = 0; v0 < regs; v0 += kPass)
+    kByCount[std::min(kPass, regs - v0) - 1](a, a_stride, bt, kdim, v0 * kD, acc);
 }
 
-template <int R>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t nv,
-               Wide (&acc)[R][kWideCols / 8]) {
-  wide_dots<R>(a, a_stride, bt, kdim, nv, acc, std::make_index_sequence<kWideCols / 8>{});
+template <class Ops, int R>
+void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t n,
+               double (&acc)[R][kWideCols]) {
+  wide_dots<Ops, R>(a, a_stride, bt, kdim, n, acc, std::make_index_sequence<regs_per_pass<Ops>()>{});
 }
 
 // Row r < rows of the scores s (at s + r·lds; columns x < n <= 64): where size_a[r] · sizes[x] >
@@ -174,19 +215,23 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // score − s rounded to float (0 where s is not finite or past kLowPartLimit); 0 elsewhere. The softmax adds it
 // to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
 // rounding of a score of ~100 (docs/accuracy.md).
-inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt,
-                          int64_t ldb, const float* sizes, int64_t kdim, float scale, float* s, float* s_lo,
-                          int64_t lds, int64_t rows, int64_t n, float limit, bool every, double* wide) {
+template <class Ops>
+void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float* size_a, const float* bt, int64_t ldb,
+                   const float* sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t rows,
+                   int64_t n, float limit, bool every, double* wide) {
   const float nmax = largest(sizes, n);
   const int64_t nv = (n + 7) / 8;
   const Narrow limits = Narrow{} + limit;
+  const Wide scales = Wide{} + static_cast<double>(scale);  // once: built per row, it went through the stack
   if (s_lo && !every) std::fill(s_lo, s_lo + rows * lds, 0.0f);
   // Row r's chosen scores from acc, 8 at a time (the tail past n compares zero norms).
-  auto write = [&](int64_t r, const Wide* acc) {
+  auto write = [&](int64_t r, const double* acc) {
     for (int64_t v = 0; v < nv; ++v) {
       Narrow nx, old;
+      Wide w;
       std::memcpy(&nx, sizes + 8 * v, sizeof nx);
-      const Wide w = acc[v] * static_cast<double>(scale);
+      std::memcpy(&w, acc + 8 * v, sizeof w);
+      w *= scales;
       const Narrow fresh = __builtin_convertvector(w, Narrow);
       // convertvector both ways: GCC 12 folded the element-wise double(float(w)) back into w in
       // the AVX-512 family, and the residual came out as w − w. Not past 2^16: there the part
@@ -223,8 +268,8 @@ inline void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const
   auto flush = [&]<int R>(std::integral_constant<int, R>) {
     const float* rows_a[R];
     for (int i = 0; i < R; ++i) rows_a[i] = a + group[i] * a_row;
-    Wide acc[R][kWideCols / 8];
-    wide_dots<R>(rows_a, a_stride, wide, kdim, nv, acc);
+    alignas(64) double acc[R][kWideCols];
+    wide_dots<Ops, R>(rows_a, a_stride, wide, kdim, 8 * nv, acc);
     for (int i = 0; i < R; ++i) write(group[i], acc[i]);
   };
   for (int64_t r = 0; r < rows; ++r) {

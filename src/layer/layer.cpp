@@ -8,6 +8,7 @@
 
 #include "core/blas.h"
 #include "layer/layer_shapes.h"
+#include "qkv/attention_options.h"
 
 namespace qkv {
 namespace {
@@ -36,9 +37,7 @@ LayerConfig resolve(const LayerConfig& in) {
     return c;
   }
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
-  if (c.num_heads % c.num_kv_heads != 0)
-    throw Error(
-        fmt::format("layer: num_heads = {} must be a multiple of num_kv_heads = {}", c.num_heads, c.num_kv_heads));
+  require_head_groups(c.num_heads, c.num_kv_heads, "layer: num_heads, num_kv_heads");
   if (c.head_dim == 0) {
     if (c.embed_dim % c.num_heads != 0)
       throw Error(fmt::format("layer: embed_dim = {} is not divisible by num_heads = {}; set head_dim", c.embed_dim,

@@ -117,7 +117,7 @@ def test_decode_reports_the_bound_and_both_caches(run):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--decode", "1,4,3,64,32"], "H = 4 is not a multiple of Hkv = 3"),
+    (["--decode", "1,4,3,64,32"], "H = 4 query heads is not a positive multiple of Hkv = 3"),
     (["--decode", "1,4,2"], "expected B,H,Hkv,M,D (5 values)"),
     (["--decode", "1,4,2,0,32"], "0 is outside 1 to 16777216"),
     (["--decode", "1,4,2,64,32", "--kv-dtype", "f8"], "dtype must be 'f32', 'bf16', 'f16' or 'i8', got 'f8'"),

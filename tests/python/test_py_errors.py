@@ -43,7 +43,7 @@ def test_mismatched_shapes():
         sdpa(q, k, v[:6])
     with pytest.raises(ValueError, match="must have the same rank"):
         sdpa(q[None], k, v)
-    with pytest.raises(ValueError, match=r"q \[3, 5, 4\] has 3 heads, which is not a multiple of k's 2 heads"):
+    with pytest.raises(ValueError, match=r"q \[3, 5, 4\] and k \[2, 7, 4\]: H = 3 query heads is not a positive multiple of Hkv = 2"):
         sdpa(np.stack([q] * 3), np.stack([k] * 2), np.stack([v] * 2))
     with pytest.raises(ValueError, match="different batch sizes"):
         sdpa(q[None, None], np.stack([k[None]] * 2), np.stack([v[None]] * 2))

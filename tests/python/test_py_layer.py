@@ -159,7 +159,7 @@ def test_save_and_load_round_trip(tmp_path):
 def test_bad_layer_arguments():
     with pytest.raises(ValueError, match="embed_dim = 10 is not divisible by num_heads = 3"):
         qkv.MultiHeadAttention(10, 3)
-    with pytest.raises(ValueError, match="num_heads = 4 must be a multiple of num_kv_heads = 3"):
+    with pytest.raises(ValueError, match="num_heads, num_kv_heads: H = 4 query heads is not a positive multiple of Hkv = 3"):
         qkv.MultiHeadAttention(12, 4, num_kv_heads=3)
     with pytest.raises(TypeError):
         qkv.MultiHeadAttention("12")

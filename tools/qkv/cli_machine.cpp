@@ -49,10 +49,10 @@ void print_machine(const std::vector<MachineFigures>& figures) {
         mib(m.l3_bytes), m.l3_source, mib(evict), static_cast<double>(evict) / static_cast<double>(m.l3_bytes));
   else
     fmt::print("  L3 not reported; cold-cache eviction and bandwidth buffer {} (the floor)\n", mib(evict));
-  fmt::print("  peaks, GFLOP/s best (median) of {} runs:\n", figures.empty() ? 0
-                                                                       : std::max({figures[0].avx512.rates.size(),
-                                                                                   figures[0].avx2.rates.size(),
-                                                                                   figures[0].bf16.rates.size()}));
+  fmt::print("  peaks, GFLOP/s best (median) of {} runs:\n",
+             figures.empty() ? 0
+                             : std::max({figures[0].avx512.rates.size(), figures[0].avx2.rates.size(),
+                                         figures[0].bf16.rates.size()}));
   fmt::print("  {:>7} {:>18} {:>18} {:>18}\n", "threads", "fp32 AVX-512", "fp32 AVX2", "bf16 dot (vdpbf16ps)");
   for (const MachineFigures& f : figures)
     fmt::print("  {:>7} {} {} {}\n", f.threads, rate(f.avx512), rate(f.avx2), rate(f.bf16));

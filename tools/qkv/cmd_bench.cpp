@@ -104,7 +104,7 @@ DecodeShape parse_decode_shape(const std::string& text) {
     if (x < 1 || x > (int64_t{1} << 24))
       throw Error(fmt::format("--decode: {} is outside 1 to 16777216 in '{}'", x, text));
   const DecodeShape s{v[0], v[1], v[2], v[3], v[4]};
-  if (s.H % s.Hkv != 0) throw Error(fmt::format("--decode: H = {} is not a multiple of Hkv = {}", s.H, s.Hkv));
+  require_head_groups(s.H, s.Hkv, "--decode");
   const double bytes = 4.0 * 2.0 * s.B * s.Hkv * s.M * s.D;  // the cache at fp32
   if (bytes > kMaxBytes)
     throw Error(fmt::format("--decode: '{}' needs {:.1f} GB of cache at fp32 (at most 4)", text, bytes / 1e9));
