@@ -12,13 +12,15 @@ FILTER=$1
 ROUNDS=$2
 shift 2
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# The AVX2 group (avx2/...) is registered only with --avx2.
+case $FILTER in avx2/*) GROUP=--avx2 ;; *) GROUP= ;; esac
 for round in $(seq "$ROUNDS"); do
   for bin in "$@"; do
     # qkv_bench reports cpu_s_per_iter and flops_per_iter; qkv_backward_bench the rate itself,
     # CPU_FLOPS (both per CPU second), qkv_decode_bench cpu_us (divided by 1e-9 to cancel the
     # final 1e9); the micro-kernel benchmarks (one thread, nothing else in the process) only their
     # wall rate, FLOPS. Each becomes name|value|unit|divisor-value|divisor-unit.
-    "$bin" --benchmark_filter="$FILTER" --benchmark_report_aggregates_only=true 2>/dev/null | grep median |
+    "$bin" $GROUP --benchmark_filter="$FILTER" --benchmark_report_aggregates_only=true 2>/dev/null | grep median |
       sed -E -e 's/^([^ ]*)_median .*cpu_s_per_iter=([0-9.e+-]+)([munkMG]?) flops_per_iter=([0-9.e+-]+)([munkMG]?).*/\1|\4|\5|\2|\3/' \
         -e 's/^([^ ]*)_median .*CPU_FLOPS=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1|/' \
         -e 's/^([^ ]*)_median .*cpu_us=([0-9.e+-]+)([munkMG]?).*/\1|\2|\3|1e-9|/' \
