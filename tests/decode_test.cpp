@@ -265,17 +265,18 @@ TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
 
 TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
   test::Rng rng("Decode.Threads");
-  // Pages of 32 and 256 tokens: the two task orders of decode.cpp.
-  for (auto [dtype, page_tokens] : {std::pair{KVDtype::f32, 32}, std::pair{KVDtype::f16, 32},
-                                    std::pair{KVDtype::i8, 32}, std::pair{KVDtype::f16, 256}}) {
+  // Pages of 32 and 256 tokens: the two task orders of decode.cpp; f32 at D = 128 also takes the
+  // short blocks of wide rows (decode_block_keys).
+  for (auto [dtype, page_tokens, D] : {std::tuple{KVDtype::f32, 32, 128}, std::tuple{KVDtype::f16, 32, 64},
+                                       std::tuple{KVDtype::i8, 32, 64}, std::tuple{KVDtype::f16, 256, 64}}) {
     Case c;
     c.dtype = dtype;
-    c.Hkv = 2, c.G = 4, c.N = 3, c.D = 64, c.Dv = 64, c.page_tokens = page_tokens;
+    c.Hkv = 2, c.G = 4, c.N = 3, c.D = D, c.Dv = D, c.page_tokens = page_tokens;
     c.lens = {3001, 777, 5};
     c.options.attention.mask.causal = CausalAlign::bottom_right;
     c.options.sinks = {0.5f, -1, 2, 0, 1, 1, 1, 1};
     const Filled f = fill(rng, c);
-    const Tensor<float> q = rng.normal32({3, 8, 3, 64});
+    const Tensor<float> q = rng.normal32({3, 8, 3, D});
     for (Simd simd : test::available_paths()) {
       const Result one = run_decode(c, f, q, simd, 1);
       for (int threads : {2, 3, 100000}) {  // 100000: capped (resolve_num_threads), not a crash

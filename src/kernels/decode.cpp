@@ -189,6 +189,7 @@ bool decode(const DecodeParams& params, const int64_t* seq_lens, const float* si
   DecodeParams p = params;
   p.dvp = (p.Dv + 15) / 16 * 16;
   p.prefetch_keys = decode_prefetch_keys((p.D + p.Dv) * kv_dtype_bytes(p.dtype));
+  p.block_keys = decode_block_keys((p.D + p.Dv) * kv_dtype_bytes(p.dtype));
   const DecodePlan plan(p, seq_lens);
   launch(plan, kernel_family(path).decode, num_threads);
   return merge(plan, sinks, out, lse, num_threads);

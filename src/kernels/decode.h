@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 
 #include "kernels/mask_eval.h"
@@ -27,6 +28,17 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
   return std::clamp<int64_t>(4096 / std::max<int64_t>(row_bytes, 1), 8, 32);
 }
 
+// Keys per block (decode_tile.h): kDecodeBlock while a block's K and V rows (row_bytes: one key's
+// K and V row) fit in 32 KB, the L1 data cache of the smallest core measured; wider rows take
+// blocks of 16 KB, whole powers of two of at least 16 keys, so the rows the prefetch cursor
+// brings in for the next keys still fit beside them. Zen 3, D1 M = 32768 cold, f32 (1 KB a
+// key): 64-key blocks 19.3-20.0 ms per step (1 thread), 32 keys 20.1-20.3, 16 keys 17.2-17.6,
+// 8 keys 18.5-18.9; D8 20.7-21.0 → 18.1-18.2. f16 (512 bytes) at 32 keys was 8% slower than at 64.
+constexpr int64_t decode_block_keys(int64_t row_bytes) {
+  if (row_bytes * kDecodeBlock <= 32768) return kDecodeBlock;
+  return std::max<int64_t>(16, static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(16384 / row_bytes))));
+}
+
 // q: [B,H,N,D] (strides q_stride); pools as PagedKV. Rows of a task: r = (h - g·G)·N + i for the
 // G = H/Hkv query heads h of KV head g and the N queries i.
 struct DecodeParams {
@@ -44,6 +56,7 @@ struct DecodeParams {
   const detail::MaskEval* mask = nullptr;
   int64_t sink_tokens = 0;
   int64_t prefetch_keys = 0;  // decode_prefetch_keys of this cache's rows
+  int64_t block_keys = 0;     // decode_block_keys of this cache's rows
   // Row stride of a task's partial O (Dv rounded up to 16 floats).
   int64_t dvp = 0;
 };

@@ -114,9 +114,9 @@ class DecodeChunk {
     }
   }
 
-  // Keys of the block starting at j: up to kNb, within the chunk (a block may span pages: small
-  // pages would otherwise make short blocks, each paying the softmax and O update).
-  int64_t block_size(int64_t j) const { return std::min(kNb, t_.j1 - j); }
+  // Keys of the block starting at j: up to p_.block_keys, within the chunk (a block may span
+  // pages: small pages would otherwise make short blocks, each paying the softmax and O update).
+  int64_t block_size(int64_t j) const { return std::min(p_.block_keys, t_.j1 - j); }
 
   // One cursor runs p_.prefetch_keys ahead of the keys being scored and asks for the K and V rows (and
   // int8 scales) of one key per key scored, through the block table: the requests are spread
@@ -244,7 +244,7 @@ class DecodeChunk {
       }
     }
     for_row_tiles([&]<int R>(int64_t r0) {
-      constexpr int64_t C = std::max<int64_t>(1, std::min<int64_t>(8, 16 / R));
+      constexpr int64_t C = pv_vecs(R);
       int64_t e = 0;
       for (; e + C * L <= ve; e += C * L) pv_tile<kDt, R, C>(v, r0, e, nb, first);
       for (; e < ve; e += L) pv_tile<kDt, R, 1>(v, r0, e, nb, first);
@@ -314,6 +314,14 @@ class DecodeChunk {
     if (mask_.has_terms_after_softcap())
       for (int64_t jj = 0; jj < nb; ++jj)
         if (s[jj] != kNegInf) s[jj] = mask_.add_terms(s[jj], t_.b, head(r), query(r), j0 + jj);
+  }
+
+  // Vectors of O per row in a P·V tile of R rows: at most 16 accumulators and 8 vectors, and the
+  // R·C accumulators, C vectors of V and a broadcast of P all in the family's registers (with
+  // 4 × 4 on AVX2's 16, perf showed half the accumulators spilled to the stack every key). A
+  // power of two, so the tiles split each row of V at its cache lines.
+  static constexpr int64_t pv_vecs(int64_t R) {
+    return std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, std::min({int64_t{8}, 16 / R, (Ops::kRegisters - 1) / (R + 1)}))));
   }
 
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with

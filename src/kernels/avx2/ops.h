@@ -11,6 +11,7 @@ namespace {
 struct Avx2 {
   using V = __m256;
   static constexpr int kLanes = 8;
+  static constexpr int kRegisters = 16;  // ymm0-15
   // Micro-tile: 6 rows x 2 vectors = 12 accumulators + 2 B vectors + 1 broadcast of the 16 registers.
   static constexpr int kRows = 6, kVecs = 2;
   static constexpr int kKeyBlock = 64;

@@ -112,6 +112,7 @@ struct Avx512 {
   using PairDot = Bf16PairDot;
   using TileDot = AmxBf16;
   static constexpr int kLanes = 16;
+  static constexpr int kRegisters = 32;  // zmm0-31
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.
   static constexpr int kRows = 6, kVecs = 4;

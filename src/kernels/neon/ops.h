@@ -11,6 +11,7 @@ namespace {
 struct Neon {
   using V = float32x4_t;
   static constexpr int kLanes = 4;
+  static constexpr int kRegisters = 32;  // v0-v31
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors and a broadcast. Not tuned: speed is not measurable under qemu.
   static constexpr int kRows = 6, kVecs = 4;

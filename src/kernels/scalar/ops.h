@@ -12,6 +12,7 @@ namespace {
 struct Scalar {
   using V = float;
   static constexpr int kLanes = 1;
+  static constexpr int kRegisters = 16;  // x86-64's xmm0-15, the fewer of the two hosts
   static constexpr int kRows = 4, kVecs = 4;
   static constexpr int kKeyBlock = 64;
 
