@@ -1,7 +1,8 @@
 // One decode task, written once for every SIMD family: the keys [j0, j1) of one sequence and KV
 // head against the G·N query rows of that head's GQA group. Include after a family's
 // <isa>/ops.h, whose <Isa>Decode adds to its Ops hsum, hmax, reduce_lanes and the widening loads
-// load_f16, load_bf16, load_i8; it includes the softmax's e^x (softmax_columns.h) itself.
+// load_f16, load_bf16, load_i8 (and, where measured to help, keep_in_register); it includes the
+// softmax's e^x (softmax_columns.h) itself.
 //
 // The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
 // is loaded from the pool and widened to fp32 in registers once, and used there by a tile of up
@@ -284,7 +285,8 @@ class DecodeChunk {
         V kv[X];
         for (int64_t x = 0; x < X; ++x) kv[x] = load_kv<kDt>(kr[x], d);
         for (int64_t r = 0; r < R; ++r) {
-          const V qv = Ops::load(q + r * dp_ + d);
+          V qv = Ops::load(q + r * dp_ + d);
+          if constexpr (requires { Ops::keep_in_register(qv); }) Ops::keep_in_register(qv);
           for (int64_t x = 0; x < X; ++x) acc[r * X + x] = Ops::fma(qv, kv[x], acc[r * X + x]);
         }
       }
