@@ -117,6 +117,9 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   state.counters["GBps"] = bytes / step / 1e9;
   state.counters["cpu_us"] = cpu_step * 1e6;
   state.counters["bound_us"] = bound * 1e6;
+  // What one step reads and computes, for bench/targets.py's ceilings against its own peaks.
+  state.counters["step_bytes"] = bytes;
+  state.counters["step_flops"] = flops;
   state.counters["layers"] = static_cast<double>(kv.size());
 }
 
