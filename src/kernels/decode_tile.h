@@ -323,7 +323,8 @@ class DecodeChunk {
   // 4 × 4 on AVX2's 16, perf showed half the accumulators spilled to the stack every key). A
   // power of two, so the tiles split each row of V at its cache lines.
   static constexpr int64_t pv_vecs(int64_t R) {
-    return std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, std::min({int64_t{8}, 16 / R, (Ops::kRegisters - 1) / (R + 1)}))));
+    const int64_t fit = std::min({int64_t{8}, 16 / R, (Ops::kRegisters - 1) / (R + 1)});
+    return static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, fit))));
   }
 
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with
