@@ -188,8 +188,9 @@ bool decode(const DecodeParams& params, const int64_t* seq_lens, const float* si
             TensorView<float> lse, Simd path, int num_threads) {
   DecodeParams p = params;
   p.dvp = (p.Dv + 15) / 16 * 16;
-  p.prefetch_keys = decode_prefetch_keys((p.D + p.Dv) * kv_dtype_bytes(p.dtype));
-  p.block_keys = decode_block_keys((p.D + p.Dv) * kv_dtype_bytes(p.dtype));
+  const int64_t row_bytes = (p.D + p.Dv) * kv_dtype_bytes(p.dtype);  // one key's K and V row
+  p.prefetch_keys = decode_prefetch_keys(row_bytes);
+  p.block_keys = decode_block_keys(row_bytes);
   const DecodePlan plan(p, seq_lens);
   launch(plan, kernel_family(path).decode, num_threads);
   return merge(plan, sinks, out, lse, num_threads);
