@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 
+#include "kernels/large_scores_room.h"
 #include "kernels/params.h"
 
 namespace qkv::kernels {
@@ -44,7 +45,7 @@ struct BackwardLayout {
     dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
     kt = take(p.key_group * dp * t), vt = take(p.key_group * dvp * t), k = take(p.key_group * t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
-    wide = take(2 * s.D * t), s_lo = take(t * t);
+    wide = take(2 * refine_room(s.D)), s_lo = take(t * t);
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }

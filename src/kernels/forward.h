@@ -35,7 +35,7 @@ enum : int {
   p_pairs,  // P as bf16 pairs
   p_rows,   // P's pairs transposed, one row per query (the AMX tile product's A)
   k_sizes,  // |k| of each key of the task's kv head (large_scores.h)
-  wide,     // Qᵀ widened to double for large_scores.h's second sum
+  wide,     // Qᵀ and rows of K widened to double for large_scores.h's second sum
   s_lo,     // what rounding the second sums to float left, laid out as scores
 };
 }  // namespace forward_slot

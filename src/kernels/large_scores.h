@@ -17,6 +17,8 @@
 // k per task and a comparison per tile.
 #pragma once
 
+#include "kernels/large_scores_room.h"
+
 namespace qkv::kernels {
 namespace {
 
@@ -121,9 +123,7 @@ inline Refine refine_extent(const float* size_a, int64_t rows, const float* size
   return Refine::none;
 }
 
-constexpr int64_t kWideCols = 64;          // columns of one refine_scores block: 8 Wide per row
 constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of scores below this
-constexpr int kRefineRows = 3;             // rows of a pass, sharing each load of bt
 
 // Doubles in one of a family's vector registers (Ops::kLanes floats; at least one double), as a
 // GCC vector type. Wide itself is 64 bytes: where that is wider than a register, GCC lowered its
@@ -158,15 +158,16 @@ constexpr int regs_per_pass() {
                     static_cast<int>(kWideCols * sizeof(double) / sizeof(DoubleReg<Ops>)));
 }
 
-// acc[r][x] = Σ_d a_r[d·a_stride] · bt[d·kWideCols + x] for d < kdim and the NV registers of
-// columns from x0, in double in the order of d; bt is already widened (refine_scores), since
-// converting it at every use put a vcvtps2pd beside every two FMAs. R rows share each load of bt;
-// NV is a template parameter so that the accumulators stay in registers. bt and acc are aligned
-// to a register, and read and written as registers: a memcpy went through the stack in 16-byte
-// halves (a stalled store forward at every load), and one of a sum kept every sum in memory.
+// acc[r][x] = Σ_d a[r·kdim + d] · bt[d·kWideCols + x] for d < kdim and the NV registers of columns
+// from x0, in double in the order of d. Both are already widened (refine_scores): converting bt at
+// every use put a vcvtps2pd beside every two FMAs, and a row's float at every use a conversion and
+// a register broadcast beside every four, on the FMAs' ports (a broadcast from memory is a load).
+// R rows share each load of bt; NV is a template parameter so that the accumulators stay in
+// registers. bt and acc are aligned to a register, and read and written as registers: a memcpy went
+// through the stack in 16-byte halves (a stalled store forward at every load), and one of a sum
+// kept every sum in memory.
 template <class Ops, int R, int NV>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t x0,
-               double (&acc)[R][kWideCols]) {
+void wide_dots(const double* a, const double* bt, int64_t kdim, int64_t x0, double (&acc)[R][kWideCols]) {
   using D = DoubleReg<Ops>;
   D sum[R][NV];
   for (int r = 0; r < R; ++r)
@@ -174,7 +175,7 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
   for (int64_t d = 0; d < kdim; ++d) {
     const D* b = reinterpret_cast<const D*>(bt + d * kWideCols + x0);
     for (int r = 0; r < R; ++r) {
-      const double ar = a[r][d * a_stride];
+      const double ar = a[r * kdim + d];
       for (int v = 0; v < NV; ++v) sum[r][v] += ar * b[v];
     }
   }
@@ -185,20 +186,18 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // The same for columns [0, n), n <= kWideCols known only at run time, in passes of at most
 // sizeof...(Counts) registers (one instance per count); columns up to n rounded up to a register.
 template <class Ops, int R, std::size_t... Counts>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t n,
-               double (&acc)[R][kWideCols], std::index_sequence<Counts...>) {
-  using Fn = void (*)(const float* const(&)[R], int64_t, const double*, int64_t, int64_t, double(&)[R][kWideCols]);
+void wide_dots(const double* a, const double* bt, int64_t kdim, int64_t n, double (&acc)[R][kWideCols],
+               std::index_sequence<Counts...>) {
+  using Fn = void (*)(const double*, const double*, int64_t, int64_t, double(&)[R][kWideCols]);
   static constexpr Fn kByCount[] = {&wide_dots<Ops, R, static_cast<int>(Counts) + 1>...};
   constexpr int64_t kD = sizeof(DoubleReg<Ops>) / sizeof(double), kPass = sizeof...(Counts);
   const int64_t regs = (n + kD - 1) / kD;
-  for (int64_t v0 = 0; v0 < regs; v0 += kPass)
-    kByCount[std::min(kPass, regs - v0) - 1](a, a_stride, bt, kdim, v0 * kD, acc);
+  for (int64_t v0 = 0; v0 < regs; v0 += kPass) kByCount[std::min(kPass, regs - v0) - 1](a, bt, kdim, v0 * kD, acc);
 }
 
 template <class Ops, int R>
-void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, int64_t kdim, int64_t n,
-               double (&acc)[R][kWideCols]) {
-  wide_dots<Ops, R>(a, a_stride, bt, kdim, n, acc, std::make_index_sequence<regs_per_pass<Ops>()>{});
+void wide_dots(const double* a, const double* bt, int64_t kdim, int64_t n, double (&acc)[R][kWideCols]) {
+  wide_dots<Ops, R>(a, bt, kdim, n, acc, std::make_index_sequence<regs_per_pass<Ops>()>{});
 }
 
 // Row r < rows of the scores s (at s + r·lds; columns x < n <= 64): where size_a[r] · sizes[x] >
@@ -210,7 +209,8 @@ void wide_dots(const float* const (&a)[R], int64_t a_stride, const double* bt, i
 // exact, so both get the same bits. With `every` (the caller found that all
 // the scores pass), every column of every row is written and s need not hold anything before.
 // Rows of bt and s are read in whole groups of 8 columns: n rounded up to 8 must not pass ldb or
-// lds. wide: room for kdim·kWideCols doubles (64-byte aligned), where bt is widened once.
+// lds. wide: room for refine_room(kdim) doubles (64-byte aligned), where bt is widened once and
+// each pass's rows of a.
 // s_lo (optional, laid out as s, rows x lds): where a score is written, what its rounding left,
 // score − s rounded to float (0 where s is not finite or past kLowPartLimit); 0 elsewhere. The softmax adds it
 // to s − max (exact near the max), so the weights see the score to ~2⁻⁴⁸ rather than to one
@@ -266,10 +266,11 @@ void refine_scores(const float* a, int64_t a_row, int64_t a_stride, const float*
   int64_t group[kRefineRows];
   int count = 0;
   auto flush = [&]<int R>(std::integral_constant<int, R>) {
-    const float* rows_a[R];
-    for (int i = 0; i < R; ++i) rows_a[i] = a + group[i] * a_row;
+    double* const rows_a = wide + kWideCols * kdim;
+    for (int i = 0; i < R; ++i)
+      for (int64_t d = 0; d < kdim; ++d) rows_a[i * kdim + d] = a[group[i] * a_row + d * a_stride];
     alignas(64) double acc[R][kWideCols];
-    wide_dots<Ops, R>(rows_a, a_stride, wide, kdim, 8 * nv, acc);
+    wide_dots<Ops, R>(rows_a, wide, kdim, 8 * nv, acc);
     for (int i = 0; i < R; ++i) write(group[i], acc[i]);
   };
   for (int64_t r = 0; r < rows; ++r) {

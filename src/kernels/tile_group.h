@@ -51,7 +51,7 @@ void forward_group(const ForwardParams& p, const ForwardTask& task, Workspace& w
   }
   if (refine) {
     const float* sizes = key_sizes<In>(p, task, ws);
-    double* wide = ws.get<double>(forward_slot::wide, static_cast<std::size_t>(p.shape.D * kWideCols));
+    double* wide = ws.get<double>(forward_slot::wide, static_cast<std::size_t>(refine_room(p.shape.D)));
     float* s_lo =
         ws.get<float>(forward_slot::s_lo, static_cast<std::size_t>(Ops::kKeyBlock * column_read_stride(p.tile_rows)));
     for (int64_t t = 0; t < tiles; ++t) group[t].use_key_sizes(sizes, wide, s_lo);
