@@ -31,18 +31,18 @@ struct BackwardOps {
 
   // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
   // src + c·row_stride, element d at d·col_stride) for c < cols, 0 for the columns past them.
-  // Whole 16 x 16 blocks go through the family's register transpose where it has one (a scalar
-  // loop of strided loads was 7% of S2's backward).
+  // Whole blocks go through the family's register transpose where it has one (a scalar loop of
+  // strided loads was 7% of S2's backward).
   static void transpose_tile(float* dst, const float* src, int64_t row_stride, int64_t col_stride, int64_t width,
                              int64_t cols) {
     int64_t d0 = 0;
-    if constexpr (Ops::kHasTranspose16) {
-      static_assert(T % 16 == 0);
+    if constexpr (constexpr int64_t B = Ops::kTranspose; B > 0) {
+      static_assert(T % B == 0);
       if (col_stride == 1)
-        for (; d0 + 16 <= width; d0 += 16)
-          for (int64_t c0 = 0; c0 < T; c0 += 16) {
-            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, 16);  // rows past cols read as 0
-            Ops::transpose16(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T, 1.0f);
+        for (; d0 + B <= width; d0 += B)
+          for (int64_t c0 = 0; c0 < T; c0 += B) {
+            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, B);  // rows past cols read as 0
+            Ops::transpose(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T);
           }
     }
     for (int64_t d = d0; d < width; ++d) {

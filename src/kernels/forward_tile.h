@@ -160,12 +160,13 @@ class ForwardTile {
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
     int64_t d0 = 0;
-    if constexpr (Ops::kHasTranspose16 && std::is_same_v<In, float>) {
+    if constexpr (constexpr int64_t B = Ops::kTranspose; B > 0 && std::is_same_v<In, float>) {
+      static_assert(L % B == 0);  // blocks of B rows tile the lanes
       if (p_.q_stride.col == 1) {
-        for (; d0 + 16 <= s_.D; d0 += 16)
-          for (int64_t r0 = 0; r0 < lanes; r0 += 16)
-            Ops::transpose16(q_ + (i0_ + r0) * p_.q_stride.row + d0, p_.q_stride.row, std::min<int64_t>(16, rows_ - r0),
-                             qt_ + d0 * bq_ + r0, bq_, 1.0f);
+        for (; d0 + B <= s_.D; d0 += B)
+          for (int64_t r0 = 0; r0 < lanes; r0 += B)
+            Ops::transpose(q_ + (i0_ + r0) * p_.q_stride.row + d0, p_.q_stride.row, std::min<int64_t>(B, rows_ - r0),
+                           qt_ + d0 * bq_ + r0, bq_);
       }
     }
     for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
@@ -501,10 +502,11 @@ class ForwardTile {
   // The AMX form of accumulate_pairs' product: prows [lanes x kp] = ppairs transposed (one row
   // of pairs per query, A of the tile product), O rescaled by alpha first, then O += prows · vpairs.
   void accumulate_tiles(int64_t kp, int64_t lanes, bool first) {
+    static_assert(Ops::kTranspose == 16);  // the tile product's rows of 16 pairs
     for (int64_t k0 = 0; k0 < kp; k0 += 16)
       for (int64_t q0 = 0; q0 < lanes; q0 += 16)
-        Ops::transpose16(reinterpret_cast<const float*>(ppairs_ + k0 * bq_ + q0), bq_, 16,
-                         reinterpret_cast<float*>(prows_ + q0 * kp + k0), kp, 1.0f);
+        Ops::transpose(reinterpret_cast<const float*>(ppairs_ + k0 * bq_ + q0), bq_, 16,
+                       reinterpret_cast<float*>(prows_ + q0 * kp + k0), kp);
     if (!first)
       for (int64_t r = 0; r < lanes; ++r) {
         const V a = Ops::set1(alpha_[r]);

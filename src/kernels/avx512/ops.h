@@ -154,11 +154,12 @@ struct Avx512 {
   }
   static bool any_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
 
-  // dst[c * ld_dst + r] = scale · src[r * ld_src + c] for a 16 x 16 block whose first `rows`
-  // rows exist (the others read as 0): packing Q tiles costs ~0.4 instructions per element this
-  // way instead of ~2 for scalar gathers (6% of the time of many short heads, S2).
-  static constexpr bool kHasTranspose16 = true;
-  static void transpose16(const float* src, int64_t ld_src, int64_t rows, float* dst, int64_t ld_dst, float scale) {
+  // dst[c * ld_dst + r] = src[r * ld_src + c] for a kTranspose x kTranspose block whose first
+  // `rows` rows exist (the others read as 0; rows <= 0 reads nothing): packing Q tiles costs ~0.4
+  // instructions per element this way instead of ~2 for scalar gathers (6% of the time of many
+  // short heads, S2). The bits move untouched (the bf16 forward transposes P's pairs this way).
+  static constexpr int kTranspose = 16;
+  static void transpose(const float* src, int64_t ld_src, int64_t rows, float* dst, int64_t ld_dst) {
     V r[16], t[16];
     for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld_src) : _mm512_setzero_ps();
     for (int i = 0; i < 8; ++i) {
@@ -173,9 +174,7 @@ struct Avx512 {
       r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
       r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
     }
-    // scale 1 moves the bits untouched (the bf16 forward transposes P's pairs this way).
-    const V s = _mm512_set1_ps(scale);
-    auto out = [&](float* d, V x) { _mm512_storeu_ps(d, scale == 1.0f ? x : _mm512_mul_ps(x, s)); };
+    auto out = [](float* d, V x) { _mm512_storeu_ps(d, x); };
     for (int c = 0; c < 4; ++c) {
       const V x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
       const V x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD), y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);

@@ -49,7 +49,7 @@ struct Neon {
   static V neg_inf_to_zero(V m) {
     return vbslq_f32(vceqq_f32(m, vdupq_n_f32(-std::numeric_limits<float>::infinity())), vdupq_n_f32(0.0f), m);
   }
-  static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
+  static constexpr int kTranspose = 0;  // Q and key tiles are packed by plain loops
   // x == x is false only in NaN lanes.
   static bool any_nan(V x) { return vminvq_u32(vceqq_f32(x, x)) == 0; }
 };

@@ -41,7 +41,7 @@ struct Scalar {
   static V exp2(V x) { return std::exp2(x); }
   static V band_mask(V s, V j, V lo, V hi) { return lo <= j && j < hi ? s : -std::numeric_limits<float>::infinity(); }
   static V neg_inf_to_zero(V m) { return m == -std::numeric_limits<float>::infinity() ? 0.0f : m; }
-  static constexpr bool kHasTranspose16 = false;  // Q tiles are packed by plain loops
+  static constexpr int kTranspose = 0;  // Q and key tiles are packed by plain loops
   static bool any_nan(V x) { return std::isnan(x); }
 };
 
