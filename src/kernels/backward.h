@@ -64,8 +64,8 @@ struct BackwardLayout {
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
   int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;
-  // kᵀ of a key tile widened to double for large_scores.h's second sum, and the low parts of the
-  // scores it writes.
+  // kᵀ of a key tile and rows of q widened to double for large_scores.h's second sum, and the low
+  // parts of the scores it writes.
   int64_t wide = 0, s_lo = 0;
   int64_t total = 0;
 };

@@ -542,7 +542,7 @@ class BackwardTile : BackwardOps<Ops> {
   std::array<int64_t, T> lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
   std::array<float, T> ka_{};        // |k| of the current key tile's keys (0 past them), for refine_large
-  double* wide_;                     // refine_large's kᵀ in double (BackwardLayout::wide: D·T)
+  double* wide_;                     // refine_large's kᵀ and q rows in double (refine_room(D))
   float* slo_;                       // the scores' low parts, T·T, when lo_pair_
   bool lo_pair_ = false;             // whether slo_ holds the current pair's
   bool defer_ = false;               // whether dominant keys wait for the whole row (defer_dominant_keys)

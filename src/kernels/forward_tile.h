@@ -203,8 +203,8 @@ class ForwardTile {
   // Whether a score of the tile may pass the bound: then forward_group hands it |k| of every key
   // of the head, which refine_large reads.
   bool wants_key_sizes() const { return refine_; }
-  // wide, s_lo: room for large_scores.h to widen Qᵀ and rows of K (refine_room(D) doubles) and for the scores' low
-  // parts (kBc·bq floats), shared by the group's tiles.
+  // wide, s_lo: room for large_scores.h to widen Qᵀ and rows of K (refine_room(D) doubles) and
+  // for the scores' low parts (kBc·bq floats), shared by the group's tiles.
   void use_key_sizes(const float* sizes, double* wide, float* s_lo) {
     k_sizes_ = sizes;
     wide_ = wide;
