@@ -5,6 +5,7 @@
 
 #include "kernels/backward.h"
 #include "kernels/microkernel.h"
+#include "kernels/transpose_blocks.h"
 
 namespace qkv::kernels {
 namespace {
@@ -31,20 +32,10 @@ struct BackwardOps {
 
   // dst [width x T] = the key tile transposed: dst[d·T + c] = element d of row c (row c at
   // src + c·row_stride, element d at d·col_stride) for c < cols, 0 for the columns past them.
-  // Whole blocks go through the family's register transpose where it has one (a scalar loop of
-  // strided loads was 7% of S2's backward).
+  // Whole blocks go through the family's register transpose where it has one (transpose_blocks).
   static void transpose_tile(float* dst, const float* src, int64_t row_stride, int64_t col_stride, int64_t width,
                              int64_t cols) {
-    int64_t d0 = 0;
-    if constexpr (constexpr int64_t B = Ops::kTranspose; B > 0) {
-      static_assert(T % B == 0);
-      if (col_stride == 1)
-        for (; d0 + B <= width; d0 += B)
-          for (int64_t c0 = 0; c0 < T; c0 += B) {
-            const int64_t rows = std::clamp<int64_t>(cols - c0, 0, B);  // rows past cols read as 0
-            Ops::transpose(rows > 0 ? src + c0 * row_stride + d0 : src, row_stride, rows, dst + d0 * T + c0, T);
-          }
-    }
+    const int64_t d0 = col_stride == 1 ? transpose_blocks<Ops>(src, row_stride, cols, T, width, dst, T) : 0;
     for (int64_t d = d0; d < width; ++d) {
       for (int64_t c = 0; c < cols; ++c) dst[d * T + c] = src[c * row_stride + d * col_stride];
       std::fill(dst + d * T + cols, dst + (d + 1) * T, 0.0f);

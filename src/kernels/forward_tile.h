@@ -20,6 +20,7 @@
 #include "kernels/large_scores.h"
 #include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
+#include "kernels/transpose_blocks.h"
 #include "kernels/value_block.h"
 
 namespace qkv::kernels {
@@ -160,15 +161,9 @@ class ForwardTile {
   void pack_q() {
     const int64_t lanes = qvecs_ * L;
     int64_t d0 = 0;
-    if constexpr (constexpr int64_t B = Ops::kTranspose; B > 0 && std::is_same_v<In, float>) {
-      static_assert(L % B == 0);  // blocks of B rows tile the lanes
-      if (p_.q_stride.col == 1) {
-        for (; d0 + B <= s_.D; d0 += B)
-          for (int64_t r0 = 0; r0 < lanes; r0 += B)
-            Ops::transpose(q_ + (i0_ + r0) * p_.q_stride.row + d0, p_.q_stride.row, std::min<int64_t>(B, rows_ - r0),
-                           qt_ + d0 * bq_ + r0, bq_);
-      }
-    }
+    if constexpr (std::is_same_v<In, float>)
+      if (p_.q_stride.col == 1)
+        d0 = transpose_blocks<Ops>(q_ + i0_ * p_.q_stride.row, p_.q_stride.row, rows_, lanes, s_.D, qt_, bq_);
     for (int64_t d = d0; d < dk_; ++d) {  // d outer: the writes are contiguous
       Elem* qt = qt_ + d * bq_;
       for (int64_t r = 0; r < rows_; ++r) {

@@ -55,8 +55,7 @@ struct Avx2 {
     return _mm256_blendv_ps(m, _mm256_setzero_ps(), ninf);
   }
   // dst[c * ld_dst + r] = src[r * ld_src + c] for an 8 x 8 block whose first `rows` rows exist
-  // (the others read as 0; rows <= 0 reads nothing), as Avx512::transpose: packing Q with strided
-  // scalar loads took one element per ~2 cycles, 8.7% of S2's forward on Zen 3.
+  // (the others read as 0; rows <= 0 reads nothing), as Avx512::transpose (transpose_blocks.h).
   static constexpr int kTranspose = 8;
   static void transpose(const float* src, int64_t ld_src, int64_t rows, float* dst, int64_t ld_dst) {
     V r[8], t[8];

@@ -174,14 +174,13 @@ struct Avx512 {
       r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
       r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
     }
-    auto out = [](float* d, V x) { _mm512_storeu_ps(d, x); };
     for (int c = 0; c < 4; ++c) {
       const V x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
       const V x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD), y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-      out(dst + c * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0x88));
-      out(dst + (c + 8) * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0xDD));
-      out(dst + (c + 4) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0x88));
-      out(dst + (c + 12) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+      store(dst + c * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0x88));
+      store(dst + (c + 8) * ld_dst, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+      store(dst + (c + 4) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0x88));
+      store(dst + (c + 12) * ld_dst, _mm512_shuffle_f32x4(x1, y1, 0xDD));
     }
   }
 };
