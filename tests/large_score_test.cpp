@@ -168,6 +168,44 @@ TEST(LargeScores, BiasGradientAtDominantKeys) {
   }
 }
 
+// Softcap saturates both logits of a two-key row (large q, scores of either sign pairs), so each
+// key's weight is 1/2 and fp32 rounding can leave both just above it, where a dominant key is
+// looked for: the row's gradients must still sum to 0 with each key's own dS (the float64 oracle
+// gives ±dout·(v₁ − v₀)/4). Softcap 0.7792681 with an fp32 lse rounds both weights up (checked on
+// the scalar and AVX2 paths).
+TEST(LargeScores, BiasGradientWhenTwoKeysShareARowsWeight) {
+  test::Rng rng("LargeScores.BiasGradientWhenTwoKeysShareARowsWeight");
+  const int64_t B = 1, H = 3, N = 16, M = 2, D = 59, Dv = 3;
+  for (float softcap : {0.7792681f, 0.5f, 1.3f}) {
+    Tensor<float> q = rng.normal32({B, H, N, D}), k = rng.normal32({B, H, M, D}), v = rng.normal32({B, H, M, Dv});
+    const Tensor<float> dout = rng.normal32({B, H, N, Dv});
+    for (int64_t i = 0; i < q.numel(); ++i) q[i] *= 50.0f;
+    AttentionOptions options;
+    options.mask.softcap = softcap;
+    const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
+    const Tensor<double> v64 = to_contiguous<double>(v.cview()), dout64 = to_contiguous<double>(dout.cview());
+    Tensor<double> dq_ref({B, H, N, D}), dk_ref({B, H, M, D}), dv_ref({B, H, M, Dv}), dbias_ref({B, H, N, M});
+    reference_attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dbias_ref.view(), dout64.cview(),
+                                 q64.cview(), k64.cview(), v64.cview(), options);
+    double largest = 0;
+    for (int64_t i = 0; i < dbias_ref.numel(); ++i) largest = std::max(largest, std::abs(dbias_ref[i]));
+    for (Simd simd : test::available_paths())
+      for (int threads : {1, 2}) {
+        AttentionOptions o = options;
+        o.kernel = Kernel::fused;
+        o.simd = simd;
+        o.num_threads = threads;
+        Tensor<float> out({B, H, N, Dv}), lse({B, H, N}), dq({B, H, N, D}), dk({B, H, M, D}), dv({B, H, M, Dv});
+        Tensor<float> dbias({B, H, N, M});
+        attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), o);
+        attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), lse.cview(), o);
+        EXPECT_LE(max_err(dbias, dbias_ref), 2e-5 * (1 + largest))
+            << "softcap " << softcap << " on " << simd_path_name(simd) << ", " << threads << " threads";
+      }
+  }
+}
+
 // Large vectors with ordinary scores: q of norm ~500 against keys nearly orthogonal to it, so the
 // scaled scores are ~N(0, 3²) while |q|·|k|·scale is ~500. A sum over d in one fp32 chain rounds
 // at the partial sums' size, not the score's. Over 32 heads (one query row each), the mean error

@@ -425,16 +425,16 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // With large q (refine_) and whole rows, a row's dominant key (P > 1/2: at most one per row)
-  // takes its dS only once every key of the row is seen: dS_dom = −Σ of the other keys' dS (the
-  // logits' gradients sum to 0, as ΣP = 1 and D = ΣP·dP). Each of those carries D's rounding times
-  // its own P, so the dominant key gets it times 1 − P_dom, where P_dom·(dP − D) or
-  // dout·(v − out) gets all of out's rounding: with a near-one-hot row and q scaled by 50, one ulp
-  // of out took dk to 2.6x PyTorch's error (whose Σ P·dP cancels the same way;
-  // docs/accuracy.md). Here: the dominant key's dS leaves the tile's products (0) and the others' dS,
-  // before softcap's factor, join the row's sum in double, in key order.
-  // The sum runs in 8 double lanes (one serial chain of double adds cost 15% of q·50's backward),
-  // in a fixed order; columns past cols hold dS = 0.
+  // With large q (refine_) and whole rows, a row's dominant key (its first key of P > 1/2; two
+  // keys of weight 1/2 can both round past it) takes its dS only once every key of the row is
+  // seen: dS_dom = −Σ of the other keys' dS (the logits' gradients sum to 0, as ΣP = 1 and
+  // D = ΣP·dP). Each of those carries D's rounding times its own P, so the dominant key gets it
+  // times 1 − P_dom, where P_dom·(dP − D) or dout·(v − out) gets all of out's rounding: with a
+  // near-one-hot row and q scaled by 50, one ulp of out took dk to 2.6x PyTorch's error (whose
+  // Σ P·dP cancels the same way; docs/accuracy.md). Here: the dominant key's dS leaves the tile's
+  // products (0) and the others' dS, before softcap's factor, join the row's sum in double, in key
+  // order. The sum runs in 8 double lanes (one serial chain of double adds cost 15% of q·50's
+  // backward), in a fixed order; columns past cols hold dS = 0.
   void defer_dominant_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
     static_assert(T % 8 == 0);
     for (int64_t r = 0; r < rows; ++r) {
@@ -442,7 +442,7 @@ class BackwardTile : BackwardOps<Ops> {
       const float* pr = st_ + r * T;
       if (row_pmax_[r] > 0.5f)
         for (int64_t c = 0; c < cols; ++c)
-          if (pr[c] > 0.5f) {
+          if (pr[c] > 0.5f && dominant_[row + r] < 0) {
             dominant_[row + r] = j0 + c;
             dominant_cap_[row + r] = cap_ > 0 ? dcap_[r * T + c] : 1.0f;
             ds[c] = 0.0f;
@@ -480,7 +480,7 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // Otherwise a row's dominant key (P > 1/2: at most one per row) gets dP − D as dout · (v − out), which
+  // Otherwise each key of P > 1/2 in a row (one, or two of weight ~1/2) gets dP − D as dout · (v − out), which
   // is the same quantity in exact arithmetic: with a near-one-hot softmax dP and D are nearly
   // equal, their difference cancels and keeps only the two dot products' rounding, while
   // v − out is exact (Sterbenz) and small. That rounding, amplified by large q through dk, was the
