@@ -12,14 +12,7 @@
 #include <string>
 
 #include "qkv/error.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define QKV_TEST_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define QKV_TEST_UNDER_ASAN 1
-#endif
-#endif
+#include "sanitizers.h"
 
 namespace qkv::test {
 

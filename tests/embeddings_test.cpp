@@ -10,6 +10,7 @@
 
 #include "io_test_util.h"
 #include "qkv/embeddings.h"
+#include "sanitizers.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -296,12 +297,7 @@ TEST(Embeddings, CorruptedFilesNeverCrash) {
 // 2 TB file without newlines (sparse: zeros) is refused at once instead of scanned whole (before
 // the bound, a word2vec header followed by zeros took 14 s per 4 GiB: about 2 hours for 2 TB).
 TEST(Embeddings, SparseTwoTerabyteFilesAreRefusedWithinSeconds) {
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define QKV_TEST_UNDER_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__) || defined(QKV_TEST_UNDER_TSAN)
+#ifdef QKV_TEST_UNDER_TSAN
   // TSan reserves most of the address space for its shadow, so mapping 2 TB fails with ENOMEM
   // ("cannot map ...") before the bound this test is about is reached; the ASan and plain builds
   // run it.

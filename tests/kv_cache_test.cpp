@@ -19,6 +19,7 @@
 
 #include "qkv/kv_cache.h"
 #include "kv_storage_error.h"
+#include "sanitizers.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -350,6 +351,12 @@ long vm_size_kb() {
 // address space grows by the pool (large pools are mapped directly, in whole 2 MB huge pages; the
 // sizes here are multiples of 2 MB) and the heap by bookkeeping only.
 TEST(KVCache, AllocatesExactlyItsPool) {
+#ifdef QKV_TEST_UNDER_TSAN
+  // TSan's runtime maps memory for its own bookkeeping as the program runs (an append grew the
+  // address space by 512 KB there), so the process's size no longer measures the cache's; the
+  // plain and ASan builds run it.
+  GTEST_SKIP() << "the address space is TSan's to grow under ThreadSanitizer";
+#endif
   for (KVDtype dtype : {KVDtype::f32, KVDtype::i8}) {
     const KVCacheConfig c = config(dtype, 256, 64, 4, 128, 128);
     const long vm0 = vm_size_kb();
