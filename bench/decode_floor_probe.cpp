@@ -1,16 +1,18 @@
 // How close can a decode step on this machine come to its roofline bound, with the arithmetic a
 // KV head of D1 needs and no more? A probe for the decode kernel's design, built by `make bench`
-// as build/bench/qkv_decode_floor_probe (AVX-512 only; or by hand:
+// as build/bench/qkv_decode_floor_probe (AVX-512) and qkv_decode_floor_probe_avx2 (AVX2 + FMA),
+// each with the tiles of its family's kernel (decode_tile.h); or by hand:
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
-//   /tmp/decode_floor_probe)
-// One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in blocks
-// of 64 keys, as decode_tile.h does: a scores pass (4 query rows x 4 keys = 16 accumulators over
-// D, reduced by the kernel's transposing reduction and stored), then a P·V pass (two passes of
-// 64 columns, 4 rows x 4 vectors), with K and V rows asked for 8 keys ahead while scoring, or
-// not; and with each key's K and V rows side by side in one array (one stream instead of two, a
-// layout qkv's pools do not have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV
-// head's 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's roofline bound
-// is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
+//   /tmp/decode_floor_probe   (add -DQKV_FLOOR_PROBE_AVX2 for the AVX2 form)
+// One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in the
+// kernel's blocks (decode_block_keys: 16 of these keys), as decode_tile.h does: a scores pass (4 query rows x L/4 keys
+// = L accumulators over D, reduced by the kernel's transposing reduction and stored), then a P·V pass (4 rows x C
+// vectors at a time over the 128 columns), with K and V rows asked for 8 keys ahead while
+// scoring, or not; and with each key's K and V rows side by side in one array (one stream instead
+// of two, a layout qkv's pools do not have). No softmax, masks, merge or block table. It prints
+// ns per key (one key = one KV head's 1024 bytes) streaming from memory and with the rows in L2,
+// and the stream's rate; the kernel's roofline bound is 1024 bytes / the read bandwidth
+// (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
 // stream their own KV heads; it prints their total rate, min of 3.
@@ -26,75 +28,109 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/decode.h"
+#if defined(QKV_FLOOR_PROBE_AVX2)
+#include "kernels/avx2/reduce_lanes.h"
+#else
 #include "kernels/avx512/reduce_lanes.h"
+#endif
 
 namespace {
 
-constexpr long kRow = 128, kBlock = 64;
+constexpr long kRow = 128;
+constexpr long kBlock = qkv::kernels::decode_block_keys(2 * kRow * sizeof(float));  // the kernel's
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-using qkv::kernels::reduce_lanes_avx512;  // the kernel's Avx512Decode::reduce_lanes
+// The family's vectors and its kernel's tiles: X keys of the scores at a time (4 rows x X keys
+// = L accumulators), C vectors of O per row in P·V (decode_tile.h's pv_vecs).
+#if defined(QKV_FLOOR_PROBE_AVX2)
+struct Isa {
+  using V = __m256;
+  static constexpr int L = 8, X = 2, C = 2;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V reduce_lanes(const V* a) { return qkv::kernels::reduce_lanes_avx2(a); }  // the kernel's
+};
+#else
+struct Isa {
+  using V = __m512;
+  static constexpr int L = 16, X = 4, C = 4;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static V reduce_lanes(const V* a) { return qkv::kernels::reduce_lanes_avx512(a); }  // the kernel's
+};
+#endif
+using V = Isa::V;
+constexpr int L = Isa::L, X = Isa::X, C = Isa::C, R = 4;
 
 // Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
 // kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).
 template <bool kPrefetch, bool kInterleaved>
 __attribute__((noinline)) float run(const float* k, const float* v, long keys, long wrap) {
-  alignas(64) float q[4][kRow], s[4][kBlock];  // per thread (streams_at_once)
-  for (int r = 0; r < 4; ++r)
+  alignas(64) float q[R][kRow], s[R][kBlock];  // per thread (streams_at_once)
+  for (int r = 0; r < R; ++r)
     for (int d = 0; d < kRow; ++d) q[r][d] = 0.001f * static_cast<float>(r + d);
-  __m512 o[16];
-  for (auto& a : o) a = _mm512_setzero_ps();
+  V o[R * C];
+  for (auto& a : o) a = Isa::zero();
   auto row = [&](const float* base, long j) {
     if (kInterleaved) return k + (j & (wrap - 1)) * 2 * kRow + (base == v ? kRow : 0);
     return base + (j & (wrap - 1)) * kRow;
   };
   for (long j0 = 0; j0 < keys; j0 += kBlock) {
-    for (long j = j0; j < j0 + kBlock; j += 4) {
+    for (long j = j0; j < j0 + kBlock; j += X) {
       if (kPrefetch)
 #pragma GCC unroll 4
-        for (int x = 0; x < 4; ++x)
+        for (int x = 0; x < X; ++x)
 #pragma GCC unroll 8
           for (int b = 0; b < kRow * 4; b += 64) {
             _mm_prefetch(reinterpret_cast<const char*>(row(k, j + x + 8)) + b, _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(row(v, j + x + 8)) + b, _MM_HINT_T0);
           }
-      __m512 acc[16];
+      V acc[L];
 #pragma GCC unroll 16
-      for (auto& a : acc) a = _mm512_setzero_ps();
-#pragma GCC unroll 8
-      for (int d = 0; d < kRow; d += 16) {
-        __m512 kv[4];
+      for (auto& a : acc) a = Isa::zero();
+#pragma GCC unroll 16
+      for (int d = 0; d < kRow; d += L) {
+        V kv[X];
 #pragma GCC unroll 4
-        for (int x = 0; x < 4; ++x) kv[x] = _mm512_loadu_ps(row(k, j + x) + d);
+        for (int x = 0; x < X; ++x) kv[x] = Isa::load(row(k, j + x) + d);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const __m512 qv = _mm512_load_ps(&q[r][d]);
+        for (int r = 0; r < R; ++r) {
+          const V qv = Isa::load(&q[r][d]);
 #pragma GCC unroll 4
-          for (int x = 0; x < 4; ++x) acc[4 * r + x] = _mm512_fmadd_ps(qv, kv[x], acc[4 * r + x]);
+          for (int x = 0; x < X; ++x) acc[X * r + x] = Isa::fma(qv, kv[x], acc[X * r + x]);
         }
       }
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, reduce_lanes_avx512(acc));
-      for (int r = 0; r < 4; ++r) std::memcpy(&s[r][j - j0], lanes + 4 * r, 4 * sizeof(float));
+      alignas(64) float lanes[L];
+      Isa::store(lanes, Isa::reduce_lanes(acc));
+      for (int r = 0; r < R; ++r) std::memcpy(&s[r][j - j0], lanes + X * r, X * sizeof(float));
     }
-    for (int half = 0; half < 2; ++half)
+    for (int e = 0; e < kRow; e += C * L)
       for (long j = j0; j < j0 + kBlock; ++j) {
-        __m512 vv[4];
+        V vv[C];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) vv[c] = _mm512_loadu_ps(row(v, j) + 64 * half + 16 * c);
+        for (int c = 0; c < C; ++c) vv[c] = Isa::load(row(v, j) + e + L * c);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const __m512 p = _mm512_set1_ps(s[r][j - j0]);
+        for (int r = 0; r < R; ++r) {
+          const V p = Isa::set1(s[r][j - j0]);
 #pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) o[4 * r + c] = _mm512_fmadd_ps(p, vv[c], o[4 * r + c]);
+          for (int c = 0; c < C; ++c) o[C * r + c] = Isa::fma(p, vv[c], o[C * r + c]);
         }
       }
   }
-  __m512 t = o[0];
-  for (int i = 1; i < 16; ++i) t = _mm512_add_ps(t, o[i]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, t);
+  V t = o[0];
+  for (int i = 1; i < R * C; ++i) t = Isa::add(t, o[i]);
+  alignas(64) float lanes[L];
+  Isa::store(lanes, t);
   float sum = 0;
   for (float x : lanes) sum += x;
   return sum;

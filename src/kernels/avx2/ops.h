@@ -3,6 +3,7 @@
 // F16C (src/kernels/CMakeLists.txt); the library around it stays baseline.
 #pragma once
 
+#include "kernels/avx2/reduce_lanes.h"
 #include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
@@ -91,16 +92,7 @@ struct Avx2Decode : Avx2 {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
   }
-  // Lane j of the result = the sum of the lanes of a[j], j < 8 (as Avx512Decode::reduce_lanes).
-  static V reduce_lanes(const V* a) {
-    V c[4], d[2];
-    for (int i = 0; i < 4; ++i)
-      c[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 2; ++i)
-      d[i] = _mm256_add_ps(_mm256_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm256_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm256_add_ps(_mm256_permute2f128_ps(d[0], d[1], 0x20), _mm256_permute2f128_ps(d[0], d[1], 0x31));
-  }
+  static V reduce_lanes(const V* a) { return reduce_lanes_avx2(a); }
   // An opaque use of x, so GCC keeps it in a register: it otherwise folds a q vector of the
   // decode scores into each of its FMAs as a memory operand (10 loads per 8 FMAs); held once,
   // Zen 3's D1 steps took 2-6% less time (f16 hot 644 → 596-610 µs).
