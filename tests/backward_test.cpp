@@ -20,6 +20,8 @@
 namespace qkv {
 namespace {
 
+using test::max_abs;
+
 // One random attention problem with its masks' storage.
 struct Case {
   AttentionShape s;
@@ -119,16 +121,6 @@ double derivative(T* x, double h, const std::function<double()>& f) {
   const double d = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
   *x = x0;
   return d;
-}
-
-double max_abs(TensorView<const double> t) {
-  double m = 0.0;
-  const TensorView<const double> t4 = t.as_rank4();
-  for (int64_t a = 0; a < t4.dim(0); ++a)
-    for (int64_t b = 0; b < t4.dim(1); ++b)
-      for (int64_t c = 0; c < t4.dim(2); ++c)
-        for (int64_t d = 0; d < t4.dim(3); ++d) m = std::max(m, std::abs(t4(a, b, c, d)));
-  return m;
 }
 
 TEST(Backward, ReferenceMatchesFiniteDifferences) {

@@ -20,6 +20,8 @@
 namespace qkv {
 namespace {
 
+using test::max_abs;
+
 struct Case {
   KVDtype dtype = KVDtype::f32;
   int64_t Hkv = 1, G = 1, N = 1, D = 16, Dv = 16, page_tokens = 16;
@@ -129,12 +131,6 @@ void reference(const Case& c, const Tensor<float>& q, const std::vector<Tensor<f
         lse[(b * H + h) * c.N + i] = mx + std::log(sum);
       }
   }
-}
-
-double max_abs(const Tensor<double>& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
 }
 
 // max |a - b| over the outputs, and over the finite lse (an lse that is -inf must match exactly).

@@ -22,6 +22,8 @@
 namespace qkv {
 namespace {
 
+using test::max_abs;
+
 // FlashAttention's rule itself for all four. dk stays within it because (docs/accuracy.md) a
 // dominant key's dS carried out's rounding times the large q, softcap rounded the refined scores
 // again in fp32, and dP − D came from fp32 chains, and all three are fixed. Over 12 seeds: out 0.27, dq 0.27, dk 0.42,
@@ -125,6 +127,18 @@ TEST(LargeScores, FlashAttentionRuleOnEveryPathAndThreadCount) {
 // (P > 1/2), whose dS the backward settles after the whole row (defer_dominant_keys in
 // backward_tile.h) and writes to dbias then, and the bias goes through the refined scores' adjust
 // in double (adjust_refined). Against the float64 oracle, every path, 1 and 3 threads alike.
+// The float64 oracle's dL/d(bias) for dout ([B, H, N, M]).
+Tensor<double> reference_dbias(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
+                               const Tensor<float>& dout, const AttentionOptions& options) {
+  const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
+  const Tensor<double> v64 = to_contiguous<double>(v.cview()), dout64 = to_contiguous<double>(dout.cview());
+  Tensor<double> dq({q.dim(0), q.dim(1), q.dim(2), q.dim(3)}), dk({k.dim(0), k.dim(1), k.dim(2), k.dim(3)});
+  Tensor<double> dv({v.dim(0), v.dim(1), v.dim(2), v.dim(3)}), dbias({q.dim(0), q.dim(1), q.dim(2), k.dim(2)});
+  reference_attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout64.cview(), q64.cview(), k64.cview(),
+                               v64.cview(), options);
+  return dbias;
+}
+
 TEST(LargeScores, BiasGradientAtDominantKeys) {
   test::Rng rng("LargeScores.BiasGradientAtDominantKeys");
   const int64_t B = 2, H = 9, Hkv = 3, N = 3, M = 17, D = 40;
@@ -136,13 +150,8 @@ TEST(LargeScores, BiasGradientAtDominantKeys) {
     options.mask.causal = CausalAlign::top_left;
     options.mask.softcap = softcap;
     options.mask.bias = bias.cview();
-    const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
-    const Tensor<double> v64 = to_contiguous<double>(v.cview()), dout64 = to_contiguous<double>(dout.cview());
-    Tensor<double> dq_ref({B, H, N, D}), dk_ref({B, Hkv, M, D}), dv_ref({B, Hkv, M, D}), dbias_ref({B, H, N, M});
-    reference_attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dbias_ref.view(), dout64.cview(),
-                                 q64.cview(), k64.cview(), v64.cview(), options);
-    double largest = 0;
-    for (int64_t i = 0; i < dbias_ref.numel(); ++i) largest = std::max(largest, std::abs(dbias_ref[i]));
+    const Tensor<double> dbias_ref = reference_dbias(q, k, v, dout, options);
+    const double largest = max_abs(dbias_ref);
     std::printf("softcap %g: max |dbias| %.3g\n", softcap, largest);
     for (Simd simd : test::available_paths()) {
       Tensor<float> first;
@@ -182,13 +191,8 @@ TEST(LargeScores, BiasGradientWhenTwoKeysShareARowsWeight) {
     for (int64_t i = 0; i < q.numel(); ++i) q[i] *= 50.0f;
     AttentionOptions options;
     options.mask.softcap = softcap;
-    const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
-    const Tensor<double> v64 = to_contiguous<double>(v.cview()), dout64 = to_contiguous<double>(dout.cview());
-    Tensor<double> dq_ref({B, H, N, D}), dk_ref({B, H, M, D}), dv_ref({B, H, M, Dv}), dbias_ref({B, H, N, M});
-    reference_attention_backward(dq_ref.view(), dk_ref.view(), dv_ref.view(), dbias_ref.view(), dout64.cview(),
-                                 q64.cview(), k64.cview(), v64.cview(), options);
-    double largest = 0;
-    for (int64_t i = 0; i < dbias_ref.numel(); ++i) largest = std::max(largest, std::abs(dbias_ref[i]));
+    const Tensor<double> dbias_ref = reference_dbias(q, k, v, dout, options);
+    const double largest = max_abs(dbias_ref);
     for (Simd simd : test::available_paths())
       for (int threads : {1, 2}) {
         AttentionOptions o = options;

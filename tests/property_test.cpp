@@ -20,6 +20,8 @@
 namespace qkv {
 namespace {
 
+using test::max_abs;
+
 int64_t case_count() {
   if (const char* env = std::getenv("QKV_PROPERTY_CASES")) {
     const long long n = std::strtoll(env, nullptr, 10);
@@ -111,13 +113,6 @@ Errors forward_errors(const test::Problem& p, const test::Expected& e) {
 constexpr double kForwardTolerance = 2e-5;
 constexpr double kEps32 = 5.96e-8;
 
-double max_abs(TensorView<const float> t) {
-  const Tensor<double> c = to_contiguous<double>(t);
-  double m = 0;
-  for (int64_t i = 0; i < c.numel(); ++i) m = std::max(m, std::abs(c[i]));
-  return m;
-}
-
 // The tolerance for out (relative to 1 + max|ref|, as forward_errors measures it) and for lse.
 double forward_tolerance(const test::Problem& p, const test::Expected& e) {
   double max_ref = 0;
@@ -161,12 +156,6 @@ TEST(Property, FusedForwardMatchesReferenceOnEveryPath) {
         "out err");
   std::printf("  worst overall at %s\n", table["all"].where.c_str());
   EXPECT_EQ(table["all"].cases, cases * static_cast<int64_t>(paths.size()));
-}
-
-double max_abs(const Tensor<double>& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t[i]));
-  return m;
 }
 
 // max |got − want| / max(1, max|want|): relative to the gradient's scale, floored at the scale of

@@ -2,6 +2,8 @@
 // can be replayed with QKV_TEST_SEED=<seed>.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -73,6 +75,19 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
       EXPECT_NE(what.find(p), std::string::npos) << "message: " << what << "\nmissing: " << p;
     EXPECT_EQ(what.find('\n'), std::string::npos) << "the message should be one line: " << what;
   }
+}
+
+// max |x| over the elements of t, in any layout.
+template <class T>
+double max_abs(TensorView<const T> t) {
+  const Tensor<double> c = to_contiguous<double>(t);
+  double m = 0;
+  for (int64_t i = 0; i < c.numel(); ++i) m = std::max(m, std::abs(c[i]));
+  return m;
+}
+template <class T>
+double max_abs(const Tensor<T>& t) {
+  return max_abs(t.cview());
 }
 
 }  // namespace qkv::test
