@@ -122,11 +122,6 @@ TEST(LargeScores, FlashAttentionRuleOnEveryPathAndThreadCount) {
               worst[0], worst[1], worst[2], worst[3], kSlack[0], kSlack[1], kSlack[2], kSlack[3]);
 }
 
-// dL/dbias (= dS) with q·8 (every |q|·|k|·scale past large_scores.h's limit, yet weights not all
-// one-hot), with and without softcap, on rows of 1-17 keys: most rows have a dominant key
-// (P > 1/2), whose dS the backward settles after the whole row (defer_dominant_keys in
-// backward_tile.h) and writes to dbias then, and the bias goes through the refined scores' adjust
-// in double (adjust_refined). Against the float64 oracle, every path, 1 and 3 threads alike.
 // The float64 oracle's dL/d(bias) for dout ([B, H, N, M]).
 Tensor<double> reference_dbias(const Tensor<float>& q, const Tensor<float>& k, const Tensor<float>& v,
                                const Tensor<float>& dout, const AttentionOptions& options) {
@@ -139,6 +134,11 @@ Tensor<double> reference_dbias(const Tensor<float>& q, const Tensor<float>& k, c
   return dbias;
 }
 
+// dL/dbias (= dS) with q·8 (every |q|·|k|·scale past large_scores.h's limit, yet weights not all
+// one-hot), with and without softcap, on rows of 1-17 keys: most rows have a dominant key
+// (P > 1/2), whose dS the backward settles after the whole row (defer_dominant_keys in
+// backward_tile.h) and writes to dbias then, and the bias goes through the refined scores' adjust
+// in double (adjust_refined). Against the float64 oracle, every path, 1 and 3 threads alike.
 TEST(LargeScores, BiasGradientAtDominantKeys) {
   test::Rng rng("LargeScores.BiasGradientAtDominantKeys");
   const int64_t B = 2, H = 9, Hkv = 3, N = 3, M = 17, D = 40;
