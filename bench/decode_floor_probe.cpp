@@ -2,17 +2,17 @@
 // KV head of D1 needs and no more? A probe for the decode kernel's design, built by `make bench`
 // as build/bench/qkv_decode_floor_probe (AVX-512) and qkv_decode_floor_probe_avx2 (AVX2 + FMA),
 // each with the tiles of its family's kernel (decode_tile.h); or by hand:
-//   g++ -std=c++20 -O3 -march=native -pthread -I src -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp &&
-//   /tmp/decode_floor_probe   (add -DQKV_FLOOR_PROBE_AVX2 for the AVX2 form)
+//   g++ -std=c++20 -O3 -march=native -pthread -I src -I include -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp
+//   && /tmp/decode_floor_probe   (with -DQKV_FLOOR_PROBE_AVX2: the AVX2 form)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in the
-// kernel's blocks (decode_block_keys: 16 of these keys), as decode_tile.h does: a scores pass (4 query rows x L/4 keys
-// = L accumulators over D, reduced by the kernel's transposing reduction and stored), then a P·V pass (4 rows x C
-// vectors at a time over the 128 columns), with K and V rows asked for 8 keys ahead while
-// scoring, or not; and with each key's K and V rows side by side in one array (one stream instead
-// of two, a layout qkv's pools do not have). No softmax, masks, merge or block table. It prints
-// ns per key (one key = one KV head's 1024 bytes) streaming from memory and with the rows in L2,
-// and the stream's rate; the kernel's roofline bound is 1024 bytes / the read bandwidth
-// (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
+// kernel's blocks (decode_block_keys: 16 of these keys), as decode_tile.h does: a scores pass (4
+// query rows x L/4 keys = L accumulators over D, reduced by the kernel's transposing reduction and
+// stored), then a P·V pass (4 rows x C vectors at a time over the 128 columns), with K and V rows
+// asked for 8 keys ahead while scoring, or not; and with each key's K and V rows side by side in
+// one array (one stream instead of two, a layout qkv's pools do not have). No softmax, masks,
+// merge or block table. It prints ns per key (one key = one KV head's 1024 bytes) streaming from
+// memory and with the rows in L2, and the stream's rate; the kernel's roofline bound is 1024
+// bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
 // stream their own KV heads; it prints their total rate, min of 3.
@@ -30,9 +30,9 @@
 
 #include "kernels/decode.h"
 #if defined(QKV_FLOOR_PROBE_AVX2)
-#include "kernels/avx2/reduce_lanes.h"
+#include "kernels/avx2/ops.h"
 #else
-#include "kernels/avx512/reduce_lanes.h"
+#include "kernels/avx512/ops.h"
 #endif
 
 namespace {
@@ -42,35 +42,18 @@ constexpr long kBlock = qkv::kernels::decode_block_keys(2 * kRow * sizeof(float)
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// The family's vectors and its kernel's tiles: X keys of the scores at a time (4 rows x X keys
-// = L accumulators), C vectors of O per row in P·V (decode_tile.h's pv_vecs).
+// The family's operations, as its decode kernel has them, and the kernel's tiles: X = L / 4 keys
+// of the scores at a time (4 rows x X keys = L accumulators), C vectors of O per row in P·V
+// (decode_tile.h's pv_vecs for 4 rows).
 #if defined(QKV_FLOOR_PROBE_AVX2)
-struct Isa {
-  using V = __m256;
-  static constexpr int L = 8, X = 2, C = 2;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
-  static V reduce_lanes(const V* a) { return qkv::kernels::reduce_lanes_avx2(a); }  // the kernel's
-};
+using Isa = qkv::kernels::Avx2Decode;
+constexpr int C = 2;
 #else
-struct Isa {
-  using V = __m512;
-  static constexpr int L = 16, X = 4, C = 4;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
-  static V reduce_lanes(const V* a) { return qkv::kernels::reduce_lanes_avx512(a); }  // the kernel's
-};
+using Isa = qkv::kernels::Avx512Decode;
+constexpr int C = 4;
 #endif
 using V = Isa::V;
-constexpr int L = Isa::L, X = Isa::X, C = Isa::C, R = 4;
+constexpr int L = Isa::kLanes, R = 4, X = L / R;
 
 // Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
 // kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).

@@ -440,12 +440,13 @@ class BackwardTile : BackwardOps<Ops> {
     for (int64_t r = 0; r < rows; ++r) {
       float* ds = ds_ + r * T;
       const float* pr = st_ + r * T;
-      if (row_pmax_[r] > 0.5f)
+      if (row_pmax_[r] > 0.5f && dominant_[row + r] < 0)
         for (int64_t c = 0; c < cols; ++c)
-          if (pr[c] > 0.5f && dominant_[row + r] < 0) {
+          if (pr[c] > 0.5f) {
             dominant_[row + r] = j0 + c;
             dominant_cap_[row + r] = cap_ > 0 ? dcap_[r * T + c] : 1.0f;
             ds[c] = 0.0f;
+            break;
           }
       Wide sum{};
       for (int64_t c = 0; c < T; c += 8) {

@@ -3,7 +3,6 @@
 // is compiled for AVX-512 (src/kernels/CMakeLists.txt); the library around it stays baseline.
 #pragma once
 
-#include "kernels/avx512/reduce_lanes.h"
 #include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
@@ -190,7 +189,20 @@ struct Avx512 {
 struct Avx512Decode : Avx512 {
   static float hsum(V x) { return _mm512_reduce_add_ps(x); }
   static float hmax(V x) { return _mm512_reduce_max_ps(x); }
-  static V reduce_lanes(const V* a) { return reduce_lanes_avx512(a); }
+  // Lane j of the result = the sum of the lanes of a[j], j < 16: pairs, then quads within each
+  // 128-bit lane, then the four 128-bit lanes.
+  static V reduce_lanes(const V* a) {
+    V c[8], d[4], e[2];
+    for (int i = 0; i < 8; ++i)
+      c[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+      d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 2; ++i)
+      e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(d[2 * i], d[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
+  }
   static V load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
