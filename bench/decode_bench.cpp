@@ -1,6 +1,7 @@
 // Google Benchmark of decode_attention against a KV cache (include/qkv/decode.h), at 1 and 2 threads, on
 //   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype, in a
-//       contiguous cache (one page) and, at M = 32768, in pages of the cache's default size;
+//       contiguous cache (one page) and, at M = 32768, in pages of the cache's default size, each
+//       cold step of those paired with one of the contiguous cache's (counter vs_partner_pct);
 //   D8: 8 sequences of 4096 tokens in default-size pages (batched decode), f32, f16 and int8;
 //   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16, 64 and 256 tokens shuffled in the pool,
 //       and the same tokens in contiguous caches (one page per sequence); 2 threads.
@@ -71,44 +72,84 @@ void measure_ceilings() {
 
 // The caches a benchmark decodes in turn: one (hot) or enough that more than memory_probe_bytes()
 // are read between two visits of one (cold). Built once per benchmark name and kept while
-// Google Benchmark calls the benchmark again (repetitions), freed when the next one starts.
+// Google Benchmark calls the benchmark again (repetitions) and while the next thread count or a
+// paired benchmark (which alternates with a set built before it) uses the same set: the three sets
+// asked for last are kept, older ones freed.
 const std::vector<Setup>& layers(const std::string& name, KVDtype dtype, const std::vector<int64_t>& lens,
                                  int64_t page_tokens, bool shuffled, bool cold) {
-  static std::string built;
-  static std::vector<Setup> caches;
-  if (built != name) {
-    caches.clear();
-    int64_t tokens = 0;
-    for (int64_t len : lens) tokens += len;
-    const int count = cold ? cold_layers(dtype, tokens) : 1;
-    for (int layer = 0; layer < count; ++layer) caches.push_back(make_cache(dtype, lens, page_tokens, shuffled, layer));
-    built = name;
-  }
-  return caches;
+  static std::vector<std::pair<std::string, std::vector<Setup>>> kept;
+  for (auto& [built, caches] : kept)
+    if (built == name) return caches;
+  if (kept.size() == 3) kept.erase(kept.begin());
+  int64_t tokens = 0;
+  for (int64_t len : lens) tokens += len;
+  const int count = cold ? cold_layers(dtype, tokens) : 1;
+  std::vector<Setup> caches;
+  for (int layer = 0; layer < count; ++layer) caches.push_back(make_cache(dtype, lens, page_tokens, shuffled, layer));
+  kept.emplace_back(name, std::move(caches));
+  return kept.back().second;
 }
 
-void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int threads) {
+// One set of caches, the one a step decodes next.
+struct Stepper {
+  std::vector<PagedKV> kv;
+  std::size_t next = 0;
+  const PagedKV& take() {
+    const PagedKV& c = kv[next];
+    next = next + 1 == kv.size() ? 0 : next + 1;
+    return c;
+  }
+};
+
+Stepper stepper(const std::vector<Setup>& caches) {
+  Stepper s;
+  for (const Setup& c : caches) s.kv.push_back(c.cache->paged(c.ids));
+  return s;
+}
+
+// Steps through `caches` and reports each step against its roofline bound. With `partner` (a set
+// holding the same tokens another way), each iteration also takes a step of the partner, the two
+// in alternating order, and only the own step is timed (manual time): vs_partner_pct is the median
+// over iterations of own / partner - 1, a pair a few milliseconds apart, so a drift of the host's
+// memory between minutes moves both sides alike.
+void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int threads,
+                const std::vector<Setup>* partner = nullptr) {
   const int64_t B = static_cast<int64_t>(caches[0].ids.size());
   std::vector<float> q(B * kH * kD), out(B * kH * kD);
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   for (float& x : q) x = dist(rng);
-  std::vector<PagedKV> kv;
-  for (const Setup& s : caches) kv.push_back(s.cache->paged(s.ids));
+  Stepper own = stepper(caches), other = partner ? stepper(*partner) : Stepper{};
   DecodeOptions o;
   o.attention.num_threads = threads;
   o.attention.mask.causal = CausalAlign::bottom_right;
   const TensorView<const float> qv(q.data(), {B, kH, 1, kD});
   const TensorView<float> ov(out.data(), {B, kH, 1, kD});
-  for (const PagedKV& c : kv) decode_attention(ov, TensorView<float>(), qv, c, o);  // warm the threads and scratch
-  std::size_t next = 0;
+  for (const PagedKV& c : own.kv) decode_attention(ov, TensorView<float>(), qv, c, o);  // warm the threads and scratch
+  for (const PagedKV& c : other.kv) decode_attention(ov, TensorView<float>(), qv, c, o);
   const Timer timer{threads};
+  double wall = 0, cpu = 0;  // the own steps', with a partner
+  std::vector<double> ratios;
   for (auto _ : state) {
-    decode_attention(ov, TensorView<float>(), qv, kv[next], o);
-    next = next + 1 == kv.size() ? 0 : next + 1;
+    if (!partner) {
+      decode_attention(ov, TensorView<float>(), qv, own.take(), o);
+      continue;
+    }
+    double seconds[2] = {};
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool mine = (turn == 0) == (ratios.size() % 2 == 0);
+      const Timer t{threads};
+      decode_attention(ov, TensorView<float>(), qv, mine ? own.take() : other.take(), o);
+      seconds[mine ? 0 : 1] = t.wall_seconds();
+      if (mine) cpu += t.thread_seconds();
+    }
+    state.SetIterationTime(seconds[0]);
+    wall += seconds[0];
+    ratios.push_back(seconds[0] / seconds[1]);
   }
   const double iterations = static_cast<double>(state.iterations());
-  const double step = timer.wall_seconds() / iterations, cpu_step = timer.thread_seconds() / iterations;
+  const double step = (partner ? wall : timer.wall_seconds()) / iterations;
+  const double cpu_step = (partner ? cpu : timer.thread_seconds()) / iterations;
   const double bytes = kv_bytes(caches[0].cache->config().dtype, caches[0].tokens);
   const double flops = 4.0 * static_cast<double>(caches[0].tokens) * kH * kD;
   const double bound = std::max(bytes / g_read_bandwidth[threads], flops / g_fma_peak[threads]);
@@ -120,26 +161,40 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   // What one step reads and computes, for bench/targets.py's ceilings against its own peaks.
   state.counters["step_bytes"] = bytes;
   state.counters["step_flops"] = flops;
-  state.counters["layers"] = static_cast<double>(kv.size());
+  state.counters["layers"] = static_cast<double>(own.kv.size());
+  if (!ratios.empty()) {
+    std::sort(ratios.begin(), ratios.end());
+    state.counters["vs_partner_pct"] = 100.0 * (ratios[ratios.size() / 2] - 1.0);
+  }
 }
 
 void register_all() {
-  auto add = [](const std::string& name, auto fn) {
-    return benchmark::RegisterBenchmark(name.c_str(), fn)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->Repetitions(3)
-        ->ReportAggregatesOnly(true);
+  auto add = [](const std::string& name, bool manual_time, auto fn) {
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), fn);
+    if (manual_time)
+      b->UseManualTime();
+    else
+      b->UseRealTime();
+    return b->Unit(benchmark::kMicrosecond)->Repetitions(3)->ReportAggregatesOnly(true);
   };
-  // Each shape cold (streamed from memory, the target) and, at 2 threads, hot (one cache, partly in L3).
+  // Each shape cold (streamed from memory, the target) and, at 2 threads, hot (one cache, partly in
+  // L3). With a partner shape (same tokens, other pages), each cold step is paired with one of the
+  // partner's (run_decode). A set of caches is named by its shape and temperature, so the thread
+  // counts and a pair share it.
   auto add_decode = [&add](const std::string& shape, KVDtype dtype, const std::vector<int64_t>& lens,
-                           int64_t page_tokens, bool shuffled, std::vector<int> thread_counts) {
+                           int64_t page_tokens, bool shuffled, std::vector<int> thread_counts,
+                           const std::string& partner = "", int64_t partner_page_tokens = 0) {
     for (int threads : thread_counts)
       for (bool cold : {true, false}) {
         if (!cold && threads == 1) continue;
-        const std::string name = "decode/" + shape + (cold ? "/cold" : "/hot") + "/threads:" + std::to_string(threads);
-        add(name, [=](benchmark::State& state) {
-          run_decode(state, layers(name, dtype, lens, page_tokens, shuffled, cold), threads);
+        const std::string temperature = cold ? "/cold" : "/hot";
+        const std::string set = "decode/" + shape + temperature;
+        const bool paired = cold && !partner.empty();
+        add(set + "/threads:" + std::to_string(threads), paired, [=](benchmark::State& state) {
+          const std::vector<Setup>* other =
+              paired ? &layers("decode/" + partner + temperature, dtype, lens, partner_page_tokens, false, cold)
+                     : nullptr;
+          run_decode(state, layers(set, dtype, lens, page_tokens, shuffled, cold), threads, other);
         });
       }
   };
@@ -149,7 +204,8 @@ void register_all() {
     const std::string d = kv_dtype_name(dtype);
     for (int64_t M : {4096, 16384, 32768})  // contiguous: one page
       add_decode("D1/" + d + "/M:" + std::to_string(M), dtype, {M}, M, false, {1, 2});
-    add_decode("D1/" + d + "/M:32768" + paged, dtype, {32768}, page, false, {1, 2});
+    // The default pages against the contiguous cache, step by step (vs_partner_pct).
+    add_decode("D1/" + d + "/M:32768" + paged, dtype, {32768}, page, false, {1, 2}, "D1/" + d + "/M:32768", 32768);
   }
   for (KVDtype dtype : {KVDtype::f32, KVDtype::f16, KVDtype::i8})
     add_decode(std::string("D8/") + kv_dtype_name(dtype) + paged, dtype, std::vector<int64_t>(8, 4096), page, false,
