@@ -10,8 +10,8 @@ lowers a peak run, so the best is the closest to the machine's, and no kernel ca
 more than 100% of it. The read bandwidth is the median, over the invocations, of each one's best
 sustained figure (a median of passes).
 
-The plain read runs right after each invocation of the probe; the two are compared invocation by
-invocation (the median of the paired ratios), so a machine whose bandwidth drifts between minutes
+The plain read runs right after each invocation of the probe and takes the same statistic (the
+best median of 1, 2, 4 and 8 streams per thread); the two are compared invocation by invocation (the median of the paired ratios), so a machine whose bandwidth drifts between minutes
 moves both sides of each pair alike.
 
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
@@ -111,7 +111,8 @@ def main():
                 f"invocations, spread {spread[t]:.1f}%; first invocation by streams per thread {streams})")
         if t in plain:
             p, diff = plain[t]
-            line += f"; a plain read {p / 1e9:.1f} GB/s (median of {len(plains)}, each right after an invocation; the probe against it, pair by pair: {diff:+.1f}%)"
+            line += (f"; a plain read {p / 1e9:.1f} GB/s (its best of 1-8 streams per thread, median of {len(plains)}, "
+                     f"each right after an invocation; the probe against it, pair by pair: {diff:+.1f}%)")
         print(line)
     print()
 
