@@ -53,7 +53,7 @@ template <int S>
 // Built for the widest vectors the CPU has (chosen at load time), so the check runs on every x86-64
 // machine; the template above is inlined into each clone and compiled for its instruction set.
 __attribute__((noinline, target_clones("avx512f", "avx2", "default"))) float sum(const float* p, std::size_t n,
-                                                                                  int streams) {
+                                                                                 int streams) {
   switch (streams) {
     case 1:
       return sum_parts<1>(p, n);
