@@ -1,7 +1,8 @@
 // Google Benchmark of decode_attention against a KV cache (include/qkv/decode.h), at 1 and 2 threads, on
 //   D1: B = 1, H = 32, Hkv = 8, D = 128, one query, M = 4096, 16384, 32768, per storage dtype, in a
 //       contiguous cache (one page) and, at M = 32768, in pages of the cache's default size, each
-//       cold step of those paired with one of the contiguous cache's (counter vs_partner_pct);
+//       cold step of those paired with one of the contiguous cache's, and each cold int8 step at
+//       M >= 16384 with one of f16's (counter vs_partner_pct);
 //   D8: 8 sequences of 4096 tokens in default-size pages (batched decode), f32, f16 and int8;
 //   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16, 64 and 256 tokens shuffled in the pool,
 //       and the same tokens in contiguous caches (one page per sequence); 2 threads.
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -178,22 +180,27 @@ void register_all() {
     return b->Unit(benchmark::kMicrosecond)->Repetitions(3)->ReportAggregatesOnly(true);
   };
   // Each shape cold (streamed from memory, the target) and, at 2 threads, hot (one cache, partly in
-  // L3). With a partner shape (same tokens, other pages), each cold step is paired with one of the
-  // partner's (run_decode). A set of caches is named by its shape and temperature, so the thread
-  // counts and a pair share it.
+  // L3). With a partner (the same tokens in other pages or another storage type), each cold step
+  // is paired with one of the partner's (run_decode). A set of caches is named by its shape and
+  // temperature, so the thread counts and a pair share it.
+  struct Partner {
+    std::string shape;
+    KVDtype dtype;
+    int64_t page_tokens;
+  };
   auto add_decode = [&add](const std::string& shape, KVDtype dtype, const std::vector<int64_t>& lens,
                            int64_t page_tokens, bool shuffled, std::vector<int> thread_counts,
-                           const std::string& partner = "", int64_t partner_page_tokens = 0) {
+                           std::optional<Partner> partner = std::nullopt) {
     for (int threads : thread_counts)
       for (bool cold : {true, false}) {
         if (!cold && threads == 1) continue;
         const std::string temperature = cold ? "/cold" : "/hot";
         const std::string set = "decode/" + shape + temperature;
-        const bool paired = cold && !partner.empty();
+        const bool paired = cold && partner.has_value();
         add(set + "/threads:" + std::to_string(threads), paired, [=](benchmark::State& state) {
-          const std::vector<Setup>* other =
-              paired ? &layers("decode/" + partner + temperature, dtype, lens, partner_page_tokens, false, cold)
-                     : nullptr;
+          const std::vector<Setup>* other = paired ? &layers("decode/" + partner->shape + temperature, partner->dtype,
+                                                             lens, partner->page_tokens, false, cold)
+                                                   : nullptr;
           run_decode(state, layers(set, dtype, lens, page_tokens, shuffled, cold), threads, other);
         });
       }
@@ -202,10 +209,16 @@ void register_all() {
   const std::string paged = "/paged" + std::to_string(page);
   for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
     const std::string d = kv_dtype_name(dtype);
-    for (int64_t M : {4096, 16384, 32768})  // contiguous: one page
-      add_decode("D1/" + d + "/M:" + std::to_string(M), dtype, {M}, M, false, {1, 2});
-    // The default pages against the contiguous cache, step by step (vs_partner_pct).
-    add_decode("D1/" + d + "/M:32768" + paged, dtype, {32768}, page, false, {1, 2}, "D1/" + d + "/M:32768", 32768);
+    for (int64_t M : {4096, 16384, 32768}) {  // contiguous: one page
+      const std::string shape = "D1/" + d + "/M:" + std::to_string(M);
+      // int8 at M >= 16k against f16, step by step (the int8 target is f16's step time over int8's).
+      std::optional<Partner> f16;
+      if (dtype == KVDtype::i8 && M >= 16384) f16 = Partner{"D1/f16/M:" + std::to_string(M), KVDtype::f16, M};
+      add_decode(shape, dtype, {M}, M, false, {1, 2}, f16);
+    }
+    // The default pages against the contiguous cache, step by step.
+    add_decode("D1/" + d + "/M:32768" + paged, dtype, {32768}, page, false, {1, 2},
+               Partner{"D1/" + d + "/M:32768", dtype, 32768});
   }
   for (KVDtype dtype : {KVDtype::f32, KVDtype::f16, KVDtype::i8})
     add_decode(std::string("D8/") + kv_dtype_name(dtype) + paged, dtype, std::vector<int64_t>(8, 4096), page, false,

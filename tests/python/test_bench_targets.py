@@ -1,6 +1,7 @@
 """bench/targets.py, the end of `make bench`, on made-up results: the probe is compared with the plain
-read invocation by invocation, and the default pages with the contiguous cache by the paired steps
-when decode_bench measured them, by the two benchmarks' medians only in older results."""
+read invocation by invocation; the default pages against the contiguous cache, and int8 against f16,
+by the paired steps when decode_bench measured them, by the two benchmarks' medians only in older
+results."""
 import json
 import re
 import subprocess
@@ -73,3 +74,19 @@ def test_pages_against_contiguous_by_the_paired_steps(tmp_path):
         r.pop("vs_partner_pct", None)
     out = targets(tmp_path, [20e9], [20e9], decode)  # results from before the pairing
     assert row(out, work, 2) == ("+20%", "not met")
+
+
+def test_int8_against_f16_by_the_paired_steps(tmp_path):
+    decode = []
+    for t in (1, 2):
+        for M in (16384, 32768):
+            # The medians say int8 takes as long as f16; its steps beside f16's say 20% less time.
+            decode.append(record(f"D1/f16/M:{M}/cold/threads:{t}", 1000.0))
+            decode.append(record(f"D1/i8/M:{M}/cold/threads:{t}", 1000.0, vs_partner_pct=-20.0))
+    out = targets(tmp_path, [20e9], [20e9], decode)
+    work = "decode int8: f16's step time / int8's, M ≥ 16k"
+    assert row(out, work, 1)[0].startswith("1.25×"), out
+    for r in decode:
+        r.pop("vs_partner_pct", None)
+    out = targets(tmp_path, [20e9], [20e9], decode)
+    assert row(out, work, 2)[0].startswith("1.00×"), out
