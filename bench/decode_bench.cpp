@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <list>
 #include <memory>
 #include <optional>
 #include <random>
@@ -73,16 +74,20 @@ void measure_ceilings() {
 }
 
 // The caches a benchmark decodes in turn: one (hot) or enough that more than memory_probe_bytes()
-// are read between two visits of one (cold). Built once per benchmark name and kept while
-// Google Benchmark calls the benchmark again (repetitions) and while the next thread count or a
-// paired benchmark (which alternates with a set built before it) uses the same set: the three sets
-// asked for last are kept, older ones freed.
+// are read between two visits of one (cold). Built once per name and kept while Google Benchmark
+// calls the benchmark again (repetitions) and while the next thread count or a paired benchmark
+// (which alternates with a set built before it) uses it: the three sets used last are kept, the
+// others freed. A list, so a set stays where it is while others come and go (a paired benchmark
+// holds its partner's while asking for its own).
 const std::vector<Setup>& layers(const std::string& name, KVDtype dtype, const std::vector<int64_t>& lens,
                                  int64_t page_tokens, bool shuffled, bool cold) {
-  static std::vector<std::pair<std::string, std::vector<Setup>>> kept;
-  for (auto& [built, caches] : kept)
-    if (built == name) return caches;
-  if (kept.size() == 3) kept.erase(kept.begin());
+  static std::list<std::pair<std::string, std::vector<Setup>>> kept;  // least recently used first
+  for (auto it = kept.begin(); it != kept.end(); ++it)
+    if (it->first == name) {
+      kept.splice(kept.end(), kept, it);
+      return it->second;
+    }
+  if (kept.size() == 3) kept.pop_front();
   int64_t tokens = 0;
   for (int64_t len : lens) tokens += len;
   const int count = cold ? cold_layers(dtype, tokens) : 1;
@@ -121,6 +126,10 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   for (float& x : q) x = dist(rng);
+  if (partner != nullptr && (partner->size() < 1 || (*partner)[0].tokens != caches[0].tokens)) {
+    state.SkipWithError("the partner set does not hold this set's tokens");
+    return;
+  }
   Stepper own = stepper(caches), other = partner ? stepper(*partner) : Stepper{};
   DecodeOptions o;
   o.attention.num_threads = threads;
