@@ -126,7 +126,7 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   for (float& x : q) x = dist(rng);
-  if (partner != nullptr && (partner->size() < 1 || (*partner)[0].tokens != caches[0].tokens)) {
+  if (partner != nullptr && (partner->empty() || (*partner)[0].tokens != caches[0].tokens)) {
     state.SkipWithError("the partner set does not hold this set's tokens");
     return;
   }

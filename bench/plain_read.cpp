@@ -4,9 +4,7 @@
 // of each pass is the bytes read by all over the time until the last finishes. 11 passes of each
 // stream count, alternating; the median per count, and the best of those, at 1 and 2 threads. The
 // probe reports the best median of the same four counts, so the two figures are the same statistic
-// (a best of four medians sits above any one median when the counts are close: comparing the
-// probe's best with one count's median here put it 6-12% above on a Zen 3 whose counts were
-// within 3% of each other).
+// (a best of four noisy medians sits above any one of them when the counts are close).
 // Prints one JSON line: {"threads_1": best bytes/s, "threads_2": ..., "by_streams_1": {"1": median,
 // ...}, "by_streams_2": {...}}. `make bench` prints the probe's figure beside it.
 #include <sys/mman.h>

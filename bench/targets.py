@@ -11,8 +11,10 @@ more than 100% of it. The read bandwidth is the median, over the invocations, of
 sustained figure (a median of passes).
 
 The plain read runs right after each invocation of the probe and takes the same statistic (the
-best median of 1, 2, 4 and 8 streams per thread); the two are compared invocation by invocation (the median of the paired ratios), so a machine whose bandwidth drifts between minutes
-moves both sides of each pair alike.
+best median of 1, 2, 4 and 8 streams per thread); the two are compared invocation by invocation
+(the median of the paired ratios), so a machine whose bandwidth drifts between minutes moves both
+sides of each pair alike. Likewise the decode rows that compare two layouts or storage types take
+decode_bench's paired steps (vs_partner_pct) where it measured them.
 
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
        [--backward backward.json] [--decode decode.json] [--avx2 avx2.json avx2_backward.json]"""
@@ -134,6 +136,10 @@ def main():
         b = dec.get(f"decode/{name}/cold/threads:{t}")
         return seconds(b) if b else None
 
+    def dec_paired(name, t):  # % by which name's steps outlast their partner's, each pair side by side
+        b = dec.get(f"decode/{name}/cold/threads:{t}")
+        return b.get("vs_partner_pct") if b else None
+
     # A decode step's floor: its bytes at the read bandwidth or its FMAs at the FMA peak, whichever
     # takes longer (the int8 and 16-bit steps can be bound by their arithmetic on a core with fast
     # memory and 256-bit FMAs).
@@ -154,11 +160,10 @@ def main():
     for t in (1, 2):
         vals, caps = [], []
         for M in (16384, 32768):
-            # Each int8 step beside an f16 one when decode_bench paired them (older results: the two
-            # benchmarks' medians).
-            b = dec.get(f"decode/D1/i8/M:{M}/cold/threads:{t}")
-            if b and "vs_partner_pct" in b:
-                vals.append(1 / (1 + b["vs_partner_pct"] / 100))
+            # Older results, without the pairs: the two benchmarks' medians.
+            pct = dec_paired(f"D1/i8/M:{M}", t)
+            if pct is not None:
+                vals.append(1 / (1 + pct / 100))
             else:
                 f16, i8 = dec_time(f"D1/f16/M:{M}", t), dec_time(f"D1/i8/M:{M}", t)
                 vals.append(f16 / i8 if f16 and i8 else None)
@@ -170,14 +175,11 @@ def main():
     for t in (1, 2):
         vals = []
         for d in ("f32", "bf16", "f16", "i8"):
-            # Each paged step beside a contiguous one when decode_bench paired them (older results:
-            # the two benchmarks' medians, taken seconds or minutes apart).
-            b = dec.get(f"decode/D1/{d}/M:32768/paged{page}/cold/threads:{t}")
-            if b and "vs_partner_pct" in b:
-                vals.append(b["vs_partner_pct"])
-                continue
-            p, c = dec_time(f"D1/{d}/M:32768/paged{page}", t), dec_time(f"D1/{d}/M:32768", t)
-            vals.append(100 * (p / c - 1) if p and c else None)
+            pct = dec_paired(f"D1/{d}/M:32768/paged{page}", t)
+            if pct is None:  # older results: the two benchmarks' medians, taken seconds or minutes apart
+                p, c = dec_time(f"D1/{d}/M:32768/paged{page}", t), dec_time(f"D1/{d}/M:32768", t)
+                pct = 100 * (p / c - 1) if p and c else None
+            vals.append(pct)
         row(f"decode in default pages ({page} tokens) vs contiguous, M = 32k, time", t, vals, "≤ +5%",
             lambda v: v <= 5, "{:+.0f}")
     for t in (1, 2):
