@@ -6,6 +6,9 @@
 //   D8: 8 sequences of 4096 tokens in default-size pages (batched decode), f32, f16 and int8;
 //   D2: 8 sequences of 1k-32k tokens, f16, in pages of 16, 64 and 256 tokens shuffled in the pool,
 //       and the same tokens in contiguous caches (one page per sequence); 2 threads.
+// Each other cold step is paired with a plain read of as many bytes from memory, read as the
+// probe reads (counters read_pct, read_GBps): the host's memory drifts by a quarter between
+// minutes, so a step is judged against the bandwidth of the same moment.
 // Before any benchmark the same binary measures the ceilings at each thread count: the read
 // bandwidth (probe_read_bandwidth, qkv/machine_info.h: the best of 1-8 streams per thread, median
 // of 11 passes over memory_probe_bytes()) and the FMA peak (measure_peak: best of 5), recorded in
@@ -33,8 +36,9 @@
 
 #include <sys/resource.h>
 
-#include "fma_peak.h"
+#include "core/huge_pages.h"
 #include "decode_caches.h"
+#include "fma_peak.h"
 #include "qkv/kv_cache.h"
 #include "qkv/machine.h"
 
@@ -44,6 +48,7 @@ namespace {
 // The ceilings at 1 and 2 threads (index = threads), measured once before the benchmarks.
 double g_read_bandwidth[3] = {};  // bytes/s
 double g_fma_peak[3] = {};        // flop/s
+int g_read_streams[3] = {};       // the probe's best stream count per thread
 
 double process_cpu_seconds() {
   rusage u{};
@@ -63,7 +68,9 @@ struct Timer {
 void measure_ceilings() {
   const PeakIsa isa = best_peak_isa();
   for (int threads : {1, 2}) {
-    g_read_bandwidth[threads] = probe_read_bandwidth(threads, memory_probe_bytes(), 11).best;
+    const BandwidthProbe probe = probe_read_bandwidth(threads, memory_probe_bytes(), 11);
+    g_read_bandwidth[threads] = probe.best;
+    g_read_streams[threads] = probe.best_streams;
     g_fma_peak[threads] = measure_peak(threads, isa, 5, 0.2).best;
     const std::string t = std::to_string(threads);
     benchmark::AddCustomContext("read_bandwidth_threads_" + t, std::to_string(g_read_bandwidth[threads]));
@@ -114,12 +121,55 @@ Stepper stepper(const std::vector<Setup>& caches) {
   return s;
 }
 
-// Steps through `caches` and reports each step against its roofline bound. With `partner` (a set
-// holding the same tokens another way), each iteration also takes a step of the partner, the two
-// in alternating order, and only the own step is timed (manual time): vs_partner_pct is the median
-// over iterations of own / partner - 1, a pair a few milliseconds apart, so a drift of the host's
-// memory between minutes moves both sides alike.
-void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int threads,
+// A plain read of about a step's bytes from memory, as the probe reads (streaming_sum with its
+// best stream count): windows of one buffer in turn, the buffer memory_probe_bytes() longer than a
+// window, so more than that is read between two visits of one window. Allocated as the pools are.
+class PlainRead {
+ public:
+  PlainRead(double bytes, int threads)
+      : threads_(threads), streams_(g_read_streams[threads]), window_(window(bytes, threads)) {
+    windows_ = 1 + (memory_probe_bytes() / static_cast<int64_t>(sizeof(float)) + window_ - 1) / window_;
+    buffer_ = std::make_unique<detail::HugePageFloats>(window_ * windows_, "decode bench plain read");
+    std::fill(buffer_->data(), buffer_->data() + window_ * windows_, 1.0f);  // not the shared zero page
+  }
+  bool fits(double bytes, int threads) const { return threads == threads_ && window(bytes, threads) == window_; }
+  // Reads the next window; returns the bytes read.
+  double next() {
+    benchmark::DoNotOptimize(streaming_sum(buffer_->data() + window_ * at_, window_, threads_, streams_));
+    at_ = at_ + 1 == windows_ ? 0 : at_ + 1;
+    return static_cast<double>(window_) * sizeof(float);
+  }
+
+ private:
+  // Floats per read: `bytes` rounded down to streaming_sum's granularity.
+  static int64_t window(double bytes, int threads) {
+    const int64_t unit = int64_t{64} * g_read_streams[threads] * threads;
+    return std::max(unit, static_cast<int64_t>(bytes / sizeof(float)) / unit * unit);
+  }
+  int threads_, streams_;
+  int64_t window_, windows_ = 0, at_ = 0;
+  std::unique_ptr<detail::HugePageFloats> buffer_;
+};
+
+// The PlainRead for a step of `bytes` on `threads`: the last one made, while it fits (Google
+// Benchmark calls a benchmark several times, and writing the buffer takes a while).
+PlainRead& plain_read(double bytes, int threads) {
+  static std::unique_ptr<PlainRead> kept;
+  if (!kept || !kept->fits(bytes, threads)) {
+    kept.reset();
+    kept = std::make_unique<PlainRead>(bytes, threads);
+  }
+  return *kept;
+}
+
+// Steps through `caches` and reports each step against its roofline bound. A cold step is paired:
+// with `partner` (a set holding the same tokens another way) each iteration also takes a step of
+// the partner, without one a PlainRead of as many bytes; the two in alternating order, and only
+// the own step timed (manual time). vs_partner_pct is the median over iterations of own / partner
+// - 1; read_pct the median of the step's bytes per second as a % of the read's, read_GBps the
+// read's median. A pair is a few milliseconds apart, so a drift of the host's memory between
+// minutes moves both sides alike.
+void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int threads, bool cold,
                 const std::vector<Setup>* partner = nullptr) {
   const int64_t B = static_cast<int64_t>(caches[0].ids.size());
   std::vector<float> q(B * kH * kD), out(B * kH * kD);
@@ -131,6 +181,8 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
     return;
   }
   Stepper own = stepper(caches), other = partner ? stepper(*partner) : Stepper{};
+  const double bytes = kv_bytes(caches[0].cache->config().dtype, caches[0].tokens);
+  PlainRead* read = cold && !partner ? &plain_read(bytes, threads) : nullptr;
   DecodeOptions o;
   o.attention.num_threads = threads;
   o.attention.mask.causal = CausalAlign::bottom_right;
@@ -138,30 +190,39 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   const TensorView<float> ov(out.data(), {B, kH, 1, kD});
   for (const PagedKV& c : own.kv) decode_attention(ov, TensorView<float>(), qv, c, o);  // warm the threads and scratch
   for (const PagedKV& c : other.kv) decode_attention(ov, TensorView<float>(), qv, c, o);
+  if (read) read->next();
+  const bool paired = partner || read;
   const Timer timer{threads};
-  double wall = 0, cpu = 0;  // the own steps', with a partner
-  std::vector<double> ratios;
+  double wall = 0, cpu = 0;              // the own steps', when paired
+  std::vector<double> ratios, read_pct;  // own / partner seconds; own bytes/s as a % of the read's
+  std::vector<double> read_rates;        // the read's bytes/s
   for (auto _ : state) {
-    if (!partner) {
+    if (!paired) {
       decode_attention(ov, TensorView<float>(), qv, own.take(), o);
       continue;
     }
-    double seconds[2] = {};
+    double seconds[2] = {}, read_bytes = 0;
     for (int turn = 0; turn < 2; ++turn) {
       const bool mine = (turn == 0) == (ratios.size() % 2 == 0);
       const Timer t{threads};
-      decode_attention(ov, TensorView<float>(), qv, mine ? own.take() : other.take(), o);
+      if (mine || partner)
+        decode_attention(ov, TensorView<float>(), qv, mine ? own.take() : other.take(), o);
+      else
+        read_bytes = read->next();
       seconds[mine ? 0 : 1] = t.wall_seconds();
       if (mine) cpu += t.thread_seconds();
     }
     state.SetIterationTime(seconds[0]);
     wall += seconds[0];
     ratios.push_back(seconds[0] / seconds[1]);
+    if (read) {
+      read_rates.push_back(read_bytes / seconds[1]);
+      read_pct.push_back(100.0 * bytes / seconds[0] / read_rates.back());
+    }
   }
   const double iterations = static_cast<double>(state.iterations());
-  const double step = (partner ? wall : timer.wall_seconds()) / iterations;
-  const double cpu_step = (partner ? cpu : timer.thread_seconds()) / iterations;
-  const double bytes = kv_bytes(caches[0].cache->config().dtype, caches[0].tokens);
+  const double step = (paired ? wall : timer.wall_seconds()) / iterations;
+  const double cpu_step = (paired ? cpu : timer.thread_seconds()) / iterations;
   const double flops = 4.0 * static_cast<double>(caches[0].tokens) * kH * kD;
   const double bound = std::max(bytes / g_read_bandwidth[threads], flops / g_fma_peak[threads]);
   state.counters["roofline_pct"] = 100.0 * bound / step;
@@ -173,9 +234,10 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
   state.counters["step_bytes"] = bytes;
   state.counters["step_flops"] = flops;
   state.counters["layers"] = static_cast<double>(own.kv.size());
-  if (!ratios.empty()) {
-    std::sort(ratios.begin(), ratios.end());
-    state.counters["vs_partner_pct"] = 100.0 * (ratios[ratios.size() / 2] - 1.0);
+  if (partner && !ratios.empty()) state.counters["vs_partner_pct"] = 100.0 * (median(ratios) - 1.0);
+  if (read && !read_rates.empty()) {
+    state.counters["read_pct"] = median(read_pct);
+    state.counters["read_GBps"] = median(read_rates) / 1e9;
   }
 }
 
@@ -189,9 +251,9 @@ void register_all() {
     return b->Unit(benchmark::kMicrosecond)->Repetitions(3)->ReportAggregatesOnly(true);
   };
   // Each shape cold (streamed from memory, the target) and, at 2 threads, hot (one cache, partly in
-  // L3). With a partner (the same tokens in other pages or another storage type), each cold step
-  // is paired with one of the partner's (run_decode). A set of caches is named by its shape and
-  // temperature, so the thread counts and a pair share it.
+  // L3). Each cold step is paired (run_decode) with one of its partner's (the same tokens in other
+  // pages or another storage type) or, without one, with a plain read. A set of caches is named by
+  // its shape and temperature, so the thread counts and a pair share it.
   struct Partner {
     std::string shape;
     KVDtype dtype;
@@ -205,12 +267,12 @@ void register_all() {
         if (!cold && threads == 1) continue;
         const std::string temperature = cold ? "/cold" : "/hot";
         const std::string set = "decode/" + shape + temperature;
-        const bool paired = cold && partner.has_value();
-        add(set + "/threads:" + std::to_string(threads), paired, [=](benchmark::State& state) {
-          const std::vector<Setup>* other = paired ? &layers("decode/" + partner->shape + temperature, partner->dtype,
-                                                             lens, partner->page_tokens, false, cold)
-                                                   : nullptr;
-          run_decode(state, layers(set, dtype, lens, page_tokens, shuffled, cold), threads, other);
+        add(set + "/threads:" + std::to_string(threads), cold, [=](benchmark::State& state) {
+          const std::vector<Setup>* other = cold && partner
+                                                ? &layers("decode/" + partner->shape + temperature, partner->dtype,
+                                                          lens, partner->page_tokens, false, cold)
+                                                : nullptr;
+          run_decode(state, layers(set, dtype, lens, page_tokens, shuffled, cold), threads, cold, other);
         });
       }
   };

@@ -14,7 +14,9 @@ The plain read runs right after each invocation of the probe and takes the same 
 best median of 1, 2, 4 and 8 streams per thread); the two are compared invocation by invocation
 (the median of the paired ratios), so a machine whose bandwidth drifts between minutes moves both
 sides of each pair alike. Likewise the decode rows that compare two layouts or storage types take
-decode_bench's paired steps (vs_partner_pct) where it measured them.
+decode_bench's paired steps (vs_partner_pct), and the decode rows against the read bandwidth take
+each step beside a plain read of as many bytes (read_pct, read_GBps), where it measured them;
+older results fall back to the benchmarks' medians and the probe's bandwidth.
 
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
        [--backward backward.json] [--decode decode.json] [--avx2 avx2.json avx2_backward.json]"""
@@ -116,6 +118,12 @@ def main():
             line += (f"; a plain read {p / 1e9:.1f} GB/s (its best of 1-8 streams per thread, median of {len(plains)}, "
                      f"each right after an invocation; the probe against it, pair by pair: {diff:+.1f}%)")
         print(line)
+    beside = {t: [b["read_GBps"] for n, b in dec.items() if "read_GBps" in b and n.endswith(f"/cold/threads:{t}")]
+              for t in (1, 2)}
+    if any(beside.values()):
+        print("decode rows against the read bandwidth: each cold step beside a plain read of as many bytes, "
+              "pair by pair; those reads' medians " +
+              ", ".join(f"{rng(v, '{:.1f}')} GB/s at {t} thread{'s' if t > 1 else ''}" for t, v in beside.items() if v))
     print()
 
     print(f"| work ({m['class']}) | thr | measured | target | |")
@@ -128,9 +136,16 @@ def main():
         cap = f" (ceiling {rng(ceiling, fmt)}{unit})" if ceiling and any(c is not None for c in ceiling) else ""
         print(f"| {work} | {t} | {rng(values, fmt)}{unit if shown else ''}{cap} | {target} | {verdict(values, ok)} |")
 
-    def dec_pct(name, t):  # % of the read bandwidth: bytes per step / bandwidth
+    def dec_bw(b, t):  # the read bandwidth a cold step is judged by: the read beside it, else the probe's
+        return b["read_GBps"] * 1e9 if "read_GBps" in b else bw.get(t)
+
+    def dec_pct(name, t):  # % of the read bandwidth: bytes per step / bandwidth, pair by pair when paired
         b = dec.get(f"decode/{name}/cold/threads:{t}")
-        return 100 * b["GBps"] * 1e9 / bw[t] if b and t in bw else None
+        if not b:
+            return None
+        if "read_pct" in b:
+            return b["read_pct"]
+        return 100 * b["GBps"] * 1e9 / bw[t] if t in bw else None
 
     def dec_time(name, t):
         b = dec.get(f"decode/{name}/cold/threads:{t}")
@@ -145,13 +160,13 @@ def main():
     # memory and 256-bit FMAs).
     def dec_floor(name, t):
         b = dec.get(f"decode/{name}/cold/threads:{t}")
-        if not b or "step_bytes" not in b or t not in bw or t not in peak:
+        if not b or "step_bytes" not in b or not dec_bw(b, t) or t not in peak:
             return None
-        return max(b["step_bytes"] / bw[t], b["step_flops"] / peak[t])
+        return max(b["step_bytes"] / dec_bw(b, t), b["step_flops"] / peak[t])
 
     def dec_pct_ceiling(name, t):  # the highest % of the read bandwidth the floor allows
         b, floor = dec.get(f"decode/{name}/cold/threads:{t}"), dec_floor(name, t)
-        return 100 * b["step_bytes"] / bw[t] / floor if floor else None
+        return 100 * b["step_bytes"] / dec_bw(b, t) / floor if floor else None
 
     for t, goal in ((1, 75), (2, 85)):
         names = [f"D1/{d}/M:{M}" for d in ("f32", "bf16", "f16") for M in (16384, 32768)]

@@ -90,3 +90,25 @@ def test_int8_against_f16_by_the_paired_steps(tmp_path):
         r.pop("vs_partner_pct", None)
     out = targets(tmp_path, [20e9], [20e9], decode)
     assert row(out, work, 2)[0].startswith("1.00×"), out
+
+
+def test_decode_against_the_read_beside_each_step(tmp_path):
+    decode = []
+    for t in (1, 2):
+        for d in ("f32", "bf16", "f16"):
+            for M in (16384, 32768):
+                # The probe read 20 GB/s minutes earlier; beside the steps the memory read 10 GB/s, and
+                # each step streamed at 80% of the read run beside it.
+                decode.append(record(f"D1/{d}/M:{M}/cold/threads:{t}", 268435456.0 / 8e9 * 1e6,
+                                     read_pct=80.0, read_GBps=10.0))
+    out = targets(tmp_path, [20e9], [20e9], decode)
+    work = "decode D1, M ≥ 16k, f32/f16/bf16, % of read bandwidth"
+    assert row(out, work, 1) == ("80% (ceiling 100%)", "met")
+    assert row(out, work, 2) == ("80% (ceiling 100%)", "not met")
+    assert "those reads' medians 10.0 GB/s at 1 thread, 10.0 GB/s at 2 threads" in out
+    for r in decode:
+        r.pop("read_pct")
+        r.pop("read_GBps")
+    out = targets(tmp_path, [20e9], [20e9], decode)  # results from before the pairing: the probe's 20 GB/s
+    assert row(out, work, 1) == ("40% (ceiling 100%)", "not met")
+    assert "beside a plain read" not in out
