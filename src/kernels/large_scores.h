@@ -139,22 +139,8 @@ constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of s
 // arithmetic element by element through the stack, and S3 with q·50 ran 15x slower than with
 // ordinary scores on AVX2 (Zen 3, measured). The sums run in this type instead.
 template <int Bytes>
-struct RegisterDoubles;
-template <>
-struct RegisterDoubles<64> {
-  using type = double __attribute__((vector_size(64)));
-};
-template <>
-struct RegisterDoubles<32> {
-  using type = double __attribute__((vector_size(32)));
-};
-template <>
-struct RegisterDoubles<16> {
-  using type = double __attribute__((vector_size(16)));
-};
-template <>
-struct RegisterDoubles<8> {
-  using type = double __attribute__((vector_size(8)));
+struct RegisterDoubles {
+  using type = double __attribute__((vector_size(Bytes)));
 };
 template <class Ops>
 using DoubleReg = typename RegisterDoubles<std::clamp(4 * Ops::kLanes, 8, 64)>::type;
