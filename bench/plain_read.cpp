@@ -1,12 +1,20 @@
-// An outside check of qkv's read-bandwidth probe (qkv/machine_info.h), sharing none of its code: T
-// threads each sum an array of their own (512 MiB over all, 2 MiB huge pages asked for) as 1, 2, 4
-// or 8 streams at once with a plain loop the compiler vectorizes, all released together; the rate
-// of each pass is the bytes read by all over the time until the last finishes. 11 passes of each
-// stream count, alternating; the median per count, and the best of those, at 1 and 2 threads. The
-// probe reports the best median of the same four counts, so the two figures are the same statistic
-// (a best of four noisy medians sits above any one of them when the counts are close).
-// Prints one JSON line: {"threads_1": best bytes/s, "threads_2": ..., "by_streams_1": {"1": median,
-// ...}, "by_streams_2": {...}}. `make bench` prints the probe's figure beside it.
+// An outside check of qkv's read-bandwidth probe (qkv/machine_info.h) whose read loop shares none
+// of the probe's code: T threads each sum an array of their own (as many bytes over all as the
+// probe reads, memory_probe_bytes(); 2 MiB huge pages asked for) as 1, 2, 4 or 8 streams at once
+// with a plain loop the compiler vectorizes, all released together; the rate of each pass is the
+// bytes read by all over the time until the last finishes. 11 rounds (after one to warm up), each
+// one pass of every stream count; the median per count, and the best of those, at 1 and 2
+// threads. The probe reports the best median of the same four counts, so the two figures are the
+// same statistic (a best of four noisy medians sits above any one of them when the counts are
+// close).
+//
+// Each round also calls the probe itself (one pass of each count, its best), before or after the
+// round's own passes in turn: the two are compared round by round, seconds apart, since the
+// memory of a shared host drifts by a quarter between the minutes of two separate runs.
+//
+// Prints one JSON line: {"threads_1": best bytes/s, "by_streams_1": {"1": median, ...},
+// "probe_1": the probe's median, "probe_vs_plain_pct_1": median over rounds of probe / own - 1,
+// in %, and the same for 2 threads}. `make bench` prints the comparison.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -19,9 +27,10 @@
 #include <thread>
 #include <vector>
 
+#include "qkv/machine_info.h"
+
 namespace {
 
-constexpr std::size_t kBytes = std::size_t{512} << 20;
 constexpr std::array<int, 4> kStreams = {1, 2, 4, 8};
 
 float* huge(std::size_t bytes) {
@@ -64,16 +73,21 @@ __attribute__((noinline, target_clones("avx512f", "avx2", "default"))) float sum
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+struct Rates {
+  std::array<double, kStreams.size()> medians{};  // own, per stream count
+  double probe = 0;                               // the probe's median over rounds
+  double probe_vs_plain_pct = 0;                  // median over rounds of probe / own best - 1
+};
 
-// The threads live for every pass and wait at a start line, so a pass times the reads alone, not
-// the creation of threads: from the moment they are released until the last one finishes. The
-// calling thread reads array 0 itself, so no thread waits on a core a reader needs.
-std::array<double, kStreams.size()> rates(int threads) {
-  const std::size_t n = kBytes / sizeof(float) / threads / 512 * 512;
+// The threads live for every round and wait at a start line: spinning for 2 ms, so a pass that
+// follows another starts on every thread at once (a sleeping thread took long enough to wake to
+// cost a pass of 2 threads 3-6%), then asleep, so they leave the cores to the probe. A pass is
+// timed from their release until the last one finishes. The calling thread reads array 0 itself,
+// so no thread waits on a core a reader needs.
+Rates rates(int threads) {
+  // As many bytes as the probe reads: on this class of host a 1 GiB buffer read 7-20% slower than
+  // a 256 MiB one in the same minute, so a different size would confound the comparison.
+  const std::size_t n = static_cast<std::size_t>(qkv::memory_probe_bytes()) / sizeof(float) / threads / 512 * 512;
   std::vector<float*> arrays(threads);
   for (float*& a : arrays) a = huge(n * sizeof(float));
   constexpr int kRounds = 12;  // the first round warms up, uncounted
@@ -89,23 +103,41 @@ std::array<double, kStreams.size()> rates(int threads) {
   for (int t = 1; t < threads; ++t)
     team.emplace_back([&, t] {
       for (int pass = 0; pass < kPasses; ++pass) {
-        while (go.load(std::memory_order_acquire) != pass) {
-        }
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+        for (int seen = go.load(std::memory_order_acquire); seen != pass; seen = go.load(std::memory_order_acquire))
+          if (std::chrono::steady_clock::now() > until) go.wait(seen, std::memory_order_acquire);
         read(t, pass);
         done.fetch_add(1, std::memory_order_acq_rel);
       }
     });
   std::array<std::vector<double>, kStreams.size()> by_count;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const auto start = std::chrono::steady_clock::now();
-    go.store(pass, std::memory_order_release);
-    read(0, pass);
-    done.fetch_add(1, std::memory_order_acq_rel);
-    while (done.load(std::memory_order_acquire) != threads * (pass + 1)) {
+  std::vector<double> probes, ratios;
+  for (int round = 0; round < kRounds; ++round) {
+    double probe = 0, own = 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      if ((turn == 0) == (round % 2 == 0)) {
+        probe = qkv::probe_read_bandwidth(threads, qkv::memory_probe_bytes(), 1).best;
+        continue;
+      }
+      for (int pass = round * static_cast<int>(kStreams.size()); pass < (round + 1) * static_cast<int>(kStreams.size());
+           ++pass) {
+        const auto start = std::chrono::steady_clock::now();
+        go.store(pass, std::memory_order_release);
+        go.notify_all();
+        read(0, pass);
+        done.fetch_add(1, std::memory_order_acq_rel);
+        while (done.load(std::memory_order_acquire) != threads * (pass + 1)) {
+        }
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double rate = static_cast<double>(n * sizeof(float) * threads) / seconds;
+        own = std::max(own, rate);
+        if (round > 0) by_count[pass % kStreams.size()].push_back(rate);
+      }
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass >= static_cast<int>(kStreams.size()))
-      by_count[pass % kStreams.size()].push_back(static_cast<double>(n * sizeof(float) * threads) / seconds);
+    if (round > 0) {
+      probes.push_back(probe);
+      ratios.push_back(probe / own);
+    }
   }
   for (std::thread& member : team) member.join();
   if (wrong.load() != 0) {
@@ -113,22 +145,26 @@ std::array<double, kStreams.size()> rates(int threads) {
     std::exit(1);
   }
   for (float* a : arrays) std::free(a);
-  std::array<double, kStreams.size()> medians{};
-  for (std::size_t i = 0; i < kStreams.size(); ++i) medians[i] = median(by_count[i]);
-  return medians;
+  Rates r;
+  for (std::size_t i = 0; i < kStreams.size(); ++i) r.medians[i] = qkv::median(by_count[i]);
+  r.probe = qkv::median(probes);
+  r.probe_vs_plain_pct = 100.0 * (qkv::median(ratios) - 1.0);
+  return r;
 }
 
-std::string json(int threads, const std::array<double, kStreams.size()>& medians) {
+std::string json(int threads, const Rates& r) {
   std::string by;
   for (std::size_t i = 0; i < kStreams.size(); ++i) {
     char item[64];
-    std::snprintf(item, sizeof item, "%s\"%d\": %.6g", i ? ", " : "", kStreams[i], medians[i]);
+    std::snprintf(item, sizeof item, "%s\"%d\": %.6g", i ? ", " : "", kStreams[i], r.medians[i]);
     by += item;
   }
-  char head[96];
+  char head[96], tail[128];
   std::snprintf(head, sizeof head, "\"threads_%d\": %.6g, \"by_streams_%d\": {", threads,
-                *std::max_element(medians.begin(), medians.end()), threads);
-  return head + by + "}";
+                *std::max_element(r.medians.begin(), r.medians.end()), threads);
+  std::snprintf(tail, sizeof tail, "}, \"probe_%d\": %.6g, \"probe_vs_plain_pct_%d\": %.4g", threads, r.probe, threads,
+                r.probe_vs_plain_pct);
+  return head + by + tail;
 }
 
 }  // namespace

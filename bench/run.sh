@@ -14,8 +14,8 @@ mkdir -p "$OUT"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 # The machine first: five invocations of the probes (their spread is one of the targets), each
-# followed by a plain read that shares no code with them (bench/plain_read.cpp), so targets.py
-# compares the two minute by minute.
+# followed by a plain read whose loop shares no code with them (bench/plain_read.cpp) and which
+# calls the probe between its own passes, so targets.py compares the two round by round.
 echo "the machine: 5 x (qkv bench --machine, a plain read) (about a minute)..." >&2
 PLAIN=
 if [ -x "$BUILD/bench/qkv_plain_read" ]; then PLAIN=--plain; fi

@@ -11,9 +11,10 @@ more than 100% of it. The read bandwidth is the median, over the invocations, of
 sustained figure (a median of passes).
 
 The plain read runs right after each invocation of the probe and takes the same statistic (the
-best median of 1, 2, 4 and 8 streams per thread); the two are compared invocation by invocation
-(the median of the paired ratios), so a machine whose bandwidth drifts between minutes moves both
-sides of each pair alike. Likewise the decode rows that compare two layouts or storage types take
+best median of 1, 2, 4 and 8 streams per thread); it also calls the probe between its own passes
+and compares the two round by round (probe_vs_plain_pct), so a machine whose bandwidth drifts
+between minutes, or between seconds, moves both sides of each pair alike. Older results without
+that field are compared invocation by invocation. Likewise the decode rows that compare two layouts or storage types take
 decode_bench's paired steps (vs_partner_pct), and the decode rows against the read bandwidth take
 each step beside a plain read of as many bytes (read_pct, read_GBps), where it measured them;
 older results fall back to the benchmarks' medians and the probe's bandwidth.
@@ -99,11 +100,18 @@ def main():
         bw_runs[t] = [r["bandwidth"]["best"] for r in rows]
         bw[t] = statistics.median(bw_runs[t])
         spread[t] = (max(bw_runs[t]) - min(bw_runs[t])) / bw[t] * 100
-        # Invocation i's probe figure against the plain read run right after it.
+        # The plain read calls the probe between its own passes and compares the two round by round
+        # (probe_vs_plain_pct); older results: invocation i's probe figure against the plain read
+        # run right after it. (its median, the comparison, how it was paired)
+        rounds = [pl[f"probe_vs_plain_pct_{t}"] for pl in plains if f"probe_vs_plain_pct_{t}" in pl]
         pairs = [(probe, pl[f"threads_{t}"]) for probe, pl in zip(bw_runs[t], plains) if pl.get(f"threads_{t}")]
-        if pairs:
+        if rounds:
+            plain[t] = (statistics.median(pl[f"threads_{t}"] for pl in plains), statistics.median(rounds),
+                        f"the probe against it round by round in one process, median over rounds and runs")
+        elif pairs:
             plain[t] = (statistics.median(p for _, p in pairs),
-                        100 * (statistics.median(probe / p for probe, p in pairs) - 1))
+                        100 * (statistics.median(probe / p for probe, p in pairs) - 1),
+                        "each right after an invocation; the probe against it, pair by pair")
 
     print(f"machine: {m['brand']} ({m['vendor']} family {m['family']} model {m['model']}): **{m['class']}**")
     print(f"L3 {m['l3_bytes'] >> 20} MiB ({m['l3_source']}); cold-cache eviction {m['eviction_bytes'] >> 20} MiB")
@@ -114,9 +122,9 @@ def main():
         line = (f"{t} thread{'s' if t > 1 else ''}: fp32 FMA peak {peak[t] / 1e9:.1f} GFLOP/s, {bf16_text}; read bandwidth {bw[t] / 1e9:.1f} GB/s (median of {len(bw_runs[t])} "
                 f"invocations, spread {spread[t]:.1f}%; first invocation by streams per thread {streams})")
         if t in plain:
-            p, diff = plain[t]
-            line += (f"; a plain read {p / 1e9:.1f} GB/s (its best of 1-8 streams per thread, median of {len(plains)}, "
-                     f"each right after an invocation; the probe against it, pair by pair: {diff:+.1f}%)")
+            p, diff, how = plain[t]
+            line += (f"; a plain read {p / 1e9:.1f} GB/s (its best of 1-8 streams per thread, median of {len(plains)} "
+                     f"runs; {how}: {diff:+.1f}%)")
         print(line)
     beside = {t: [b["read_GBps"] for n, b in dec.items() if "read_GBps" in b and n.endswith(f"/cold/threads:{t}")]
               for t in (1, 2)}
