@@ -13,6 +13,7 @@
 // merge or block table. It prints ns per key (one key = one KV head's 1024 bytes) streaming from
 // memory and with the rows in L2, and the stream's rate; the kernel's roofline bound is 1024
 // bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
+// Last, software prefetches alone against a plain read (prefetch_alone).
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
 // stream their own KV heads; it prints their total rate, min of 3.
@@ -168,6 +169,36 @@ void streams_at_once(int threads) {
               1024.0 * static_cast<double>(keys) * threads / best / 1e9);
 }
 
+// Software prefetches alone, one per line of a 1 GiB array, against a plain read of it (four
+// accumulators, so the adds never set the pace), alternating, median of 7 each. A core that held
+// every prefetch until its line arrived could issue them no faster than the read runs; one that
+// drops what its miss buffers cannot hold finishes the pass far sooner, and then asking for rows
+// further ahead cannot put more of them in flight.
+void prefetch_alone(const float* p, long bytes) {
+  const long n = bytes / 4;
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  std::vector<double> read, ahead;
+  for (int r = 0; r < 7; ++r) {
+    double t0 = now();
+    V acc[4] = {Isa::zero(), Isa::zero(), Isa::zero(), Isa::zero()};
+    for (long i = 0; i < n; i += 4 * L)
+      for (int a = 0; a < 4; ++a) acc[a] = Isa::add(acc[a], Isa::load(p + i + a * L));
+    alignas(64) float lanes[L];
+    Isa::store(lanes, Isa::add(Isa::add(acc[0], acc[1]), Isa::add(acc[2], acc[3])));
+    volatile float sink = lanes[0];
+    (void)sink;
+    read.push_back(static_cast<double>(bytes) / (now() - t0) / 1e9);
+    t0 = now();
+    for (long i = 0; i < n; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+    ahead.push_back(static_cast<double>(bytes) / (now() - t0) / 1e9);
+  }
+  std::printf("1 GiB, 1 thread: a plain read %.2f GB/s; prefetcht0 of every line alone \"reads\" %.2f GB/s\n",
+              median(read), median(ahead));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,4 +213,5 @@ int main(int argc, char** argv) {
   measure<false, false>(k, v, keys);
   measure<true, true>(k, v, keys);
   measure<false, true>(k, v, keys);
+  prefetch_alone(k, bytes);
 }
