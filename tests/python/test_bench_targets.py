@@ -4,9 +4,12 @@ pages against the contiguous cache, int8 against f16, and the decode steps again
 bandwidth by the paired steps when decode_bench measured them, by the benchmarks' medians and the
 probe's bandwidth only in older results."""
 import json
+import os
 import re
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,3 +132,39 @@ def test_decode_against_the_read_beside_each_step(tmp_path):
     out = targets(tmp_path, [20e9], [20e9], decode)  # results from before the pairing: the probe's 20 GB/s
     assert row(out, work, 1) == ("40% (ceiling 100%)", "not met")
     assert "beside a plain read" not in out
+
+
+BENCH = Path(os.environ.get("QKV_BIN", ROOT / "build" / "qkv")).parent / "bench"
+
+
+def test_real_plain_read_and_decode_steps_feed_targets(tmp_path):
+    # The two binaries that write the paired fields, run for real (one short benchmark), so a
+    # change to their names or format fails here rather than in the next `make bench`.
+    plain_read, decode_bench = BENCH / "qkv_plain_read", BENCH / "qkv_decode_bench"
+    if not plain_read.exists() or not decode_bench.exists():
+        pytest.skip(f"the benchmarks are not built in {BENCH} (QKV_BUILD_BENCH=OFF, or not x86-64)")
+    r = subprocess.run([str(plain_read)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    plain = json.loads(r.stdout)
+    for t in (1, 2):
+        assert plain[f"threads_{t}"] > 1e8 and plain[f"probe_{t}"] > 1e8, plain
+        assert -90 < plain[f"probe_vs_plain_pct_{t}"] < 900, plain
+        assert set(plain[f"by_streams_{t}"]) == {"1", "2", "4", "8"}, plain
+    out = tmp_path / "decode.json"
+    r = subprocess.run([str(decode_bench), "--benchmark_filter=^decode/D1/f16/M:4096/cold/threads:1/",
+                        "--benchmark_repetitions=3", "--benchmark_min_time=0.01", f"--benchmark_out={out}",
+                        "--benchmark_out_format=json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    decode = json.loads(out.read_text())
+    median = [b for b in decode["benchmarks"] if b.get("aggregate_name") == "median"]
+    assert len(median) == 1, decode["benchmarks"]
+    step = median[0]
+    assert step["read_GBps"] > 0.1 and 1 < step["read_pct"] < 1000, step
+    (tmp_path / "plain-0.json").write_text(json.dumps(plain))
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json"),
+                        "--plain", str(tmp_path / "plain-0.json"), "--decode", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "round by round in one process" in r.stdout
+    assert f"those reads' medians {step['read_GBps']:.1f} GB/s at 1 thread" in r.stdout, r.stdout
