@@ -156,7 +156,7 @@ class PlainRead {
 PlainRead& plain_read(double bytes, int threads) {
   static std::unique_ptr<PlainRead> kept;
   if (!kept || !kept->fits(bytes, threads)) {
-    kept.reset();
+    kept.reset();  // the old buffer freed before the new one is written
     kept = std::make_unique<PlainRead>(bytes, threads);
   }
   return *kept;
