@@ -1,6 +1,6 @@
 // An outside check of qkv's read-bandwidth probe (qkv/machine_info.h) whose read loop shares none
 // of the probe's code: T threads each sum an array of their own (as many bytes over all as the
-// probe reads, memory_probe_bytes(); 2 MiB huge pages asked for) as 1, 2, 4 or 8 streams at once
+// probe reads, memory_probe_bytes(), allocated by the same rule) as 1, 2, 4 or 8 streams at once
 // with a plain loop the compiler vectorizes, all released together; the rate of each pass is the
 // bytes read by all over the time until the last finishes. 11 rounds (after one to warm up), each
 // one pass of every stream count; the median per count, and the best of those, at 1 and 2
@@ -15,31 +15,23 @@
 // Prints one JSON line: {"threads_1": best bytes/s, "by_streams_1": {"1": median, ...},
 // "probe_1": the probe's median, "probe_vs_plain_pct_1": median over rounds of probe / own - 1,
 // in %, and the same for 2 threads}. `make bench` prints the comparison.
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "qkv/machine_info.h"
 
 namespace {
 
 constexpr std::array<int, 4> kStreams = {1, 2, 4, 8};
-
-float* huge(std::size_t bytes) {
-  void* p = nullptr;
-  if (posix_memalign(&p, std::size_t{2} << 20, bytes) != 0) std::abort();
-  madvise(p, bytes, MADV_HUGEPAGE);
-  std::fill_n(static_cast<float*>(p), bytes / sizeof(float), 1.0f);
-  return static_cast<float*>(p);
-}
 
 // n a multiple of 64·S: S parts read side by side, 64 floats of each per step into four
 // accumulator vectors of 16 (the same four whatever S, so no S leaves the adds setting the pace).
@@ -88,8 +80,13 @@ Rates rates(int threads) {
   // As many bytes as the probe reads: on this class of host a 1 GiB buffer read 7-20% slower than
   // a 256 MiB one in the same minute, so a different size would confound the comparison.
   const std::size_t n = static_cast<std::size_t>(qkv::memory_probe_bytes()) / sizeof(float) / threads / 512 * 512;
-  std::vector<float*> arrays(threads);
-  for (float*& a : arrays) a = huge(n * sizeof(float));
+  // Allocated by qkv's rule for streamed buffers (core/huge_pages.h), as the probe's and the
+  // caches' are, so the two reads see the same pages.
+  std::vector<std::unique_ptr<qkv::detail::HugePageFloats>> arrays;
+  for (int t = 0; t < threads; ++t) {
+    arrays.push_back(std::make_unique<qkv::detail::HugePageFloats>(static_cast<int64_t>(n), "plain read"));
+    std::fill_n(arrays.back()->data(), n, 1.0f);
+  }
   constexpr int kRounds = 12;  // the first round warms up, uncounted
   constexpr int kPasses = kRounds * static_cast<int>(kStreams.size());
   std::atomic<int> go{-1}, done{0};
@@ -97,7 +94,7 @@ Rates rates(int threads) {
   // lanes' total are exact in float, so a pass that skipped or repeated a part shows as a wrong sum.
   std::atomic<int> wrong{0};
   auto read = [&](int t, int pass) {
-    if (sum(arrays[t], n, kStreams[pass % kStreams.size()]) != static_cast<float>(n)) wrong.fetch_add(1);
+    if (sum(arrays[t]->data(), n, kStreams[pass % kStreams.size()]) != static_cast<float>(n)) wrong.fetch_add(1);
   };
   std::vector<std::thread> team;
   for (int t = 1; t < threads; ++t)
@@ -144,7 +141,6 @@ Rates rates(int threads) {
     std::fprintf(stderr, "qkv_plain_read: %d passes summed a wrong total\n", wrong.load());
     std::exit(1);
   }
-  for (float* a : arrays) std::free(a);
   Rates r;
   for (std::size_t i = 0; i < kStreams.size(); ++i) r.medians[i] = qkv::median(by_count[i]);
   r.probe = qkv::median(probes);

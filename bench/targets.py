@@ -107,7 +107,7 @@ def main():
         pairs = [(probe, pl[f"threads_{t}"]) for probe, pl in zip(bw_runs[t], plains) if pl.get(f"threads_{t}")]
         if rounds:
             plain[t] = (statistics.median(pl[f"threads_{t}"] for pl in plains), statistics.median(rounds),
-                        f"the probe against it round by round in one process, median over rounds and runs")
+                        "the probe against it round by round in one process, median over rounds and runs")
         elif pairs:
             plain[t] = (statistics.median(p for _, p in pairs),
                         100 * (statistics.median(probe / p for probe, p in pairs) - 1),
