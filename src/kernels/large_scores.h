@@ -137,10 +137,14 @@ constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of s
 // Doubles in one of a family's vector registers (Ops::kLanes floats; at least one double), as a
 // GCC vector type. Wide itself is 64 bytes: where that is wider than a register, GCC lowered its
 // arithmetic element by element through the stack, and S3 with q·50 ran 15x slower than with
-// ordinary scores on AVX2 (Zen 3, measured). The sums run in this type instead.
+// ordinary scores on AVX2 (Zen 3, measured). The sums run in this type instead. A typedef, not
+// `using`: g++ 12 drops a dependent vector_size from an alias declaration and leaves a plain
+// double, which summed one element at a time (S3 with q·50 10x slower on a Zen 5); the
+// static_assert keeps that from passing silently.
 template <int Bytes>
 struct RegisterDoubles {
-  using type = double __attribute__((vector_size(Bytes)));
+  typedef double type __attribute__((vector_size(Bytes)));
+  static_assert(sizeof(type) == Bytes);
 };
 template <class Ops>
 using DoubleReg = typename RegisterDoubles<std::clamp(4 * Ops::kLanes, 8, 64)>::type;
