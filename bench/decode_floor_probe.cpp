@@ -5,7 +5,7 @@
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -I include -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp
 //   && /tmp/decode_floor_probe   (with -DQKV_FLOOR_PROBE_AVX2: the AVX2 form)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in the
-// kernel's blocks (decode_block_keys: 16 of these keys), as decode_tile.h does: a scores pass (4
+// kernel's blocks (decode_block_keys: 64 of these keys on AVX-512, 16 on AVX2), as decode_tile.h does: a scores pass (4
 // query rows x L/4 keys = L accumulators over D, reduced by the kernel's transposing reduction and
 // stored), then a P·V pass (4 rows x C vectors at a time over the 128 columns), with K and V rows
 // asked for 8 keys ahead while scoring, or not; and with each key's K and V rows side by side in
@@ -32,14 +32,16 @@
 #include "kernels/decode.h"
 #if defined(QKV_FLOOR_PROBE_AVX2)
 #include "kernels/avx2/ops.h"
+constexpr qkv::Simd kPath = qkv::Simd::avx2;
 #else
 #include "kernels/avx512/ops.h"
+constexpr qkv::Simd kPath = qkv::Simd::avx512;
 #endif
 
 namespace {
 
 constexpr long kRow = 128;
-constexpr long kBlock = qkv::kernels::decode_block_keys(2 * kRow * sizeof(float));  // the kernel's
+constexpr long kBlock = qkv::kernels::decode_block_keys(2 * kRow * sizeof(float), kPath);  // the kernel's
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 

@@ -190,7 +190,7 @@ bool decode(const DecodeParams& params, const int64_t* seq_lens, const float* si
   p.dvp = (p.Dv + 15) / 16 * 16;
   const int64_t row_bytes = (p.D + p.Dv) * kv_dtype_bytes(p.dtype);  // one key's K and V row
   p.prefetch_keys = decode_prefetch_keys(row_bytes);
-  p.block_keys = decode_block_keys(row_bytes);
+  p.block_keys = decode_block_keys(row_bytes, path);
   const DecodePlan plan(p, seq_lens);
   launch(plan, kernel_family(path).decode, num_threads);
   return merge(plan, sinks, out, lse, num_threads);

@@ -28,14 +28,18 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
   return std::clamp<int64_t>(4096 / std::max<int64_t>(row_bytes, 1), 8, 32);
 }
 
-// Keys per block (decode_tile.h): kDecodeBlock while a block's K and V rows (row_bytes: one key's
-// K and V row) fit in 32 KB, the L1 data cache of the smallest core measured; wider rows take
-// blocks of 16 KB, whole powers of two of at least 16 keys, so the rows the prefetch cursor
-// brings in for the next keys still fit beside them. Zen 3, D1 M = 32768 cold, f32 (1 KB a
-// key): 64-key blocks 19.3-20.0 ms per step (1 thread), 32 keys 20.1-20.3, 16 keys 17.2-17.6,
-// 8 keys 18.5-18.9; D8 20.7-21.0 → 18.1-18.2. f16 (512 bytes) at 32 keys was 8% slower than at 64.
-constexpr int64_t decode_block_keys(int64_t row_bytes) {
-  if (row_bytes * kDecodeBlock <= 32768) return kDecodeBlock;
+// Keys per block (decode_tile.h) on the resolved SIMD path: kDecodeBlock while a block's K and V
+// rows (row_bytes: one key's K and V row) fit in 32 KB, the L1 data cache of the smallest core
+// measured; wider rows take blocks of 16 KB, whole powers of two of at least 16 keys, so the rows
+// the prefetch cursor brings in for the next keys still fit beside them. Zen 3 (AVX2), D1
+// M = 32768 cold, f32 (1 KB a key): 64-key blocks 19.3-20.0 ms per step (1 thread), 32 keys
+// 20.1-20.3, 16 keys 17.2-17.6, 8 keys 18.5-18.9; D8 20.7-21.0 → 18.1-18.2. f16 (512 bytes) at 32
+// keys was 8% slower than at 64. AVX-512 takes kDecodeBlock at every row size: on a Zen 5 the
+// short blocks cost more than they saved (f32, cold, each step beside a read of its bytes, 1
+// thread, three alternating rounds: D1 M = 32768 at 47-51% of the read with 16 keys against
+// 52-56% with 64, D8 49-51% against 55-60%).
+constexpr int64_t decode_block_keys(int64_t row_bytes, Simd path) {
+  if (path == Simd::avx512 || row_bytes * kDecodeBlock <= 32768) return kDecodeBlock;
   return std::max<int64_t>(16, static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(16384 / row_bytes))));
 }
 
