@@ -192,6 +192,9 @@ class ForwardTile {
     refine_ = std::sqrt(largest(qa_.data(), rows_)) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;  // ordinary inputs
     for (int64_t r = 0; r < kMaxTileRows; ++r) qa_[r] = r < rows_ ? l2_norm(qt_ + r, bq_, s_.D) : 0.0f;
+    near_max_margins(qa_.data(), kMaxTileRows, k_bound_, p_.scale, s_.D, s_.M, margin_.data());
+    // refine_near_max reads rows of q and k as contiguous floats.
+    near_max_ = std::is_same_v<In, float> && !mask_.has_elementwise() && p_.q_stride.col == 1 && p_.k_stride.col == 1;
   }
 
  public:
@@ -207,11 +210,14 @@ class ForwardTile {
   }
 
  private:
+  // Whether every live row of the tile takes every key of the block.
+  bool interior(int64_t j0, int64_t nb) const { return j0 >= max_lo_ && j0 + nb <= min_hi_; }
+
   void block(int64_t j0, int64_t nb) {
-    const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;
+    const bool interior = this->interior(j0, nb);
     lo_block_ = false;
     // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN): on a
-    // band edge with such values each row sums over its own keys (accumulate_rows_in_band).
+    // band edge with such values each row sums over its own keys (accumulate_in_bands).
     rows_in_band_ =
         !interior && has_nonfinite<Ops>(v_ + j0 * p_.v_stride.row, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv);
     const bool scaled = scores(j0, nb);
@@ -230,9 +236,9 @@ class ForwardTile {
   }
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums
-  // again (the backward computes the same bits). Returns whether st is scaled already: otherwise
-  // softmax() scales in its first pass over the block. With AMX, rows nb up to the next multiple
-  // of 16 are written too (zero keys).
+  // again (the backward computes the same bits, but for the last bits of those refine_near_max
+  // sums). Returns whether st is scaled already: otherwise softmax() scales in its first pass over
+  // the block. With AMX, rows nb up to the next multiple of 16 are written too (zero keys).
   bool scores(int64_t j0, int64_t nb) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
@@ -277,10 +283,20 @@ class ForwardTile {
     } else {
       const Refine extent =
           refine_ ? refine_extent(k_sizes_ + j0, nb, qa_.data(), rows_, large_score_limit(p_.scale)) : Refine::none;
-      if (extent != Refine::every) gemm_blocked<Ops, Dot>(g, nb, qvecs_);  // else it would be wasted
+      // refine_near_max needs the fp32 scores to bound each row's largest: every live row takes
+      // every key of the block, and no elementwise term moves a score after the product.
+      const bool near_max = extent != Refine::none && near_max_ && interior(j0, nb);
+      if (extent != Refine::every || near_max) gemm_blocked<Ops, Dot>(g, nb, qvecs_);  // else it would be wasted
       if (extent != Refine::none) {
-        if (extent == Refine::some) scale_scores(nb);  // first: the second sums are written scaled
-        refine_large(g, j0, nb, extent == Refine::every);
+        if constexpr (std::is_same_v<In, float>)  // it scales the scores, whether it takes the block or not
+          if (near_max &&
+              (lo_block_ = refine_near_max<Ops>(g.a, g.a_row, k_sizes_ + j0, q_ + i0_ * p_.q_stride.row,
+                                                p_.q_stride.row, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
+                                                qvecs_ * L, m_, margin_.data(), large_score_limit(p_.scale))))
+            return true;
+        if (extent == Refine::some && !near_max) scale_scores(nb);  // first: the second sums are written scaled
+        near_max_ = near_max_ && !near_max;  // a block it did not separate: the tile sums the dense way
+        refine_large(g, j0, nb, extent == Refine::every && !near_max);
         return true;
       }
     }
@@ -420,7 +436,8 @@ class ForwardTile {
     const bool first = first_block_;
     first_block_ = false;
     if (rows_in_band_) {
-      accumulate_rows_in_band(v, j0, nb, first);
+      accumulate_in_bands(st_, ls_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, rows_, live_.data(), lo_.data(),
+                          hi_.data(), j0, nb, first ? nullptr : alpha_, o_);
       return;
     }
     if constexpr (Pairs) {
@@ -510,21 +527,6 @@ class ForwardTile {
     Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, o_, dvp_, lanes, dvp_, kp, !first);
   }
 
-  // block()'s rare case, in plain loops: each row sums P · V over its own band only.
-  void accumulate_rows_in_band(const In* v, int64_t j0, int64_t nb, bool first) {
-    for (int64_t r = 0; r < rows_; ++r) {
-      const int64_t lo = live_[r] ? std::clamp<int64_t>(lo_[r] - j0, 0, nb) : 0;
-      const int64_t hi = live_[r] ? std::clamp<int64_t>(hi_[r] - j0, lo, nb) : lo;
-      float* o = o_ + r * dvp_;
-      for (int64_t e = 0; e < s_.Dv; ++e) {
-        float acc = first ? 0.0f : alpha_[r] * o[e];
-        for (int64_t jj = lo; jj < hi; ++jj)
-          acc += st_[jj * ls_ + r] * widen(v[jj * p_.v_stride.row + e * p_.v_stride.col]);
-        o[e] = acc;
-      }
-    }
-  }
-
   void write_rows() {
     // Exponent bits all set: inf or NaN (a bit test, so the common loop below still vectorizes).
     uint32_t nonfinite = 0;
@@ -580,8 +582,9 @@ class ForwardTile {
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
-  std::array<float, kMaxTileRows> qa_;  // written by q_sizes
-  bool refine_ = false;                 // whether any score of the tile can pass the bound
+  std::array<float, kMaxTileRows> qa_, margin_;  // written by q_sizes
+  bool refine_ = false;                          // whether any score of the tile can pass the bound
+  bool near_max_ = false;                        // whether refine_near_max may take the tile's blocks
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;

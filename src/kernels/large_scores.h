@@ -14,7 +14,10 @@
 // l2_norm on the same values in the same order, so they choose the same scores and refine them to
 // the same bits, and P = exp(S − lse) stays consistent. Those norms are taken only where cheap fp32
 // bounds of them (any order, vectorised) let a score pass: ordinary inputs pay one pass over q and
-// k per task and a comparison per tile.
+// k per task and a comparison per tile. Where the scores spread far (q·50: ~±150), most of them
+// weigh nothing beside their row's largest, and the forward sums again only those near it
+// (refine_near_max): the others' error cannot reach a sum of P. The backward sums them all; the
+// scores that carry weight then differ between the passes in the last bits of a double sum.
 #pragma once
 
 #include "kernels/large_scores_room.h"
@@ -294,6 +297,118 @@ inline void split_logit(double logit, float& hi, float& lo) {
   hi = static_cast<float>(logit);
   const int32_t keep = -static_cast<int32_t>((std::bit_cast<int32_t>(hi) & 0x7fffffff) < kLowPartBits);
   lo = std::bit_cast<float>(std::bit_cast<int32_t>(static_cast<float>(logit - static_cast<double>(hi))) & keep);
+}
+
+// The fp32 product's error, relative to scale·|q|·|k| (Euclidean norms): one FMA chain over D
+// terms and the scaling round to (D + 1)·2⁻²⁴ (Cauchy-Schwarz bounds Σ|q_d·k_d|); four times that,
+// for the rounding of the norms and of this bound itself.
+inline float product_error(float scale, int64_t D) { return scale * static_cast<float>(D + 2) * 0x1p-22f; }
+
+// How far under its row's largest fp32 score a score of each lane (|q| = q_sizes[x], keys of |k| up
+// to k_bound, `keys` of them) may lie and still be summed again by refine_near_max: twice the
+// product's error e (in the score and in the largest) and T = ln(2³⁰·max(1, keys·e)). A score that
+// far under its row's true largest weighs under e^-T of it, so the keys left in fp32 carry, all of
+// them together, under 2⁻³⁰ relative error into l and O. Past the float range the margin is inf and
+// every score passes; a lane without q (0) gets -inf, so that none of its scores is looked at.
+inline void near_max_margins(const float* q_sizes, int64_t lanes, float k_bound, float scale, int64_t kdim,
+                             int64_t keys, float* margin) {
+  const float e = product_error(scale, kdim) * k_bound;
+  for (int64_t x = 0; x < lanes; ++x) {
+    const float error = e * q_sizes[x];
+    margin[x] = q_sizes[x] > 0.0f ? 2.0f * error + std::log(0x1p30f * std::max(1.0f, static_cast<float>(keys) * error))
+                                  : -std::numeric_limits<float>::infinity();
+  }
+}
+
+// Floats in the lanes of DoubleReg<Ops>, to widen into it.
+template <int Lanes>
+struct RegisterFloats {
+  typedef float type __attribute__((vector_size(4 * Lanes)));
+  static_assert(sizeof(type) == 4 * Lanes);
+};
+
+// Σ_d a[d]·b[d] for d < n in double (exact products): eight partial sums, d mod 8, added in one
+// fixed tree, then the last n mod 8 terms in order. The same bits in every family, whatever the
+// width of its registers (each holds a run of the eight).
+template <class Ops>
+double near_max_dot(const float* a, const float* b, int64_t n) {
+  using D = DoubleReg<Ops>;
+  constexpr int W = sizeof(D) / sizeof(double), R = 8 / W;
+  using F = typename RegisterFloats<W>::type;
+  D sum[R];
+  for (int v = 0; v < R; ++v) sum[v] = D{};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    for (int v = 0; v < R; ++v) {
+      F x, y;
+      std::memcpy(&x, a + d + v * W, sizeof x);
+      std::memcpy(&y, b + d + v * W, sizeof y);
+      sum[v] += __builtin_convertvector(x, D) * __builtin_convertvector(y, D);
+    }
+  double p[8];
+  std::memcpy(p, sum, sizeof p);
+  double total = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+  for (; d < n; ++d) total += static_cast<double>(a[d]) * static_cast<double>(b[d]);
+  return total;
+}
+
+// The forward's cheaper form of refine_scores for a block where the row maxima decide: s holds
+// the block's fp32 products, rows of keys (k + jj·k_row, contiguous) against lanes of queries
+// (q + x·q_row, contiguous), scaled here in place; m the lanes' running maxima over the blocks
+// before, margin near_max_margins'. A score is summed again, as refine_scores would (refined(): the
+// same norms and limit), only where its fp32 value reaches the larger of m and the block's largest
+// less the margin: with q·50 (scores ~±150) that leaves ~1% of them; the others keep the fp32
+// product, and s_lo 0. The sums differ from refine_scores' in order (the last bits of a score of
+// weight > e^-T; the backward sums every score the dense way, docs/accuracy.md). Returns false,
+// with the scores scaled and nothing else written, where it would not pay (more than one score in
+// eight to sum) or where a score is not finite: then refine_scores takes the block.
+template <class Ops>
+bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const float* q, int64_t q_row,
+                     const float* q_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t nb,
+                     int64_t lanes, const float* m, const float* margin, float limit) {
+  using V = typename Ops::V;
+  constexpr int L = Ops::kLanes;
+  constexpr int kGroups = kWideCols / L;
+  const int64_t groups = lanes / L;
+  alignas(64) float thr[kWideCols];
+  const V sc = Ops::set1(scale);
+  // Keys outer: the groups' maxima are independent chains (one chain per group, keys inner, waited
+  // on each max in turn: 15% of S3 with q·50 on a Zen 5).
+  V mx[kGroups], finite[kGroups];  // finite: s·0 summed, NaN where a score is inf or NaN
+  for (int64_t g = 0; g < groups; ++g) mx[g] = Ops::load(m + g * L), finite[g] = Ops::zero();
+  for (int64_t jj = 0; jj < nb; ++jj)
+    for (int64_t g = 0; g < groups; ++g) {
+      const V x = Ops::mul(Ops::load(s + jj * lds + g * L), sc);
+      Ops::store(s + jj * lds + g * L, x);
+      mx[g] = Ops::max(x, mx[g]);
+      finite[g] = Ops::fma(x, Ops::zero(), finite[g]);
+    }
+  for (int64_t g = 0; g < groups; ++g) {
+    if (Ops::any_nan(finite[g])) return false;
+    Ops::store(thr + g * L, Ops::sub(mx[g], Ops::load(margin + g * L)));
+  }
+  // (key, lane) of each score to sum again, as key·kWideCols + lane; a key's lanes in one mask.
+  const int64_t most = nb * lanes / 8;
+  uint16_t chosen[Ops::kKeyBlock * kWideCols / 8];  // nb <= kKeyBlock, lanes <= kWideCols
+  int64_t count = 0;
+  for (int64_t jj = 0; jj < nb; ++jj) {
+    uint64_t bits = 0;
+    for (int64_t g = 0; g < groups; ++g)
+      bits |= static_cast<uint64_t>(Ops::ge_mask(Ops::load(s + jj * lds + g * L), Ops::load(thr + g * L))) << (g * L);
+    for (; bits != 0; bits &= bits - 1) {
+      const int64_t x = std::countr_zero(bits);
+      if (!refined(k_sizes[jj], q_sizes[x], limit)) continue;
+      if (count == most) return false;
+      chosen[count++] = static_cast<uint16_t>(jj * kWideCols + x);
+    }
+  }
+  std::fill(s_lo, s_lo + nb * lds, 0.0f);
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t jj = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
+    const double score = near_max_dot<Ops>(k + jj * k_row, q + x * q_row, kdim) * static_cast<double>(scale);
+    split_logit(score, s[jj * lds + x], s_lo[jj * lds + x]);
+  }
+  return true;
 }
 
 // A refined score s + s_lo through the elementwise terms (MaskEval::add_terms: bias, ALiBi,

@@ -77,6 +77,8 @@ struct Avx2 {
     }
   }
   static bool any_nan(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
+  // Bit i: a[i] >= b[i].
+  static uint32_t ge_mask(V a, V b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ)); }
 };
 
 // The decode kernel's operations besides Avx2's: horizontal sums and maxima, the transposing

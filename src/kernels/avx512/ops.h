@@ -152,6 +152,8 @@ struct Avx512 {
     return _mm512_mask_blend_ps(ninf, m, _mm512_setzero_ps());
   }
   static bool any_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+  // Bit i: a[i] >= b[i].
+  static uint32_t ge_mask(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 
   // dst[c * ld_dst + r] = src[r * ld_src + c] for a kTranspose x kTranspose block whose first
   // `rows` rows exist (the others read as 0; rows <= 0 reads nothing): packing Q tiles costs ~0.4

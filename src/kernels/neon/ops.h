@@ -52,6 +52,11 @@ struct Neon {
   static constexpr int kTranspose = 0;  // Q and key tiles are packed by plain loops
   // x == x is false only in NaN lanes.
   static bool any_nan(V x) { return vminvq_u32(vceqq_f32(x, x)) == 0; }
+  // Bit i: a[i] >= b[i].
+  static uint32_t ge_mask(V a, V b) {
+    static constexpr uint32_t kBits[4] = {1, 2, 4, 8};
+    return vaddvq_u32(vandq_u32(vcgeq_f32(a, b), vld1q_u32(kBits)));
+  }
 };
 
 // The decode kernel's operations besides Neon's: horizontal sums and maxima, the transposing

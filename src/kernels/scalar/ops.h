@@ -43,6 +43,8 @@ struct Scalar {
   static V neg_inf_to_zero(V m) { return m == -std::numeric_limits<float>::infinity() ? 0.0f : m; }
   static constexpr int kTranspose = 0;  // Q and key tiles are packed by plain loops
   static bool any_nan(V x) { return std::isnan(x); }
+  // Bit 0: a >= b.
+  static uint32_t ge_mask(V a, V b) { return a >= b; }
 };
 
 // The decode kernel's operations besides Scalar's: horizontal sums and maxima, the transposing
