@@ -195,6 +195,7 @@ class ForwardTile {
     near_max_margins(qa_.data(), kMaxTileRows, k_bound_, p_.scale, s_.D, s_.M, margin_.data());
     // refine_near_max reads rows of q and k as contiguous floats.
     near_max_ = std::is_same_v<In, float> && !mask_.has_elementwise() && p_.q_stride.col == 1 && p_.k_stride.col == 1;
+    separate_ = false;
   }
 
  public:
@@ -283,9 +284,10 @@ class ForwardTile {
     } else {
       const Refine extent =
           refine_ ? refine_extent(k_sizes_ + j0, nb, qa_.data(), rows_, large_score_limit(p_.scale)) : Refine::none;
-      // refine_near_max needs the fp32 scores to bound each row's largest: every live row takes
-      // every key of the block, and no elementwise term moves a score after the product.
-      const bool near_max = extent != Refine::none && near_max_ && interior(j0, nb);
+      // refine_near_max needs the fp32 scores to bound each row's largest (every live row takes every
+      // key, no elementwise term after); where every score passes, a block must show it pays first.
+      const bool interior = this->interior(j0, nb);
+      const bool near_max = extent != Refine::none && near_max_ && interior && (extent == Refine::some || separate_);
       if (extent != Refine::every || near_max) gemm_blocked<Ops, Dot>(g, nb, qvecs_);  // else it would be wasted
       if (extent != Refine::none) {
         if constexpr (std::is_same_v<In, float>)  // it scales the scores, whether it takes the block or not
@@ -297,6 +299,9 @@ class ForwardTile {
         if (extent == Refine::some && !near_max) scale_scores(nb);  // first: the second sums are written scaled
         near_max_ = near_max_ && !near_max;  // a block it did not separate: the tile sums the dense way
         refine_large(g, j0, nb, extent == Refine::every && !near_max);
+        if (extent == Refine::every && near_max_ && !separate_ && interior)  // decided once per tile
+          near_max_ = separate_ = near_max_separates<Ops>(st_, ls_, nb, qvecs_ * L, m_, margin_.data(), k_sizes_ + j0,
+                                                          qa_.data(), large_score_limit(p_.scale));
         return true;
       }
     }
@@ -584,7 +589,7 @@ class ForwardTile {
   std::array<bool, kMaxTileRows> live_;
   std::array<float, kMaxTileRows> qa_, margin_;  // written by q_sizes
   bool refine_ = false;                          // whether any score of the tile can pass the bound
-  bool near_max_ = false;                        // whether refine_near_max may take the tile's blocks
+  bool near_max_ = false, separate_ = false;     // refine_near_max may take the blocks; a block showed it pays
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
   float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;

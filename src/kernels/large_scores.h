@@ -352,29 +352,19 @@ double near_max_dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
-// The forward's cheaper form of refine_scores for a block where the row maxima decide: s holds
-// the block's fp32 products, rows of keys (k + jj·k_row, contiguous) against lanes of queries
-// (q + x·q_row, contiguous), scaled here in place; m the lanes' running maxima over the blocks
-// before, margin near_max_margins'. A score is summed again, as refine_scores would (refined(): the
-// same norms and limit), only where its fp32 value reaches the larger of m and the block's largest
-// less the margin: with q·50 (scores ~±150) that leaves ~1% of them; the others keep the fp32
-// product, and s_lo 0. The sums differ from refine_scores' in order (the last bits of a score of
-// weight > e^-T; the backward sums every score the dense way, docs/accuracy.md). Returns false,
-// with the scores scaled and nothing else written, where it would not pay (more than one score in
-// eight to sum) or where a score is not finite: then refine_scores takes the block.
+// refine_near_max's first pass: s (a block's fp32 scores, rows of keys against `lanes` lanes,
+// lds apart) scaled in place by `scale`, and thr[x] = the larger of m[x] (the lane's running
+// maximum over the blocks before) and the block's largest, less margin[x]. False if a score is
+// inf or NaN. Keys outer: each group's maximum is its own chain (with keys inner, each max waited
+// on the one before).
 template <class Ops>
-bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const float* q, int64_t q_row,
-                     const float* q_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t nb,
-                     int64_t lanes, const float* m, const float* margin, float limit) {
+bool near_max_thresholds(float* s, int64_t lds, int64_t nb, int64_t lanes, float scale, const float* m,
+                         const float* margin, float* thr) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
-  constexpr int kGroups = kWideCols / L;
   const int64_t groups = lanes / L;
-  alignas(64) float thr[kWideCols];
   const V sc = Ops::set1(scale);
-  // Keys outer: the groups' maxima are independent chains (one chain per group, keys inner, waited
-  // on each max in turn: 15% of S3 with q·50 on a Zen 5).
-  V mx[kGroups], finite[kGroups];  // finite: s·0 summed, NaN where a score is inf or NaN
+  V mx[kWideCols / L], finite[kWideCols / L];  // finite: s·0 summed, NaN where a score is inf or NaN
   for (int64_t g = 0; g < groups; ++g) mx[g] = Ops::load(m + g * L), finite[g] = Ops::zero();
   for (int64_t jj = 0; jj < nb; ++jj)
     for (int64_t g = 0; g < groups; ++g) {
@@ -387,21 +377,51 @@ bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const 
     if (Ops::any_nan(finite[g])) return false;
     Ops::store(thr + g * L, Ops::sub(mx[g], Ops::load(margin + g * L)));
   }
-  // (key, lane) of each score to sum again, as key·kWideCols + lane; a key's lanes in one mask.
+  return true;
+}
+
+// refine_near_max's second pass: the (key, lane) of each score of s at or over its lane's thr whose
+// norms pass `limit` (refined()), as key·kWideCols + lane, into chosen; their count, or -1 past
+// one score in eight, where summing them one by one would not pay.
+template <class Ops>
+int64_t near_max_choose(const float* s, int64_t lds, int64_t nb, int64_t lanes, const float* thr, const float* k_sizes,
+                        const float* q_sizes, float limit, uint16_t* chosen) {
+  constexpr int L = Ops::kLanes;
   const int64_t most = nb * lanes / 8;
-  uint16_t chosen[Ops::kKeyBlock * kWideCols / 8];  // nb <= kKeyBlock, lanes <= kWideCols
   int64_t count = 0;
   for (int64_t jj = 0; jj < nb; ++jj) {
-    uint64_t bits = 0;
-    for (int64_t g = 0; g < groups; ++g)
+    uint64_t bits = 0;  // a key's lanes in one mask
+    for (int64_t g = 0; g < lanes / L; ++g)
       bits |= static_cast<uint64_t>(Ops::ge_mask(Ops::load(s + jj * lds + g * L), Ops::load(thr + g * L))) << (g * L);
     for (; bits != 0; bits &= bits - 1) {
       const int64_t x = std::countr_zero(bits);
       if (!refined(k_sizes[jj], q_sizes[x], limit)) continue;
-      if (count == most) return false;
+      if (count == most) return -1;
       chosen[count++] = static_cast<uint16_t>(jj * kWideCols + x);
     }
   }
+  return count;
+}
+
+// The forward's cheaper form of refine_scores for a block where the row maxima decide: s holds
+// the block's fp32 products, rows of keys (k + jj·k_row, contiguous) against lanes of queries
+// (q + x·q_row, contiguous), scaled here in place; m the lanes' running maxima over the blocks
+// before, margin near_max_margins'. A score is summed again, as refine_scores would (refined(): the
+// same norms and limit), only where its fp32 value reaches the larger of m and the block's largest
+// less the margin: with q·50 (scores ~±150) that leaves ~1-2% of them; the others keep the fp32
+// product, and s_lo 0. The sums differ from refine_scores' in order (the last bits of a score of
+// weight > e^-T; the backward sums every score the dense way, docs/accuracy.md). Returns false,
+// with the scores scaled and nothing else written, where it would not pay (more than one score in
+// eight to sum) or where a score is not finite: then refine_scores takes the block.
+template <class Ops>
+bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const float* q, int64_t q_row,
+                     const float* q_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t nb,
+                     int64_t lanes, const float* m, const float* margin, float limit) {
+  alignas(64) float thr[kWideCols];
+  uint16_t chosen[Ops::kKeyBlock * kWideCols / 8];  // nb <= kKeyBlock, lanes <= kWideCols
+  if (!near_max_thresholds<Ops>(s, lds, nb, lanes, scale, m, margin, thr)) return false;
+  const int64_t count = near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen);
+  if (count < 0) return false;
   std::fill(s_lo, s_lo + nb * lds, 0.0f);
   for (int64_t c = 0; c < count; ++c) {
     const int64_t jj = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
@@ -409,6 +429,19 @@ bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const 
     split_logit(score, s[jj * lds + x], s_lo[jj * lds + x]);
   }
   return true;
+}
+
+// Whether refine_near_max would have taken a block whose scores s (scaled) refine_scores summed
+// again, every one of them: then the forward pays the fp32 product of the next blocks, which it
+// needs, in the hope of the same. Scores of q·4 or q·8 lie too close for the margin, and a first
+// block that computed the product for nothing cost them 6-24% at 128-256 keys (Zen 5).
+template <class Ops>
+bool near_max_separates(float* s, int64_t lds, int64_t nb, int64_t lanes, const float* m, const float* margin,
+                        const float* k_sizes, const float* q_sizes, float limit) {
+  alignas(64) float thr[kWideCols];
+  uint16_t chosen[Ops::kKeyBlock * kWideCols / 8];
+  return near_max_thresholds<Ops>(s, lds, nb, lanes, 1.0f, m, margin, thr) &&
+         near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen) >= 0;
 }
 
 // A refined score s + s_lo through the elementwise terms (MaskEval::add_terms: bias, ALiBi,
