@@ -211,17 +211,14 @@ class ForwardTile {
   }
 
  private:
-  // Whether every live row of the tile takes every key of the block.
-  bool interior(int64_t j0, int64_t nb) const { return j0 >= max_lo_ && j0 + nb <= min_hi_; }
-
   void block(int64_t j0, int64_t nb) {
-    const bool interior = this->interior(j0, nb);
+    const bool interior = j0 >= max_lo_ && j0 + nb <= min_hi_;  // every live row takes every key
     lo_block_ = false;
     // A NaN or Inf in V must not reach rows whose band excludes its key (0 · NaN = NaN): on a
     // band edge with such values each row sums over its own keys (accumulate_in_bands).
     rows_in_band_ =
         !interior && has_nonfinite<Ops>(v_ + j0 * p_.v_stride.row, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv);
-    const bool scaled = scores(j0, nb);
+    const bool scaled = scores(j0, nb, interior);
     if (mask_.has_elementwise()) adjust(j0, nb);
     softmax(j0, nb, interior, !scaled);
     if (p_.dropout.active()) drop(j0, nb);
@@ -238,9 +235,10 @@ class ForwardTile {
 
   // st [nb x bq] = scale · (K[j0 : j0+nb] · qt), rounded twice, or once where large_scores.h sums
   // again (the backward computes the same bits, but for the last bits of those refine_near_max
-  // sums). Returns whether st is scaled already: otherwise softmax() scales in its first pass over
-  // the block. With AMX, rows nb up to the next multiple of 16 are written too (zero keys).
-  bool scores(int64_t j0, int64_t nb) {
+  // sums). interior: every live row takes every key of the block. Returns whether st is scaled
+  // already: otherwise softmax() scales in its first pass over the block. With AMX, rows nb up to
+  // the next multiple of 16 are written too (zero keys).
+  bool scores(int64_t j0, int64_t nb, bool interior) {
     GemmArgs<Elem, Elem> g;
     g.kdim = dk_;
     const int64_t nb16 = amx_ ? (nb + 15) / 16 * 16 : nb;
@@ -286,7 +284,6 @@ class ForwardTile {
           refine_ ? refine_extent(k_sizes_ + j0, nb, qa_.data(), rows_, large_score_limit(p_.scale)) : Refine::none;
       // refine_near_max needs the fp32 scores to bound each row's largest (every live row takes every
       // key, no elementwise term after); where every score passes, a block must show it pays first.
-      const bool interior = this->interior(j0, nb);
       const bool near_max = extent != Refine::none && near_max_ && interior && (extent == Refine::some || separate_);
       if (extent != Refine::every || near_max) gemm_blocked<Ops, Dot>(g, nb, qvecs_);  // else it would be wasted
       if (extent != Refine::none) {
