@@ -38,7 +38,7 @@ struct BackwardLayout {
     };
     q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows), q_sizes = take(rows);
     dominant = take(2 * rows), dominant_cap = take(rows), others = take(2 * rows);
-    row_dot_wide = take(2 * rows);
+    row_dot_wide = take(2 * rows), margin = take(rows), separates = take(rows / t + 1);
     k_sizes = take(s.M);
     dk = take(s.M * dp), dv = take(s.M * dvp);
     const bool grouped = s.H > s.Hkv;
@@ -56,6 +56,9 @@ struct BackwardLayout {
   // derivative there, and the sum of the other keys' dS (double).
   int64_t dominant = 0, dominant_cap = 0, others = 0;
   int64_t row_dot_wide = 0;  // D per chunk row in double, for large q
+  // For large q: near_max_margins' margin per chunk row, and per query tile of the chunk whether
+  // its scores separate (int8: 0 not known yet, 1 yes, -1 no), for backward_tile.h's screen.
+  int64_t margin = 0, separates = 0;
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.

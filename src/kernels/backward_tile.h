@@ -57,6 +57,7 @@ class BackwardTile : BackwardOps<Ops> {
     dominant_ = reinterpret_cast<int64_t*>(scratch + lay.dominant), dominant_cap_ = scratch + lay.dominant_cap;
     others_ = reinterpret_cast<double*>(scratch + lay.others);
     row_dot_wide_ = reinterpret_cast<double*>(scratch + lay.row_dot_wide);
+    margin_ = scratch + lay.margin, separates_ = reinterpret_cast<int8_t*>(scratch + lay.separates);
     kt_ = scratch + lay.kt, vt_ = scratch + lay.vt, k_ = scratch + lay.k, dk_ = scratch + lay.dk,
     dv_ = scratch + lay.dv;
     dk_head_ = scratch + lay.dk_head, dv_head_ = scratch + lay.dv_head;
@@ -124,6 +125,8 @@ class BackwardTile : BackwardOps<Ops> {
     refine_ = max_row_norm(q_, dp_, 1, rows, s_.D) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;
     for (int64_t r = 0; r < rows; ++r) q_sizes_[r] = l2_norm(q_ + r * dp_, 1, s_.D);
+    near_max_margins(q_sizes_, rows, k_bound_, p_.scale, s_.D, s_.M, margin_);
+    std::fill(separates_, separates_ + (rows + T - 1) / T, int8_t{0});
     if (k_sizes_ready_) return;
     for (int64_t j = 0; j < s_.M; ++j)
       k_sizes_[j] = l2_norm(p_.kf() + p_.k_stride.at(b_, hk_, j), p_.k_stride.col, s_.D);
@@ -252,15 +255,28 @@ class BackwardTile : BackwardOps<Ops> {
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
+    // densely; the screen (near_lse) needs it. A query tile takes the screen once a pair summed the
+    // dense way showed that its scores separate (q·4's and q·8's do not: they would pay it for
+    // nothing), or from its first pair where the chunk's tile before it did.
     const Refine extent =
         refine_ ? refine_extent(q_sizes_ + row, rows, k_sizes_ + j0, cols, large_score_limit(p_.scale)) : Refine::none;
-    if (extent != Refine::every) {
+    int8_t& separates = separates_[row / T];
+    if (separates == 0 && row >= T && separates_[row / T - 1] > 0) separates = 1;
+    const bool may_screen = extent != Refine::none && !elementwise_ && interior_;
+    const bool screen = may_screen && separates > 0;
+    if (extent != Refine::every || screen) {
       product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
       const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
       for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     }
     lo_pair_ = extent != Refine::none;  // then slo_ holds the refined scores' low parts
-    if (lo_pair_) refine_large(row, rows, j0, cols, qp, kt, extent == Refine::every);
+    if (lo_pair_ && !(screen && near_lse(row, rows, j0, qp, kr))) {
+      refine_large(row, rows, j0, cols, qp, kt, extent == Refine::every);
+      if (may_screen && separates == 0)  // decided once per query tile
+        separates = near_lse(row, rows, j0, nullptr, nullptr) ? 1 : -1;
+      else if (screen)
+        separates = -1;  // a pair it did not separate: the tile sums the dense way
+    }
     probabilities(h, i0, rows, j0);
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
     product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
@@ -281,6 +297,19 @@ class BackwardTile : BackwardOps<Ops> {
     for (int64_t c = 0; c < T; ++c) ka_[c] = c < cols ? k_sizes_[j0 + c] : 0.0f;
     refine_scores<Ops>(qp, dp_, 1, q_sizes_ + row, kt, T, ka_.data(), s_.D, p_.scale, st_, slo_, T, rows, T,
                        large_score_limit(p_.scale), every, wide_);
+  }
+
+  // The pair's scores summed again only near each row's lse (refine_near_lse), or without q and k
+  // (after the dense sums) whether refine_near_lse would have taken them.
+  bool near_lse(int64_t row, int64_t rows, int64_t j0, const float* qp, const float* kr) {
+    alignas(64) float thr[T];
+    for (int64_t r = 0; r < rows; ++r) thr[r] = lse_[r] - margin_[row + r];
+    const float limit = large_score_limit(p_.scale);
+    uint16_t chosen[T * T / 8];
+    if (qp == nullptr)
+      return near_lse_choose<Ops>(st_, T, rows, T, thr, q_sizes_ + row, k_sizes_ + j0, limit, chosen) >= 0;
+    return refine_near_lse<Ops>(qp, dp_, q_sizes_ + row, kr, dp_, k_sizes_ + j0, s_.D, p_.scale, st_, slo_, T, rows, T,
+                                thr, limit);
   }
 
   // Dropout (qkv/dropout.h) with out = (P ∘ Z / (1 − p)) · v for the keep-mask Z: the gradient
@@ -551,6 +580,8 @@ class BackwardTile : BackwardOps<Ops> {
   float* dominant_cap_;              // softcap's derivative at that key (1 without softcap)
   double* others_;                   // the sum of the row's other keys' dS
   double* row_dot_wide_;             // per chunk row: D in double (wide_row_dots), when refine_
+  float* margin_;                    // per chunk row: near_max_margins', when refine_
+  int8_t* separates_;                // per query tile of the chunk: whether its scores separate (near_lse)
   std::array<float, T> row_pmax_{};  // the largest P of each row of the pair (logit_grads)
   static_assert(T == kWideCols);
   std::array<bool, T> single_{};

@@ -209,6 +209,9 @@ class ForwardTile {
     wide_ = wide;
     slo_ = s_lo;
   }
+  // Before its first block: where the task's tile before it (its first block done) found that its
+  // scores separate, this one takes refine_near_max from its first block on, not after a dense one.
+  void follow(const ForwardTile& before) { separate_ = near_max_ && before.near_max_ && before.separate_; }
 
  private:
   void block(int64_t j0, int64_t nb) {

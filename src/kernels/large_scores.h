@@ -16,8 +16,9 @@
 // bounds of them (any order, vectorised) let a score pass: ordinary inputs pay one pass over q and
 // k per task and a comparison per tile. Where the scores spread far (q·50: ~±150), most of them
 // weigh nothing beside their row's largest, and the forward sums again only those near it
-// (refine_near_max): the others' error cannot reach a sum of P. The backward sums them all; the
-// scores that carry weight then differ between the passes in the last bits of a double sum.
+// (refine_near_max): the others' error cannot reach a sum of P. The backward, which knows each
+// row's lse, sums again only those near it (refine_near_lse); where the two passes sum a score in
+// different orders, the scores that carry weight differ in the last bits of a double sum.
 #pragma once
 
 #include "kernels/large_scores_room.h"
@@ -410,9 +411,9 @@ int64_t near_max_choose(const float* s, int64_t lds, int64_t nb, int64_t lanes, 
 // same norms and limit), only where its fp32 value reaches the larger of m and the block's largest
 // less the margin: with q·50 (scores ~±150) that leaves ~1-2% of them; the others keep the fp32
 // product, and s_lo 0. The sums differ from refine_scores' in order (the last bits of a score of
-// weight > e^-T; the backward sums every score the dense way, docs/accuracy.md). Returns false,
-// with the scores scaled and nothing else written, where it would not pay (more than one score in
-// eight to sum) or where a score is not finite: then refine_scores takes the block.
+// weight > e^-T, docs/accuracy.md). Returns false, with the scores scaled and nothing else
+// written, where it would not pay (more than one score in eight to sum) or where a score is not
+// finite: then refine_scores takes the block.
 template <class Ops>
 bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const float* q, int64_t q_row,
                      const float* q_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t nb,
@@ -442,6 +443,57 @@ bool near_max_separates(float* s, int64_t lds, int64_t nb, int64_t lanes, const 
   uint16_t chosen[Ops::kKeyBlock * kWideCols / 8];
   return near_max_thresholds<Ops>(s, lds, nb, lanes, 1.0f, m, margin, thr) &&
          near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen) >= 0;
+}
+
+// The backward's screen, for a pair of tiles whose rows' lse the forward left: s holds the fp32
+// scores, scaled, of `rows` query rows (rows of q at q + r·q_row, norms q_sizes) against `lanes`
+// keys (rows of k at k + x·k_row, norms k_sizes), lds apart; thr[r] is row r's lse less its margin
+// (near_max_margins). A score under thr weighs under e^-T beside the row's sum, as in the forward.
+// The (row, key) of each score at or over thr whose norms pass `limit`, as r·kWideCols + x, into
+// chosen; their count, or -1 past one score in eight or where a score is not finite.
+template <class Ops>
+int64_t near_lse_choose(const float* s, int64_t lds, int64_t rows, int64_t lanes, const float* thr,
+                        const float* q_sizes, const float* k_sizes, float limit, uint16_t* chosen) {
+  using V = typename Ops::V;
+  constexpr int L = Ops::kLanes;
+  const int64_t most = rows * lanes / 8;
+  int64_t count = 0;
+  V finite = Ops::zero();  // s·0 summed, NaN where a score is inf or NaN
+  for (int64_t r = 0; r < rows; ++r) {
+    const V t = Ops::set1(thr[r]);
+    uint64_t bits = 0;  // a row's keys in one mask
+    for (int64_t g = 0; g < lanes / L; ++g) {
+      const V x = Ops::load(s + r * lds + g * L);
+      finite = Ops::fma(x, Ops::zero(), finite);
+      bits |= static_cast<uint64_t>(Ops::ge_mask(x, t)) << (g * L);
+    }
+    for (; bits != 0; bits &= bits - 1) {
+      const int64_t x = std::countr_zero(bits);
+      if (!refined(q_sizes[r], k_sizes[x], limit)) continue;
+      if (count == most) return -1;
+      chosen[count++] = static_cast<uint16_t>(r * kWideCols + x);
+    }
+  }
+  return Ops::any_nan(finite) ? -1 : count;
+}
+
+// refine_near_max's form for the backward: the scores near_lse_choose picks summed again
+// (near_max_dot, the forward's bits for a score both passes pick), the others left in fp32 with
+// s_lo 0. False, with nothing written, where near_lse_choose finds it would not pay.
+template <class Ops>
+bool refine_near_lse(const float* q, int64_t q_row, const float* q_sizes, const float* k, int64_t k_row,
+                     const float* k_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t rows,
+                     int64_t lanes, const float* thr, float limit) {
+  uint16_t chosen[kWideCols * kWideCols / 8];  // rows, lanes <= kWideCols
+  const int64_t count = near_lse_choose<Ops>(s, lds, rows, lanes, thr, q_sizes, k_sizes, limit, chosen);
+  if (count < 0) return false;
+  std::fill(s_lo, s_lo + rows * lds, 0.0f);
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t r = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
+    const double score = near_max_dot<Ops>(q + r * q_row, k + x * k_row, kdim) * static_cast<double>(scale);
+    split_logit(score, s[r * lds + x], s_lo[r * lds + x]);
+  }
+  return true;
 }
 
 // A refined score s + s_lo through the elementwise terms (MaskEval::add_terms: bias, ALiBi,

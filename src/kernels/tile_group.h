@@ -28,8 +28,10 @@ const float* key_sizes(const ForwardParams& p, const ForwardTask& task, Workspac
 
 // Runs the task's tiles block-major: key block n of every tile, then block n + 1, so a block of K
 // and V comes from L3 once per group and from L2 for the other tiles (a head's K and V outgrow
-// L2 from M of about 2048). Each tile still sees its own blocks in its own order, so grouping
-// does not change a bit of the result.
+// L2 from M of about 2048). Each tile still sees its own blocks in its own order. One thing passes
+// from tile to tile: whether large scores separate (ForwardTile::follow), which only decides in
+// which order a first block's weighty scores are summed in double; the group, like the blocks,
+// depends on the shape alone, so the bits do not depend on the threads.
 template <class Ops, class In, bool Pairs>
 void forward_group(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
   using Tile = ForwardTile<Ops, In, Pairs>;
@@ -60,8 +62,11 @@ void forward_group(const ForwardParams& p, const ForwardTask& task, Workspace& w
     if (p.bf16_amx) Ops::TileDot::begin();  // this thread's tile configuration
   }
   for (int64_t n = 0; n < most; ++n)
-    for (int64_t t = 0; t < tiles; ++t)
-      if (n < blocks[t]) group[t].step(n);
+    for (int64_t t = 0; t < tiles; ++t) {
+      if (n >= blocks[t]) continue;
+      if (n == 0 && t > 0 && refine) group[t].follow(group[t - 1]);
+      group[t].step(n);
+    }
   if constexpr (Pairs) {
     if (p.bf16_amx) Ops::TileDot::end();
   }
