@@ -353,6 +353,21 @@ double near_max_dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
+// The `count` scores of s named in chosen (row·kWideCols + lane) summed again: row r against lane x
+// is Σ_d a_r[d]·b_x[d] (a_r = a + r·a_row, b_x = b + x·b_row) by near_max_dot, whose products
+// commute, so the forward (rows of k) and the backward (rows of q) get the same bits; scaled in
+// double and split into s and s_lo, which is 0 elsewhere (rows x lds).
+template <class Ops>
+void sum_chosen(const float* a, int64_t a_row, const float* b, int64_t b_row, int64_t kdim, float scale, float* s,
+                float* s_lo, int64_t lds, int64_t rows, const uint16_t* chosen, int64_t count) {
+  std::fill(s_lo, s_lo + rows * lds, 0.0f);
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t r = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
+    const double score = near_max_dot<Ops>(a + r * a_row, b + x * b_row, kdim) * static_cast<double>(scale);
+    split_logit(score, s[r * lds + x], s_lo[r * lds + x]);
+  }
+}
+
 // refine_near_max's first pass: s (a block's fp32 scores, rows of keys against `lanes` lanes,
 // lds apart) scaled in place by `scale`, and thr[x] = the larger of m[x] (the lane's running
 // maximum over the blocks before) and the block's largest, less margin[x]. False if a score is
@@ -423,12 +438,7 @@ bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const 
   if (!near_max_thresholds<Ops>(s, lds, nb, lanes, scale, m, margin, thr)) return false;
   const int64_t count = near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen);
   if (count < 0) return false;
-  std::fill(s_lo, s_lo + nb * lds, 0.0f);
-  for (int64_t c = 0; c < count; ++c) {
-    const int64_t jj = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
-    const double score = near_max_dot<Ops>(k + jj * k_row, q + x * q_row, kdim) * static_cast<double>(scale);
-    split_logit(score, s[jj * lds + x], s_lo[jj * lds + x]);
-  }
+  sum_chosen<Ops>(k, k_row, q, q_row, kdim, scale, s, s_lo, lds, nb, chosen, count);
   return true;
 }
 
@@ -478,8 +488,8 @@ int64_t near_lse_choose(const float* s, int64_t lds, int64_t rows, int64_t lanes
 }
 
 // refine_near_max's form for the backward: the scores near_lse_choose picks summed again
-// (near_max_dot, the forward's bits for a score both passes pick), the others left in fp32 with
-// s_lo 0. False, with nothing written, where near_lse_choose finds it would not pay.
+// (sum_chosen), the others left in fp32 with s_lo 0. False, with nothing written, where
+// near_lse_choose finds it would not pay.
 template <class Ops>
 bool refine_near_lse(const float* q, int64_t q_row, const float* q_sizes, const float* k, int64_t k_row,
                      const float* k_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t rows,
@@ -487,12 +497,7 @@ bool refine_near_lse(const float* q, int64_t q_row, const float* q_sizes, const 
   uint16_t chosen[kWideCols * kWideCols / 8];  // rows, lanes <= kWideCols
   const int64_t count = near_lse_choose<Ops>(s, lds, rows, lanes, thr, q_sizes, k_sizes, limit, chosen);
   if (count < 0) return false;
-  std::fill(s_lo, s_lo + rows * lds, 0.0f);
-  for (int64_t c = 0; c < count; ++c) {
-    const int64_t r = chosen[c] / kWideCols, x = chosen[c] % kWideCols;
-    const double score = near_max_dot<Ops>(q + r * q_row, k + x * k_row, kdim) * static_cast<double>(scale);
-    split_logit(score, s[r * lds + x], s_lo[r * lds + x]);
-  }
+  sum_chosen<Ops>(q, q_row, k, k_row, kdim, scale, s, s_lo, lds, rows, chosen, count);
   return true;
 }
 
