@@ -260,9 +260,9 @@ class BackwardTile : BackwardOps<Ops> {
     // nothing), or from its first pair where the chunk's tile before it did.
     const Refine extent =
         refine_ ? refine_extent(q_sizes_ + row, rows, k_sizes_ + j0, cols, large_score_limit(p_.scale)) : Refine::none;
-    int8_t& separates = separates_[row / T];
-    if (separates == 0 && row >= T && separates_[row / T - 1] > 0) separates = 1;
     const bool may_screen = extent != Refine::none && !elementwise_ && interior_;
+    int8_t& separates = separates_[row / T];  // set for the head only when refine_, as may_screen needs
+    if (may_screen && separates == 0 && row >= T && separates_[row / T - 1] > 0) separates = 1;
     const bool screen = may_screen && separates > 0;
     if (extent != Refine::every || screen) {
       product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
