@@ -35,7 +35,10 @@ Differences from PyTorch, all deliberate:
     PyTorch's bernoulli ones); dropout_p = 1 raises (it must be below 1);
   - float64 inputs run qkv's float64 reference, but a float mask is rounded to float32 first
     (finite values saturate at float32's largest: torch.finfo(torch.float64).min stays a very
-    negative finite bias, as in PyTorch, not -inf).
+    negative finite bias, as in PyTorch, not -inf);
+  - a float mask with no key dim of its own (a scalar, or size 1 in the last dim) gets a gradient
+    of exactly 0, which it is (softmax ignores a constant added to a row), where PyTorch's
+    composite returns the rounding noise of summing dS along the keys.
 """
 
 import functools
@@ -47,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _qkv
-from .attention import dropout_mask
+from .attention import constant_along_keys, dropout_mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
@@ -256,6 +259,7 @@ class _AttentionFunction(torch.autograd.Function):
         layout = ctx.layout
         q, k, v, bias, keep = layout.views(*inputs)
         want_dbias = ctx.needs_input_grad[3]
+        zero_dbias = want_dbias and constant_along_keys(inputs[3].shape)
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
         dtype = q.dtype
         if dtype in (torch.bfloat16, torch.float16):  # no 16-bit backward kernel: the fp32 one
@@ -266,9 +270,12 @@ class _AttentionFunction(torch.autograd.Function):
         reuse = dtype in (torch.float32, torch.float16)
         out_np, lse_np = (out.numpy(), lse.numpy()) if reuse else (None, None)
         grads = _qkv.attention_backward(_numpy(q), _numpy(k), _numpy(v), _numpy(dout), out_np, lse_np, mask,
-                                        ctx.scale, want_dbias, "auto", ctx.num_threads, "auto", False)
+                                        ctx.scale, want_dbias and not zero_dbias, "auto", ctx.num_threads, "auto",
+                                        False)
         leads = (layout.lead, layout.kv_lead, layout.kv_lead, layout.lead)
         grads = [layout.gradient(torch.from_numpy(g), t, lead) for g, t, lead in zip(grads, inputs, leads)]
+        if zero_dbias:
+            grads.append(torch.zeros_like(inputs[3]))
         return (*grads[:3], grads[3] if want_dbias else None, None, None, None, None, None)
 
 

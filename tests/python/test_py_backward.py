@@ -92,6 +92,26 @@ def test_full_dbias_without_bias_and_fully_masked_rows():
     assert_close(dk, want[1], FP32_TOL, seed_note(5300))
 
 
+def test_bias_constant_along_the_keys_has_an_exactly_zero_gradient():
+    """A bias with no key dim of its own shifts each softmax row by a constant: its gradient is 0
+    exactly, not the rounding noise of summing dS along the keys; dq, dk, dv are those of a call
+    that does not ask for dbias."""
+    rng = rng_for(5310)
+    q = rng.standard_normal((2, 3, 37, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 5, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 5, 40)).astype(np.float32)
+    dout = rng.standard_normal((2, 3, 37, 40)).astype(np.float32)
+    for shape in ((1,), (37, 1), (2, 3, 37, 1), (1, 1, 1, 1)):
+        bias = rng.standard_normal(shape).astype(np.float32)
+        *grads, dbias = qkv.attention_backward(q, k, v, dout, bias=bias, return_dbias=True, causal=True)
+        assert dbias.shape == shape and dbias.dtype == np.float32 and not dbias.any(), f"{shape} {seed_note(5310)}"
+        alone = qkv.attention_backward(q, k, v, dout, bias=bias, causal=True)
+        assert all(np.array_equal(a, b) for a, b in zip(grads, alone)), f"{shape} {seed_note(5310)}"
+    # A bias along the keys keeps its summed gradient.
+    *_, dbias = qkv.attention_backward(q, k, v, dout, bias=np.zeros((37, 5), np.float32), return_dbias=True)
+    assert dbias.shape == (37, 5) and np.abs(dbias).max() > 1e-3, seed_note(5310)
+
+
 def test_backward_bad_inputs():
     rng = rng_for(5400)
     q = rng.standard_normal((5, 4)).astype(np.float32)

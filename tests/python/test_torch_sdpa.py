@@ -150,6 +150,23 @@ def test_gradients_within_house_bound(case):
         assert fp32_bound(g, r) <= bound, f"{name}: {fp32_bound(g, r):.3g} > {bound:.3g}; {note}"
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (42, 1), (2, 4, 42, 1), (1, 1, 1)])
+def test_mask_constant_along_keys_has_an_exactly_zero_gradient(shape):
+    """Softmax ignores a constant added to a row, so a float mask with no key dim of its own has
+    gradient 0 exactly (PyTorch's composite returns rounding noise there, ~1e-6 per few hundred rows);
+    q, k and v get the gradients of the same mask given without requires_grad."""
+    rng = rng_for(1400)
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s)).float()  # noqa: E731
+    q, k, v, dout, mask = t(2, 4, 42, 16), t(2, 1, 3, 16), t(2, 1, 3, 40), t(2, 4, 42, 40), t(*shape)
+    inputs = [x.requires_grad_() for x in (q, k, v, mask.clone())]
+    qt.scaled_dot_product_attention(*inputs[:3], attn_mask=inputs[3], enable_gqa=True).backward(dout)
+    dmask = inputs[3].grad
+    assert dmask.shape == mask.shape and dmask.dtype == torch.float32 and not dmask.any(), seed_note(1400)
+    alone = grads_of(lambda q, k, v: qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                     [q, k, v], dout)
+    assert all(torch.equal(x.grad, a) for x, a in zip(inputs, alone)), seed_note(1400)
+
+
 def half_rounded(t):
     return t.half().float()  # differentiable: the gradient is rounded to float16 on its way back too
 
