@@ -184,11 +184,7 @@ class ForwardTile {
   // kMaxTileRows), for refine_extent and refine_large.
   void q_sizes() {
     std::fill(qa_.begin(), qa_.end(), 0.0f);
-    for (int64_t d = 0; d < s_.D; ++d)  // d outer: the rows' vectors are independent chains
-      for (int64_t g = 0; g < qvecs_; ++g) {
-        const V v = Ops::load(qt_ + d * bq_ + g * L);
-        Ops::store(qa_.data() + g * L, Ops::fma(v, v, Ops::load(qa_.data() + g * L)));
-      }
+    column_squares<Ops>(qt_, bq_, s_.D, qvecs_, qa_.data());
     refine_ = std::sqrt(largest(qa_.data(), rows_)) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;  // ordinary inputs
     for (int64_t r = 0; r < kMaxTileRows; ++r) qa_[r] = r < rows_ ? l2_norm(qt_ + r, bq_, s_.D) : 0.0f;

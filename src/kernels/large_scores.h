@@ -109,6 +109,38 @@ float max_row_norm(const T* x, int64_t row_stride, int64_t stride, int64_t rows,
   return std::sqrt(m);
 }
 
+// out[lane] = Σ_r x[r·ld + lane]² over r < rows for vecs vectors of lanes, each lane one fused
+// multiply-add chain in r order. The sums stay in registers, four vectors at a time: summed
+// through memory, each step waited on the store before it, 3% of S2's forward (Zen 5).
+template <class Ops, int N>
+void column_squares_of(const float* x, int64_t ld, int64_t rows, float* out) {
+  using V = typename Ops::V;
+  V a[N];
+  for (int i = 0; i < N; ++i) a[i] = Ops::zero();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < N; ++i) {
+      const V v = Ops::load(x + r * ld + i * Ops::kLanes);
+      a[i] = Ops::fma(v, v, a[i]);
+    }
+  for (int i = 0; i < N; ++i) Ops::store(out + i * Ops::kLanes, a[i]);
+}
+
+template <class Ops>
+void column_squares(const float* x, int64_t ld, int64_t rows, int64_t vecs, float* out) {
+  constexpr int L = Ops::kLanes;
+  for (int64_t g = 0; g < vecs; g += 4) {
+    const int64_t n = std::min<int64_t>(4, vecs - g);
+    if (n == 4)
+      column_squares_of<Ops, 4>(x + g * L, ld, rows, out + g * L);
+    else if (n == 3)
+      column_squares_of<Ops, 3>(x + g * L, ld, rows, out + g * L);
+    else if (n == 2)
+      column_squares_of<Ops, 2>(x + g * L, ld, rows, out + g * L);
+    else
+      column_squares_of<Ops, 1>(x + g * L, ld, rows, out + g * L);
+  }
+}
+
 // The largest of x[0, n) and 0; NaN never counts.
 inline float largest(const float* x, int64_t n) {
   float m = 0.0f;
