@@ -104,7 +104,7 @@ def scaled_dot_product_attention(q, k, v, *, causal=False, causal_align="top_lef
 scaled_dot_product_attention.__doc__ = scaled_dot_product_attention.__doc__.replace("{mask}", _MASK_DOC)
 
 
-def constant_along_keys(shape):
+def _constant_along_keys(shape):
     """True for a bias shape with no key dim of its own (a scalar, or size 1 in the last dim). Such a
     bias shifts every softmax row by a constant, which no output depends on: its gradient is exactly
     zero. Summing the kernel's dbias would give only rounding noise (up to 2e-5 over a few hundred
@@ -148,7 +148,7 @@ def attention_backward(q, k, v, dout, *, out=None, lse=None, causal=False, causa
     """
     mask = _mask_dict(causal, causal_align, key_lengths, query_lengths, window, keep_mask, bias, alibi_slopes, softcap,
                       dropout_p, seed, dropout_offset)
-    zero_dbias = return_dbias and bias is not None and constant_along_keys(np.shape(bias))
+    zero_dbias = return_dbias and bias is not None and _constant_along_keys(np.shape(bias))
     grads = _qkv.attention_backward(q, k, v, dout, out, lse, mask, scale, return_dbias and not zero_dbias, kernel,
                                     num_threads, simd, check_finite)
     if zero_dbias:

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _qkv
-from .attention import constant_along_keys, dropout_mask
+from .attention import _constant_along_keys, dropout_mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
@@ -259,7 +259,7 @@ class _AttentionFunction(torch.autograd.Function):
         layout = ctx.layout
         q, k, v, bias, keep = layout.views(*inputs)
         want_dbias = ctx.needs_input_grad[3]
-        zero_dbias = want_dbias and constant_along_keys(inputs[3].shape)
+        zero_dbias = want_dbias and _constant_along_keys(inputs[3].shape)
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
         dtype = q.dtype
         if dtype in (torch.bfloat16, torch.float16):  # no 16-bit backward kernel: the fp32 one
