@@ -17,7 +17,7 @@
 #pragma once
 
 #include "kernels/dropout_tile.h"
-#include "kernels/large_scores.h"
+#include "kernels/large_scores_screen.h"
 #include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
 #include "kernels/transpose_blocks.h"
@@ -289,8 +289,8 @@ class ForwardTile {
         if constexpr (std::is_same_v<In, float>)  // it scales the scores, whether it takes the block or not
           if (near_max &&
               (lo_block_ = refine_near_max<Ops>(g.a, g.a_row, k_sizes_ + j0, q_ + i0_ * p_.q_stride.row,
-                                                p_.q_stride.row, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
-                                                qvecs_ * L, m_, margin_.data(), large_score_limit(p_.scale))))
+                                                p_.q_stride.row, qa_.data(), dk_, p_.scale, st_, slo_, lo_bits_, ls_,
+                                                nb, qvecs_ * L, m_, margin_.data(), large_score_limit(p_.scale))))
             return true;
         if (extent == Refine::some && !near_max) scale_scores(nb);  // first: the second sums are written scaled
         near_max_ = near_max_ && !near_max;  // a block it did not separate: the tile sums the dense way
@@ -322,6 +322,7 @@ class ForwardTile {
   // for softmax(), through adjust() where elementwise terms follow.
   void refine_large(const GemmArgs<float, float>& g, int64_t j0, int64_t nb, bool every) {
     lo_block_ = true;
+    std::fill(lo_bits_, lo_bits_ + nb, ~uint64_t{0});
     refine_scores<Ops>(g.a, g.a_row, g.a_k, k_sizes_ + j0, qt_, bq_, qa_.data(), dk_, p_.scale, st_, slo_, ls_, nb,
                        qvecs_ * L, large_score_limit(p_.scale), every, wide_);
   }
@@ -406,7 +407,8 @@ class ForwardTile {
       if (lo_block_) {  // s − m is exact near the max, so the low part adds what its rounding lost
         const float* slo = slo_ + g * L;
         for (int64_t jj = 0; jj < nb; ++jj) {
-          const V x = Ops::add(Ops::sub(Ops::load(st + jj * ls_), m_use), Ops::load(slo + jj * ls_));
+          const V x =
+              add_low_parts<Ops>(Ops::sub(Ops::load(st + jj * ls_), m_use), lo_bits_[jj] >> (g * L), slo + jj * ls_);
           const V pv = exp_e<Ops>(x);
           Ops::store(st + jj * ls_, pv);
           sum = Ops::add(sum, pv);
@@ -567,12 +569,13 @@ class ForwardTile {
   using Dot = typename DotOf<Ops, Pairs>::type;
 
   const ForwardParams& p_;
-  PackedBlock* packed_;             // shared by the group's tiles
-  float k_bound_;                   // an upper bound of |k| over the kv head
-  const float* k_sizes_ = nullptr;  // |k| of every key of the head, when refine_
-  double* wide_ = nullptr;          // large_scores.h's room for Qᵀ in double, when refine_
-  float* slo_ = nullptr;            // the scores' low parts (refine_large), when refine_
-  bool lo_block_ = false;           // whether slo_ holds the current block's low parts
+  PackedBlock* packed_;               // shared by the group's tiles
+  float k_bound_;                     // an upper bound of |k| over the kv head
+  const float* k_sizes_ = nullptr;    // |k| of every key of the head, when refine_
+  double* wide_ = nullptr;            // large_scores.h's room for Qᵀ in double, when refine_
+  float* slo_ = nullptr;              // the scores' low parts (refine_large), when refine_
+  bool lo_block_ = false;             // whether slo_ holds the current block's low parts
+  uint64_t lo_bits_[Ops::kKeyBlock];  // their lanes, per key of the block (add_low_parts)
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;

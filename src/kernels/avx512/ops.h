@@ -154,6 +154,20 @@ struct Avx512 {
   static bool any_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
   // Bit i: a[i] >= b[i].
   static uint32_t ge_mask(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  // x + p[i] in the lanes whose bit is set, x in the others, whose p[i] is not read.
+  static V add_where(V x, uint32_t bits, const float* p) {
+    const __mmask16 k = static_cast<__mmask16>(bits);
+    return _mm512_mask_add_ps(x, k, x, _mm512_maskz_loadu_ps(k, p));
+  }
+  // out[0, popcount(bits)) = first + i for each set bit i, ascending; the whole vector is stored, so
+  // out has room for kLanes. The register form of the compress: its store form is slow on Zen 4.
+  static int append_lanes(uint32_t bits, int32_t first, uint16_t* out) {
+    const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(first),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i packed = _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), lanes);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(packed));
+    return std::popcount(bits);
+  }
 
   // dst[c * ld_dst + r] = src[r * ld_src + c] for a kTranspose x kTranspose block whose first
   // `rows` rows exist (the others read as 0; rows <= 0 reads nothing): packing Q tiles costs ~0.4
