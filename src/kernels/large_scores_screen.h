@@ -232,7 +232,7 @@ bool near_max_separates(float* s, int64_t lds, int64_t nb, int64_t lanes, const 
 // keys (rows of k at k + x·k_row, norms k_sizes), lds apart; thr[r] is row r's lse less its margin
 // (near_max_margins). A score under thr weighs under e^-T beside the row's sum, as in the forward.
 // The (row, key) of each score at or over thr whose norms pass `limit`, as r·kWideCols + x, into
-// chosen (chosen_room); their count, or -1 past one score in eight or where a score is not finite.
+// chosen; their count, or -1 past one score in eight or where a score is not finite.
 template <class Ops>
 int64_t near_lse_choose(const float* s, int64_t lds, int64_t rows, int64_t lanes, const float* thr,
                         const float* q_sizes, const float* k_sizes, float limit, uint16_t* chosen) {
@@ -266,7 +266,7 @@ template <class Ops>
 bool refine_near_lse(const float* q, int64_t q_row, const float* q_sizes, const float* k, int64_t k_row,
                      const float* k_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t rows,
                      int64_t lanes, const float* thr, float limit) {
-  uint16_t chosen[chosen_room(kWideCols * kWideCols)];  // rows, lanes <= kWideCols
+  uint16_t chosen[kWideCols * kWideCols / 8];  // rows, lanes <= kWideCols
   const int64_t count = near_lse_choose<Ops>(s, lds, rows, lanes, thr, q_sizes, k_sizes, limit, chosen);
   if (count < 0) return false;
   sum_chosen<Ops>(q, q_row, k, k_row, kdim, scale, s, s_lo, nullptr, lds, rows, chosen, count);
