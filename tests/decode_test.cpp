@@ -286,6 +286,46 @@ TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
   }
 }
 
+// out and lse may have any strides (decode.h): views with the head axis moved and a gap after
+// every element hold bitwise what a contiguous call writes, and the gaps stay untouched.
+TEST(Decode, StridedOutputsMatchContiguousOnes) {
+  test::Rng rng("Decode.Strided");
+  Case c;
+  c.dtype = KVDtype::f16;
+  c.Hkv = 2, c.G = 2, c.N = 3, c.D = 40, c.Dv = 24, c.page_tokens = 16;
+  c.lens = {700, 33};  // 700 keys: two chunks to merge
+  c.options.sinks = {0.5f, -1, 2, 0};
+  const Filled f = fill(rng, c);
+  const int64_t B = 2, H = 4, N = c.N, Dv = c.Dv;
+  const Tensor<float> q = rng.normal32({B, H, N, c.D});
+  for (Simd simd : test::available_paths()) {
+    const Result dense = run_decode(c, f, q, simd, 2);
+    std::vector<float> obuf(static_cast<std::size_t>(B * H * N * Dv * 2), NAN);
+    std::vector<float> lbuf(static_cast<std::size_t>(B * H * N * 3), NAN);
+    const std::array<int64_t, 4> oshape{B, H, N, Dv}, ostrides{N * Dv * H * 2, 2, Dv * H * 2, H * 2};
+    const std::array<int64_t, 3> lshape{B, H, N}, lstrides{H * N * 3, 3, H * 3};
+    DecodeOptions o = c.options;
+    o.attention.simd = simd;
+    o.attention.num_threads = 2;
+    decode_attention(TensorView<float>(obuf.data(), oshape, ostrides), TensorView<float>(lbuf.data(), lshape, lstrides),
+                     q.cview(), f.cache, f.ids, o);
+    int64_t written = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < N; ++i) {
+          const float lse = lbuf[b * lstrides[0] + h * lstrides[1] + i * lstrides[2]];
+          EXPECT_EQ(std::memcmp(&lse, &dense.lse[(b * H + h) * N + i], sizeof(float)), 0) << simd_path_name(simd);
+          for (int64_t e = 0; e < Dv; ++e, ++written) {
+            const float x = obuf[b * ostrides[0] + h * ostrides[1] + i * ostrides[2] + e * ostrides[3]];
+            ASSERT_EQ(std::memcmp(&x, &dense.out[((b * H + h) * N + i) * Dv + e], sizeof(float)), 0)
+                << simd_path_name(simd) << " (" << b << ", " << h << ", " << i << ", " << e << ")";
+          }
+        }
+    EXPECT_EQ(std::count_if(obuf.begin(), obuf.end(), [](float x) { return std::isnan(x); }),
+              static_cast<std::ptrdiff_t>(obuf.size()) - written);
+  }
+}
+
 // int8 against the float64 reference on the values before quantization. Every stored value is
 // within step/2 of the original (step = max|x| / 127 of its token and head; kv_cache_test), so a
 // logit moves by at most Δ = scale · ‖q‖₁ · max stepk / 2 a priori; the test measures the actual

@@ -35,7 +35,8 @@ struct PagedKV {
 
 struct DecodeOptions {
   // Scale (unset: 1/sqrt(D)), mask, threads (0: default_num_threads(); the result is bitwise the
-  // same for any count) and SIMD path, as for attention_forward. Mask: causal (bottom_right:
+  // same for any count; a step too short to repay starting a thread, about a million multiply-adds
+  // per thread, uses fewer) and SIMD path, as for attention_forward. Mask: causal (bottom_right:
   // query i of N sits at position len - N + i, i.e. the new tokens' keys are already appended),
   // window, alibi_slopes, softcap, query_lengths, keep and bias ([B, H, N, max len] views);
   // key_lengths must be empty: the sequence lengths are the key lengths. Decode runs the fused

@@ -49,7 +49,7 @@ Workspace& partial_workspace() {
 
 // Every task of a call and where its partial result (o, m, l) lives. The plan, and so every bit
 // of the result, depends on the lengths alone; the order of the tasks only on how the pool lays
-// out a KV head's keys (parallel_for hands out runs of 8 tasks). Pages of 256 tokens or more:
+// out a KV head's keys (parallel_for hands out runs of up to 8 tasks). Pages of 256 tokens or more:
 // (sequence, KV head, chunk), so a thread streams a run of one head's keys (D1 M = 32768, 2
 // threads, cold: f16 -3..-9%, i8 -5..-7%; D2 contiguous -11%). Smaller pages hold every head's
 // rows of a few tokens side by side: (sequence, chunk, KV head) keeps a page's rows together (D2
@@ -94,17 +94,23 @@ struct DecodePlan {
   float* partial = nullptr;
 };
 
-// Runs fn(i) for i in [0, n) on the threads asked for (resolve_num_threads); an exception (a
-// failed scratch allocation) must not leave the OpenMP region, so it is reported after.
+// Runs fn(i) for i in [0, n), whose work adds up to `work` units, on the threads asked for
+// (resolve_num_threads), but only on as many as get at least `min_share` units each: starting and
+// joining an OpenMP region costs ~3 µs on a 2-vCPU Zen 5, so a short step runs faster on the
+// calling thread alone. Threads take runs of up to 8 consecutive items (a KV head's chunks in
+// order), fewer when 8 would leave a thread without any. An exception (a failed scratch
+// allocation) must not leave the OpenMP region, so it is reported after.
 template <class Fn>
-void parallel_for(int64_t n, int requested, const Fn& fn) {
-  const int threads = resolve_num_threads(requested, n);
+void parallel_for(int64_t n, int requested, double work, double min_share, const Fn& fn) {
+  const int64_t shares = static_cast<int64_t>(std::min(work / min_share, static_cast<double>(n)));
+  const int threads = resolve_num_threads(requested, std::min(n, std::max<int64_t>(1, shares)));
   if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  const int64_t run = std::clamp<int64_t>(n / threads, 1, 8);
   bool failed = false;
-#pragma omp parallel for schedule(dynamic, 8) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, run) num_threads(threads)
   for (int64_t i = 0; i < n; ++i) {
     try {
       fn(i);
@@ -116,9 +122,18 @@ void parallel_for(int64_t n, int requested, const Fn& fn) {
   if (failed) throw Error("decode_attention: cannot allocate the per-thread scratch buffers");
 }
 
+// A thread's least share of the tasks, in multiply-adds (keys · query rows · (D + Dv)): 2^20,
+// one KV head's 1024 keys against 4 rows at D = 128, ~15 µs of one core.
+constexpr double kMinTaskShare = 1 << 20;
+// A thread's least share of the merge, in elements of chunk results: ~13 µs of one core.
+constexpr double kMinMergeShare = 1 << 15;
+
 void launch(const DecodePlan& plan, DecodeFn fn, int num_threads) {
   const std::vector<int64_t>& first = plan.first_task;
-  parallel_for(plan.tasks, num_threads, [&](int64_t t) {
+  double keys = 0;
+  for (int64_t b = 0; b < plan.p.B; ++b) keys += static_cast<double>(plan.seq_lens[b]);
+  const double work = keys * static_cast<double>(plan.p.Hkv * plan.rows * (plan.p.D + plan.p.Dv));
+  parallel_for(plan.tasks, num_threads, work, kMinTaskShare, [&](int64_t t) {
     const int64_t b = std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1;
     const int64_t i = t - first[b], n = plan.head_major ? plan.plans[b].count : plan.p.Hkv;
     const FlushSubnormals flush;
@@ -150,6 +165,7 @@ bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
   }
   mx = std::max(mx, sink);
   double acc[512];  // Dv <= 512 per pass
+  float row[512];   // for an out whose elements are not contiguous
   for (int64_t e0 = 0; e0 < p.Dv; e0 += 512) {
     const int64_t ne = std::min<int64_t>(512, p.Dv - e0);
     std::fill(acc, acc + ne, 0.0);
@@ -161,10 +177,19 @@ bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
       sum += w * t.l[r];
       for (int64_t e = 0; e < ne; ++e) acc[e] += w * t.o[r * p.dvp + e0 + e];
     }
+    // One division per row, then a contiguous row whose products and finiteness test run in
+    // vectors: a divide, store and test per element took half of a short step's time. In double,
+    // acc · (1 / sum) is within an ulp of acc / sum, far below the float it is rounded to.
+    const double inv = 1.0 / sum;
+    float* dst = out.stride(3) == 1 ? o + e0 : row;
+    int overflowed = 0;
     for (int64_t e = 0; e < ne; ++e) {
-      o[(e0 + e) * out.stride(3)] = static_cast<float>(acc[e] / sum);
-      finite &= std::isfinite(o[(e0 + e) * out.stride(3)]);
+      dst[e] = static_cast<float>(acc[e] * inv);
+      overflowed |= !(std::fabs(dst[e]) <= std::numeric_limits<float>::max());
     }
+    finite &= overflowed == 0;
+    if (dst == row)
+      for (int64_t e = 0; e < ne; ++e) o[(e0 + e) * out.stride(3)] = row[e];
     if (l != nullptr && e0 == 0) *l = static_cast<float>(mx + std::log(sum));
   }
   return finite;
@@ -175,7 +200,9 @@ bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
 bool merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int num_threads) {
   const DecodeParams& p = plan.p;
   std::atomic<bool> nonfinite{false};
-  parallel_for(p.B * p.H, num_threads, [&](int64_t bh) {
+  double chunks = 0;
+  for (int64_t b = 0; b < p.B; ++b) chunks += static_cast<double>(plan.plans[b].count);
+  parallel_for(p.B * p.H, num_threads, chunks * static_cast<double>(p.H * p.N * p.Dv), kMinMergeShare, [&](int64_t bh) {
     for (int64_t i = 0; i < p.N; ++i)
       if (!merge_row(plan, sinks, out, lse, bh / p.H, bh % p.H, i)) nonfinite.store(true, std::memory_order_relaxed);
   });
