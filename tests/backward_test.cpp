@@ -318,6 +318,42 @@ TEST(Backward, BitwiseEqualForOneTwoThreeThreadsOnEverySimdPath) {
   }
 }
 
+// Each thread keeps its scratch across calls: a call after others of larger shapes, large scores
+// and every mask (which fill more of it, with other paddings) gives bitwise what it gave first.
+TEST(Backward, ScratchKeptAcrossCallsLeavesNoTrace) {
+  test::Rng rng("Backward.ScratchAcrossCalls");
+  for (Simd simd : test::available_paths()) {
+    Case small = random_case(rng, 40);
+    small.s.D = 3, small.s.Dv = 17;
+    Tensor<float> q = rng.normal32(dims4(small.s.B, small.s.H, small.s.N, small.s.D));
+    Tensor<float> k = rng.normal32(dims4(small.s.B, small.s.Hkv, small.s.M, small.s.D));
+    Tensor<float> v = rng.normal32(dims4(small.s.B, small.s.Hkv, small.s.M, small.s.Dv));
+    Tensor<float> dout = rng.normal32(dims4(small.s.B, small.s.H, small.s.N, small.s.Dv));
+    for (int threads : {1, 2}) {
+      const Grads first = run_fp32(small, q, k, v, dout, threads, simd);
+      for (int i = 0; i < 2; ++i) {
+        Case big = random_case(rng, 300, true);
+        big.s.D = 111, big.s.Dv = 59;
+        big.options.mask.key_lengths.clear();
+        big.options.mask.query_lengths.clear();
+        big.options.mask.keep = {};
+        big.options.mask.bias = {};
+        if (!big.options.mask.alibi_slopes.empty()) big.options.mask.alibi_slopes.assign(big.s.H, 0.1f);
+        Tensor<float> bq = rng.normal32(dims4(big.s.B, big.s.H, big.s.N, big.s.D));
+        for (int64_t e = 0; e < bq.numel(); ++e) bq[e] *= 50.0f;  // large scores: the refined paths' buffers
+        run_fp32(big, bq, rng.normal32(dims4(big.s.B, big.s.Hkv, big.s.M, big.s.D)),
+                 rng.normal32(dims4(big.s.B, big.s.Hkv, big.s.M, big.s.Dv)),
+                 rng.normal32(dims4(big.s.B, big.s.H, big.s.N, big.s.Dv)), threads, simd);
+      }
+      const Grads again = run_fp32(small, q, k, v, dout, threads, simd);
+      for (auto [a, b] : {std::pair{&first.dq, &again.dq}, std::pair{&first.dk, &again.dk},
+                          std::pair{&first.dv, &again.dv}, std::pair{&first.dbias, &again.dbias}})
+        ASSERT_EQ(0, std::memcmp(a->data(), b->data(), a->numel() * sizeof(float)))
+            << threads << " threads, " << simd_path_name(simd) << ", " << small.describe();
+    }
+  }
+}
+
 TEST(Backward, FullyMaskedRowsGiveZeroGradients) {
   test::Rng rng("Backward.FullyMaskedRows");
   Case c;

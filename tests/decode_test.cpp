@@ -268,7 +268,7 @@ TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
     Case c;
     c.dtype = dtype;
     c.Hkv = 2, c.G = 4, c.N = 3, c.D = D, c.Dv = D, c.page_tokens = page_tokens;
-    c.lens = {3001, 777, 5};
+    c.lens = {12001, 777, 5};  // 12001 keys: enough chunks that the merge, too, takes threads
     c.options.attention.mask.causal = CausalAlign::bottom_right;
     c.options.sinks = {0.5f, -1, 2, 0, 1, 1, 1, 1};
     const Filled f = fill(rng, c);

@@ -28,7 +28,9 @@ struct AttentionOptions {
   // automatic and fused run the fused kernel (always built: its scalar family needs no SIMD);
   // reference runs the float64 oracle and rounds once (tests, small inputs, float64 callers).
   Kernel kernel = Kernel::automatic;
-  // Threads for this call; 0 means default_num_threads().
+  // Threads for this call at most; 0 means default_num_threads(). The fused kernels wake one
+  // thread per ~2^19 multiply-adds of the call at most, so a short call runs on the calling
+  // thread; no result depends on the count.
   int num_threads = 0;
   // Forces a SIMD path of the fused kernel (tests, benchmarks); a path the CPU lacks is an Error.
   Simd simd = Simd::automatic;

@@ -35,12 +35,11 @@ struct PagedKV {
 
 struct DecodeOptions {
   // Scale (unset: 1/sqrt(D)), mask, threads (0: default_num_threads(); the result is bitwise the
-  // same for any count; a step too short to repay starting a thread, about a million multiply-adds
-  // per thread, uses fewer) and SIMD path, as for attention_forward. Mask: causal (bottom_right:
-  // query i of N sits at position len - N + i, i.e. the new tokens' keys are already appended),
-  // window, alibi_slopes, softcap, query_lengths, keep and bias ([B, H, N, max len] views);
-  // key_lengths must be empty: the sequence lengths are the key lengths. Decode runs the fused
-  // kernel and has no dropout: Kernel::reference and an active dropout are refused.
+  // same for any count; a short step uses fewer) and SIMD path, as for attention_forward. Mask:
+  // causal (bottom_right: query i of N sits at position len - N + i, i.e. the new tokens' keys are
+  // already appended), window, alibi_slopes, softcap, query_lengths, keep and bias ([B, H, N, max
+  // len] views); key_lengths must be empty: the sequence lengths are the key lengths. Decode runs
+  // the fused kernel and has no dropout: Kernel::reference and an active dropout are refused.
   AttentionOptions attention;
   // Attention sinks (gpt-oss): one learned logit per query head (size H, or empty) that joins
   // every row's softmax denominator and attends to nothing, so out = Σ p_j v_j with

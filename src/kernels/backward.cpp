@@ -14,6 +14,8 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "kernels/thread_share.h"
+#include "kernels/workspace.h"
 #include "qkv/interrupt.h"
 
 namespace qkv::kernels {
@@ -63,9 +65,21 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
   return finite;
 }
 
-// Runs every task, then adds the partial sums (tasks, keys: how many of each).
-void launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv, BackwardFn fn, int threads,
-            std::vector<Tensor<float>>& scratch, std::atomic<bool>& nonfinite) {
+// The calling thread's scratch of `floats` floats, as the last call left it: a task writes every
+// element it reads (all of qkv_tests passes on every path with the scratch filled with NaN before
+// each call). It stays with the thread across calls: a buffer allocated and freed per call was
+// mapped and unmapped by malloc at these sizes, and with two threads the page faults and TLB
+// shootdowns took ~0.7 ms a call, ten times a short call's work (B1 H12 N32 D64 at 2 threads:
+// 0.73-0.81 ms in two processes of three, 0.07 ms in the third).
+float* thread_scratch(int64_t floats) {
+  static thread_local Workspace ws;
+  return ws.get<float>(0, static_cast<std::size_t>(floats));
+}
+
+// Runs every task, then adds the partial sums (tasks, keys: how many of each). Returns false
+// when a thread could not allocate its scratch (its tasks did not run).
+bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv, BackwardFn fn, int threads,
+            int64_t scratch_floats, std::atomic<bool>& nonfinite) {
   const AttentionShape& s = p.shape;
   const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;
   // Later chunks are heavier under a causal mask, so they go first; the order cannot change the
@@ -82,27 +96,47 @@ void launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
   // A stop request skips the remaining tasks (and key groups); the caller discards the partial gradients.
   InterruptScope* const interrupt = p.interrupt;
   if (threads == 1) {
-    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, scratch[0].data());
+    float* mine = thread_scratch(scratch_floats);
+    for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, mine);
     throw_if_stopped(interrupt);
     for (int64_t key = 0; key < keys; ++key) add(key);
-  } else if (keys == 0) {
+    return true;
+  }
+  // An exception must not leave the OpenMP region: a thread without scratch runs no task, and
+  // the call reports it after.
+  bool failed = false;
+  auto scratch_or_null = [&]() -> float* {
+    try {
+      return thread_scratch(scratch_floats);
+    } catch (...) {
+#pragma omp atomic write
+      failed = true;
+      return nullptr;
+    }
+  };
+  if (keys == 0) {
     // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
     // need), so there is one per call when the chunks need no sum.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t idx = 0; idx < tasks; ++idx)
-      if (!stop_requested(interrupt)) run_task(idx, scratch[static_cast<std::size_t>(omp_get_thread_num())].data());
+#pragma omp parallel num_threads(threads)
+    {
+      float* mine = scratch_or_null();
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t idx = 0; idx < tasks; ++idx)
+        if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
+    }
   } else {
 #pragma omp parallel num_threads(threads)
     {
-      float* mine = scratch[static_cast<std::size_t>(omp_get_thread_num())].data();
+      float* mine = scratch_or_null();
 #pragma omp for schedule(dynamic, 1)
       for (int64_t idx = 0; idx < tasks; ++idx)
-        if (!stop_requested(interrupt)) run_task(idx, mine);
+        if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
 #pragma omp for schedule(static) nowait
       for (int64_t key = 0; key < keys; ++key) add(key);
     }
   }
   throw_if_stopped(interrupt);
+  return !failed;
 }
 
 }  // namespace
@@ -131,16 +165,15 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
     dv_part = Tensor<float>({p.chunks - 1, heads, s.M, s.Dv}, "attention_backward partial dv");
     p.dk_part = dk_part.data(), p.dv_part = dv_part.data();
   }
-  // Scratch is allocated before the parallel region, so nothing inside it can throw.
-  const int threads = resolve_num_threads(num_threads, tasks);
-  const int64_t scratch_floats = BackwardLayout(p).total;
-  std::vector<Tensor<float>> scratch;
-  for (int t = 0; t < threads; ++t)
-    scratch.emplace_back(std::array<int64_t, 1>{scratch_floats}, "attention_backward scratch");
+  // S = Q·Kᵀ, dP = dO·Vᵀ, dV += Pᵀ·dO, dQ += dS·K and dK += dSᵀ·Q, as if no key were masked.
+  const double work = static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
+                      static_cast<double>(3 * s.D + 2 * s.Dv);
+  const int threads = threads_for_work(num_threads, tasks, work);
   std::atomic<bool> nonfinite{false};  // set by the tasks and the partial sums
   p.nonfinite = &nonfinite;
   p.interrupt = InterruptScope::current();
-  launch(p, dk, dv, fn, threads, scratch, nonfinite);
+  if (!launch(p, dk, dv, fn, threads, BackwardLayout(p).total, nonfinite))
+    throw Error("attention_backward: cannot allocate the per-thread scratch buffers");
   return !nonfinite.load();
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "kernels/thread_share.h"
 
 namespace qkv::kernels {
 namespace {
@@ -94,16 +95,11 @@ struct DecodePlan {
   float* partial = nullptr;
 };
 
-// Runs fn(i) for i in [0, n), whose work adds up to `work` units, on the threads asked for
-// (resolve_num_threads), but only on as many as get at least `min_share` units each: starting and
-// joining an OpenMP region costs ~3 µs on a 2-vCPU Zen 5, so a short step runs faster on the
-// calling thread alone. Threads take runs of up to 8 consecutive items (a KV head's chunks in
-// order), fewer when 8 would leave a thread without any. An exception (a failed scratch
-// allocation) must not leave the OpenMP region, so it is reported after.
+// Runs fn(i) for i in [0, n) on `threads` threads, which take runs of up to 8 consecutive items
+// (a KV head's chunks in order), fewer when 8 would leave a thread without any. An exception (a
+// failed scratch allocation) must not leave the OpenMP region, so it is reported after.
 template <class Fn>
-void parallel_for(int64_t n, int requested, double work, double min_share, const Fn& fn) {
-  const int64_t shares = static_cast<int64_t>(std::min(work / min_share, static_cast<double>(n)));
-  const int threads = resolve_num_threads(requested, std::min(n, std::max<int64_t>(1, shares)));
+void parallel_for(int64_t n, int threads, const Fn& fn) {
   if (threads <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
@@ -122,18 +118,16 @@ void parallel_for(int64_t n, int requested, double work, double min_share, const
   if (failed) throw Error("decode_attention: cannot allocate the per-thread scratch buffers");
 }
 
-// A thread's least share of the tasks, in multiply-adds (keys · query rows · (D + Dv)): 2^20,
-// one KV head's 1024 keys against 4 rows at D = 128, ~15 µs of one core.
-constexpr double kMinTaskShare = 1 << 20;
-// A thread's least share of the merge, in elements of chunk results: ~13 µs of one core.
-constexpr double kMinMergeShare = 1 << 15;
+// One element of a chunk's result merged (float64, in the baseline instruction set) takes about
+// as long as 32 multiply-adds of a task (0.4 ns against 17 ns for a KV head's key at 4 rows).
+constexpr double kMergeElementWork = 32;
 
 void launch(const DecodePlan& plan, DecodeFn fn, int num_threads) {
   const std::vector<int64_t>& first = plan.first_task;
   double keys = 0;
   for (int64_t b = 0; b < plan.p.B; ++b) keys += static_cast<double>(plan.seq_lens[b]);
   const double work = keys * static_cast<double>(plan.p.Hkv * plan.rows * (plan.p.D + plan.p.Dv));
-  parallel_for(plan.tasks, num_threads, work, kMinTaskShare, [&](int64_t t) {
+  parallel_for(plan.tasks, threads_for_work(num_threads, plan.tasks, work), [&](int64_t t) {
     const int64_t b = std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1;
     const int64_t i = t - first[b], n = plan.head_major ? plan.plans[b].count : plan.p.Hkv;
     const FlushSubnormals flush;
@@ -202,7 +196,8 @@ bool merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, Te
   std::atomic<bool> nonfinite{false};
   double chunks = 0;
   for (int64_t b = 0; b < p.B; ++b) chunks += static_cast<double>(plan.plans[b].count);
-  parallel_for(p.B * p.H, num_threads, chunks * static_cast<double>(p.H * p.N * p.Dv), kMinMergeShare, [&](int64_t bh) {
+  const double work = chunks * static_cast<double>(p.H * p.N * p.Dv) * kMergeElementWork;
+  parallel_for(p.B * p.H, threads_for_work(num_threads, p.B * p.H, work), [&](int64_t bh) {
     for (int64_t i = 0; i < p.N; ++i)
       if (!merge_row(plan, sinks, out, lse, bh / p.H, bh % p.H, i)) nonfinite.store(true, std::memory_order_relaxed);
   });

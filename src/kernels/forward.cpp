@@ -3,6 +3,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "kernels/thread_share.h"
 #include "qkv/interrupt.h"
 
 #include <algorithm>
@@ -66,7 +67,10 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
     const int64_t tile = tiles - 1 - idx / heads, bh = idx % heads;
     return ForwardTask{bh / s.H, bh % s.H, tile * task_rows};
   };
-  const int threads = resolve_num_threads(num_threads, items);
+  // Q·Kᵀ and P·V, as if no key were masked.
+  const double work = static_cast<double>(heads) * static_cast<double>(s.N) * static_cast<double>(s.M) *
+                      static_cast<double>(s.D + s.Dv);
+  const int threads = threads_for_work(num_threads, items, work);
   // A stop request skips the remaining tasks; the caller discards the partial output.
   InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {

@@ -1,5 +1,6 @@
-// The per-thread scratch of the forward and decode tasks (each kernel names its slots beside its
-// task: forward_slot in forward.h, decode_slot in decode.h).
+// The per-thread scratch of the forward, backward and decode tasks (forward_slot in forward.h and
+// decode_slot in decode.h name their slots; the backward takes slot 0 of a Workspace of its own
+// and lays it out with BackwardLayout).
 #pragma once
 
 #include <array>
