@@ -145,3 +145,28 @@ def test_resume_refuses_other_settings_and_missing_files(run, seed, tmp_path):
     assert r.returncode == 2 and "--resume needs --checkpoint" in r.stderr, r.stderr
     r = run("train", *[("20" if a == "4" else a) for a in SMALL])  # -P 20 with 16 keys
     assert r.returncode == 2 and "--keys (16) must be at least --pairs (20)" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("task", ["lookup", "masked-word"])
+def test_weights_are_bitwise_the_same_for_any_thread_count(run, seed, tmp_path, task):
+    """The weights depend on the seed alone: OpenBLAS's products once ran on --threads threads, and
+    their bits (so every weight after a step) changed with the count."""
+    if task == "lookup":
+        args = [*SMALL, "--steps", 30]
+        args[args.index("--batch") + 1] = "256"
+    else:
+        words = tmp_path / "words.txt"
+        words.write_text("".join(f"w{i} " + " ".join(f"{((i * 7 + d * 3) % 11) / 10 - 0.5:.2f}" for d in range(64))
+                                 + "\n" for i in range(40)))
+        sentences = tmp_path / "sentences.txt"
+        sentences.write_text("".join(" ".join(f"w{(s * 5 + t * 3) % 40}" for t in range(12)) + "\n"
+                                     for s in range(300)))
+        args = ["--task", "masked-word", "--embeddings", words, "--sentences", sentences, "--batch", "256",
+                "--steps", 30, "--eval-examples", 50]
+    saved = []
+    for threads in (1, 2, 3):
+        out = tmp_path / f"w{threads}.safetensors"
+        r = run("train", *args, "--seed", seed, "--threads", threads, "--save", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        saved.append(out.read_bytes())
+    assert saved[0] == saved[1] == saved[2], f"seed {seed}"
