@@ -29,6 +29,14 @@ class ScopedBlasThreads {
   int saved_;
 };
 
+// OpenBLAS on one thread for a scope. Its products' bits change with its thread count (a layer's
+// forward and backward on B·N = 768 rows of E = 100 differ between 1 and 2 threads), so work
+// whose result must not depend on the thread count asked for (training) holds it at one.
+class OneBlasThread : public ScopedBlasThreads {
+ public:
+  OneBlasThread() : ScopedBlasThreads(1) {}
+};
+
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

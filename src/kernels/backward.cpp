@@ -70,7 +70,7 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
 // each call). It stays with the thread across calls: a buffer allocated and freed per call was
 // mapped and unmapped by malloc at these sizes, and with two threads the page faults and TLB
 // shootdowns took ~0.7 ms a call, ten times a short call's work (B1 H12 N32 D64 at 2 threads:
-// 0.73-0.81 ms in two processes of three, 0.07 ms in the third).
+// 0.73-0.88 ms in 12 processes of 15, 0.07 ms in the others).
 float* thread_scratch(int64_t floats) {
   static thread_local Workspace ws;
   return ws.get<float>(0, static_cast<std::size_t>(floats));

@@ -142,10 +142,7 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start_time = Clock::now();
   check_config(c);
-  // OpenBLAS on one thread whatever c.threads says: its products' bits change with its thread
-  // count (B·N = 768 rows of E = 100: a layer's forward and backward differ between 1 and 2
-  // threads), and training must give the same weights for any thread count.
-  const detail::ScopedBlasThreads blas_threads(1);
+  const detail::OneBlasThread blas;  // the same weights for any c.threads
   AttentionOptions options;
   options.num_threads = c.threads;
 
