@@ -3,6 +3,8 @@
 // chunks), bitwise determinism across thread counts on every path, fully masked rows, bad shapes.
 #include "qkv/backward.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -352,6 +354,28 @@ TEST(Backward, ScratchKeptAcrossCallsLeavesNoTrace) {
             << threads << " threads, " << simd_path_name(simd) << ", " << small.describe();
     }
   }
+}
+
+// A call over many keys needs tens of MB of scratch (dk and dv sums of M · D floats); the thread
+// keeps at most 8 MB of it between calls.
+TEST(Backward, LargeScratchIsNotKeptAfterTheCall) {
+  test::Rng rng("Backward.LargeScratch");
+  Case c;
+  c.s = AttentionShape{1, 1, 1, 8, 40000, 128, 128};
+  const AttentionShape& s = c.s;
+  Tensor<float> q = rng.normal32(dims4(s.B, s.H, s.N, s.D)), k = rng.normal32(dims4(s.B, s.Hkv, s.M, s.D));
+  Tensor<float> v = rng.normal32(dims4(s.B, s.Hkv, s.M, s.Dv)), dout = rng.normal32(dims4(s.B, s.H, s.N, s.Dv));
+  AttentionOptions options;
+  options.num_threads = 1;  // other threads' allocations would not show in the main arena
+  Tensor<float> out({s.B, s.H, s.N, s.Dv}), lse({s.B, s.H, s.N});
+  attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+  Tensor<float> dq(dims4(s.B, s.H, s.N, s.D)), dk(dims4(s.B, s.Hkv, s.M, s.D)), dv(dims4(s.B, s.Hkv, s.M, s.Dv));
+  const struct mallinfo2 m0 = mallinfo2();
+  attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(), out.cview(),
+                     lse.cview(), options);
+  const struct mallinfo2 m1 = mallinfo2();
+  const int64_t grew = static_cast<int64_t>((m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd));
+  EXPECT_LE(grew, 8 << 20) << "the call's scratch held 40000 keys' dk and dv sums (40 MB)";
 }
 
 TEST(Backward, FullyMaskedRowsGiveZeroGradients) {

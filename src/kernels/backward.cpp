@@ -65,16 +65,22 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
   return finite;
 }
 
-// The calling thread's scratch of `floats` floats, as the last call left it: a task writes every
-// element it reads (all of qkv_tests passes on every path with the scratch filled with NaN before
-// each call). It stays with the thread across calls: a buffer allocated and freed per call was
-// mapped and unmapped by malloc at these sizes, and with two threads the page faults and TLB
-// shootdowns took ~0.7 ms a call, ten times a short call's work (B1 H12 N32 D64 at 2 threads:
-// 0.73-0.88 ms in 12 processes of 15, 0.07 ms in the others).
-float* thread_scratch(int64_t floats) {
+// Each thread's scratch, as the last call left it: a task writes every element it reads (all of
+// qkv_tests passes on every path with the scratch filled with NaN before each call). It stays
+// with the thread across calls: a buffer allocated and freed per call was mapped and unmapped by
+// malloc at these sizes, and with two threads the page faults and TLB shootdowns took ~0.7 ms a
+// call, ten times a short call's work (B1 H12 N32 D64 at 2 threads: 0.73-0.88 ms in 12 processes
+// of 15, 0.07 ms in the others). Up to kKeptScratchBytes only: a larger scratch (dk and dv sums of
+// M · D floats, M of tens of thousands) is freed at the end of its call, whose work dwarfs the
+// allocation, so no thread holds a rare call's tens of MB.
+constexpr std::size_t kKeptScratchBytes = std::size_t{8} << 20;  // S4 (N = M = 4096, D = 64) takes 5.5 MB
+
+Workspace& thread_workspace() {
   static thread_local Workspace ws;
-  return ws.get<float>(0, static_cast<std::size_t>(floats));
+  return ws;
 }
+float* thread_scratch(int64_t floats) { return thread_workspace().get<float>(0, static_cast<std::size_t>(floats)); }
+void trim_thread_scratch() { thread_workspace().trim(0, kKeptScratchBytes); }
 
 // Runs every task, then adds the partial sums (tasks, keys: how many of each). Returns false
 // when a thread could not allocate its scratch (its tasks did not run).
@@ -98,6 +104,7 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
   if (threads == 1) {
     float* mine = thread_scratch(scratch_floats);
     for (int64_t idx = 0; idx < tasks && !stop_requested(interrupt); ++idx) run_task(idx, mine);
+    trim_thread_scratch();
     throw_if_stopped(interrupt);
     for (int64_t key = 0; key < keys; ++key) add(key);
     return true;
@@ -123,6 +130,7 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
 #pragma omp for schedule(dynamic, 1) nowait
       for (int64_t idx = 0; idx < tasks; ++idx)
         if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
+      trim_thread_scratch();
     }
   } else {
 #pragma omp parallel num_threads(threads)
@@ -131,6 +139,7 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
 #pragma omp for schedule(dynamic, 1)
       for (int64_t idx = 0; idx < tasks; ++idx)
         if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
+      trim_thread_scratch();
 #pragma omp for schedule(static) nowait
       for (int64_t key = 0; key < keys; ++key) add(key);
     }

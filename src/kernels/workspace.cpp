@@ -20,4 +20,11 @@ void* Workspace::bytes(int slot, std::size_t count) {
   return buffers_[slot].get();
 }
 
+void Workspace::trim(int slot, std::size_t max_bytes) {
+  if (sizes_[slot] > max_bytes) {
+    buffers_[slot].reset();
+    sizes_[slot] = 0;
+  }
+}
+
 }  // namespace qkv::kernels

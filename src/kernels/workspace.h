@@ -20,6 +20,9 @@ class Workspace {
   T* get(int slot, std::size_t count) {
     return static_cast<T*>(bytes(slot, count * sizeof(T)));
   }
+  // Frees slot `slot` if it holds more than `max_bytes`, so that a thread does not keep a rare
+  // call's large buffer between calls.
+  void trim(int slot, std::size_t max_bytes);
 
  private:
   void* bytes(int slot, std::size_t count);
