@@ -121,25 +121,17 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
       return nullptr;
     }
   };
-  if (keys == 0) {
-    // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
-    // need), so there is one per call when the chunks need no sum.
+  // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
+  // need), so there is one per call only when the chunks' partial sums need adding.
 #pragma omp parallel num_threads(threads)
-    {
-      float* mine = scratch_or_null();
+  {
+    float* mine = scratch_or_null();
 #pragma omp for schedule(dynamic, 1) nowait
-      for (int64_t idx = 0; idx < tasks; ++idx)
-        if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
-      trim_thread_scratch();
-    }
-  } else {
-#pragma omp parallel num_threads(threads)
-    {
-      float* mine = scratch_or_null();
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t idx = 0; idx < tasks; ++idx)
-        if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
-      trim_thread_scratch();
+    for (int64_t idx = 0; idx < tasks; ++idx)
+      if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
+    trim_thread_scratch();
+    if (keys > 0) {  // the same for every thread, so all of them meet the barrier
+#pragma omp barrier
 #pragma omp for schedule(static) nowait
       for (int64_t key = 0; key < keys; ++key) add(key);
     }

@@ -194,8 +194,7 @@ bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
 bool merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int num_threads) {
   const DecodeParams& p = plan.p;
   std::atomic<bool> nonfinite{false};
-  double chunks = 0;
-  for (int64_t b = 0; b < p.B; ++b) chunks += static_cast<double>(plan.plans[b].count);
+  const double chunks = static_cast<double>(plan.tasks / p.Hkv);  // of every sequence
   const double work = chunks * static_cast<double>(p.H * p.N * p.Dv) * kMergeElementWork;
   parallel_for(p.B * p.H, threads_for_work(num_threads, p.B * p.H, work), [&](int64_t bh) {
     for (int64_t i = 0; i < p.N; ++i)
