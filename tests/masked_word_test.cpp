@@ -49,7 +49,7 @@ TEST(MaskedWord, ReadoutLossRanksAndGradient) {
     batch.targets.push_back(rng.uniform_int(0, V - 1));
   }
   Tensor<float> dy;
-  const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy);
+  const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy, 1);
   std::vector<int> rank;
   const double want = reference_loss(y, batch, table, &rank);
   EXPECT_NEAR(r.loss, want, 1e-5 * (1 + std::abs(want))) << "seed " << rng.seed();

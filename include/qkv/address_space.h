@@ -1,19 +1,19 @@
-// Living within a capped address space (ulimit -v, RLIMIT_AS). OpenBLAS gives every worker
-// thread a 128 MiB buffer, allocated when the thread starts and retried forever when the
-// allocation fails, so a pool of workers in a small address space hangs the process. These
-// functions size the pool to what the limit leaves room for.
+// Living within a capped address space (ulimit -v, RLIMIT_AS). OpenBLAS gives every thread that
+// calls it (and every worker of its own) a 128 MiB buffer, retried forever when the allocation
+// fails, so too many such threads in a small address space hang the process. These functions
+// size a matrix product's threads to what the limit leaves room for.
 #pragma once
 
 namespace qkv {
 
-// Address space one OpenBLAS worker takes: its 128 MiB buffer (malloc(134221824), seen in gdb)
-// plus its thread stack (8 MiB by default).
+// Address space one thread calling OpenBLAS takes: its 128 MiB buffer (malloc(134221824), seen in
+// gdb) plus its thread stack (8 MiB by default).
 inline constexpr unsigned long long kBlasWorkerBytes = (128ull + 8ull) << 20;
 // What qkv keeps free for itself beside the workers before it starts any.
 inline constexpr unsigned long long kAddressSpaceReserve = 1ull << 30;
 
-// `wanted` capped so that the workers' buffers (wanted - 1 of them: the calling thread uses its
-// own) fit in RLIMIT_AS with kAddressSpaceReserve to spare; at least 1. `wanted` unchanged when
+// `wanted` capped so that the threads' buffers (wanted - 1 of them beside the calling thread's)
+// fit in RLIMIT_AS with kAddressSpaceReserve to spare; at least 1. `wanted` unchanged when
 // the address space is unlimited. Thread-safe (reads the limit only).
 int blas_threads_within_address_space(int wanted);
 

@@ -29,8 +29,8 @@ struct LookupConfig {
   double weight_decay = 0.0;
   double clip = 1.0;  // global gradient norm limit; 0 = off
   uint64_t seed = 1;  // embeddings, initial weights, training and held-out examples
-  // Threads for the attention; 0 = default_num_threads(). The matrix products run on one OpenBLAS
-  // thread, whose bits would change with its count: the weights are the same for any value.
+  // Threads for the attention and the matrix products; 0 = default_num_threads(). The weights are
+  // the same for any value.
   int threads = 1;
   int64_t eval_examples = 2000;  // held-out examples (drawn from a separate stream)
   std::string checkpoint;        // checkpoint file; empty = none

@@ -44,8 +44,8 @@ struct MaskedWordConfig {
   double clip = 1.0;             // global gradient norm limit; 0 = off
   bool positions = false;        // add sinusoidal positional encodings (qkv/positions.h) to the input rows
   uint64_t seed = 1;             // initial weights, training batches and held-out hidden positions
-  int threads = 1;               // attention threads (0 = default_num_threads()); OpenBLAS runs on
-                                 // one, so the weights are the same for any value
+  int threads = 1;               // attention and product threads (0 = default_num_threads()); the
+                                 // weights are the same for any value
   int64_t eval_examples = 2000;  // held-out sentences (one sentence in 20, fixed by line number)
   std::string save;              // write the trained layer here (MultiHeadAttention::save); empty = don't
   std::string exclude = {};      // a file of sentences (one per line) never trained on, e.g. an evaluation's

@@ -14,7 +14,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
-#include "kernels/thread_share.h"
+#include "core/thread_share.h"
 #include "kernels/workspace.h"
 #include "qkv/interrupt.h"
 
@@ -169,7 +169,7 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
   // S = Q·Kᵀ, dP = dO·Vᵀ, dV += Pᵀ·dO, dQ += dS·K and dK += dSᵀ·Q, as if no key were masked.
   const double work = static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
                       static_cast<double>(3 * s.D + 2 * s.Dv);
-  const int threads = threads_for_work(num_threads, tasks, work);
+  const int threads = detail::threads_for_work(num_threads, tasks, work);
   std::atomic<bool> nonfinite{false};  // set by the tasks and the partial sums
   p.nonfinite = &nonfinite;
   p.interrupt = InterruptScope::current();

@@ -12,7 +12,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
-#include "kernels/thread_share.h"
+#include "core/thread_share.h"
 
 namespace qkv::kernels {
 namespace {
@@ -127,7 +127,7 @@ void launch(const DecodePlan& plan, DecodeFn fn, int num_threads) {
   double keys = 0;
   for (int64_t b = 0; b < plan.p.B; ++b) keys += static_cast<double>(plan.seq_lens[b]);
   const double work = keys * static_cast<double>(plan.p.Hkv * plan.rows * (plan.p.D + plan.p.Dv));
-  parallel_for(plan.tasks, threads_for_work(num_threads, plan.tasks, work), [&](int64_t t) {
+  parallel_for(plan.tasks, detail::threads_for_work(num_threads, plan.tasks, work), [&](int64_t t) {
     const int64_t b = std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1;
     const int64_t i = t - first[b], n = plan.head_major ? plan.plans[b].count : plan.p.Hkv;
     const FlushSubnormals flush;
@@ -196,7 +196,7 @@ bool merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, Te
   std::atomic<bool> nonfinite{false};
   const double chunks = static_cast<double>(plan.tasks / p.Hkv);  // of every sequence
   const double work = chunks * static_cast<double>(p.H * p.N * p.Dv) * kMergeElementWork;
-  parallel_for(p.B * p.H, threads_for_work(num_threads, p.B * p.H, work), [&](int64_t bh) {
+  parallel_for(p.B * p.H, detail::threads_for_work(num_threads, p.B * p.H, work), [&](int64_t bh) {
     for (int64_t i = 0; i < p.N; ++i)
       if (!merge_row(plan, sinks, out, lse, bh / p.H, bh % p.H, i)) nonfinite.store(true, std::memory_order_relaxed);
   });

@@ -3,7 +3,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
-#include "kernels/thread_share.h"
+#include "core/thread_share.h"
 #include "qkv/interrupt.h"
 
 #include <algorithm>
@@ -70,7 +70,7 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
   // Q·Kᵀ and P·V, as if no key were masked.
   const double work = static_cast<double>(heads) * static_cast<double>(s.N) * static_cast<double>(s.M) *
                       static_cast<double>(s.D + s.Dv);
-  const int threads = threads_for_work(num_threads, items, work);
+  const int threads = detail::threads_for_work(num_threads, items, work);
   // A stop request skips the remaining tasks; the caller discards the partial output.
   InterruptScope* const interrupt = InterruptScope::current();
   if (threads == 1) {

@@ -86,10 +86,10 @@ void add_bias(float* y, int64_t rows, const Tensor<float>& b) {
     for (int64_t j = 0; j < n; ++j) y[r * n + j] += b[j];
 }
 
-// out[rows, n] = in[rows, e] · w[e, n] + b.
-void project(float* out, const float* in, int64_t rows, const Tensor<float>& w, const Tensor<float>& b) {
+// out[rows, n] = in[rows, e] · w[e, n] + b, on up to `threads` threads.
+void project(float* out, const float* in, int64_t rows, const Tensor<float>& w, const Tensor<float>& b, int threads) {
   const int64_t e = w.dim(0), n = w.dim(1);
-  detail::sgemm(false, false, rows, n, e, 1.0f, in, e, w.data(), n, 0.0f, out, n);
+  detail::sgemm(false, false, rows, n, e, 1.0f, in, e, w.data(), n, 0.0f, out, n, threads);
   add_bias(out, rows, b);
 }
 
@@ -171,9 +171,9 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
     c.q = Tensor<float>({d.B, d.N, H * D}, "q");
     c.k = Tensor<float>({d.B, d.M, Hkv * D}, "k");
     c.v = Tensor<float>({d.B, d.M, Hkv * Dv}, "v");
-    project(c.q.data(), c.x.data(), d.B * d.N, w_q, b_q);
-    project(c.k.data(), kv_rows, d.B * d.M, w_k, b_k);
-    project(c.v.data(), kv_rows, d.B * d.M, w_v, b_v);
+    project(c.q.data(), c.x.data(), d.B * d.N, w_q, b_q, options.num_threads);
+    project(c.k.data(), kv_rows, d.B * d.M, w_k, b_k, options.num_threads);
+    project(c.v.data(), kv_rows, d.B * d.M, w_v, b_v, options.num_threads);
     q_data = c.q.data();
     k_data = c.k.data();
     v_data = c.v.data();
@@ -188,7 +188,7 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
   Tensor<float> y =
       d.batched ? Tensor<float>({d.B, d.N, out_dim}, "layer output") : Tensor<float>({d.N, out_dim}, "layer output");
   if (cf.output_projection) {
-    project(y.data(), c.ctx.data(), d.B * d.N, w_o, b_o);
+    project(y.data(), c.ctx.data(), d.B * d.N, w_o, b_o, options.num_threads);
   } else {
     for (int64_t i = 0; i < y.numel(); ++i) y[i] = c.ctx[i];
   }

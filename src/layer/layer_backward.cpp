@@ -18,9 +18,9 @@ Tensor<float> rows_tensor(bool batched, int64_t B, int64_t T, int64_t W, const c
 
 // dw = inᵀ · dout: [e, n] from in [rows, e] and dout [rows, n]; db = column sums of dout.
 void projection_grads(TensorMap& grads, const char* w_name, const char* b_name, bool has_bias, const float* in,
-                      const float* dout, int64_t rows, int64_t e, int64_t n) {
+                      const float* dout, int64_t rows, int64_t e, int64_t n, int threads) {
   Tensor<float> dw({e, n}, w_name);
-  detail::sgemm(true, false, e, n, rows, 1.0f, in, e, dout, n, 0.0f, dw.data(), n);
+  detail::sgemm(true, false, e, n, rows, 1.0f, in, e, dout, n, 0.0f, dw.data(), n, threads);
   grads[w_name] = std::move(dw);
   if (!has_bias) return;
   Tensor<float> db({n}, b_name);
@@ -30,9 +30,9 @@ void projection_grads(TensorMap& grads, const char* w_name, const char* b_name, 
 }
 
 // din (+)= dout · wᵀ: [rows, e] from dout [rows, n] and w [e, n].
-void input_grad(float* din, const float* dout, const Tensor<float>& w, int64_t rows, bool accumulate) {
+void input_grad(float* din, const float* dout, const Tensor<float>& w, int64_t rows, bool accumulate, int threads) {
   const int64_t e = w.dim(0), n = w.dim(1);
-  detail::sgemm(false, true, rows, e, n, 1.0f, dout, n, w.data(), n, accumulate ? 1.0f : 0.0f, din, e);
+  detail::sgemm(false, true, rows, e, n, 1.0f, dout, n, w.data(), n, accumulate ? 1.0f : 0.0f, din, e, threads);
 }
 
 }  // namespace
@@ -62,8 +62,8 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
   Tensor<float> dctx;
   if (cf.output_projection) {
     dctx = Tensor<float>({B, N, H * Dv}, "d attention output");
-    input_grad(dctx.data(), dy_rows.data(), w_o, rows, false);
-    projection_grads(g, "w_o", "b_o", cf.bias, c.ctx.data(), dy_rows.data(), rows, H * Dv, E);
+    input_grad(dctx.data(), dy_rows.data(), w_o, rows, false, options.num_threads);
+    projection_grads(g, "w_o", "b_o", cf.bias, c.ctx.data(), dy_rows.data(), rows, H * Dv, E, options.num_threads);
   } else {
     dctx = std::move(dy_rows);
   }
@@ -80,9 +80,9 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
                      detail::head_view(c.ctx.data(), B, H, N, Dv), c.lse.view(), options);
 
   if (!cf.parameter_free) {
-    projection_grads(g, "w_q", "b_q", cf.bias, c.x.data(), dq.data(), rows, E, H * D);
-    projection_grads(g, "w_k", "b_k", cf.bias, kv_in, dk.data(), kv_rows, E, Hkv * D);
-    projection_grads(g, "w_v", "b_v", cf.bias, kv_in, dv.data(), kv_rows, E, Hkv * Dv);
+    projection_grads(g, "w_q", "b_q", cf.bias, c.x.data(), dq.data(), rows, E, H * D, options.num_threads);
+    projection_grads(g, "w_k", "b_k", cf.bias, kv_in, dk.data(), kv_rows, E, Hkv * D, options.num_threads);
+    projection_grads(g, "w_v", "b_v", cf.bias, kv_in, dv.data(), kv_rows, E, Hkv * Dv, options.num_threads);
   }
   if (dx) *dx = rows_tensor(c.batched, B, N, E, "dx");
   if (dkv) *dkv = c.cross ? rows_tensor(c.batched, B, M, E, "dkv") : Tensor<float>();
@@ -96,10 +96,10 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
       for (int64_t i = 0; i < kv_rows * E; ++i) key_side[i] += dk[i] + dv[i];
     return;
   }
-  if (query_side) input_grad(query_side, dq.data(), w_q, rows, false);
+  if (query_side) input_grad(query_side, dq.data(), w_q, rows, false, options.num_threads);
   if (key_side) {
-    input_grad(key_side, dk.data(), w_k, kv_rows, !c.cross);
-    input_grad(key_side, dv.data(), w_v, kv_rows, true);
+    input_grad(key_side, dk.data(), w_k, kv_rows, !c.cross, options.num_threads);
+    input_grad(key_side, dv.data(), w_v, kv_rows, true, options.num_threads);
   }
   if (query_side && residual_grad.numel() > 0)
     for (int64_t i = 0; i < rows * E; ++i) query_side[i] += residual_grad[i];

@@ -59,12 +59,12 @@ LookupBatch LookupTask::sample(int64_t batch, std::mt19937_64& rng) const {
   return out;
 }
 
-ReadoutResult LookupTask::readout(const Tensor<float>& y, const std::vector<int64_t>& targets,
-                                  Tensor<float>* dy) const {
+ReadoutResult LookupTask::readout(const Tensor<float>& y, const std::vector<int64_t>& targets, Tensor<float>* dy,
+                                  int threads) const {
   const int64_t B = static_cast<int64_t>(targets.size()), T = sequence_length(), E = dim_, V = num_values_;
   // logits [B, V] = y_query [B, E] (rows T·E apart) · valuesᵀ
   Tensor<float> logits({B, V}, "logits");
-  sgemm(false, true, B, V, E, 1.0f, y.data() + pairs_ * E, T * E, values_.data(), E, 0.0f, logits.data(), V);
+  sgemm(false, true, B, V, E, 1.0f, y.data() + pairs_ * E, T * E, values_.data(), E, 0.0f, logits.data(), V, threads);
   ReadoutResult r;
   if (dy) *dy = Tensor<float>({B, T, E}, "dy");
   for (int64_t b = 0; b < B; ++b) {
@@ -81,7 +81,9 @@ ReadoutResult LookupTask::readout(const Tensor<float>& y, const std::vector<int6
   }
   r.loss /= static_cast<double>(std::max<int64_t>(B, 1));
   // dy_query [B, E] (rows T·E apart) = dlogits [B, V] · values [V, E]
-  if (dy) sgemm(false, false, B, E, V, 1.0f, logits.data(), V, values_.data(), E, 0.0f, dy->data() + pairs_ * E, T * E);
+  if (dy)
+    sgemm(false, false, B, E, V, 1.0f, logits.data(), V, values_.data(), E, 0.0f, dy->data() + pairs_ * E, T * E,
+          threads);
   return r;
 }
 

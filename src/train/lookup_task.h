@@ -34,7 +34,9 @@ class LookupTask {
 
   // y: [B, P + 1, E] layer output. logits = y[:, P, :] · value_embeddingsᵀ, scored against
   // targets. When dy is not null it is set to dL/dy ([B, P + 1, E], zero except at the query).
-  ReadoutResult readout(const Tensor<float>& y, const std::vector<int64_t>& targets, Tensor<float>* dy) const;
+  // The products run on up to `threads` threads (detail::sgemm: the same bits for any count).
+  ReadoutResult readout(const Tensor<float>& y, const std::vector<int64_t>& targets, Tensor<float>* dy,
+                        int threads) const;
 
  private:
   int64_t pairs_, num_keys_, num_values_, dim_;

@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include "core/blas.h"
 #include "train/masked_word_data.h"
 #include "train/progress.h"
 #include "qkv/error.h"
@@ -69,7 +68,7 @@ TopAccuracy evaluate(const MultiHeadAttention* layer, const std::vector<detail::
   for (const auto& batch : held_out) {
     const Tensor<float> y =
         layer ? layer->forward(layer_input(batch, positions).cview(), {}, options) : mean_of_context(batch);
-    const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr);
+    const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr, options.num_threads);
     top1 += r.top1;
     top10 += r.top10;
     total += r.rows;
@@ -85,7 +84,6 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c,
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   check_config(c);
-  const detail::OneBlasThread blas;  // the same weights for any c.threads
   AttentionOptions options;
   options.num_threads = c.threads;
 
@@ -130,7 +128,7 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c,
   for (int64_t step = 0; step < c.steps; ++step) {
     const detail::MaskedBatch batch = detail::sample_batch(corpus, embeddings, c.batch, rng);
     const Tensor<float> y = layer.forward(layer_input(batch, c.positions).cview(), {}, options, &cache);
-    const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy);
+    const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy, options.num_threads);
     layer.backward(cache, dy.cview(), options, &grads);
     clip_grad_norm(grads, c.clip);
     optimizer.step(grads, schedule.at(step));

@@ -220,7 +220,7 @@ std::vector<MaskedBatch> held_out_batches(const MaskedCorpus& corpus, const Embe
 }
 
 MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, const Embeddings& embeddings,
-                             Tensor<float>* dy) {
+                             Tensor<float>* dy, int threads) {
   const int64_t B = y.dim(0), L = y.dim(1), E = y.dim(2);
   const bool halves = batch.objective == MaskedObjective::halves;
   const int64_t R = halves ? B * L : B;  // scored rows
@@ -231,7 +231,7 @@ MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, c
   // The scored rows, gathered: h [R, E]; logits [R, V] = h · tableᵀ.
   Tensor<float> h({R, E}, "scored rows"), logits({R, V}, "logits");
   for (int64_t r = 0; r < R; ++r) std::copy_n(y.data() + row_of(r) * E, E, h.data() + r * E);
-  sgemm(false, true, R, V, E, 1.0f, h.data(), E, table, E, 0.0f, logits.data(), V);
+  sgemm(false, true, R, V, E, 1.0f, h.data(), E, table, E, 0.0f, logits.data(), V, threads);
   MaskedReadout out;
   out.rows = R;
   for (int64_t r = 0; r < R; ++r) {
@@ -253,7 +253,7 @@ MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, c
   out.loss /= static_cast<double>(R);
   if (dy) {
     *dy = Tensor<float>(y.shape(), "dy");
-    sgemm(false, false, R, E, V, 1.0f, logits.data(), V, table, E, 0.0f, h.data(), E);  // dh = dlogits · table
+    sgemm(false, false, R, E, V, 1.0f, logits.data(), V, table, E, 0.0f, h.data(), E, threads);  // dh = dlogits · table
     for (int64_t r = 0; r < R; ++r) std::copy_n(h.data() + r * E, E, dy->data() + row_of(r) * E);
   }
   return out;

@@ -57,8 +57,8 @@ struct MaskedReadout {
 // hidden_slot: scores the hidden rows y[b, hidden[b], :] against every embedding (logits =
 // y · embeddingsᵀ); halves: every row of y[b] against the batch's other halves (logits = y ·
 // halvesᵀ, target b). When dy is not null it is set to dL/dy (y's shape, zero at rows not
-// scored) for the mean loss.
+// scored) for the mean loss. The products run on up to `threads` threads (the same bits for any count).
 MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, const Embeddings& embeddings,
-                             Tensor<float>* dy);
+                             Tensor<float>* dy, int threads);
 
 }  // namespace qkv::detail

@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 
-#include "core/blas.h"
 #include "train/lookup_task.h"
 #include "train/progress.h"
 #include "qkv/checkpoint.h"
@@ -130,7 +129,7 @@ double accuracy(const MultiHeadAttention& layer, const detail::LookupTask& task,
   int64_t correct = 0, total = 0;
   for (const auto& batch : held_out) {
     const Tensor<float> y = layer.forward(batch.x.cview(), {}, options);
-    correct += task.readout(y, batch.targets, nullptr).correct;
+    correct += task.readout(y, batch.targets, nullptr, options.num_threads).correct;
     total += static_cast<int64_t>(batch.targets.size());
   }
   return static_cast<double>(correct) / static_cast<double>(total);
@@ -142,7 +141,6 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start_time = Clock::now();
   check_config(c);
-  const detail::OneBlasThread blas;  // the same weights for any c.threads
   AttentionOptions options;
   options.num_threads = c.threads;
 
@@ -179,7 +177,7 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   for (int64_t step = first; step < c.steps; ++step) {
     const detail::LookupBatch batch = task.sample(c.batch, rng);
     const Tensor<float> y = layer.forward(batch.x.cview(), {}, options, &cache);
-    const detail::ReadoutResult r = task.readout(y, batch.targets, &dy);
+    const detail::ReadoutResult r = task.readout(y, batch.targets, &dy, options.num_threads);
     layer.backward(cache, dy.cview(), options, &grads);
     clip_grad_norm(grads, c.clip);
     optimizer.step(grads, schedule.at(step));

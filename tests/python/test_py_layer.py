@@ -1,5 +1,9 @@
 """qkv.MultiHeadAttention against torch.nn.MultiheadAttention loaded with the same weights."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -248,3 +252,41 @@ def test_backward_needs_a_training_forward():
     layer.forward(x)
     with pytest.raises(ValueError, match="backward: no forward to go back through"):
         layer.backward(np.ones((3, 4), np.float32))
+
+
+_LAYER_BITS = """
+import ctypes, hashlib, sys
+import numpy as np
+import qkv
+seed, num_threads = int(sys.argv[1]), int(sys.argv[2])
+blas = ctypes.CDLL("libopenblas.so.0")  # numpy's OpenBLAS, which qkv shares in Python
+before = blas.openblas_get_num_threads()
+layer = qkv.MultiHeadAttention(100, num_heads=4, seed=seed, bias=True)
+x = np.random.default_rng(seed).standard_normal((8, 96, 100)).astype(np.float32)
+y = layer.forward(x, num_threads=num_threads)
+layer.backward(np.cos(y))
+h = hashlib.sha256(y.tobytes())
+for name in sorted(layer.grads):
+    h.update(np.ascontiguousarray(layer.grads[name]).tobytes())
+print(h.hexdigest(), before, blas.openblas_get_num_threads())
+"""
+
+
+def test_layer_bits_are_the_same_for_any_thread_count_and_blas_setting(seed):
+    """The projections' products (768 rows here, six blocks of qkv's grid) once ran on OpenBLAS's
+    own threads, and their bits changed with OPENBLAS_NUM_THREADS and OMP_NUM_THREADS. numpy's
+    OpenBLAS, which qkv shares in Python, keeps the thread count it had."""
+    hashes = set()
+    for env_threads, num_threads in (({}, 1), ({"OPENBLAS_NUM_THREADS": "2"}, 1), ({"OPENBLAS_NUM_THREADS": "1"}, 2),
+                                     ({"OMP_NUM_THREADS": "3"}, 3), ({"OMP_NUM_THREADS": "1"}, 0)):
+        env = {**os.environ, **env_threads}
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            if name not in env_threads:
+                env.pop(name, None)
+        p = subprocess.run([sys.executable, "-c", _LAYER_BITS, str(seed), str(num_threads)], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        digest, before, after = p.stdout.split()
+        assert before == after, f"numpy's OpenBLAS threads {before} became {after} ({env_threads})"
+        hashes.add(digest)
+    assert len(hashes) == 1, f"QKV_TEST_SEED={seed}"
