@@ -117,5 +117,24 @@ TEST(LayerBackward, RefusesBadShapesAndEmptyCache) {
          "dy has shape [2, 3, 5] but the forward's output is [2, 3, 4]");
 }
 
+// A cache refilled from its own tensors: forward again on cache.x (and, cross, on cache.kv) reads
+// them while it fills the cache, so they must outlive the copies (ASan: a use after free once).
+TEST(LayerBackward, ForwardOnTheCachesOwnInputsGivesTheSameResults) {
+  test::Rng rng("LayerBackward.ForwardOnTheCachesOwnInputs");
+  for (bool cross : {false, true}) {
+    MultiHeadAttention layer(LayerConfig{.embed_dim = 8, .num_heads = 2, .bias = true, .seed = 5});
+    const Tensor<float> x = rng.normal32(std::vector<int64_t>{2, 3, 8}),
+                        kv = rng.normal32(std::vector<int64_t>{2, 5, 8});
+    const TensorView<const float> kv_in = cross ? kv.cview() : TensorView<const float>{};
+    LayerCache cache;
+    const Tensor<float> want = layer.forward(x.cview(), kv_in, {}, &cache);
+    const Tensor<float> again =
+        layer.forward(cache.x.cview(), cross ? cache.kv.cview() : TensorView<const float>{}, {}, &cache);
+    ASSERT_EQ(want.numel(), again.numel());
+    for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(want[i], again[i]) << "cross " << cross << " at " << i;
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(cache.x[i], x[i]) << "cross " << cross;
+  }
+}
+
 }  // namespace
 }  // namespace qkv

@@ -152,9 +152,9 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
 Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<const float> kv,
                                           const AttentionOptions& options, LayerCache* cache) const {
   const detail::LayerDims d = detail::check_layer_inputs(config_, x, kv);
-  LayerCache local;
-  LayerCache& c = cache ? *cache : local;
-  c = LayerCache{};
+  // Filled here and moved into *cache at the end: x or kv may be views of the cache's own tensors
+  // (forward again on cache.x), which must outlive the copies below.
+  LayerCache c;
   c.batch = d.B;
   c.queries = d.N;
   c.keys = d.M;
@@ -194,6 +194,7 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
   }
   if (cf.residual)
     for (int64_t i = 0; i < y.numel(); ++i) y[i] += c.x[i];
+  if (cache) *cache = std::move(c);
   return y;
 }
 
