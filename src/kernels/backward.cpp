@@ -70,10 +70,7 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
 // with the thread across calls: a buffer allocated and freed per call was mapped and unmapped by
 // malloc at these sizes, and with two threads the page faults and TLB shootdowns took ~0.7 ms a
 // call, ten times a short call's work (B1 H12 N32 D64 at 2 threads: 0.73-0.88 ms in 12 processes
-// of 15, 0.07 ms in the others). Up to kKeptScratchBytes only: a larger scratch (dk and dv sums of
-// M · D floats, M of tens of thousands) is freed at the end of its call, whose work dwarfs the
-// allocation, so no thread holds a rare call's tens of MB.
-constexpr std::size_t kKeptScratchBytes = std::size_t{8} << 20;  // S4 (N = M = 4096, D = 64) takes 5.5 MB
+// of 15, 0.07 ms in the others). Up to kKeptScratchBytes (workspace.h).
 
 Workspace& thread_workspace() {
   static thread_local Workspace ws;

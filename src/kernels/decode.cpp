@@ -214,7 +214,9 @@ bool decode(const DecodeParams& params, const int64_t* seq_lens, const float* si
   p.block_keys = decode_block_keys(row_bytes, path);
   const DecodePlan plan(p, seq_lens);
   launch(plan, kernel_family(path).decode, num_threads);
-  return merge(plan, sinks, out, lse, num_threads);
+  const bool finite = merge(plan, sinks, out, lse, num_threads);
+  partial_workspace().trim(0, kKeptScratchBytes);
+  return finite;
 }
 
 }  // namespace qkv::kernels

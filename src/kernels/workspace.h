@@ -9,6 +9,12 @@
 
 namespace qkv::kernels {
 
+// What a thread keeps of a kernel's scratch between calls: a call over tens of thousands of keys
+// (the backward's dk and dv sums, decode's partial results of hundreds of sequences) frees its
+// larger buffers at its end, whose work dwarfs the allocation, so no thread holds a rare call's
+// tens of MB. The backward at S4 (N = M = 4096, D = 64) takes 5.5 MB.
+inline constexpr std::size_t kKeptScratchBytes = std::size_t{8} << 20;
+
 // Per-thread scratch buffers that only grow; a thread keeps them across calls, so a steady
 // stream of calls allocates nothing.
 class Workspace {
