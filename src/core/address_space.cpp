@@ -19,10 +19,15 @@ int blas_threads_within_address_space(int wanted) {
   return static_cast<int>(std::min<unsigned long long>(static_cast<unsigned long long>(wanted), workers + 1));
 }
 
+// Read once: sysconf(_SC_PHYS_PAGES) is a sysinfo() system call, and every result array of the
+// Python module checks its size against it (five calls in a qkv.torch forward and backward).
 unsigned long long physical_memory_bytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return 0;
-  return static_cast<unsigned long long>(pages) * static_cast<unsigned long long>(page);
+  static const unsigned long long bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    return pages <= 0 || page <= 0 ? 0ull
+                                   : static_cast<unsigned long long>(pages) * static_cast<unsigned long long>(page);
+  }();
+  return bytes;
 }
 
 }  // namespace qkv
