@@ -187,8 +187,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   const int64_t row_blocks = (m + kBlockRows - 1) / kBlockRows, col_blocks = (n + kBlockCols - 1) / kBlockCols;
   const int64_t blocks = row_blocks * col_blocks;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  // Each thread calling OpenBLAS takes its own 128 MiB buffer.
-  const int team = blas_threads_within_address_space(threads_for_work(threads, blocks, work));
+  // Each thread calling OpenBLAS takes its own 128 MiB buffer (the limit is a system call: asked
+  // only when a product would take more than one thread).
+  const int wanted = threads_for_work(threads, blocks, work);
+  const int team = wanted > 1 ? blas_threads_within_address_space(wanted) : 1;
   auto block = [&](int64_t i) {
     const int64_t r0 = i / col_blocks * kBlockRows, c0 = i % col_blocks * kBlockCols;
     const int64_t rows = std::min(kBlockRows, m - r0), cols = std::min(kBlockCols, n - c0);
