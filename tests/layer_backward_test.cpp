@@ -1,6 +1,8 @@
 // MultiHeadAttention::backward against float64 finite differences of the float64 layer
 // (tests/layer_reference.h): every parameter, the input x and the cross-attention input kv.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -134,6 +136,60 @@ TEST(LayerBackward, ForwardOnTheCachesOwnInputsGivesTheSameResults) {
     for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(want[i], again[i]) << "cross " << cross << " at " << i;
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(cache.x[i], x[i]) << "cross " << cross;
   }
+}
+
+// A loop that keeps one cache, one gradient map and one dx reuses their buffers: whatever they
+// held (here NaN) never reaches a result, which is bitwise what fresh objects get. The shapes
+// change between steps too, so each buffer is both reused and replaced.
+TEST(LayerBackward, ReusedCacheAndGradientsGiveWhatFreshOnesGive) {
+  test::Rng rng("LayerBackward.ReusedCache");
+  const LayerConfig configs[] = {
+      {.embed_dim = 8, .num_heads = 2, .bias = true, .seed = 1},
+      {.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .head_dim = 3, .value_dim = 5, .seed = 2},
+      {.embed_dim = 6, .num_heads = 2, .output_projection = false, .seed = 3},
+      {.embed_dim = 8, .num_heads = 2, .bias = true, .residual = true, .seed = 4},
+      {.embed_dim = 5, .parameter_free = true},
+  };
+  auto poison = [](Tensor<float>& t) { std::fill(t.data(), t.data() + t.numel(), std::nanf("")); };
+  for (const LayerConfig& config : configs)
+    for (bool cross : {false, true}) {
+      if (cross && config.residual) continue;
+      const MultiHeadAttention layer(config);
+      const int64_t E = config.embed_dim;
+      LayerCache cache;
+      TensorMap grads;
+      Tensor<float> dx, dkv;
+      for (int64_t N : {3, 3, 4, 4}) {
+        const Tensor<float> x = rng.normal32(std::vector<int64_t>{2, N, E}),
+                            kv = rng.normal32(std::vector<int64_t>{2, 5, E});
+        const TensorView<const float> kv_in = cross ? kv.cview() : TensorView<const float>{};
+        const Tensor<float> y = layer.forward(x.cview(), kv_in, {}, &cache);
+        const Tensor<float> dy = rng.normal32(y.shape());
+        layer.backward(cache, dy.cview(), {}, &grads, &dx, &dkv);
+        LayerCache fresh_cache;
+        TensorMap fresh;
+        Tensor<float> fresh_dx, fresh_dkv;
+        const Tensor<float> want = layer.forward(x.cview(), kv_in, {}, &fresh_cache);
+        layer.backward(fresh_cache, dy.cview(), {}, &fresh, &fresh_dx, &fresh_dkv);
+        const std::string note = fmt::format("config seed {} cross {} N {}", config.seed, cross, N);
+        auto same = [&](const Tensor<float>& got, const Tensor<float>& ref, const std::string& what) {
+          ASSERT_EQ(got.numel(), ref.numel()) << what << " " << note;
+          EXPECT_EQ(std::memcmp(got.data(), ref.data(), static_cast<std::size_t>(ref.numel()) * sizeof(float)), 0)
+              << what << " " << note;
+        };
+        same(y, want, "y");
+        same(dx, fresh_dx, "dx");
+        same(dkv, fresh_dkv, "dkv");
+        ASSERT_EQ(grads.size(), fresh.size()) << note;
+        for (const auto& [name, g] : fresh) same(grads.at(name), g, name);
+        for (Tensor<float>* t :
+             {&cache.x, &cache.kv, &cache.q, &cache.k, &cache.v, &cache.ctx, &cache.backward_dy, &cache.backward_dctx,
+              &cache.backward_dq, &cache.backward_dk, &cache.backward_dv, &dx, &dkv})
+          poison(*t);
+        std::fill(cache.lse.data(), cache.lse.data() + cache.lse.numel(), std::nan(""));
+        for (auto& [name, g] : grads) poison(g);
+      }
+    }
 }
 
 }  // namespace

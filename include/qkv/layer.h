@@ -34,7 +34,10 @@ struct LayerConfig {
   std::string note = {};
 };
 
-// What forward() keeps for a later backward pass (training). Filled by forward(.., cache).
+// What forward() keeps for a later backward pass (training). Filled by forward(.., cache), which
+// reuses the buffers the cache already holds when their shapes fit: a loop that keeps one cache
+// (and one gradient map) allocates none of them after its first step. backward() writes its own
+// buffers (backward_*) into the cache, so one cache serves one thread at a time.
 struct LayerCache {
   int64_t batch = 0, queries = 0, keys = 0;  // B, N, M
   bool batched = false;                      // x was [B, N, E] (else [N, E])
@@ -43,6 +46,8 @@ struct LayerCache {
   Tensor<float> q, k, v;                     // [B, N, H·D], [B, M, Hkv·D], [B, M, Hkv·Dv]; empty when parameter-free
   Tensor<float> ctx;                         // attention output, heads concatenated: [B, N, H·Dv]
   Tensor<double> lse;                        // [B, H, N], float64 for the backward (attention_backward)
+  // backward()'s scratch: dy in rows, the gradients of ctx, q, k and v. Not results.
+  mutable Tensor<float> backward_dy, backward_dctx, backward_dq, backward_dk, backward_dv;
 };
 
 // Owns its weights (public so training, I/O and bindings reach them). forward() is const and

@@ -152,25 +152,35 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
 Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<const float> kv,
                                           const AttentionOptions& options, LayerCache* cache) const {
   const detail::LayerDims d = detail::check_layer_inputs(config_, x, kv);
-  // Filled here and moved into *cache at the end: x or kv may be views of the cache's own tensors
-  // (forward again on cache.x), which must outlive the copies below.
-  LayerCache c;
+  // Filled here and moved into *cache at the end. The old contents lend their buffers and stay
+  // alive until then: x or kv may be views of them (forward again on cache.x), so a buffer they
+  // overlap is not written before both are copied.
+  LayerCache old = cache ? std::move(*cache) : LayerCache{}, c;
+  auto lend = [&](Tensor<float>& t) {
+    return detail::overlaps(x, t) || detail::overlaps(kv, t) ? Tensor<float>() : std::move(t);
+  };
   c.batch = d.B;
   c.queries = d.N;
   c.keys = d.M;
   c.batched = d.batched;
   c.cross = d.cross;
-  c.x = detail::contiguous_rows(x, d.B, d.N, config_.embed_dim, "x");
-  if (d.cross) c.kv = detail::contiguous_rows(kv, d.B, d.M, config_.embed_dim, "kv");
+  c.x = detail::contiguous_rows(x, d.B, d.N, config_.embed_dim, "x", lend(old.x));
+  if (d.cross) c.kv = detail::contiguous_rows(kv, d.B, d.M, config_.embed_dim, "kv", lend(old.kv));
+  for (auto [to, from] : {std::pair{&c.backward_dy, &old.backward_dy},
+                          {&c.backward_dctx, &old.backward_dctx},
+                          {&c.backward_dq, &old.backward_dq},
+                          {&c.backward_dk, &old.backward_dk},
+                          {&c.backward_dv, &old.backward_dv}})
+    *to = lend(*from);
   const float* kv_rows = d.cross ? c.kv.data() : c.x.data();
 
   const LayerConfig& cf = config_;
   const int64_t H = cf.num_heads, Hkv = cf.num_kv_heads, D = cf.head_dim, Dv = cf.value_dim;
   const float *q_data = c.x.data(), *k_data = kv_rows, *v_data = kv_rows;
   if (!cf.parameter_free) {
-    c.q = Tensor<float>({d.B, d.N, H * D}, "q");
-    c.k = Tensor<float>({d.B, d.M, Hkv * D}, "k");
-    c.v = Tensor<float>({d.B, d.M, Hkv * Dv}, "v");
+    c.q = detail::reuse_or_new(lend(old.q), {d.B, d.N, H * D}, "q");
+    c.k = detail::reuse_or_new(lend(old.k), {d.B, d.M, Hkv * D}, "k");
+    c.v = detail::reuse_or_new(lend(old.v), {d.B, d.M, Hkv * Dv}, "v");
     project(c.q.data(), c.x.data(), d.B * d.N, w_q, b_q, options.num_threads);
     project(c.k.data(), kv_rows, d.B * d.M, w_k, b_k, options.num_threads);
     project(c.v.data(), kv_rows, d.B * d.M, w_v, b_v, options.num_threads);
@@ -178,8 +188,8 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
     k_data = c.k.data();
     v_data = c.v.data();
   }
-  c.ctx = Tensor<float>({d.B, d.N, H * Dv}, "attention output");
-  c.lse = Tensor<double>({d.B, H, d.N}, "lse");
+  c.ctx = detail::reuse_or_new(lend(old.ctx), {d.B, d.N, H * Dv}, "attention output");
+  c.lse = detail::reuse_or_new(std::move(old.lse), {d.B, H, d.N}, "lse");
   attention_forward_lse64(detail::head_view(c.ctx.data(), d.B, H, d.N, Dv), c.lse.view(),
                           detail::head_view(q_data, d.B, H, d.N, D), detail::head_view(k_data, d.B, Hkv, d.M, D),
                           detail::head_view(v_data, d.B, Hkv, d.M, Dv), options);

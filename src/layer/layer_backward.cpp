@@ -11,22 +11,26 @@
 namespace qkv {
 namespace {
 
-// Rank-3 [B, T, W] or rank-2 [T, W] buffer, matching the caller's input rank.
-Tensor<float> rows_tensor(bool batched, int64_t B, int64_t T, int64_t W, const char* what) {
-  return batched ? Tensor<float>({B, T, W}, what) : Tensor<float>({T, W}, what);
+// Rank-3 [B, T, W] or rank-2 [T, W] buffer, matching the caller's input rank (`t` when it has that
+// shape: its values are overwritten).
+Tensor<float> rows_tensor(bool batched, int64_t B, int64_t T, int64_t W, const char* what, Tensor<float> t) {
+  return batched ? detail::reuse_or_new(std::move(t), {B, T, W}, what)
+                 : detail::reuse_or_new(std::move(t), {T, W}, what);
 }
 
-// dw = inᵀ · dout: [e, n] from in [rows, e] and dout [rows, n]; db = column sums of dout.
+// dw = inᵀ · dout: [e, n] from in [rows, e] and dout [rows, n]; db = column sums of dout. A
+// gradient already in the map with its shape is overwritten in place.
 void projection_grads(TensorMap& grads, const char* w_name, const char* b_name, bool has_bias, const float* in,
                       const float* dout, int64_t rows, int64_t e, int64_t n, int threads) {
-  Tensor<float> dw({e, n}, w_name);
+  Tensor<float>& dw = grads[w_name];
+  dw = detail::reuse_or_new(std::move(dw), {e, n}, w_name);
   detail::sgemm(true, false, e, n, rows, 1.0f, in, e, dout, n, 0.0f, dw.data(), n, threads);
-  grads[w_name] = std::move(dw);
   if (!has_bias) return;
-  Tensor<float> db({n}, b_name);
+  Tensor<float>& db = grads[b_name];
+  db = detail::reuse_or_new(std::move(db), {n}, b_name);
+  std::fill(db.data(), db.data() + n, 0.0f);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) db[j] += dout[r * n + j];
-  grads[b_name] = std::move(db);
 }
 
 // din (+)= dout · wᵀ: [rows, e] from dout [rows, n] and w [e, n].
@@ -54,46 +58,48 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     throw Error(fmt::format("layer backward: dy has shape {} but the forward's output is {}", shape_string(dy.shape()),
                             shape_string(want)));
   const int64_t rows = B * N, kv_rows = B * M;
-  Tensor<float> dy_rows = detail::contiguous_rows(dy, B, N, out_dim, "dy");
-  const Tensor<float> residual_grad = cf.residual ? dy_rows.clone() : Tensor<float>();  // y = x + ...: dx gets dy
+  // dy is copied first: it may be a view of an output written below (dx, a gradient).
+  c.backward_dy = detail::contiguous_rows(dy, B, N, out_dim, "dy", std::move(c.backward_dy));
+  const float* dy_rows = c.backward_dy.data();  // y = x + ... (residual): dx gets dy too
   TensorMap local;
   TensorMap& g = grads ? *grads : local;
 
-  Tensor<float> dctx;
+  const float* dctx = dy_rows;
   if (cf.output_projection) {
-    dctx = Tensor<float>({B, N, H * Dv}, "d attention output");
-    input_grad(dctx.data(), dy_rows.data(), w_o, rows, false, options.num_threads);
-    projection_grads(g, "w_o", "b_o", cf.bias, c.ctx.data(), dy_rows.data(), rows, H * Dv, E, options.num_threads);
-  } else {
-    dctx = std::move(dy_rows);
+    c.backward_dctx = detail::reuse_or_new(std::move(c.backward_dctx), {B, N, H * Dv}, "d attention output");
+    input_grad(c.backward_dctx.data(), dy_rows, w_o, rows, false, options.num_threads);
+    projection_grads(g, "w_o", "b_o", cf.bias, c.ctx.data(), dy_rows, rows, H * Dv, E, options.num_threads);
+    dctx = c.backward_dctx.data();
   }
 
   const float* kv_in = c.cross ? c.kv.data() : c.x.data();
   const float* q_data = cf.parameter_free ? c.x.data() : c.q.data();
   const float* k_data = cf.parameter_free ? kv_in : c.k.data();
   const float* v_data = cf.parameter_free ? kv_in : c.v.data();
-  Tensor<float> dq({B, N, H * D}, "dq"), dk({B, M, Hkv * D}, "dk"), dv({B, M, Hkv * Dv}, "dv");
+  Tensor<float>& dq = c.backward_dq = detail::reuse_or_new(std::move(c.backward_dq), {B, N, H * D}, "dq");
+  Tensor<float>& dk = c.backward_dk = detail::reuse_or_new(std::move(c.backward_dk), {B, M, Hkv * D}, "dk");
+  Tensor<float>& dv = c.backward_dv = detail::reuse_or_new(std::move(c.backward_dv), {B, M, Hkv * Dv}, "dv");
   attention_backward(detail::head_view(dq.data(), B, H, N, D), detail::head_view(dk.data(), B, Hkv, M, D),
-                     detail::head_view(dv.data(), B, Hkv, M, Dv), {},
-                     detail::head_view<const float>(dctx.data(), B, H, N, Dv), detail::head_view(q_data, B, H, N, D),
-                     detail::head_view(k_data, B, Hkv, M, D), detail::head_view(v_data, B, Hkv, M, Dv),
-                     detail::head_view(c.ctx.data(), B, H, N, Dv), c.lse.view(), options);
+                     detail::head_view(dv.data(), B, Hkv, M, Dv), {}, detail::head_view<const float>(dctx, B, H, N, Dv),
+                     detail::head_view(q_data, B, H, N, D), detail::head_view(k_data, B, Hkv, M, D),
+                     detail::head_view(v_data, B, Hkv, M, Dv), detail::head_view(c.ctx.data(), B, H, N, Dv),
+                     c.lse.view(), options);
 
   if (!cf.parameter_free) {
     projection_grads(g, "w_q", "b_q", cf.bias, c.x.data(), dq.data(), rows, E, H * D, options.num_threads);
     projection_grads(g, "w_k", "b_k", cf.bias, kv_in, dk.data(), kv_rows, E, Hkv * D, options.num_threads);
     projection_grads(g, "w_v", "b_v", cf.bias, kv_in, dv.data(), kv_rows, E, Hkv * Dv, options.num_threads);
   }
-  if (dx) *dx = rows_tensor(c.batched, B, N, E, "dx");
-  if (dkv) *dkv = c.cross ? rows_tensor(c.batched, B, M, E, "dkv") : Tensor<float>();
+  if (dx) *dx = rows_tensor(c.batched, B, N, E, "dx", std::move(*dx));
+  if (dkv) *dkv = c.cross ? rows_tensor(c.batched, B, M, E, "dkv", std::move(*dkv)) : Tensor<float>();
   float* query_side = dx ? dx->data() : nullptr;
   float* key_side = c.cross ? (dkv ? dkv->data() : nullptr) : query_side;
   // Parameter-free: q = x and k = v = kv, so their gradients add up directly.
   if (cf.parameter_free) {
     if (query_side)
       for (int64_t i = 0; i < rows * E; ++i) query_side[i] = dq[i];
-    if (key_side)
-      for (int64_t i = 0; i < kv_rows * E; ++i) key_side[i] += dk[i] + dv[i];
+    if (key_side)  // self-attention adds to dq; dkv (cross) holds whatever it held
+      for (int64_t i = 0; i < kv_rows * E; ++i) key_side[i] = (c.cross ? 0.0f : key_side[i]) + dk[i] + dv[i];
     return;
   }
   if (query_side) input_grad(query_side, dq.data(), w_q, rows, false, options.num_threads);
@@ -101,8 +107,8 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     input_grad(key_side, dk.data(), w_k, kv_rows, !c.cross, options.num_threads);
     input_grad(key_side, dv.data(), w_v, kv_rows, true, options.num_threads);
   }
-  if (query_side && residual_grad.numel() > 0)
-    for (int64_t i = 0; i < rows * E; ++i) query_side[i] += residual_grad[i];
+  if (query_side && cf.residual)
+    for (int64_t i = 0; i < rows * E; ++i) query_side[i] += dy_rows[i];
 }
 
 }  // namespace qkv

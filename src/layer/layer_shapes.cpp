@@ -31,8 +31,16 @@ LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> 
   return d;
 }
 
-Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what) {
-  Tensor<float> out({B, rows, width}, what);
+bool overlaps(TensorView<const float> v, const Tensor<float>& t) {
+  if (v.numel() == 0 || t.numel() == 0) return false;
+  const float *first = v.data(), *last = v.data();
+  for (int i = 0; i < v.rank(); ++i) (v.stride(i) < 0 ? first : last) += (v.dim(i) - 1) * v.stride(i);
+  return first < t.data() + t.numel() && t.data() <= last;
+}
+
+Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what,
+                              Tensor<float> into) {
+  Tensor<float> out = reuse_or_new(std::move(into), {B, rows, width}, what);
   const TensorView<const float> t3 = t.as_rank4();  // [1, B or 1, rows, width]
   int64_t o = 0;
   for (int64_t b = 0; b < B; ++b)

@@ -1,8 +1,10 @@
 // Shape checks and head views shared by the layer's forward and backward. Internal.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 
 #include "qkv/layer.h"
 
@@ -17,8 +19,22 @@ struct LayerDims {
 // against the config; throws qkv::Error naming the input.
 LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> x, TensorView<const float> kv);
 
-// A contiguous [B, rows, width] copy of a rank-2 or rank-3 view.
-Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what);
+// `t` itself if it has exactly `shape` (its values are about to be overwritten), else a new
+// tensor of that shape: a loop that reuses one LayerCache allocates none of its buffers after the
+// first step (each freed and allocated again, tens of MB a step faulted in afresh).
+template <class T>
+Tensor<T> reuse_or_new(Tensor<T>&& t, std::initializer_list<int64_t> shape, const char* what) {
+  if (std::equal(t.shape().begin(), t.shape().end(), shape.begin(), shape.end())) return std::move(t);
+  return Tensor<T>(shape, what);
+}
+
+// Whether any element of view `v` lies in t's storage.
+bool overlaps(TensorView<const float> v, const Tensor<float>& t);
+
+// A contiguous [B, rows, width] copy of a rank-2 or rank-3 view, into `into` when it has that
+// shape (and does not overlap t).
+Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what,
+                              Tensor<float> into = {});
 
 // Rows laid out [B, N, H, D] (one projected row per token, heads side by side) seen as
 // [B, H, N, D] through strides, the layout attention_forward takes.
