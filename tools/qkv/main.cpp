@@ -18,11 +18,11 @@
 
 namespace {
 
-// glibc gives a freed heap top back to the system past 2x its mmap threshold (at most 64 MB), so a
-// loop that allocates and frees tens of MB per step (a layer's forward and backward) page-faults
-// its memory in again every step: `qkv train --task lookup` spent a third of its time in memset
-// and the kernel's fault path, and took 0.92-0.96 s for 300 steps against 0.45 s with the memory
-// kept (Zen 5 guest, 1 thread). The command keeps up to 256 MB of freed memory; one job per process.
+// glibc gives a freed heap top back to the system past twice its mmap threshold (which follows the
+// blocks freed, up to 32 MB), so a loop that allocates and frees MBs per step page-faults them in
+// again every step: `qkv train --task lookup` spent a third of its time in memset and the kernel's
+// fault path (perf), and 300 steps took 0.60-0.64 s against 0.42-0.43 s with the memory kept (Zen 5
+// guest, 1 thread, quiet). The command keeps up to 256 MB of freed memory; one job per process.
 void keep_freed_memory() {
 #ifdef __GLIBC__
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: a bigger block is still mapped on its own
