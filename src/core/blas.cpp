@@ -68,8 +68,8 @@ class ScopedEnv {
 };
 
 // OpenBLAS 0.3.21 (Debian 12) takes a Zen 4 or Zen 5 for a Haswell and runs its AVX2 kernels;
-// its SkylakeX kernels run a layer's products 1.55x faster on a Zen 5 (forward and backward of
-// B8 N128 E768 H12: 100-110 ms against 160-175 at one thread, 53-60 against 82-91 at two). Any
+// its SkylakeX kernels run a layer 1.5-1.6x faster on a Zen 5 (forward and backward of B8 N128
+// E768 H12: 108-110 ms against 174 at one thread, 63-69 against 95-102 at two). Any
 // CPU with the AVX-512 subsets those kernels use takes them, unless the caller chose a core type.
 const char* core_type_for_this_cpu() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
