@@ -72,9 +72,13 @@ class ScopedEnv {
 // E768 H12: 108-110 ms against 174 at one thread, 63-69 against 95-102 at two). Any
 // CPU with the AVX-512 subsets those kernels use takes them, unless the caller chose a core type.
 const char* core_type_for_this_cpu() {
+#if defined(__x86_64__)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   return avx512 ? "SkylakeX" : nullptr;
+#else
+  return nullptr;
+#endif
 }
 
 OpenBlas load_openblas() {
