@@ -32,7 +32,7 @@ LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> 
 }
 
 bool overlaps(TensorView<const float> v, const Tensor<float>& t) {
-  if (v.numel() == 0 || t.numel() == 0) return false;
+  if (v.data() == nullptr || v.numel() == 0 || t.numel() == 0) return false;
   const float *first = v.data(), *last = v.data();
   for (int i = 0; i < v.rank(); ++i) (v.stride(i) < 0 ? first : last) += (v.dim(i) - 1) * v.stride(i);
   return first < t.data() + t.numel() && t.data() <= last;

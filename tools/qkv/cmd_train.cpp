@@ -303,9 +303,10 @@ Command add_train(CLI::App& app) {
   add_shared(sub, "--weight-decay", c.weight_decay, m.weight_decay, "AdamW weight decay")->check(nonnegative_number());
   add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)",
              false);
-  add_shared(sub, "--threads", c.threads, m.threads,
-             "Threads of the attention and the matrix products (0: QKV_NUM_THREADS or all cores); the weights are the same "
-             "for any count")
+  add_shared(
+      sub, "--threads", c.threads, m.threads,
+      "Threads of the attention and the matrix products (0: QKV_NUM_THREADS or all cores); the weights are the same "
+      "for any count")
       ->check(integer_in(0, 4096));
   add_shared(sub, "--eval-examples", c.eval_examples, m.eval_examples, "Held-out examples")
       ->check(integer_in(1, 10000000));
