@@ -25,6 +25,7 @@
 #include "core/thread_share.h"
 #include "qkv/address_space.h"
 #include "qkv/error.h"
+#include "qkv/machine_info.h"
 
 #ifndef QKV_OPENBLAS_LIBRARY
 #define QKV_OPENBLAS_LIBRARY "libopenblas.so.0"
@@ -71,21 +72,16 @@ class ScopedEnv {
 // its SkylakeX kernels run a layer 1.5-1.6x faster on a Zen 5 (forward and backward of B8 N128
 // E768 H12: 108-110 ms against 174 at one thread, 63-69 against 95-102 at two). Any
 // CPU with the AVX-512 subsets those kernels use takes them, unless the caller chose a core type.
-const char* core_type_for_this_cpu() {
-#if defined(__x86_64__)
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return avx512 ? "SkylakeX" : nullptr;
-#else
-  return nullptr;
-#endif
-}
+const char* core_type_for_this_cpu() { return machine_info().avx512 ? "SkylakeX" : nullptr; }
 
 OpenBlas load_openblas() {
+  auto open = [](int flags) {
+    void* lib = ::dlopen(QKV_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL | flags);
+    return lib != nullptr ? lib : ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL | flags);
+  };
   // In Python numpy has loaded it already (Debian's libblas.so.3 is OpenBLAS's), with its pool
   // and kernels chosen.
-  void* lib = ::dlopen(QKV_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (lib == nullptr) lib = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  void* lib = open(RTLD_NOLOAD);
   const bool shared = lib != nullptr;
   if (!shared) {
     // OpenBLAS reads these in its constructor. Its workers (OPENBLAS_NUM_THREADS, else
@@ -93,8 +89,7 @@ OpenBlas load_openblas() {
     // make the calls.
     const ScopedEnv one_thread("OPENBLAS_NUM_THREADS", "1", false);
     const ScopedEnv kernels("OPENBLAS_CORETYPE", core_type_for_this_cpu(), true);
-    lib = ::dlopen(QKV_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) lib = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    lib = open(0);
   }
   if (lib == nullptr) {
     const char* why = ::dlerror();

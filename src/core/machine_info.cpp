@@ -111,7 +111,8 @@ MachineInfo detect() {
     m.brand = trim(brand);
   }
   m.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  m.avx512 = __builtin_cpu_supports("avx512f");
+  m.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   m.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
   m.avx512_vnni = __builtin_cpu_supports("avx512vnni");
 #endif

@@ -32,7 +32,7 @@ Tensor<T> reuse_or_new(Tensor<T>&& t, std::initializer_list<int64_t> shape, cons
 bool overlaps(TensorView<const float> v, const Tensor<float>& t);
 
 // A contiguous [B, rows, width] copy of a rank-2 or rank-3 view, into `into` when it has that
-// shape (and does not overlap t).
+// shape; the caller makes sure `into` does not overlap t.
 Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what,
                               Tensor<float> into = {});
 
