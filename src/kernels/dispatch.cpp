@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "qkv/machine_info.h"
+
 namespace qkv::kernels {
 
 namespace {
@@ -34,15 +36,14 @@ bool amx_granted() {
 }
 #endif
 
+// The instruction-set subsets are core's rule (MachineInfo), read here rather than tested again.
 CpuFeatures detect() {
   CpuFeatures f;
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  // GCC 12's __builtin_cpu_supports knows avx512bf16.
-  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  const MachineInfo& m = machine_info();
+  f.avx2_fma = m.avx2;
+  f.avx512 = f.avx2_fma && m.avx512;
+  f.avx512_bf16 = f.avx512 && m.avx512_bf16;
   f.amx_bf16 = f.avx512_bf16 && amx_granted();
 #elif defined(__aarch64__)
   f.neon = true;

@@ -123,6 +123,12 @@ g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $(PKG_CONFIG_PATH=$prefix
 got=$(env -i "$work/hello-pc")
 [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "pkg-config: unexpected output '$got'"
 echo "pkg-config, run with an empty environment: $got"
+# The soname follows the documented policy: major.minor, so a layout change refuses to load.
+soname=$(objdump -p "$prefix/lib/libqkv.so" | awk '$1 == "SONAME" {print $2}')
+[ "$soname" = "libqkv.so.${version%.*}" ] || fail "libqkv.so's soname is '$soname', expected libqkv.so.${version%.*}"
+loaded=$(env -i ldd "$work/hello-pc" | awk -v s="$soname" '$1 == s {print $3}')
+[ -n "$loaded" ] && [ "$(realpath "$loaded")" = "$(realpath "$prefix/lib/$soname")" ] || fail "hello-pc loads $soname from '$loaded', not the prefix's lib"
+echo "soname: $soname"
 
 if [ $have_mpi = yes ]; then
   mkdir -p "$work/ring/src"
