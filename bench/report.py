@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Turns one `make bench` run (Google Benchmark JSON, torch_compare.py JSON, S6 peak memory JSON)
-into the forward table kept per machine class in docs/machines.md. Every ratio in it comes from this one run."""
+into the forward table kept per machine class in docs/machines/<class>.md. Every ratio in it comes from this one run."""
 import argparse
 import json
 import os
