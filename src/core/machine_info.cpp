@@ -110,6 +110,8 @@ MachineInfo detect() {
     }
     m.brand = trim(brand);
   }
+  // machine_info() may run in a static initializer, before libgcc's constructor sets up the tests.
+  __builtin_cpu_init();
   m.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   m.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
