@@ -166,11 +166,14 @@ def main():
     # A decode step's floor: its bytes at the read bandwidth or its FMAs at the FMA peak, whichever
     # takes longer (the int8 and 16-bit steps can be bound by their arithmetic on a core with fast
     # memory and 256-bit FMAs).
-    def dec_floor(name, t):
+    # judged_by: the benchmark whose bandwidth to use instead of name's own, so that two floors
+    # compared with each other divide by the same bandwidth.
+    def dec_floor(name, t, judged_by=None):
         b = dec.get(f"decode/{name}/cold/threads:{t}")
-        if not b or "step_bytes" not in b or not dec_bw(b, t) or t not in peak:
+        j = dec.get(f"decode/{judged_by or name}/cold/threads:{t}")
+        if not b or not j or "step_bytes" not in b or not dec_bw(j, t) or t not in peak:
             return None
-        return max(b["step_bytes"] / dec_bw(b, t), b["step_flops"] / peak[t])
+        return max(b["step_bytes"] / dec_bw(j, t), b["step_flops"] / peak[t])
 
     def dec_pct_ceiling(name, t):  # the highest % of the read bandwidth the floor allows
         b, floor = dec.get(f"decode/{name}/cold/threads:{t}"), dec_floor(name, t)
@@ -190,7 +193,8 @@ def main():
             else:
                 f16, i8 = dec_time(f"D1/f16/M:{M}", t), dec_time(f"D1/i8/M:{M}", t)
                 vals.append(f16 / i8 if f16 and i8 else None)
-            f16, i8 = dec_floor(f"D1/f16/M:{M}", t), dec_floor(f"D1/i8/M:{M}", t)
+            # int8's steps run beside f16's (vs_partner_pct), so both floors take f16's bandwidth.
+            f16, i8 = dec_floor(f"D1/f16/M:{M}", t), dec_floor(f"D1/i8/M:{M}", t, judged_by=f"D1/f16/M:{M}")
             caps.append(f16 / i8 if f16 and i8 else None)
         row("decode int8: f16's step time / int8's, M ≥ 16k", t, vals, "≥ 1.6×", lambda v: v >= 1.6, "{:.2f}", "×",
             ceiling=caps)

@@ -112,6 +112,24 @@ def test_int8_against_f16_by_the_paired_steps(tmp_path):
     assert row(out, work, 2)[0].startswith("1.00×"), out
 
 
+def test_int8_ceiling_divides_both_floors_by_the_same_bandwidth(tmp_path):
+    # The f16 steps ran beside a 10 GB/s read (the host busy), the probe read 20 GB/s; int8's steps
+    # ran beside f16's, in the same minutes. int8 has half of f16's bytes and the FMA peak is far
+    # off, so the ceiling is 2× whichever one bandwidth divides both; mixing f16's 10 GB/s with the
+    # probe's 20 for int8 made it 4×.
+    decode = []
+    for t in (1, 2):
+        for M in (16384, 32768):
+            decode.append(record(f"D1/f16/M:{M}/cold/threads:{t}", 30000.0, read_pct=90.0, read_GBps=10.0))
+            i8 = record(f"D1/i8/M:{M}/cold/threads:{t}", 20000.0, vs_partner_pct=-33.0)
+            i8["step_bytes"] /= 2
+            decode.append(i8)
+    out = targets(tmp_path, [20e9], [20e9], decode)
+    work = "decode int8: f16's step time / int8's, M ≥ 16k"
+    for t in (1, 2):
+        assert "(ceiling 2.00×)" in row(out, work, t)[0], out
+
+
 def test_decode_against_the_read_beside_each_step(tmp_path):
     decode = []
     for t in (1, 2):
