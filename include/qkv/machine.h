@@ -22,7 +22,8 @@ enum class PeakIsa { avx512, avx2, avx512_bf16 };
 // is the peak. Thread-safe (uses its own OpenMP team).
 double fma_peak_work(int threads, int64_t iterations, PeakIsa isa);
 
-// True if this CPU (and OS) can run `isa`.
+// True if this CPU can run `isa` as the kernels would: AVX-512 is F, BW, DQ and VL beside AVX2
+// with FMA (MachineInfo::avx512); always false off x86.
 bool peak_isa_available(PeakIsa isa);
 
 // A peak measured `repeats` times (each run about `seconds` long) on `threads` threads: each

@@ -100,21 +100,19 @@ constexpr int kChains512 = 16;
 
 }  // namespace
 
+// The instruction sets as MachineInfo defines them, the ones the kernels are chosen by: a peak
+// the kernels cannot run at is not the ceiling they are judged against.
 bool peak_isa_available(PeakIsa isa) {
-#if defined(__x86_64__)
+  const MachineInfo& m = machine_info();
   switch (isa) {
     case PeakIsa::avx512:
-      return __builtin_cpu_supports("avx512f") != 0;
+      return m.avx2 && m.avx512;
     case PeakIsa::avx512_bf16:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+      return m.avx2 && m.avx512 && m.avx512_bf16;
     case PeakIsa::avx2:
-      return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+      return m.avx2;
   }
   return false;
-#else
-  (void)isa;
-  return false;
-#endif
 }
 
 const char* peak_isa_name(PeakIsa isa) {
