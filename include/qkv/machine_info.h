@@ -16,8 +16,9 @@ struct MachineInfo {
   // The class the tables are kept per, e.g. "Zen 5 (full-width AVX-512)", "Zen 4 (double-pumped
   // AVX-512)", "Skylake-SP"; "<vendor> family F model M" for a CPU not in the table.
   std::string class_name;
-  // avx2: AVX2 with FMA; avx512: AVX-512 F, BW, DQ and VL, the subsets qkv's kernels and
-  // OpenBLAS's SkylakeX kernels use.
+  // Each implies the one before, as the kernels take them: avx2 is AVX2 with FMA; avx512 is
+  // AVX-512 F, BW, DQ and VL (the subsets qkv's kernels and OpenBLAS's SkylakeX kernels use)
+  // beside avx2; avx512_bf16 and avx512_vnni are those extensions beside avx512.
   bool avx2 = false, avx512 = false, avx512_bf16 = false, avx512_vnni = false;
   // The L3 one core can fill (one CCD's on AMD, where a core allocates only in its own), in bytes;
   // 0 if nothing reports it. l3_source says where it came from, and why when a reported size was

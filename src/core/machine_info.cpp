@@ -113,10 +113,10 @@ MachineInfo detect() {
   // machine_info() may run in a static initializer, before libgcc's constructor sets up the tests.
   __builtin_cpu_init();
   m.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  m.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  m.avx512 = m.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  m.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
-  m.avx512_vnni = __builtin_cpu_supports("avx512vnni");
+  m.avx512_bf16 = m.avx512 && __builtin_cpu_supports("avx512bf16");
+  m.avx512_vnni = m.avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
   m.class_name = machine_class_name(m.vendor, m.family, m.model, m.avx512);
 

@@ -42,8 +42,8 @@ CpuFeatures detect() {
 #if defined(__x86_64__)
   const MachineInfo& m = machine_info();
   f.avx2_fma = m.avx2;
-  f.avx512 = f.avx2_fma && m.avx512;
-  f.avx512_bf16 = f.avx512 && m.avx512_bf16;
+  f.avx512 = m.avx512;
+  f.avx512_bf16 = m.avx512_bf16;
   f.amx_bf16 = f.avx512_bf16 && amx_granted();
 #elif defined(__aarch64__)
   f.neon = true;

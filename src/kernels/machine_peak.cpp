@@ -106,9 +106,9 @@ bool peak_isa_available(PeakIsa isa) {
   const MachineInfo& m = machine_info();
   switch (isa) {
     case PeakIsa::avx512:
-      return m.avx2 && m.avx512;
+      return m.avx512;
     case PeakIsa::avx512_bf16:
-      return m.avx2 && m.avx512 && m.avx512_bf16;
+      return m.avx512_bf16;
     case PeakIsa::avx2:
       return m.avx2;
   }
