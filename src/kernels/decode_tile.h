@@ -138,6 +138,7 @@ class DecodeChunk {
   // as none) and deleted every call, so no prefetch was ever issued.
   __attribute__((always_inline)) void prefetch_seek(int64_t j) {
     pf_j_ = j;
+    pf_seeked_ = true;
     if (j < t_.pf_end) pf_row_ = pool_row(j), pf_off_ = j % p_.page_tokens;
   }
   __attribute__((always_inline)) void prefetch_next(int64_t n) {
@@ -151,9 +152,17 @@ class DecodeChunk {
       lines(p_.k + pf_row_ * p_.D * eb_, run * p_.D * eb_);
       lines(p_.v + pf_row_ * p_.Dv * eb_, run * p_.Dv * eb_);
       if (p_.k_scale != nullptr) {
-        lines(reinterpret_cast<const char*>(p_.k_scale + pf_row_), run * 4);
-        lines(reinterpret_cast<const char*>(p_.v_scale + pf_row_), run * 4);
+        // From the first line boundary in the run: the line it starts inside held the last run's
+        // final scale, asked for then (the first run after a seek asks for its own).
+        auto scales = [&](const float* base) __attribute__((always_inline)) {
+          const uintptr_t a = reinterpret_cast<uintptr_t>(base + pf_row_), end = a + static_cast<uintptr_t>(run) * 4;
+          const uintptr_t from = pf_seeked_ ? a : (a + 63) & ~uintptr_t{63};
+          if (from < end) lines(reinterpret_cast<const char*>(from), static_cast<int64_t>(end - from));
+        };
+        scales(p_.k_scale);
+        scales(p_.v_scale);
       }
+      pf_seeked_ = false;
       n -= run;
       pf_j_ += run;
       if ((pf_off_ += run) == p_.page_tokens)
@@ -397,6 +406,7 @@ class DecodeChunk {
   float ksc_[kNb], vsc_[kNb];
   // The prefetch cursor: its key, that key's pool row and offset in its page.
   int64_t pf_j_ = -1, pf_row_ = 0, pf_off_ = 0;
+  bool pf_seeked_ = true;  // no run since the last seek
 };
 
 template <class Ops>
