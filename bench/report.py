@@ -8,7 +8,7 @@ import os
 FLOP_SHAPES = {  # [B, H, N, D], causal
     "S1": (1, 1, 3, 4, False), "S2": (8, 12, 128, 64, False), "S3": (1, 12, 1024, 64, False),
     "S4": (1, 8, 4096, 64, False), "S5": (1, 8, 4096, 64, True), "S6": (1, 1, 16384, 128, False),
-    "S3q50": (1, 12, 1024, 64, False),  # S3 with q scaled by 50 (bench/shapes.h)
+    "S3q50": (1, 12, 1024, 64, False), "S3q4": (1, 12, 1024, 64, False),  # S3 with q scaled (bench/shapes.h)
 }
 
 

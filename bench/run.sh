@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 # Idle OpenMP threads sleep instead of spinning: on a machine shared with other jobs a spinning
 # thread steals the core its partner needs (S2 on 2 threads took twice the 1-thread wall time
 # with the default policy under a load of 10). Applies to qkv and PyTorch alike.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 # The machine first: five invocations of the probes (their spread is one of the targets), each
 # followed by a plain read whose loop shares no code with them (bench/plain_read.cpp) and which
@@ -31,6 +31,21 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes)..." >&2
 "$BUILD/bench/qkv_bench" --benchmark_out="$OUT/qkv.json" --benchmark_out_format=json > "$OUT/qkv.log"
 "$BUILD/bench/qkv_bench" --peak-memory > "$OUT/memory.json"
+# One thread pinned to each CPU in turn, the first four this process may run on (under 2 minutes
+# each): on a shared host one vCPU ran the same prefill 10-20% slower than the other in the same
+# minutes while its FMA peak moved 3% (Zen 5 guest), so an unpinned one-thread row depends on where
+# the scheduler put it. Each pinned run measures its own peaks on that CPU (targets.py).
+PINNED=
+if command -v taskset > /dev/null 2>&1; then
+  for cpu in $(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:4])'); do
+    echo "one thread pinned to CPU $cpu (under 2 minutes)..." >&2
+    taskset -c "$cpu" "$BUILD/bench/qkv_bench" --benchmark_filter='^(fma_peak|bf16_peak|attention/[^/]+/(fp32|bf16))/threads:1/' \
+      --benchmark_out="$OUT/pinned-$cpu.json" --benchmark_out_format=json > "$OUT/pinned-$cpu.log"
+    taskset -c "$cpu" "$BUILD/bench/qkv_backward_bench" --benchmark_filter='^(fma_peak|backward/[^/]+/fp32)/threads:1/' \
+      --benchmark_out="$OUT/pinned-backward-$cpu.json" --benchmark_out_format=json > "$OUT/pinned-backward-$cpu.log"
+    PINNED="$PINNED --pinned $cpu $OUT/pinned-$cpu.json $OUT/pinned-backward-$cpu.json"
+  done
+fi
 echo "PyTorch (about 2 minutes)..." >&2
 /usr/bin/python3 "$HERE/torch_compare.py" > "$OUT/torch.json"
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -81,6 +96,6 @@ AVX2=
 if [ -f "$OUT/avx2.json" ]; then AVX2="--avx2 $OUT/avx2.json $OUT/avx2_backward.json"; fi
 echo
 echo "load average at the start: $LOAD_START; at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-# shellcheck disable=SC2086 # PLAIN and AVX2 are option lists
+# shellcheck disable=SC2086 # PLAIN, AVX2 and PINNED are option lists
 /usr/bin/python3 "$HERE/targets.py" --machine "$OUT"/machine-[1-5].json $PLAIN --qkv "$OUT/qkv.json" \
-  --backward "$OUT/backward.json" --decode "$OUT/decode.json" $AVX2 | tee "$OUT/targets.md"
+  --backward "$OUT/backward.json" --decode "$OUT/decode.json" $AVX2 $PINNED | tee "$OUT/targets.md"

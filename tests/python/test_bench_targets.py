@@ -152,6 +152,57 @@ def test_decode_against_the_read_beside_each_step(tmp_path):
     assert "beside a plain read" not in out
 
 
+def bench_file(path, aggregates):
+    """A Google Benchmark JSON of {run_name: FLOPS} for each aggregate in `aggregates`."""
+    path.write_text(json.dumps({"benchmarks": [
+        {"run_name": f"{name}/repeats:5/real_time", "aggregate_name": stat, "FLOPS": flops, "real_time": 1.0,
+         "time_unit": "ms"} for stat, runs in aggregates.items() for name, flops in runs.items()]}))
+    return str(path)
+
+
+def test_pinned_rows_per_cpu_against_that_runs_own_peak(tmp_path):
+    # CPU 0's run measured a 200 GFLOP/s peak and S3 at 140 (70%); CPU 1's a 250 peak (its
+    # backward binary's, the higher of its two) and S3 at 215 (86%). Each row divides by its own
+    # CPU's peak, and the verdict is the best CPU's. A row neither run measured is left out.
+    def pinned(cpu, fwd_peak, bwd_peak, s3, s2_bwd):
+        fwd = bench_file(tmp_path / f"pinned-{cpu}.json",
+                         {"median": {"attention/S3/fp32/threads:1": s3, "attention/S4/fp32/threads:1": s3,
+                                     "attention/S6/fp32/threads:1": s3, "fma_peak/threads:1": fwd_peak},
+                          "max": {"fma_peak/threads:1": fwd_peak}})
+        bwd = bench_file(tmp_path / f"pinned-backward-{cpu}.json",
+                         {"median": {"backward/S2/fp32/threads:1": s2_bwd}, "max": {"fma_peak/threads:1": bwd_peak}})
+        return ["--pinned", str(cpu), fwd, bwd]
+
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    args = [sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json")]
+    args += pinned(0, 200e9, 190e9, 140e9, 160e9) + pinned(1, 240e9, 250e9, 215e9, 150e9)
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "CPU 0 fp32 FMA peak 200.0 GFLOP/s; CPU 1 fp32 FMA peak 250.0 GFLOP/s" in out, out
+    assert "| work, 1 thread | CPU 0 | CPU 1 | target | best CPU |" in out, out
+    assert "| prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak | 70% | 86% | ≥ 85% | met (CPU 1) |" in out, out
+    assert "| short heads S2 backward | 80% | 60% | ≥ 75% | met (CPU 0) |" in out, out
+    assert "short heads S2 forward |" not in out.split("best CPU |")[1], out
+
+
+def test_row_says_when_its_binary_was_lent_less_than_the_best_peak(tmp_path):
+    # The machine's best 2-thread peak is 200 GFLOP/s; the forward binary's own read 100 (the host
+    # lent its two threads one core's worth), and S3/S4/S6 reached 90: 45% of the best, 90% of its
+    # own. At one thread its own peak (99) is within 10% of the best (100): nothing added.
+    names = {f"attention/{s}/fp32/threads:{t}": 90e9 for s in ("S3", "S4", "S6") for t in (1, 2)}
+    fwd = bench_file(tmp_path / "qkv.json", {"median": names, "max": {"fma_peak/threads:1": 99e9,
+                                                                       "fma_peak/threads:2": 100e9}})
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json"),
+                        "--qkv", fwd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    work = "prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak"
+    assert row(r.stdout, work, 2) == ("45%; 90% of the peak its binary measured beside it, which read 50% of the "
+                                      "run's best", "not met")
+    assert row(r.stdout, work, 1) == ("90%", "met")
+
+
 BENCH = Path(os.environ.get("QKV_BIN", ROOT / "build" / "qkv")).parent / "bench"
 
 
