@@ -304,11 +304,11 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
     runs = []
     for cpu, fwd_path, bwd_path in pinned:
         tables = {"fwd": aggregates(fwd_path, "median"), "bwd": aggregates(bwd_path, "median")}
-        peaks = [b["FLOPS"] for path in (fwd_path, bwd_path) for b in (aggregates(path, "max").get("fma_peak/threads:1"),)
-                 if b]
-        bf16_peaks = [b["FLOPS"] for b in (aggregates(fwd_path, "max").get("bf16_peak/threads:1"),) if b]
+        fwd_max, bwd_max = aggregates(fwd_path, "max"), aggregates(bwd_path, "max")
+        peaks = [b["FLOPS"] for b in (fwd_max.get("fma_peak/threads:1"), bwd_max.get("fma_peak/threads:1")) if b]
         fp32 = max(peaks) if peaks else None
-        runs.append((cpu, tables, {"fp32": fp32, "bf16": max(bf16_peaks) if bf16_peaks else fp32}))
+        bf16 = fwd_max.get("bf16_peak/threads:1")
+        runs.append((cpu, tables, {"fp32": fp32, "bf16": bf16["FLOPS"] if bf16 else fp32}))
     print()
     print("one thread pinned to each CPU in turn, each row against the peaks measured in the same pinned run: " +
           "; ".join(f"CPU {cpu} fp32 FMA peak {p['fp32'] / 1e9:.1f} GFLOP/s" +
