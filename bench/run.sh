@@ -32,7 +32,7 @@ echo "qkv benchmarks (about 2 minutes)..." >&2
 "$BUILD/bench/qkv_bench" --benchmark_out="$OUT/qkv.json" --benchmark_out_format=json > "$OUT/qkv.log"
 "$BUILD/bench/qkv_bench" --peak-memory > "$OUT/memory.json"
 # One thread pinned to each CPU in turn, the first four this process may run on (under 2 minutes
-# each): on a shared host one vCPU ran the same prefill 10-20% slower than the other in the same
+# each): on a shared host one vCPU ran the same prefill 10-21% slower than the other in the same
 # minutes while its FMA peak moved 3% (Zen 5 guest), so an unpinned one-thread row depends on where
 # the scheduler put it. Each pinned run measures its own peaks on that CPU (targets.py).
 PINNED=

@@ -55,6 +55,19 @@ def seconds(b):
     return b["real_time"] * {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
 
 
+def own_peak(maxima, kind, t):
+    """The fp32 ("fp32") or bf16 ("bf16") peak a benchmark binary measured itself at t threads (its
+    runs' max aggregate, `maxima` from aggregates(path, "max")), or None."""
+    b = maxima.get({"fp32": "fma_peak", "bf16": "bf16_peak"}[kind] + f"/threads:{t}")
+    return b["FLOPS"] if b else None
+
+
+def percent_of(table, name, t, ceiling):
+    """Benchmark `name` of `table` as a % of ceiling[t], or None where either is missing."""
+    b = table.get(name)
+    return 100 * b["FLOPS"] / ceiling[t] if b and ceiling.get(t) else None
+
+
 def rng(values, fmt="{:.0f}"):
     values = [v for v in values if v is not None]
     if not values:
@@ -96,12 +109,12 @@ def main():
         rows = [r for mm in machines for r in mm["threads"] if r["threads"] == t]
         if not rows:
             continue
-        own = [b["FLOPS"] for b in (fwd_max.get(f"fma_peak/threads:{t}"), bwd_max.get(f"fma_peak/threads:{t}")) if b]
+        own = [p for p in (own_peak(fwd_max, "fp32", t), own_peak(bwd_max, "fp32", t)) if p]
         peak[t] = max([r["fp32_avx512"]["best"] or r["fp32_avx2"]["best"] for r in rows] + own)
         # A CPU without a bf16 dot-product instruction widens bf16 inputs and runs fp32 FMAs: its
         # bf16 ceiling is the fp32 peak.
         bf16_runs = [r["bf16_dot"]["best"] for r in rows if r["bf16_dot"]["best"]]
-        bf16_runs += [b["FLOPS"] for b in (fwd_max.get(f"bf16_peak/threads:{t}"),) if b]
+        bf16_runs += [p for p in (own_peak(fwd_max, "bf16", t),) if p]
         bf16[t] = max(bf16_runs) if bf16_runs else peak[t]
         bf16_dot = bool(bf16_runs)
         bw_runs[t] = [r["bandwidth"]["best"] for r in rows]
@@ -223,10 +236,6 @@ def main():
         row("batched decode D8, int8, % of bandwidth", t, [dec_pct(f"D8/i8/paged{page}", t)], "≥ 85%",
             lambda v: v >= 85, ceiling=[dec_pct_ceiling(f"D8/i8/paged{page}", t)])
 
-    def pct(table, name, t, ceiling):
-        b = table.get(name)
-        return 100 * b["FLOPS"] / ceiling[t] if b and t in ceiling else None
-
     # The kernel rows against the FMA (or bf16 dot) peak, in groups printed thread count by thread
     # count: (work, target, test, [(table, benchmark name with {t} for the thread count, which
     # peak)]). The pinned table takes them again.
@@ -243,18 +252,18 @@ def main():
           [("fwd", "attention/S3q50/fp32/threads:{t}", "fp32")])],
     ]
     # The peak each benchmark binary measured itself, minutes from the run's best: where the host
-    # lent a binary's threads less than that (one 2-thread backward run read 49% of the best peak
+    # lent a binary's threads less than that (one 2-thread backward run read half the best peak
     # beside its kernels, on a 2-vCPU guest), the row also says what it reached against that.
     tables = {"fwd": (fwd, fwd_max), "bwd": (bwd, bwd_max)}
-    own_peak_names = {"fp32": "fma_peak/threads:{t}", "bf16": "bf16_peak/threads:{t}"}
+    ceilings = {"fp32": peak, "bf16": bf16}
 
     def lent(benches, t):
-        best = {"fp32": peak, "bf16": bf16}
         own = []
         for tb, name, pk in benches:
-            p, b = tables[tb][1].get(own_peak_names[pk].format(t=t)), tables[tb][0].get(name.format(t=t))
-            if p and b and t in best[pk] and p["FLOPS"] < 0.9 * best[pk][t]:
-                own.append((100 * b["FLOPS"] / p["FLOPS"], 100 * p["FLOPS"] / best[pk][t]))
+            p, best = own_peak(tables[tb][1], pk, t), ceilings[pk].get(t)
+            reached = percent_of(tables[tb][0], name.format(t=t), t, {t: p})
+            if reached is not None and best and p < 0.9 * best:
+                own.append((reached, 100 * p / best))
         if not own:
             return ""
         return (f"; {rng([o for o, _ in own])}% of the peak its binary measured beside it, which read "
@@ -263,8 +272,8 @@ def main():
     for group in kernel_rows:
         for t in (1, 2):
             for work, target, ok, benches in group:
-                row(work, t, [pct(tables[tb][0], name.format(t=t), t, {"fp32": peak, "bf16": bf16}[pk])
-                              for tb, name, pk in benches], target, ok, note=lent(benches, t))
+                row(work, t, [percent_of(tables[tb][0], name.format(t=t), t, ceilings[pk]) for tb, name, pk in benches],
+                    target, ok, note=lent(benches, t))
     # The roofline itself.
     for t in sorted(bw):
         row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread[t]], "≤ 10%", lambda v: v <= 10,
@@ -305,10 +314,9 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
     for cpu, fwd_path, bwd_path in pinned:
         tables = {"fwd": aggregates(fwd_path, "median"), "bwd": aggregates(bwd_path, "median")}
         fwd_max, bwd_max = aggregates(fwd_path, "max"), aggregates(bwd_path, "max")
-        peaks = [b["FLOPS"] for b in (fwd_max.get("fma_peak/threads:1"), bwd_max.get("fma_peak/threads:1")) if b]
+        peaks = [p for p in (own_peak(fwd_max, "fp32", 1), own_peak(bwd_max, "fp32", 1)) if p]
         fp32 = max(peaks) if peaks else None
-        bf16 = fwd_max.get("bf16_peak/threads:1")
-        runs.append((cpu, tables, {"fp32": fp32, "bf16": bf16["FLOPS"] if bf16 else fp32}))
+        runs.append((cpu, tables, {"fp32": fp32, "bf16": own_peak(fwd_max, "bf16", 1) or fp32}))
     print()
     print("one thread pinned to each CPU in turn, each row against the peaks measured in the same pinned run: " +
           "; ".join(f"CPU {cpu} fp32 FMA peak {p['fp32'] / 1e9:.1f} GFLOP/s" +
@@ -320,10 +328,7 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
     for work, target, ok, benches in (r for group in kernel_rows for r in group):
         per_cpu = []
         for cpu, tables, peaks in runs:
-            vals = []
-            for tb, name, pk in benches:
-                b = tables[tb].get(name.format(t=1))
-                vals.append(100 * b["FLOPS"] / peaks[pk] if b and peaks[pk] else None)
+            vals = [percent_of(tables[tb], name.format(t=1), 1, {1: peaks[pk]}) for tb, name, pk in benches]
             per_cpu.append((cpu, [v for v in vals if v is not None]))
         measured = [(cpu, vals) for cpu, vals in per_cpu if vals]
         if not measured:
