@@ -5,6 +5,7 @@ composite softmax(q @ k^T * scale [+ causal mask]) @ v on the same shapes and th
 (torch.set_num_threads), and prints one Markdown table with every ratio taken from this one run.
 
 Usage: compare_backward.py --build <build dir> [--out <dir for raw results>] [--shapes S2,S3]
+       [--machine M1.json ...]
 PyTorch is timed on the backward alone (torch.autograd.grad of the retained graph for a random
 dout), which is what attention_backward computes given the forward's out and lse. Because the
 machine may be shared, the ratio to PyTorch comes from qkv and PyTorch calls interleaved in one
@@ -16,10 +17,10 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
+import lent_rerun
 from torch_threads import set_blas_threads
 
 SHAPES = {  # B, H, N, D, causal
@@ -132,6 +133,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--table-only", action="store_true", help="print the table of the results already in --out")
+    ap.add_argument("--machine", nargs="*", default=[],
+                    help="`qkv bench --machine --json` results: run qkv_backward_bench again while the host lends it "
+                         "less than these measured (lent_rerun.py)")
     a = ap.parse_args()
     # As bench/run.sh does (`make bench`), so that running this script alone measures the same:
     # idle OpenMP threads (qkv's and PyTorch's share libgomp's pool) sleep instead of spinning.
@@ -145,9 +149,8 @@ def main():
         load_before = load()
         print("qkv backward benchmarks...", file=sys.stderr)
         flt = "fma_peak|" + "|".join(f"backward/{s}/" for s in shapes)
-        subprocess.run([os.path.join(a.build, "bench", "qkv_backward_bench"), f"--benchmark_out={qkv_json}",
-                        "--benchmark_out_format=json", f"--benchmark_filter={flt}"],
-                       check=True, stdout=subprocess.DEVNULL)
+        lent_rerun.run([os.path.join(a.build, "bench", "qkv_backward_bench"), f"--benchmark_filter={flt}"], qkv_json,
+                       [json.load(open(p)) for p in a.machine])
         print("qkv and PyTorch autograd backward, interleaved...", file=sys.stderr)
         version, pairs, blas = interleaved_ms(shapes, (1, 2), a.build)
         json.dump({"torch": version, "results": pairs, "load_before": load_before, "load_after": load(),

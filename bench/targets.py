@@ -19,6 +19,9 @@ decode_bench's paired steps (vs_partner_pct), and the decode rows against the re
 each step beside a plain read of as many bytes (read_pct, read_GBps), where it measured them;
 older results fall back to the benchmarks' medians and the probe's bandwidth.
 
+Where bench/lent_rerun.py ran a binary again because the host lent it less than the machine (its own
+FMA peak under the probe's best), a line under the table says so and which run the table takes.
+
 Last, where the run pinned one thread to each CPU in turn (--pinned CPU forward.json backward.json,
 once per CPU), the one-thread kernel rows again per CPU, each against the peaks that CPU's own run
 measured: on a shared host one vCPU can run the same kernel markedly slower than another in the
@@ -31,20 +34,10 @@ import argparse
 import json
 import statistics
 
+from bench_results import LENT, aggregates, machine_fp32_peak, own_peak
+
 FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
          "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
-
-
-def aggregates(path, stat):
-    """{run_name without the repeats/real_time suffixes: benchmark record} for one aggregate."""
-    if not path:
-        return {}
-    out = {}
-    for b in json.load(open(path))["benchmarks"]:
-        if b.get("aggregate_name") == stat:
-            name = b["run_name"].split("/repeats:")[0].split("/iterations:")[0].replace("/real_time", "")
-            out[name] = b
-    return out
 
 
 def context(path):
@@ -53,13 +46,6 @@ def context(path):
 
 def seconds(b):
     return b["real_time"] * {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
-
-
-def own_peak(maxima, kind, t):
-    """The fp32 ("fp32") or bf16 ("bf16") peak a benchmark binary measured itself at t threads (its
-    runs' max aggregate, `maxima` from aggregates(path, "max")), or None."""
-    b = maxima.get({"fp32": "fma_peak", "bf16": "bf16_peak"}[kind] + f"/threads:{t}")
-    return b["FLOPS"] if b else None
 
 
 def percent_of(table, name, t, ceiling):
@@ -110,7 +96,7 @@ def main():
         if not rows:
             continue
         own = [p for p in (own_peak(fwd_max, "fp32", t), own_peak(bwd_max, "fp32", t)) if p]
-        peak[t] = max([r["fp32_avx512"]["best"] or r["fp32_avx2"]["best"] for r in rows] + own)
+        peak[t] = max([machine_fp32_peak(machines, t)] + own)
         # A CPU without a bf16 dot-product instruction widens bf16 inputs and runs fp32 FMAs: its
         # bf16 ceiling is the fp32 peak.
         bf16_runs = [r["bf16_dot"]["best"] for r in rows if r["bf16_dot"]["best"]]
@@ -262,7 +248,7 @@ def main():
         for tb, name, pk in benches:
             p, best = own_peak(tables[tb][1], pk, t), ceilings[pk].get(t)
             reached = percent_of(tables[tb][0], name.format(t=t), t, {t: p})
-            if reached is not None and best and p < 0.9 * best:
+            if reached is not None and best and p < LENT * best:
                 own.append((reached, 100 * p / best))
         if not own:
             return ""
@@ -302,8 +288,24 @@ def main():
     if highest:
         row("roofline: the highest % of its peak any kernel row reached", "1-2", [max(highest)], "≤ 100%",
             lambda v: v <= 100)
+    notes = [n for n in (reruns(a.qkv, "qkv_bench"), reruns(a.backward, "qkv_backward_bench")) if n]
+    if notes:
+        print()
+        print("\n".join(notes))
     if a.pinned:
         pinned_table(a.pinned, kernel_rows, bf16_dot)
+
+
+def reruns(path, binary):
+    """What lent_rerun.py did to `binary`'s results at `path`, or None where it ran them once."""
+    ctx = context(path)
+    runs = ctx.get("lent_runs", [])
+    if len(runs) < 2:
+        return None
+    each = "; ".join(f"run {i + 1} " + ", ".join(f"{100 * q:.0f}% at {t} thr" for t, q in r.items())
+                     for i, r in enumerate(runs))
+    return (f"{binary} ran {len(runs)} times: the host lent it less than the machine (its own FMA peak against "
+            f"the machine probe's best: {each}); the table takes run {ctx['lent_kept'] + 1}.")
 
 
 def pinned_table(pinned, kernel_rows, bf16_dot):
