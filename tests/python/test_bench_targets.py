@@ -127,7 +127,7 @@ def test_int8_ceiling_divides_both_floors_by_the_same_bandwidth(tmp_path):
     out = targets(tmp_path, [20e9], [20e9], decode)
     work = "decode int8: f16's step time / int8's, M ≥ 16k"
     for t in (1, 2):
-        assert "(ceiling 2.00×)" in row(out, work, t)[0], out
+        assert "(with both steps at their floors 2.00×)" in row(out, work, t)[0], out
 
 
 def test_decode_against_the_read_beside_each_step(tmp_path):
