@@ -23,16 +23,21 @@ def aggregates(path, stat):
     return out
 
 
+# The peaks by kind: "fp32" the widest fp32 FMA path, "avx2" the AVX2 FMA path (a binary run with
+# --avx2), "bf16" the bf16 dot product. The benchmark binaries' names for their own runs of each:
+PEAK_RUNS = {"fp32": "fma_peak", "avx2": "avx2/fma_peak", "bf16": "bf16_peak"}
+
+
 def own_peak(maxima, kind, t):
-    """The fp32 ("fp32") or bf16 ("bf16") peak a benchmark binary measured itself at t threads (its
-    runs' max aggregate, `maxima` from aggregates(path, "max")), or None."""
-    b = maxima.get({"fp32": "fma_peak", "bf16": "bf16_peak"}[kind] + f"/threads:{t}")
+    """The peak of `kind` a benchmark binary measured itself at t threads (its runs' max aggregate,
+    `maxima` from aggregates(path, "max")), or None."""
+    b = maxima.get(f"{PEAK_RUNS[kind]}/threads:{t}")
     return b["FLOPS"] if b else None
 
 
-def machine_fp32_peak(machines, t):
-    """The best fp32 FMA peak the machine probe measured at t threads over its invocations (AVX-512
-    where the CPU has it, else AVX2), or None where none ran at t threads."""
-    runs = [r["fp32_avx512"]["best"] or r["fp32_avx2"]["best"] for m in machines for r in m["threads"]
-            if r["threads"] == t]
+def machine_peak(machines, kind, t):
+    """The best fp32 ("fp32": AVX-512 where the CPU has it, else AVX2) or AVX2 ("avx2") FMA peak the
+    machine probe measured at t threads over its invocations, or None where none ran at t threads."""
+    runs = [r["fp32_avx512"]["best"] or r["fp32_avx2"]["best"] if kind == "fp32" else r["fp32_avx2"]["best"]
+            for m in machines for r in m["threads"] if r["threads"] == t]
     return max(runs) if runs else None

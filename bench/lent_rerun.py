@@ -8,8 +8,8 @@ fraction is run again, up to --tries runs in all; the kept run is the one whose 
 is the highest. Its JSON goes to --out with two fields added to its context: `lent_runs`, every
 run's ratios ({threads: own peak / machine best}), and `lent_kept`, the index of the kept run,
 which targets.py reports under its table. Its console output goes to stdout; what was run again
-and why goes to stderr. A binary without FMA peak runs (an AVX2 run, a filter without them) runs
-once.
+and why goes to stderr. A run with --avx2 is judged by its AVX2 peak against the probe's AVX2
+figure; a binary without FMA peak runs (a filter without them) runs once.
 
 Usage: lent_rerun.py --machine M1.json [M2.json ...] --out OUT.json [--tries N] -- BINARY [ARGS...]"""
 import argparse
@@ -18,19 +18,21 @@ import os
 import subprocess
 import sys
 
-from bench_results import LENT, aggregates, machine_fp32_peak, own_peak
+from bench_results import LENT, PEAK_RUNS, aggregates, machine_peak, own_peak
 
 
 def ratios(path, machines):
-    """{threads: the run's own FMA peak / the machine probe's best} at each thread count both measured."""
+    """{threads: the run's own FMA peak / the machine probe's best} at each thread count both
+    measured: the fp32 peak, or in a run with --avx2 the AVX2 peak against the probe's AVX2 figure."""
     maxima = aggregates(path, "max")
     out = {}
-    for name in maxima:
-        if name.startswith("fma_peak/threads:"):
-            t = int(name.split(":")[1])
-            best, own = machine_fp32_peak(machines, t), own_peak(maxima, "fp32", t)
-            if best and own:
-                out[t] = own / best
+    for kind in ("fp32", "avx2"):
+        for name in maxima:
+            if name.startswith(f"{PEAK_RUNS[kind]}/threads:"):
+                t = int(name.split(":")[1])
+                best, own = machine_peak(machines, kind, t), own_peak(maxima, kind, t)
+                if best and own:
+                    out[t] = min(out[t], own / best) if t in out else own / best
     return out
 
 

@@ -60,9 +60,10 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 if "$BUILD/bench/qkv_bench" --avx2 --benchmark_list_tests > /dev/null 2>&1; then
   echo "AVX2 path (about 1 minute)..." >&2
   LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-  "$BUILD/bench/qkv_bench" --avx2 --benchmark_out="$OUT/avx2.json" --benchmark_out_format=json > "$OUT/avx2.log"
-  "$BUILD/bench/qkv_backward_bench" --avx2 --benchmark_out="$OUT/avx2_backward.json" --benchmark_out_format=json \
-    > "$OUT/avx2_backward.log"
+  /usr/bin/python3 "$HERE/lent_rerun.py" --machine "$OUT"/machine-[1-5].json --out "$OUT/avx2.json" -- \
+    "$BUILD/bench/qkv_bench" --avx2 > "$OUT/avx2.log"
+  /usr/bin/python3 "$HERE/lent_rerun.py" --machine "$OUT"/machine-[1-5].json --out "$OUT/avx2_backward.json" -- \
+    "$BUILD/bench/qkv_backward_bench" --avx2 > "$OUT/avx2_backward.log"
   LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
   /usr/bin/python3 "$HERE/avx2_report.py" --forward "$OUT/avx2.json" --backward "$OUT/avx2_backward.json" \
     --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" | tee "$OUT/avx2_table.md"

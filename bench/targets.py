@@ -34,7 +34,7 @@ import argparse
 import json
 import statistics
 
-from bench_results import LENT, aggregates, machine_fp32_peak, own_peak
+from bench_results import LENT, aggregates, machine_peak, own_peak
 
 FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
          "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
@@ -96,7 +96,7 @@ def main():
         if not rows:
             continue
         own = [p for p in (own_peak(fwd_max, "fp32", t), own_peak(bwd_max, "fp32", t)) if p]
-        peak[t] = max([machine_fp32_peak(machines, t)] + own)
+        peak[t] = max([machine_peak(machines, "fp32", t)] + own)
         # A CPU without a bf16 dot-product instruction widens bf16 inputs and runs fp32 FMAs: its
         # bf16 ceiling is the fp32 peak.
         bf16_runs = [r["bf16_dot"]["best"] for r in rows if r["bf16_dot"]["best"]]
@@ -283,16 +283,18 @@ def main():
         for path in a.avx2:
             med, mx = aggregates(path, "median"), aggregates(path, "max")
             for t in (1, 2):
-                p = mx.get(f"avx2/fma_peak/threads:{t}") or med.get(f"avx2/fma_peak/threads:{t}")
-                avx2_peak = max(([p["FLOPS"]] if p else []) +
-                                [r["fp32_avx2"]["best"] for mm in machines for r in mm["threads"] if r["threads"] == t])
+                runs = [p for p in (own_peak(mx, "avx2", t) or own_peak(med, "avx2", t),
+                                    machine_peak(machines, "avx2", t)) if p]
+                avx2_peak = max(runs) if runs else None
                 for name, b in med.items():
                     if name.endswith(f"/threads:{t}") and "fma_peak" not in name and avx2_peak:
                         highest.append(100 * b["FLOPS"] / avx2_peak)
     if highest:
         row("roofline: the highest % of its peak any kernel row reached", "1-2", [max(highest)], "≤ 100%",
             lambda v: v <= 100)
-    notes = [n for n in (reruns(a.qkv, "qkv_bench"), reruns(a.backward, "qkv_backward_bench")) if n]
+    runs = [(a.qkv, "qkv_bench"), (a.backward, "qkv_backward_bench")]
+    runs += list(zip(a.avx2, ("qkv_bench --avx2", "qkv_backward_bench --avx2"))) if a.avx2 else []
+    notes = [n for n in (reruns(path, binary) for path, binary in runs) if n]
     if notes:
         print()
         print("\n".join(notes))
