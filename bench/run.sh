@@ -28,7 +28,7 @@ for i in 1 2 3 4 5; do
 done
 cat "$OUT/machine-1.txt"
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "qkv benchmarks (about 2 minutes)..." >&2
+echo "qkv benchmarks (about 2 minutes, more where the host lends them less and they run again)..." >&2
 # Run again (up to three runs) while the host lends the binary less than the machine probe measured
 # (its own FMA peak under 90% of the probe's best; one 2-thread run read half): bench/lent_rerun.py.
 /usr/bin/python3 "$HERE/lent_rerun.py" --machine "$OUT"/machine-[1-5].json --out "$OUT/qkv.json" -- \
