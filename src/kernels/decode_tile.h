@@ -142,25 +142,33 @@ class DecodeChunk {
     if (j < t_.pf_end) pf_row_ = pool_row(j), pf_off_ = j % p_.page_tokens;
   }
   __attribute__((always_inline)) void prefetch_next(int64_t n) {
-    auto lines = [](const char* p, int64_t bytes) __attribute__((always_inline)) {
-      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(a), 0, 3);
+    // The lines of [a, a_end) and of [b, b_end), a line of each per step: one loop for K and V,
+    // and one for their int8 scales. With a loop per range the bookkeeping showed: f16 and bf16
+    // steps (four lines a key in each of K and V) took 3-5% longer from L2 and L3 (Zen 5).
+    auto lines = [](uintptr_t a, uintptr_t a_end, uintptr_t b, uintptr_t b_end) __attribute__((always_inline)) {
+      const uintptr_t a0 = a & ~uintptr_t{63}, b0 = b & ~uintptr_t{63};
+      const uintptr_t na = a < a_end ? (a_end - a0 + 63) >> 6 : 0, nb = b < b_end ? (b_end - b0 + 63) >> 6 : 0;
+      const uintptr_t both = std::min(na, nb);
+      for (uintptr_t i = 0; i < both; ++i) {
+        __builtin_prefetch(reinterpret_cast<const char*>(a0 + 64 * i), 0, 3);
+        __builtin_prefetch(reinterpret_cast<const char*>(b0 + 64 * i), 0, 3);
+      }
+      for (uintptr_t i = both; i < na; ++i) __builtin_prefetch(reinterpret_cast<const char*>(a0 + 64 * i), 0, 3);
+      for (uintptr_t i = both; i < nb; ++i) __builtin_prefetch(reinterpret_cast<const char*>(b0 + 64 * i), 0, 3);
     };
     while (n > 0 && pf_j_ < t_.pf_end) {
       const int64_t run = std::min({n, p_.page_tokens - pf_off_, t_.pf_end - pf_j_});
-      lines(p_.k + pf_row_ * p_.D * eb_, run * p_.D * eb_);
-      lines(p_.v + pf_row_ * p_.Dv * eb_, run * p_.Dv * eb_);
+      const auto k = reinterpret_cast<uintptr_t>(p_.k + pf_row_ * p_.D * eb_);
+      const auto v = reinterpret_cast<uintptr_t>(p_.v + pf_row_ * p_.Dv * eb_);
+      lines(k, k + static_cast<uintptr_t>(run * p_.D * eb_), v, v + static_cast<uintptr_t>(run * p_.Dv * eb_));
       if (p_.k_scale != nullptr) {
         // From the first line boundary in the run: the line it starts inside held the last run's
         // final scale, asked for then (the first run after a seek asks for its own).
-        auto scales = [&](const float* base) __attribute__((always_inline)) {
-          const uintptr_t a = reinterpret_cast<uintptr_t>(base + pf_row_), end = a + static_cast<uintptr_t>(run) * 4;
-          const uintptr_t from = pf_seeked_ ? a : (a + 63) & ~uintptr_t{63};
-          if (from < end) lines(reinterpret_cast<const char*>(from), static_cast<int64_t>(end - from));
-        };
-        scales(p_.k_scale);
-        scales(p_.v_scale);
+        const auto ks = reinterpret_cast<uintptr_t>(p_.k_scale + pf_row_);
+        const auto vs = reinterpret_cast<uintptr_t>(p_.v_scale + pf_row_);
+        const auto from = [&](uintptr_t a) { return pf_seeked_ ? a : (a + 63) & ~uintptr_t{63}; };
+        const auto bytes = static_cast<uintptr_t>(run) * 4;
+        lines(from(ks), ks + bytes, from(vs), vs + bytes);
       }
       pf_seeked_ = false;
       n -= run;
