@@ -27,26 +27,26 @@ def ratios(path, machines):
     maxima = aggregates(path, "max")
     out = {}
     for kind in ("fp32", "avx2"):
-        for name in maxima:
-            if name.startswith(f"{PEAK_RUNS[kind]}/threads:"):
-                t = int(name.split(":")[1])
-                best, own = machine_peak(machines, kind, t), own_peak(maxima, kind, t)
-                if best and own:
-                    out[t] = min(out[t], own / best) if t in out else own / best
+        prefix = f"{PEAK_RUNS[kind]}/threads:"
+        for t in sorted({int(name[len(prefix):]) for name in maxima if name.startswith(prefix)}):
+            best, own = machine_peak(machines, kind, t), own_peak(maxima, kind, t)
+            if best and own:
+                out[t] = min(out.get(t, own / best), own / best)
     return out
 
 
 def run(cmd, out, machines, tries=3):
     """Runs `cmd` (a Google Benchmark binary and its arguments) at most `tries` times as described
     above; writes the kept run's JSON to `out` and returns its console output."""
-    runs = []  # (ratios, console output, path)
+    runs = []  # (ratios, console output, path) of each finished run
+    paths = []  # every run's file, finished or not, removed at the end
     try:
         for i in range(max(tries, 1)):
             path = f"{out}.run{i}"
-            runs.append(({}, "", path))
+            paths.append(path)
             r = subprocess.run(cmd + [f"--benchmark_out={path}", "--benchmark_out_format=json"], check=True,
                                stdout=subprocess.PIPE, text=True)
-            runs[-1] = (ratios(path, machines), r.stdout, path)
+            runs.append((ratios(path, machines), r.stdout, path))
             lent = {t: q for t, q in runs[-1][0].items() if q < LENT}
             if not lent:
                 break
@@ -63,7 +63,7 @@ def run(cmd, out, machines, tries=3):
             json.dump(result, f, indent=1)
         return runs[kept][1]
     finally:
-        for _, _, path in runs:
+        for path in paths:
             if os.path.exists(path):
                 os.remove(path)
 

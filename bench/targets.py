@@ -283,18 +283,18 @@ def main():
         for path in a.avx2:
             med, mx = aggregates(path, "median"), aggregates(path, "max")
             for t in (1, 2):
-                runs = [p for p in (own_peak(mx, "avx2", t) or own_peak(med, "avx2", t),
-                                    machine_peak(machines, "avx2", t)) if p]
-                avx2_peak = max(runs) if runs else None
+                peaks = [p for p in (own_peak(mx, "avx2", t) or own_peak(med, "avx2", t),
+                                     machine_peak(machines, "avx2", t)) if p]
+                avx2_peak = max(peaks) if peaks else None
                 for name, b in med.items():
                     if name.endswith(f"/threads:{t}") and "fma_peak" not in name and avx2_peak:
                         highest.append(100 * b["FLOPS"] / avx2_peak)
     if highest:
         row("roofline: the highest % of its peak any kernel row reached", "1-2", [max(highest)], "≤ 100%",
             lambda v: v <= 100)
-    runs = [(a.qkv, "qkv_bench"), (a.backward, "qkv_backward_bench")]
-    runs += list(zip(a.avx2, ("qkv_bench --avx2", "qkv_backward_bench --avx2"))) if a.avx2 else []
-    notes = [n for n in (reruns(path, binary) for path, binary in runs) if n]
+    binaries = [(a.qkv, "qkv_bench"), (a.backward, "qkv_backward_bench")]
+    binaries += list(zip(a.avx2, ("qkv_bench --avx2", "qkv_backward_bench --avx2"))) if a.avx2 else []
+    notes = [n for n in (reruns(path, binary) for path, binary in binaries) if n]
     if notes:
         print()
         print("\n".join(notes))
