@@ -5,7 +5,7 @@
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -I include -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp
 //   && /tmp/decode_floor_probe   (with -DQKV_FLOOR_PROBE_AVX2: the AVX2 form)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in the
-// kernel's blocks (decode_block_keys: 64 of these keys on AVX-512, 16 on AVX2), as decode_tile.h
+// kernel's blocks (decode_block_keys: 128 of these keys on AVX-512, 16 on AVX2), as decode_tile.h
 // does: a scores pass (4 query rows x L/4 keys = L accumulators over D, reduced by the kernel's
 // transposing reduction and stored), then a P·V pass (4 rows x C vectors at a time over the 128
 // columns), with K and V rows asked for 8 keys ahead while scoring, or not; and with each key's K

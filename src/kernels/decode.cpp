@@ -24,6 +24,8 @@ namespace {
 // task's start (bench/decode_bench.cpp, 2 alternations).
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxChunks = 32;
+// Pages of at least this many tokens take the head-major task order (DecodePlan).
+constexpr int64_t kHeadMajorPage = 256;
 
 struct ChunkPlan {
   int64_t chunk = 0;  // keys per chunk (a multiple of kDecodeBlock)
@@ -58,7 +60,7 @@ Workspace& partial_workspace() {
 // pages the same either way).
 struct DecodePlan {
   DecodePlan(const DecodeParams& p, const int64_t* seq_lens) : p(p), seq_lens(seq_lens) {
-    head_major = p.page_tokens >= 4 * kDecodeBlock;
+    head_major = p.page_tokens >= kHeadMajorPage;
     plans.resize(static_cast<std::size_t>(p.B));
     first_task.assign(static_cast<std::size_t>(p.B) + 1, 0);
     for (int64_t b = 0; b < p.B; ++b) {

@@ -17,8 +17,9 @@
 
 namespace qkv::kernels {
 
-// Keys a chunk task reads between the scores and the P·V product, within one page.
-constexpr int64_t kDecodeBlock = 64;
+// The most keys a chunk task reads between the scores and the P·V product (decode_tile.h's
+// buffers), and the grain of a chunk's keys.
+constexpr int64_t kDecodeBlock = 128;
 // How far ahead of the key being scored a task asks for K and V rows (decode_tile.h): 4 KB of
 // them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (measured on a
 // Zen 5): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
@@ -28,18 +29,23 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
   return std::clamp<int64_t>(4096 / std::max<int64_t>(row_bytes, 1), 8, 32);
 }
 
-// Keys per block (decode_tile.h) on the resolved SIMD path: kDecodeBlock while a block's K and V
-// rows (row_bytes: one key's K and V row) fit in 32 KB, the L1 data cache of the smallest core
-// measured; wider rows take blocks of 16 KB, whole powers of two of at least 16 keys, so the rows
-// the prefetch cursor brings in for the next keys still fit beside them. Zen 3 (AVX2), D1
-// M = 32768 cold, f32 (1 KB a key): 64-key blocks 19.3-20.0 ms per step (1 thread), 32 keys
-// 20.1-20.3, 16 keys 17.2-17.6, 8 keys 18.5-18.9; D8 20.7-21.0 → 18.1-18.2. f16 (512 bytes) at 32
-// keys was 8% slower than at 64. AVX-512 takes kDecodeBlock at every row size: on a Zen 5 the
-// short blocks cost more than they saved (f32, cold, each step beside a read of its bytes, 1
-// thread, three alternating rounds: D1 M = 32768 at 47-51% of the read with 16 keys against
-// 52-56% with 64, D8 49-51% against 55-60%).
+// Keys per block (decode_tile.h) on the resolved SIMD path. AVX-512 takes kDecodeBlock at every
+// row size: a block pays its softmax, its O update and the merge of its reductions once, and on a
+// Zen 5 128-key blocks took less time than 64 (D = 128, four alternating rounds, medians of the
+// ratios 128 / 64: with the cache in L2, one thread, f16 0.94, int8 0.94, f32 0.94; cold at D1
+// M = 32768, one thread, f16 0.97, int8 0.92, f32 0.98; two threads f16 1.00, int8 0.95), while
+// 16 keys had cost more than they saved (f32 cold, D1 47-51% of the read against 52-56% with 64
+// keys, D8 49-51 against 55-60).
+// Other paths take 64 keys while a block's K and V rows (row_bytes: one key's K and V row) fit in
+// 32 KB, the L1 data cache of the smallest core measured; wider rows take blocks of 16 KB, whole
+// powers of two of at least 16 keys, so the rows the prefetch cursor brings in for the next keys
+// still fit beside them. Zen 3 (AVX2), D1 M = 32768 cold, f32 (1 KB a key): 64-key blocks
+// 19.3-20.0 ms per step (1 thread), 32 keys 20.1-20.3, 16 keys 17.2-17.6, 8 keys 18.5-18.9; D8
+// 20.7-21.0 → 18.1-18.2. f16 (512 bytes) at 32 keys was 8% slower than at 64.
 constexpr int64_t decode_block_keys(int64_t row_bytes, Simd path) {
-  if (path == Simd::avx512 || row_bytes * kDecodeBlock <= 32768) return kDecodeBlock;
+  constexpr int64_t kNarrow = 64;
+  if (path == Simd::avx512) return kDecodeBlock;
+  if (row_bytes * kNarrow <= 32768) return kNarrow;
   return std::max<int64_t>(16, static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(16384 / row_bytes))));
 }
 
