@@ -30,8 +30,8 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
 }
 
 // Keys per block (decode_tile.h) on the resolved SIMD path. AVX-512 takes kDecodeBlock at every
-// row size: a block pays its softmax, its O update and the merge of its reductions once, and on a
-// Zen 5 128-key blocks took less time than 64 (D = 128, four alternating rounds, medians of the
+// row size: a block pays its softmax per row and its O update (O loaded, scaled, stored) once, and
+// on a Zen 5 128-key blocks took less time than 64 (D = 128, four alternating rounds, medians of the
 // ratios 128 / 64: with the cache in L2, one thread, f16 0.94, int8 0.94, f32 0.94; cold at D1
 // M = 32768, one thread, f16 0.97, int8 0.92, f32 0.98; two threads f16 1.00, int8 0.95), while
 // 16 keys had cost more than they saved (f32 cold, D1 47-51% of the read against 52-56% with 64
