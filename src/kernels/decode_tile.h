@@ -4,9 +4,9 @@
 // load_f16, load_bf16, load_i8 (and, where measured to help, keep_in_register); it includes the
 // softmax's e^x (softmax_columns.h) itself.
 //
-// The keys go in blocks of at most kDecodeBlock within one page. Each K and V vector of a block
-// is loaded from the pool and widened to fp32 in registers once, and used there by a tile of up
-// to 8 rows (a buffer re-read per row cost ~20% of the cycles in perf):
+// The keys go in blocks of p.block_keys (decode_block_keys), which may span pages. Each K and V
+// vector of a block is loaded from the pool and widened to fp32 in registers once, and used there
+// by a tile of up to 8 rows (a buffer re-read per row cost ~20% of the cycles in perf):
 //   S [rows x nb] = (scale·Q) · Kᵀ   lanes along D, R rows x L/R keys reduced together
 //   online softmax per row (base 2, running max in natural units, as forward_tile.h)
 //   O [rows x dvp] = alpha ⊙ O + P · V   R rows x C vectors of O in registers
