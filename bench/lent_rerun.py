@@ -28,10 +28,10 @@ def ratios(path, machines):
     out = {}
     for kind in ("fp32", "avx2"):
         prefix = f"{PEAK_RUNS[kind]}/threads:"
-        for t in sorted({int(name[len(prefix):]) for name in maxima if name.startswith(prefix)}):
+        for t in {int(name[len(prefix):]) for name in maxima if name.startswith(prefix)}:
             best, own = machine_peak(machines, kind, t), own_peak(maxima, kind, t)
             if best and own:
-                out[t] = min(out.get(t, own / best), own / best)
+                out[t] = min(out.get(t, float("inf")), own / best)
     return out
 
 
