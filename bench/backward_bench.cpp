@@ -89,11 +89,10 @@ void run_once(const Shape& s, Problem& p, int threads, Simd simd) {
                      TensorView<const float>(p.lse.data(), lse_shape), options_of(s, threads, simd));
 }
 
-// The FMA peak of `isa` and the backward of the shapes `keep` selects on SIMD path `simd`, as
-// <prefix>fma_peak/threads:<threads> and <prefix>backward/<shape>/fp32/threads:<threads>.
-template <class Keep>
-void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd simd, Keep keep) {
-  benchmark::RegisterBenchmark((prefix + "fma_peak/threads:" + std::to_string(threads)).c_str(),
+// The FMA peak of `isa` on `threads` threads, as benchmark `name`; its "max" aggregate is the best
+// repetition, the ceiling (other load only ever lowers a run).
+void register_peak(const std::string& name, int threads, PeakIsa isa) {
+  benchmark::RegisterBenchmark(name.c_str(),
                                [threads, isa](benchmark::State& state) {
                                  measure(state,
                                          [threads, isa] { return qkv::fma_peak_work(threads, 20'000'000, isa); });
@@ -103,9 +102,19 @@ void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd si
       ->Repetitions(5)
       ->ComputeStatistics("max", [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); })
       ->ReportAggregatesOnly(true);
+}
+
+// The FMA peak of `isa` and the backward of the shapes `keep` selects on SIMD path `simd`, as
+// <prefix>fma_peak/threads:<threads>, <prefix>backward/<shape>/fp32/threads:<threads> and the peak
+// again after them, <prefix>fma_peak/after/threads:<threads> (the host can lend a binary less in its
+// later minutes than at its start: bench/bench_results.py).
+template <class Keep>
+void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd simd, Keep keep) {
+  const std::string t = "/threads:" + std::to_string(threads);
+  register_peak(prefix + "fma_peak" + t, threads, isa);
   for (const Shape& shape : kShapes) {
     if (!keep(shape)) continue;
-    const std::string name = prefix + "backward/" + shape.name + "/fp32/threads:" + std::to_string(threads);
+    const std::string name = prefix + "backward/" + shape.name + "/fp32" + t;
     auto* b = benchmark::RegisterBenchmark(name.c_str(), [shape, threads, simd](benchmark::State& state) {
       Problem& p = problem_of(shape);
       run_once(shape, p, threads, simd);  // warm the thread pool and the pages
@@ -117,6 +126,7 @@ void register_group(const std::string& prefix, int threads, PeakIsa isa, Simd si
     b->UseRealTime()->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
     if (flops_of(shape) > 2e10) b->Iterations(1);  // seconds per call: one call is one sample
   }
+  register_peak(prefix + "fma_peak/after" + t, threads, isa);
 }
 
 }  // namespace

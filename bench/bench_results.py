@@ -2,10 +2,12 @@
 machine probe (`qkv bench --machine --json`): the rules targets.py, compare_backward.py and
 lent_rerun.py share.
 
-A binary's own peak is the best of its FMA peak runs. Other load only ever lowers a peak run, so
-when a binary's own peak reads under LENT of the machine probe's best at the same thread count,
-the host lent that binary's threads less than the machine has (on a 2-vCPU guest, one 2-thread run
-read half the best peak, and its kernels half their speed with it)."""
+A binary times its FMA peak at each thread count before that thread count's rows and again after
+them. Other load only ever lowers a peak run, so the better of the two is the binary's own peak (a
+ceiling), and when the lower of the two reads under LENT of the machine probe's best at the same
+thread count, the host lent that binary's threads less than the machine has for part of its rows
+(on a 2-vCPU guest, one 2-thread run read half the best peak, and its kernels half their speed with
+it; in another, the peak before the rows read 97% and the rows after it ran 4-13 points slow)."""
 import json
 
 LENT = 0.9
@@ -24,15 +26,27 @@ def aggregates(path, stat):
 
 
 # The peaks by kind: "fp32" the widest fp32 FMA path, "avx2" the AVX2 FMA path (a binary run with
-# --avx2), "bf16" the bf16 dot product. The benchmark binaries' names for their own runs of each:
+# --avx2), "bf16" the bf16 dot product. The benchmark binaries' names for their own runs of each,
+# before the rows (<name>/threads:<t>) and, for the FMA peaks, after them (<name>/after/threads:<t>):
 PEAK_RUNS = {"fp32": "fma_peak", "avx2": "avx2/fma_peak", "bf16": "bf16_peak"}
 
 
+def peak_runs(maxima, kind, t):
+    """The peaks of `kind` a benchmark binary measured itself at t threads, before and after its
+    rows where it ran both (each the max aggregate of its repetitions; `maxima` from
+    aggregates(path, "max"))."""
+    names = (f"{PEAK_RUNS[kind]}/threads:{t}", f"{PEAK_RUNS[kind]}/after/threads:{t}")
+    return [maxima[n]["FLOPS"] for n in names if n in maxima]
+
+
 def own_peak(maxima, kind, t):
-    """The peak of `kind` a benchmark binary measured itself at t threads (its runs' max aggregate,
-    `maxima` from aggregates(path, "max")), or None."""
-    b = maxima.get(f"{PEAK_RUNS[kind]}/threads:{t}")
-    return b["FLOPS"] if b else None
+    """The best of peak_runs (the binary's ceiling), or None."""
+    return max(peak_runs(maxima, kind, t), default=None)
+
+
+def lent_peak(maxima, kind, t):
+    """The lower of peak_runs (what the host lent the binary at its least), or None."""
+    return min(peak_runs(maxima, kind, t), default=None)
 
 
 def machine_peak(machines, kind, t):

@@ -2,9 +2,9 @@
 """Runs one of qkv's Google Benchmark binaries (qkv_bench, qkv_backward_bench) again while the host
 lends it less than the machine has, and keeps the run it lent the most.
 
-Each run's own FMA peak, at each thread count it measured, is compared with the best the machine
-probe measured at that thread count (bench_results.LENT). A run whose own peak reads under that
-fraction is run again, up to --tries runs in all; the kept run is the one whose lowest such ratio
+Each run's FMA peak at each thread count it measured, the lower of the two it times before and after
+that thread count's rows, is compared with the best the machine probe measured at that thread
+count (bench_results.LENT). A run whose peak reads under that fraction is run again, up to --tries runs in all; the kept run is the one whose lowest such ratio
 is the highest. Its JSON goes to --out with two fields added to its context: `lent_runs`, every
 run's ratios ({threads: own peak / machine best}), and `lent_kept`, the index of the kept run,
 which targets.py reports under its table. Its console output goes to stdout; what was run again
@@ -18,18 +18,18 @@ import os
 import subprocess
 import sys
 
-from bench_results import LENT, PEAK_RUNS, aggregates, machine_peak, own_peak
+from bench_results import LENT, PEAK_RUNS, aggregates, lent_peak, machine_peak
 
 
 def ratios(path, machines):
-    """{threads: the run's own FMA peak / the machine probe's best} at each thread count both
+    """{threads: the run's lower FMA peak / the machine probe's best} at each thread count both
     measured: the fp32 peak, or in a run with --avx2 the AVX2 peak against the probe's AVX2 figure."""
     maxima = aggregates(path, "max")
     out = {}
     for kind in ("fp32", "avx2"):
         prefix = f"{PEAK_RUNS[kind]}/threads:"
         for t in {int(name[len(prefix):]) for name in maxima if name.startswith(prefix)}:
-            best, own = machine_peak(machines, kind, t), own_peak(maxima, kind, t)
+            best, own = machine_peak(machines, kind, t), lent_peak(maxima, kind, t)
             if best and own:
                 out[t] = min(out.get(t, float("inf")), own / best)
     return out
@@ -51,10 +51,10 @@ def run(cmd, out, machines, tries=3):
             if not lent:
                 break
             if i + 1 < tries:
+                read = ", ".join(f"{100 * q:.0f}% at {t} thread{'s' if t > 1 else ''}" for t, q in sorted(lent.items()))
                 print(f"{os.path.basename(cmd[0])}: the host lent run {i + 1} less than the machine: its own FMA peak "
-                      "read " + ", ".join(f"{100 * q:.0f}% at {t} thread{'s' if t > 1 else ''}"
-                                          for t, q in sorted(lent.items())) +
-                      " of the machine probe's best; running it again", file=sys.stderr)
+                      f"(the lower of before and after its rows) read {read} of the machine probe's best; running it "
+                      "again", file=sys.stderr)
         kept = max(range(len(runs)), key=lambda i: min(runs[i][0].values(), default=1.0))
         result = json.load(open(runs[kept][2]))
         result.setdefault("context", {})["lent_runs"] = [{str(t): q for t, q in sorted(r.items())} for r, _, _ in runs]

@@ -19,8 +19,9 @@ decode_bench's paired steps (vs_partner_pct), and the decode rows against the re
 each step beside a plain read of as many bytes (read_pct, read_GBps), where it measured them;
 older results fall back to the benchmarks' medians and the probe's bandwidth.
 
-Where bench/lent_rerun.py ran a binary again because the host lent it less than the machine (its own
-FMA peak under the probe's best), a line under the table says so and which run the table takes.
+Where bench/lent_rerun.py ran a binary again because the host lent it less than the machine (the
+lower of its own FMA peaks, timed before and after its rows, under the probe's best), a line under
+the table says so and which run the table takes.
 
 Last, where the run pinned one thread to each CPU in turn (--pinned CPU forward.json backward.json,
 once per CPU), the one-thread kernel rows again per CPU, each against the peaks that CPU's own run
@@ -34,7 +35,7 @@ import argparse
 import json
 import statistics
 
-from bench_results import LENT, aggregates, machine_peak, own_peak
+from bench_results import LENT, aggregates, lent_peak, machine_peak, own_peak
 
 FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
          "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
@@ -241,23 +242,24 @@ def main():
         [("large scores S3q50, % of FMA peak", "≥ 70%", lambda v: v >= 70,
           [("fwd", "attention/S3q50/fp32/threads:{t}", "fp32")])],
     ]
-    # The peak each benchmark binary measured itself, minutes from the run's best: where the host
-    # lent a binary's threads less than that (one 2-thread backward run read half the best peak
-    # beside its kernels, on a 2-vCPU guest), the row also says what it reached against that.
+    # The peak each benchmark binary measured itself before and after its rows, minutes from the
+    # run's best: where the host lent a binary's threads less than that (one 2-thread backward run
+    # read half the best peak beside its kernels, on a 2-vCPU guest), the row also says what it
+    # reached against the lower of the two.
     tables = {"fwd": (fwd, fwd_max), "bwd": (bwd, bwd_max)}
     ceilings = {"fp32": peak, "bf16": bf16}
 
     def lent(benches, t):
         own = []
         for tb, name, pk in benches:
-            p, best = own_peak(tables[tb][1], pk, t), ceilings[pk].get(t)
+            p, best = lent_peak(tables[tb][1], pk, t), ceilings[pk].get(t)
             reached = percent_of(tables[tb][0], name.format(t=t), t, {t: p})
             if reached is not None and best and p < LENT * best:
                 own.append((reached, 100 * p / best))
         if not own:
             return ""
-        return (f"; {rng([o for o, _ in own])}% of the peak its binary measured beside it, which read "
-                f"{rng([q for _, q in own])}% of the run's best")
+        return (f"; {rng([o for o, _ in own])}% of the lower peak its binary measured before and after its rows, "
+                f"which read {rng([q for _, q in own])}% of the run's best")
 
     for group in kernel_rows:
         for t in (1, 2):

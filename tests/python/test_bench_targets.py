@@ -199,9 +199,33 @@ def test_row_says_when_its_binary_was_lent_less_than_the_best_peak(tmp_path):
                         "--qkv", fwd], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     work = "prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak"
-    assert row(r.stdout, work, 2) == ("45%; 90% of the peak its binary measured beside it, which read 50% of the "
-                                      "run's best", "not met")
+    assert row(r.stdout, work, 2) == ("45%; 90% of the lower peak its binary measured before and after its rows, "
+                                      "which read 50% of the run's best", "not met")
     assert row(r.stdout, work, 1) == ("90%", "met")
+
+
+def test_lent_is_judged_by_the_lower_peak_and_the_ceiling_by_the_higher(tmp_path):
+    # The forward binary's 2-thread peak read 200 GFLOP/s before its rows, the machine's best, and
+    # 100 after them: the host lent its later minutes half. lent_rerun.py's ratio (whether it runs
+    # the binary again) is the lower peak's, and the row says what it reached against that one.
+    # Where the peak after the rows is the binary's best (250, above the probe's 200), it is the
+    # ceiling the rows divide by, and the 200 before them reads 80% of it.
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lent_rerun
+    names = {f"attention/{s}/fp32/threads:2": 90e9 for s in ("S3", "S4", "S6")}
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    work = "prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak"
+    for after, ratio, expected in ((100e9, 0.5, "45%; 90% of the lower peak its binary measured before and after its "
+                                                "rows, which read 50% of the run's best"),
+                                   (250e9, 1.0, "36%; 45% of the lower peak its binary measured before and after "
+                                                "its rows, which read 80% of the run's best")):
+        fwd = bench_file(tmp_path / "qkv.json", {"median": names, "max": {"fma_peak/threads:2": 200e9,
+                                                                           "fma_peak/after/threads:2": after}})
+        assert lent_rerun.ratios(fwd, [machine(20e9)]) == {2: ratio}
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine",
+                            str(tmp_path / "machine-0.json"), "--qkv", fwd], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert row(r.stdout, work, 2) == (expected, "not met"), r.stdout
 
 
 BENCH = Path(os.environ.get("QKV_BIN", ROOT / "build" / "qkv")).parent / "bench"
