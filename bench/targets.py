@@ -17,7 +17,9 @@ between minutes, or between seconds, moves both sides of each pair alike. Older 
 that field are compared invocation by invocation. Likewise the decode rows that compare two layouts or storage types take
 decode_bench's paired steps (vs_partner_pct), and the decode rows against the read bandwidth take
 each step beside a plain read of as many bytes (read_pct, read_GBps), where it measured them;
-older results fall back to the benchmarks' medians and the probe's bandwidth.
+older results fall back to the benchmarks' medians and the probe's bandwidth. Given more than one
+decode file (qkv_decode_bench run in separate processes), each decode number is the median over the
+processes that ran its benchmark.
 
 Where bench/lent_rerun.py ran a binary again because the host lent it less than the machine (the
 lower of its own FMA peaks, timed before and after its rows, under the probe's best), a line under
@@ -29,7 +31,7 @@ measured: on a shared host one vCPU can run the same kernel markedly slower than
 same minutes, which an unpinned row only shows as noise. Their verdict is the best CPU's.
 
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
-       [--backward backward.json] [--decode decode.json] [--avx2 avx2.json avx2_backward.json]
+       [--backward backward.json] [--decode decode.json [decode-2.json ...]] [--avx2 avx2.json avx2_backward.json]
        [--pinned CPU FWD.json BWD.json ...]"""
 import argparse
 import json
@@ -55,6 +57,22 @@ def percent_of(table, name, t, ceiling):
     return 100 * b["FLOPS"] / ceiling[t] if b and ceiling.get(t) else None
 
 
+def decode_medians(paths):
+    """{name: median record} of qkv_decode_bench's results over one or more processes: where several
+    processes ran a benchmark, each of its numbers is the median over them, and `processes` says how
+    many (a process draws how its caches are placed, and its steps keep that all its life)."""
+    runs = [aggregates(p, "median") for p in paths]
+    out = {}
+    for name in dict.fromkeys(n for r in runs for n in r):
+        records = [r[name] for r in runs if name in r]
+        merged = dict(records[0], processes=len(records))
+        for key, v in records[0].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and all(key in r for r in records):
+                merged[key] = statistics.median(r[key] for r in records)
+        out[name] = merged
+    return out
+
+
 def rng(values, fmt="{:.0f}"):
     values = [v for v in values if v is not None]
     if not values:
@@ -77,7 +95,7 @@ def main():
     ap.add_argument("--plain", nargs="+", default=[])
     ap.add_argument("--qkv")
     ap.add_argument("--backward")
-    ap.add_argument("--decode")
+    ap.add_argument("--decode", nargs="+", default=[])
     ap.add_argument("--avx2", nargs=2)
     ap.add_argument("--pinned", nargs=3, action="append", default=[], metavar=("CPU", "FWD", "BWD"))
     a = ap.parse_args()
@@ -85,7 +103,7 @@ def main():
     m = machines[0]
     fwd, fwd_max = aggregates(a.qkv, "median"), aggregates(a.qkv, "max")
     bwd, bwd_max = aggregates(a.backward, "median"), aggregates(a.backward, "max")
-    dec, dec_ctx = aggregates(a.decode, "median"), context(a.decode)
+    dec, dec_ctx = decode_medians(a.decode), context(a.decode[0] if a.decode else None)
 
     # Ceilings per thread count, and the plain read beside the probe: (its median, the median of
     # probe / plain - 1 in %).
@@ -139,6 +157,10 @@ def main():
         print("decode rows against the read bandwidth: each cold step beside a plain read of as many bytes, "
               "pair by pair; those reads' medians " +
               ", ".join(f"{rng(v, '{:.1f}')} GB/s at {t} thread{'s' if t > 1 else ''}" for t, v in beside.items() if v))
+    repeated = sorted({b["processes"] for b in dec.values() if b["processes"] > 1})
+    if repeated:
+        print(f"decode rows: each benchmark qkv_decode_bench ran in more than one process ({rng(repeated)} processes) "
+              "is the median over them (a process draws how its caches are placed, and its steps keep that)")
     print()
 
     print(f"| work ({m['class']}) | thr | measured | target | |")
