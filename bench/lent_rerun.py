@@ -4,12 +4,13 @@ lends it less than the machine has, and keeps the run it lent the most.
 
 Each run's FMA peak at each thread count it measured, the lower of the two it times before and after
 that thread count's rows, is compared with the best the machine probe measured at that thread
-count (bench_results.LENT). A run whose peak reads under that fraction is run again, up to --tries runs in all; the kept run is the one whose lowest such ratio
-is the highest. Its JSON goes to --out with two fields added to its context: `lent_runs`, every
-run's ratios ({threads: own peak / machine best}), and `lent_kept`, the index of the kept run,
-which targets.py reports under its table. Its console output goes to stdout; what was run again
-and why goes to stderr. A run with --avx2 is judged by its AVX2 peak against the probe's AVX2
-figure; a binary without FMA peak runs (a filter without them) runs once.
+count (bench_results.LENT). A run whose peak reads under that fraction is run again, up to --tries
+runs in all; the kept run is the one whose lowest such ratio is the highest. Its JSON goes to
+--out with two fields added to its context: `lent_runs`, every run's ratios ({threads: lower peak /
+machine best}), and `lent_kept`, the index of the kept run, which targets.py reports under its
+table. Its console output goes to stdout; what was run again and why goes to stderr. A run with
+--avx2 is judged by its AVX2 peak against the probe's AVX2 figure; a binary without FMA peak runs
+(a filter without them) runs once.
 
 Usage: lent_rerun.py --machine M1.json [M2.json ...] --out OUT.json [--tries N] -- BINARY [ARGS...]"""
 import argparse
