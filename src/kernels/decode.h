@@ -19,7 +19,7 @@ namespace qkv::kernels {
 
 // The most keys a chunk task reads between the scores and the P·V product (decode_tile.h's
 // buffers), and the grain of a chunk's keys.
-constexpr int64_t kDecodeBlock = 128;
+constexpr int64_t kDecodeBlock = 256;
 // How far ahead of the key being scored a task asks for K and V rows (decode_tile.h): 4 KB of
 // them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (measured on a
 // Zen 5): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
@@ -30,12 +30,15 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
 }
 
 // Keys per block (decode_tile.h) on the resolved SIMD path. AVX-512 takes kDecodeBlock at every
-// row size: a block pays its softmax per row and its O update (O loaded, scaled, stored) once, and
-// on a Zen 5 128-key blocks took less time than 64 (D = 128, four alternating rounds, medians of the
+// row size: a block pays its softmax per row and its O update (O loaded, scaled, stored) once. On a
+// Zen 5 (D = 128), 128-key blocks took less time than 64 (four alternating rounds, medians of the
 // ratios 128 / 64: with the cache in L2, one thread, f16 0.94, int8 0.94, f32 0.94; cold at D1
-// M = 32768, one thread, f16 0.97, int8 0.92, f32 0.98; two threads f16 1.00, int8 0.95), while
-// 16 keys had cost more than they saved (f32 cold, D1 47-51% of the read against 52-56% with 64
-// keys, D8 49-51 against 55-60).
+// M = 32768, one thread, f16 0.97, int8 0.92, f32 0.98), and 256 less than 128 (both builds in one
+// process, bench/decode_ab.cpp, 15-25 rounds, medians of the ratios 256 / 128: D1 cold at
+// M = 16384 and 32768, one thread, int8 0.92-0.94, f16 0.97-1.02, bf16 0.97-0.98, f32 0.97-1.00;
+// two threads int8 0.92-0.93, f16 0.98-0.99, bf16 0.96; from L3, M = 1024 and 4096, int8 0.98,
+// f16 0.96-0.98, bf16 0.96, f32 0.98-1.03), while 16 keys had cost more than they saved (f32 cold,
+// D1 47-51% of the read against 52-56% with 64 keys, D8 49-51 against 55-60).
 // Other paths take 64 keys while a block's K and V rows (row_bytes: one key's K and V row) fit in
 // 32 KB, the L1 data cache of the smallest core measured; wider rows take blocks of 16 KB, whole
 // powers of two of at least 16 keys, so the rows the prefetch cursor brings in for the next keys
