@@ -20,13 +20,16 @@ namespace qkv::kernels {
 // The most keys a chunk task reads between the scores and the P·V product (decode_tile.h's
 // buffers), and the grain of a chunk's keys.
 constexpr int64_t kDecodeBlock = 256;
-// How far ahead of the key being scored a task asks for K and V rows (decode_tile.h): 4 KB of
-// them (row_bytes: one key's K and V row), within 8 to 32 keys. D = 128 (measured on a
-// Zen 5): f32 and f16 8 keys, int8 16, which took int8 steps 5-8% faster than 8; 16 keys made f16
-// 8% slower, and 32 keys did nothing more for int8. The cap keeps tiny rows (D = 1: thousands of
-// keys) from starting the cursor past a whole chunk.
+// How far ahead of the key being scored a task asks for K and V rows (decode_tile.h): 8 KB of
+// them (row_bytes: one key's K and V row), within 8 to 64 keys; at D = 128 f32 8 keys, f16 and bf16
+// 16, int8 32. On a Zen 5 with 256-key blocks (both builds in one process, bench/decode_ab.cpp, 15
+// rounds, medians of the ratios 8 KB / 4 KB), D1 cold at M = 16384 and 32768, one thread: f16
+// 0.980-0.985, bf16 0.972-0.978, int8 0.979-0.987; two threads f16 0.977, bf16 0.982, int8 0.987;
+// from L3 0.975-1.003. 16 KB (f32 too at 16 keys) moved f32 by +0.0-1.4%, and 2 KB took f16 and
+// int8 2-5% longer. The cap keeps tiny rows (D = 1: thousands of keys) from starting the cursor
+// past a whole chunk.
 constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
-  return std::clamp<int64_t>(4096 / std::max<int64_t>(row_bytes, 1), 8, 32);
+  return std::clamp<int64_t>(8192 / std::max<int64_t>(row_bytes, 1), 8, 64);
 }
 
 // Keys per block (decode_tile.h) on the resolved SIMD path. AVX-512 takes kDecodeBlock at every

@@ -127,8 +127,8 @@ class DecodeChunk {
   // "cold", 2 rounds, CPU time per step) prefetcht0 8 keys ahead took D1 M = 32768 from 12.5-13.0
   // to 11.8-12.1 ms (f32), 7.7-7.8 to 7.0-7.1 (f16), 5.5 to 4.7-4.8 (i8), D2 contiguous 22.9-23.6
   // to 21.8-21.9 and D2 paged (16 tokens, shuffled) 28.5-28.9 to 22.4-23.7. 4 and 16 keys ahead,
-  // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these. Rows of int8
-  // now go 16 keys ahead (decode_prefetch_keys, decode.h).
+  // or prefetcht2 at 8, 24 or 96 keys, were slower on some of these then (64-key blocks); how far
+  // ahead it runs now is decode_prefetch_keys's (decode.h).
   // The cursor runs on to t_.pf_end, past the task's keys when the thread's next task takes them.
   // prefetch_next(n) asks for the next n keys' rows at once, one address range per page they lie
   // in (a page's rows are contiguous). Asked for key by key, the cursor's bookkeeping made a step
