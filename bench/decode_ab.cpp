@@ -2,10 +2,12 @@
 // build's shared library (B: e.g. build/libqkv.so.0.3 copied aside before the change), both in this
 // one process. B is loaded with dlopen(RTLD_DEEPBIND), so that its calls stay inside its own copy of
 // the library, and both step the same caches (D1's layer, bench/decode_caches.h), A and B in turn,
-// the first of the two alternating round by round. A process draws how its caches lie in memory
-// and keeps that for its life: on a Zen 5 guest, eight runs of one binary in a row took 5.0 ms per
-// int8 step (D1, M = 32768) three times and 6.6 ms five times. An A/B of whole processes
-// (farm-bench, bench/ab_compare.sh) can put all of one mode on one side; here both sides share it.
+// the first of the two alternating round by round. B must be built from the same public headers
+// (PagedKV and DecodeOptions as this build lays them out): its kernel may differ, its API may not.
+// A process draws how its caches lie in memory and keeps that for its life: on a Zen 5 guest,
+// eight runs of one binary in a row took 5.0 ms per int8 step (D1, M = 32768) three times and
+// 6.6 ms five times. An A/B of whole processes (farm-bench, bench/ab_compare.sh) can put all of
+// one mode on one side; here both sides share it.
 //   build/bench/qkv_decode_ab LIB_B [--rounds R] [--dtypes f16,i8] [--tokens 1024,32768]
 //                                   [--threads 1,2] [--hot]
 // Cold (the default) cycles through enough copies of each cache that a step streams it from memory;
@@ -42,8 +44,8 @@ void step(DecodeFn f, const PagedKV& kv, int threads, const std::vector<float>& 
   DecodeOptions o;
   o.attention.num_threads = threads;
   o.attention.mask.causal = CausalAlign::bottom_right;
-  f(TensorView<float>(out.data(), {1, kH, 1, kD}), TensorView<float>(), TensorView<const float>(q.data(), {1, kH, 1, kD}),
-    kv, o);
+  f(TensorView<float>(out.data(), {1, kH, 1, kD}), TensorView<float>(),
+    TensorView<const float>(q.data(), {1, kH, 1, kD}), kv, o);
 }
 
 // Seconds per step, median of `steps` steps, each on the next copy of the cache.
@@ -83,7 +85,9 @@ int run(int argc, char** argv) {
       return std::string(e.what());
     }
   });
-  app.add_option("--tokens", tokens, "tokens in the cache")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  app.add_option("--tokens", tokens, "tokens in the cache")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--threads", threads, "thread counts")->delimiter(',')->check(CLI::Range(1, 1024));
   app.add_flag("--hot", hot, "step one copy of each cache, left in the caches by the step before");
   try {
@@ -106,9 +110,10 @@ int run(int argc, char** argv) {
   std::printf("decode A/B in one process: A = this build, B = %s; D1 (B1 H32 Hkv8 D128), %s; %s (%s)\n", lib_b.c_str(),
               hot ? "hot (one copy of each cache)" : "cold (streamed from memory)", m.class_name.c_str(),
               m.brand.c_str());
-  std::printf("medians of %d rounds, wall µs per step; bits: A's and B's outputs of one step\n\n"
-              "| dtype | M | thr | A | B | B / A | bits |\n|---|---|---|---|---|---|---|\n",
-              rounds);
+  std::printf(
+      "medians of %d rounds, wall µs per step; bits: A's and B's outputs of one step\n\n"
+      "| dtype | M | thr | A | B | B / A | bits |\n|---|---|---|---|---|---|---|\n",
+      rounds);
   std::vector<float> q(kH * kD), out(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 37) % 17) / 17.0f - 0.5f;
   for (const std::string& name : dtype_names)
