@@ -92,7 +92,7 @@ DECODE="$OUT/decode.json"
 echo "the decode rows of the targets, in two more processes (about 5 minutes)..." >&2
 for i in 2 3; do
   "$BUILD/bench/qkv_decode_bench" --benchmark_out="$OUT/decode-$i.json" --benchmark_out_format=json \
-    --benchmark_filter='^decode/(D1/[^/]+/M:(16384|32768)(/paged[0-9]+)?|D8/[^/]+/paged[0-9]+)/cold/' > "$OUT/decode-$i.log"
+    --benchmark_filter="$(/usr/bin/python3 "$HERE/targets.py" --decode-filter)" > "$OUT/decode-$i.log"
   DECODE="$DECODE $OUT/decode-$i.json"
 done
 # What the second sum of large scores costs as q grows (fp32 forward and backward, 1 thread,

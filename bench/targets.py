@@ -30,6 +30,9 @@ once per CPU), the one-thread kernel rows again per CPU, each against the peaks 
 measured: on a shared host one vCPU can run the same kernel markedly slower than another in the
 same minutes, which an unpinned row only shows as noise. Their verdict is the best CPU's.
 
+`targets.py --decode-filter` prints the filter of the cold decode steps the targets take
+(bench/run.sh runs them in more processes).
+
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
        [--backward backward.json] [--decode decode.json [decode-2.json ...]] [--avx2 avx2.json avx2_backward.json]
        [--pinned CPU FWD.json BWD.json ...]"""
@@ -38,6 +41,16 @@ import json
 import statistics
 
 from bench_results import LENT, aggregates, lent_peak, machine_peak, own_peak
+
+# The lengths of the D1 steps the decode rows take, cold, contiguous and (at the longest) in the
+# default pages; with D8's steps in the default pages, the steps bench/run.sh runs in more processes.
+D1_LENGTHS = (16384, 32768)
+
+
+def decode_filter():
+    """Google Benchmark's filter for every cold decode step the targets take."""
+    return f"^decode/(D1/[^/]+/M:({'|'.join(map(str, D1_LENGTHS))})(/paged[0-9]+)?|D8/[^/]+/paged[0-9]+)/cold/"
+
 
 FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
          "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
@@ -91,7 +104,8 @@ def verdict(values, ok):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--machine", nargs="+", required=True)
+    ap.add_argument("--machine", nargs="+")
+    ap.add_argument("--decode-filter", action="store_true", help="print decode_filter() and stop")
     ap.add_argument("--plain", nargs="+", default=[])
     ap.add_argument("--qkv")
     ap.add_argument("--backward")
@@ -99,6 +113,11 @@ def main():
     ap.add_argument("--avx2", nargs=2)
     ap.add_argument("--pinned", nargs=3, action="append", default=[], metavar=("CPU", "FWD", "BWD"))
     a = ap.parse_args()
+    if a.decode_filter:
+        print(decode_filter())
+        return
+    if not a.machine:
+        ap.error("the following arguments are required: --machine")
     machines = [json.load(open(p)) for p in a.machine]
     m = machines[0]
     fwd, fwd_max = aggregates(a.qkv, "median"), aggregates(a.qkv, "max")
@@ -211,12 +230,12 @@ def main():
         return 100 * b["step_bytes"] / dec_bw(b, t) / floor if floor else None
 
     for t, goal in ((1, 75), (2, 85)):
-        names = [f"D1/{d}/M:{M}" for d in ("f32", "bf16", "f16") for M in (16384, 32768)]
+        names = [f"D1/{d}/M:{M}" for d in ("f32", "bf16", "f16") for M in D1_LENGTHS]
         row("decode D1, M ≥ 16k, f32/f16/bf16, % of read bandwidth", t, [dec_pct(n, t) for n in names],
             f"≥ {goal}%", lambda v: v >= goal, ceiling=[dec_pct_ceiling(n, t) for n in names])
     for t in (1, 2):
         vals, caps = [], []
-        for M in (16384, 32768):
+        for M in D1_LENGTHS:
             # Older results, without the pairs: the two benchmarks' medians.
             pct = dec_paired(f"D1/i8/M:{M}", t)
             if pct is not None:
@@ -235,9 +254,9 @@ def main():
     for t in (1, 2):
         vals = []
         for d in ("f32", "bf16", "f16", "i8"):
-            pct = dec_paired(f"D1/{d}/M:32768/paged{page}", t)
+            pct = dec_paired(f"D1/{d}/M:{D1_LENGTHS[-1]}/paged{page}", t)
             if pct is None:  # older results: the two benchmarks' medians, taken seconds or minutes apart
-                p, c = dec_time(f"D1/{d}/M:32768/paged{page}", t), dec_time(f"D1/{d}/M:32768", t)
+                p, c = dec_time(f"D1/{d}/M:{D1_LENGTHS[-1]}/paged{page}", t), dec_time(f"D1/{d}/M:{D1_LENGTHS[-1]}", t)
                 pct = 100 * (p / c - 1) if p and c else None
             vals.append(pct)
         row(f"decode in default pages ({page} tokens) vs contiguous, M = 32k, time", t, vals, "≤ +5%",

@@ -1,9 +1,18 @@
 """Helpers for the `qkv` command tests: embedding file writers, an independent numpy attention
-(following include/qkv/mask.h), and a check for files a failed run left behind."""
+(following include/qkv/mask.h), a check for files a failed run left behind, and where the build
+under test is."""
+import os
 import struct
 from pathlib import Path
 
 import numpy as np
+
+
+
+def build_dir():
+    """The build whose binaries the tests run: QKV_BIN's folder, else <repo>/build."""
+    return Path(os.environ.get("QKV_BIN", Path(__file__).resolve().parents[2] / "build" / "qkv")).parent
+
 
 # Every word of the seeds' sentences that the tests use, plus a few more.
 VOCABULARY = sorted(set("""

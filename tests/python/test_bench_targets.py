@@ -13,6 +13,8 @@ import sys
 import pytest
 from pathlib import Path
 
+from qkv_testlib import build_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -247,7 +249,7 @@ def test_lent_is_judged_by_the_lower_peak_and_the_ceiling_by_the_higher(tmp_path
         assert row(r.stdout, work, 2) == (expected, "not met"), r.stdout
 
 
-BENCH = Path(os.environ.get("QKV_BIN", ROOT / "build" / "qkv")).parent / "bench"
+BENCH = build_dir() / "bench"
 
 
 def test_real_plain_read_and_decode_steps_feed_targets(tmp_path):
@@ -345,3 +347,25 @@ def test_lent_rerun_refuses_bad_arguments_and_a_binary_that_cannot_run(tmp_path)
     r = subprocess.run(base + ["--", "false"], capture_output=True, text=True)
     assert r.returncode == 1 and "lent_rerun.py: cannot run false: it exited with 1" in r.stderr, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["m.json"]  # no run's file left behind
+
+
+def test_decode_filter_selects_the_cold_steps_the_targets_take():
+    # bench/run.sh runs the steps this filter selects in two more processes: every cold D1 step at
+    # M ≥ 16k (contiguous and paged) and every cold D8 step, and nothing else.
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--decode-filter"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    flt = re.compile(r.stdout.strip())
+    for name in ("decode/D1/i8/M:16384/cold/threads:1/", "decode/D1/f16/M:32768/paged256/cold/threads:2/",
+                 "decode/D8/f32/paged256/cold/threads:1/"):
+        assert flt.search(name), (r.stdout, name)
+    for name in ("decode/D1/f16/M:4096/cold/threads:1/", "decode/D1/f16/M:32768/hot/threads:2/",
+                 "decode/D2/f16/paged16_shuffled/cold/threads:2/", "decode/D8/f16/paged256/hot/threads:2/"):
+        assert not flt.search(name), (r.stdout, name)
+    binary = BENCH / "qkv_decode_bench"
+    if binary.exists():  # the real names, so that a rename there fails here
+        listed = subprocess.run([str(binary), f"--benchmark_filter={r.stdout.strip()}", "--benchmark_list_tests"],
+                                capture_output=True, text=True, timeout=60).stdout.split()
+        assert len(listed) == 30 and all("/cold/" in n for n in listed), listed
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py")], capture_output=True, text=True)
+    assert r.returncode == 2 and "the following arguments are required: --machine" in r.stderr, r.stderr

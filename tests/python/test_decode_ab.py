@@ -1,14 +1,15 @@
 """bench/decode_ab.cpp (qkv_decode_ab), the in-process A/B of two builds' decode: run for real
 against this build's own shared library (the same code on both sides, so the same bits), and fed
 bad arguments and libraries it cannot use."""
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-BUILD = Path(os.environ.get("QKV_BIN", Path(__file__).resolve().parents[2] / "build" / "qkv")).parent
+from qkv_testlib import build_dir
+
+BUILD = build_dir()
 TOOL = BUILD / "bench" / "qkv_decode_ab"
 
 
