@@ -5,16 +5,18 @@
 //   g++ -std=c++20 -O3 -march=native -pthread -I src -I include -o /tmp/decode_floor_probe bench/decode_floor_probe.cpp
 //   && /tmp/decode_floor_probe   (with -DQKV_FLOOR_PROBE_AVX2: the AVX2 form)
 // One thread streams two 1 GiB arrays of fp32 rows (K and V, D = 128: 512 bytes a row) in the
-// kernel's blocks (decode_block_keys: 128 of these keys on AVX-512, 16 on AVX2), as decode_tile.h
+// kernel's blocks (decode_block_keys: 256 of these keys on AVX-512, 16 on AVX2), as decode_tile.h
 // does: a scores pass (4 query rows x L/4 keys = L accumulators over D, reduced by the kernel's
 // transposing reduction and stored), then a P·V pass (4 rows x C vectors at a time over the 128
-// columns), with K and V rows asked for 8 keys ahead while scoring, or not; and with each key's K
-// and V rows side by side in one array (one stream instead of two, a layout qkv's pools do not
-// have). No softmax, masks, merge or block table. It prints ns per key (one key = one KV head's
-// 1024 bytes) streaming from memory and with the rows in L2, and the stream's rate; the kernel's
-// roofline bound is 1024 bytes / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs.
-// docs/benchmarks.md, "Decode".
-// Last, software prefetches alone against a plain read (prefetch_alone).
+// columns), with K and V rows asked for 8 keys ahead while scoring, or not; with the V rows also
+// read (one byte a line) 2 keys ahead while scoring; and with each key's K and V rows side by side
+// in one array (one stream instead of two, a layout qkv's pools do not have). No softmax, masks,
+// merge or block table. It prints ns per key (one key = one KV head's 1024 bytes) streaming from
+// memory and with the rows in L2, and the stream's rate; the kernel's roofline bound is 1024 bytes
+// / the read bandwidth (bench/decode_bench.cpp). Min of 3 runs. docs/benchmarks.md, "Decode".
+// Then software prefetches alone against a plain read (prefetch_alone), and last whether the core
+// overlaps a stream with the FMAs that consume it, at D1's FMAs per byte (overlap): if it does,
+// a step's time up to the longer of its bytes and its arithmetic is the kernel's to win.
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
 // stream their own KV heads; it prints their total rate, min of 3.
@@ -61,7 +63,9 @@ constexpr int L = Isa::kLanes, R = 4, X = L / R;
 
 // Reads `keys` keys; rows wrap at `wrap` (a power of two: a small one keeps them in L2).
 // kInterleaved: key j's K row at k + 2·j·kRow and its V row right after it (v unused).
-template <bool kPrefetch, bool kInterleaved>
+// kTouch: while scoring, a one-byte load from each line of the V rows 2 keys ahead (asked for 8
+// keys ahead), so P·V's rows have been read once by the core before P·V reads them.
+template <bool kPrefetch, bool kInterleaved, bool kTouch = false>
 __attribute__((noinline)) float run(const float* k, const float* v, long keys, long wrap) {
   alignas(64) float q[R][kRow], s[R][kBlock];  // per thread (streams_at_once)
   for (int r = 0; r < R; ++r)
@@ -82,6 +86,11 @@ __attribute__((noinline)) float run(const float* k, const float* v, long keys, l
             _mm_prefetch(reinterpret_cast<const char*>(row(k, j + x + 8)) + b, _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(row(v, j + x + 8)) + b, _MM_HINT_T0);
           }
+      if (kTouch)
+#pragma GCC unroll 4
+        for (int x = 0; x < X; ++x)
+#pragma GCC unroll 8
+          for (int e = 0; e < kRow; e += 64 / 4) (void)*reinterpret_cast<const volatile char*>(row(v, j + x + 2) + e);
       V acc[L];
 #pragma GCC unroll 16
       for (auto& a : acc) a = Isa::zero();
@@ -123,22 +132,76 @@ __attribute__((noinline)) float run(const float* k, const float* v, long keys, l
   return sum;
 }
 
-template <bool kPrefetch, bool kInterleaved>
+template <bool kPrefetch, bool kInterleaved, bool kTouch = false>
 void measure(const float* k, const float* v, long keys) {
   double stream = 1e9, cached = 1e9;
   for (int r = 0; r < 3; ++r) {
     double t0 = now();
-    volatile float f = run<kPrefetch, kInterleaved>(k, v, keys, keys);
+    volatile float f = run<kPrefetch, kInterleaved, kTouch>(k, v, keys, keys);
     stream = std::min(stream, now() - t0);
     t0 = now();
-    f = run<kPrefetch, kInterleaved>(k, v, keys, 512);  // 2 x 256 KB
+    f = run<kPrefetch, kInterleaved, kTouch>(k, v, keys, 512);  // 2 x 256 KB
     cached = std::min(cached, now() - t0);
     (void)f;
   }
   std::printf("%-11s prefetch %-3s  stream %6.2f ns/key (%5.2f GB/s)  in L2 %6.2f ns/key\n",
-              kInterleaved ? "interleaved" : "two arrays", kPrefetch ? "yes" : "no",
-              stream / static_cast<double>(keys) * 1e9, 1024.0 * static_cast<double>(keys) / stream / 1e9,
-              cached / static_cast<double>(keys) * 1e9);
+              kInterleaved ? "interleaved"
+              : kTouch     ? "V touched"
+                           : "two arrays",
+              kPrefetch ? "yes" : "no", stream / static_cast<double>(keys) * 1e9,
+              1024.0 * static_cast<double>(keys) / stream / 1e9, cached / static_cast<double>(keys) * 1e9);
+}
+
+// Whether the core overlaps arithmetic with a stream it consumes: every vector of each KB of a
+// 1 GiB array is loaded and multiplied into kChains accumulator chains, kFmas FMAs a KB (each
+// vector kFmas / kVecs times, the repeats from L1). kFmas = kVecs is the stream alone, nearly
+// free of arithmetic; the same FMAs over 16 KB that stays in L1 are the arithmetic alone.
+constexpr int kVecs = 1024 / 4 / L, kChains = Isa::kRegisters / 2;
+
+template <int kFmas>
+__attribute__((noinline)) float consume(const float* p, long floats, long wrap) {
+  V acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = Isa::set1(0.001f * static_cast<float>(c));
+  const V m = Isa::set1(0.999f);
+  for (long i = 0; i < floats; i += 256) {
+    const float* kb = p + (i & (wrap - 1));
+#pragma GCC unroll 64
+    for (int f = 0; f < kFmas; f += kChains)
+#pragma GCC unroll 16
+      for (int c = 0; c < kChains; ++c) acc[c] = Isa::fma(Isa::load(kb + L * ((f + c) % kVecs)), m, acc[c]);
+  }
+  V t = acc[0];
+  for (int c = 1; c < kChains; ++c) t = Isa::add(t, acc[c]);
+  alignas(64) float lanes[L];
+  Isa::store(lanes, t);
+  return lanes[0];
+}
+
+// kFmas a KB: D1's intensity for a cache of `bytes_per_value` (64 FMAs of 16 lanes per KV head
+// and key, over 2 · 128 values), in FMAs of this family's L lanes.
+template <int kBytesPerValue>
+void overlap(const float* p, long bytes) {
+  constexpr int kFmas = 64 * 16 / L * 1024 / (2 * 128 * kBytesPerValue);
+  static_assert(kFmas % kChains == 0 && kFmas >= kVecs);
+  const long floats = bytes / 4;
+  auto time = [&](auto call) {
+    double best = 1e9;
+    for (int r = 0; r < 3; ++r) {
+      const double t0 = now();
+      volatile float f = call();
+      (void)f;
+      best = std::min(best, now() - t0);
+    }
+    return best / static_cast<double>(floats / 256) * 1e9;  // ns a KB
+  };
+  const double both = time([&] { return consume<kFmas>(p, floats, floats); });
+  const double stream = time([&] { return consume<kVecs>(p, floats, floats); });
+  const double fmas = time([&] { return consume<kFmas>(p, floats, 4096); });
+  std::printf(
+      "a stream consumed by %d FMAs a KB (D1's %d-bit rows): %6.2f ns/KB; the stream alone %6.2f, "
+      "the FMAs alone %6.2f: %.2fx the longer of the two (their sum: %.2fx)\n",
+      kFmas, 8 * kBytesPerValue, both, stream, fmas, both / std::max(stream, fmas),
+      (stream + fmas) / std::max(stream, fmas));
 }
 
 // An array of `bytes` in huge pages (as the cache's pools), written once.
@@ -213,8 +276,11 @@ int main(int argc, char** argv) {
   float* k = pool(bytes);
   float* v = pool(bytes);
   measure<true, false>(k, v, keys);
+  measure<true, false, true>(k, v, keys);
   measure<false, false>(k, v, keys);
   measure<true, true>(k, v, keys);
   measure<false, true>(k, v, keys);
   prefetch_alone(k, bytes);
+  overlap<4>(k, bytes);
+  overlap<2>(k, bytes);
 }
