@@ -8,7 +8,8 @@
 // vector of a block is loaded from the pool and widened to fp32 in registers once, and used there
 // by a tile of up to 8 rows (a buffer re-read per row cost ~20% of the cycles in perf):
 //   S [rows x nb] = (scale·Q) · Kᵀ   lanes along D, R rows x L/R keys reduced together
-//   online softmax per row (base 2, running max in natural units, as forward_tile.h)
+//   online softmax per row (base 2, running max in natural units, as forward_tile.h), the max
+//   moved only when a score passes it by ln 8 (softmax_row)
 //   O [rows x dvp] = alpha ⊙ O + P · V   R rows x C vectors of O in registers
 // int8 is widened as the stored integers; its scales act once per key and row instead of on
 // the 2·D elements: s = k_scale · (q · k_int), o += (p · v_scale) · v_int.
@@ -258,10 +259,16 @@ class DecodeChunk {
 
   // The block's rows k, v hold type kDt; O gets columns [0, ve). The int8 scales (ksc, vsc per
   // key, else null) are folded in: s = k_scale · (q · k_int), and p · v_scale multiplies v_int.
+  // Its four steps are forced inline (GCC kept them out of line, each with its own set-up a
+  // block) and the softmax's max moves lazily (softmax_row). Both together, against neither (both
+  // builds in one process, bench/decode_ab.cpp, Zen 5, D1, one thread): AVX-512's 256-key blocks
+  // cold at M = 16384 and 32768 f16 0.99-1.02, bf16 0.98, int8 0.98-0.99, f32 0.99, from L3
+  // 0.98-0.99; AVX2's 64-key blocks cold 0.91-0.98 and from L3 0.88-0.96.
   template <KVDtype kDt, class Rows>
   void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb, bool first) {
     for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, r0, nb); });
     const int64_t nbp = (nb + L - 1) / L * L;  // small pages make short blocks
+    rescale_ = false;
     for (int64_t r = 0; r < rows_; ++r) {
       finish_scores(r, j0, nb, nbp, ksc);
       softmax_row(r, nbp);
@@ -297,7 +304,7 @@ class DecodeChunk {
   // registers, reduced by one transposing reduction (Ops::reduce_lanes). Keys past nb reread
   // the last key (in bounds); finish_scores overwrites them.
   template <KVDtype kDt, int R, class Rows>
-  void scores_tile(Rows k, int64_t r0, int64_t nb) {
+  __attribute__((always_inline)) void scores_tile(Rows k, int64_t r0, int64_t nb) {
     constexpr int64_t X = L / R;
     const float* q = qb_ + r0 * dp_;
     for (int64_t j = 0; j < nb; j += X) {
@@ -323,7 +330,8 @@ class DecodeChunk {
   }
 
   // Row r of sb: the logits of the block's keys, -inf where masked and in [nb, nbp).
-  void finish_scores(int64_t r, int64_t j0, int64_t nb, int64_t nbp, const float* k_scale) {
+  __attribute__((always_inline)) void finish_scores(int64_t r, int64_t j0, int64_t nb, int64_t nbp,
+                                                    const float* k_scale) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     float* s = sb_ + r * kNb;
     std::fill(s + nb, s + nbp, kNegInf);
@@ -355,12 +363,13 @@ class DecodeChunk {
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with
   // the R·C accumulators in registers and each V vector loaded (and widened) once for the R rows.
   template <KVDtype kDt, int R, int64_t C, class Rows>
-  void pv_tile(Rows v, int64_t r0, int64_t e, int64_t nb, bool first) {
+  __attribute__((always_inline)) void pv_tile(Rows v, int64_t r0, int64_t e, int64_t nb, bool first) {
     V acc[R][C];
     for (int64_t r = 0; r < R; ++r) {
       float* o = t_.o + (r0 + r) * p_.dvp + e;
       const V a = Ops::set1(alpha_[r0 + r]);
-      for (int64_t c = 0; c < C; ++c) acc[r][c] = first ? Ops::zero() : Ops::mul(a, Ops::load(o + c * L));
+      for (int64_t c = 0; c < C; ++c)
+        acc[r][c] = first ? Ops::zero() : rescale_ ? Ops::mul(a, Ops::load(o + c * L)) : Ops::load(o + c * L);
     }
     const float* pr = sb_ + r0 * kNb;
     for (int64_t jj = 0; jj < nb; ++jj) {
@@ -377,29 +386,37 @@ class DecodeChunk {
   }
 
   // Turns row r of sb [0, nbp) into P and updates m, l and alpha (the factor for the row of O).
-  void softmax_row(int64_t r, int64_t nbp) {
+  // m moves only when a score reaches kLazySlack above it (or is the row's first allowed one):
+  // below that p = e^(s - m) <= 8, and the block skips the max's reduction, alpha's exponential
+  // and O's rescale.
+  __attribute__((always_inline)) void softmax_row(int64_t r, int64_t nbp) {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     float* s = sb_ + r * kNb;
-    V mx = Ops::set1(t_.m[r]);
-    for (int64_t jj = 0; jj < nbp; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
-    // One reduction instead of a store and a chain of L scalar maxima: 7% of an f16 step and 10%
-    // of an i8 one went to this softmax (D1 M = 32768 cold, 1 thread, measured by skipping it);
-    // this took f16 11499-11642 to 11460-11472 µs and i8 8048-8068 to 7924-7957.
-    const float m_new = Ops::hmax(mx);
-    // A row with no allowed key yet uses 0 as its max, so every p (and alpha) is 0.
-    const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
-    const V mv = Ops::set1(m_use);
+    const float m_old = t_.m[r];
+    // With no allowed key yet, any finite score moves m.
+    const V limit = Ops::set1(m_old == kNegInf ? std::numeric_limits<float>::lowest() : m_old + kLazySlack);
+    uint32_t above = 0;
+    for (int64_t jj = 0; jj < nbp; jj += L) above |= Ops::ge_mask(Ops::load(s + jj), limit);
+    alpha_[r] = 1.0f;
+    if (above != 0) {
+      V mx = Ops::set1(m_old);
+      for (int64_t jj = 0; jj < nbp; jj += L) mx = Ops::max(Ops::load(s + jj), mx);
+      const float m_new = Ops::hmax(mx);
+      alignas(64) float alpha[L];
+      Ops::store(alpha, exp_e<Ops>(Ops::set1(m_old - m_new)));  // 0 for a row's first keys
+      alpha_[r] = alpha[0];
+      rescale_ = true;
+      t_.m[r] = m_new;
+    }
+    // A row with no allowed key yet uses 0 as its max, so every p is 0.
+    const V mv = Ops::set1(t_.m[r] == kNegInf ? 0.0f : t_.m[r]);
     V sum = Ops::zero();
     for (int64_t jj = 0; jj < nbp; jj += L) {
       const V pv = exp_e<Ops>(Ops::sub(Ops::load(s + jj), mv));
       Ops::store(s + jj, pv);
       sum = Ops::add(sum, pv);
     }
-    // The family's exp2, as the prefill's alpha (forward_tile.h) (speed the same as std::exp2).
-    alignas(64) float alpha[L];
-    Ops::store(alpha, exp_e<Ops>(Ops::set1(t_.m[r] - m_use)));
-    alpha_[r] = alpha[0];
     t_.l[r] = alpha_[r] * t_.l[r] + Ops::hsum(sum);
-    t_.m[r] = m_new;
   }
 
   const DecodeParams& p_;
@@ -414,7 +431,9 @@ class DecodeChunk {
   float ksc_[kNb], vsc_[kNb];
   // The prefetch cursor: its key, that key's pool row and offset in its page.
   int64_t pf_j_ = -1, pf_row_ = 0, pf_off_ = 0;
-  bool pf_seeked_ = true;  // no run since the last seek
+  bool pf_seeked_ = true;                          // no run since the last seek
+  bool rescale_ = false;                           // some row's m moved in this block: O is scaled by alpha
+  static constexpr float kLazySlack = 2.0794415f;  // ln 8
 };
 
 template <class Ops>
