@@ -263,7 +263,7 @@ class DecodeChunk {
   // block) and the softmax's max moves lazily (softmax_row). Both together, against neither (both
   // builds in one process, bench/decode_ab.cpp, Zen 5, D1, one thread): AVX-512's 256-key blocks
   // cold at M = 16384 and 32768 f16 0.99-1.02, bf16 0.98, int8 0.98-0.99, f32 0.99, from L3
-  // 0.98-0.99; AVX2's 64-key blocks cold 0.91-0.98 and from L3 0.88-0.96.
+  // 0.98-0.99; AVX2's 64-key blocks cold 0.90-0.98 and from L3 0.88-0.96.
   template <KVDtype kDt, class Rows>
   void block_typed(Rows k, Rows v, const float* ksc, const float* vsc, int64_t ve, int64_t j0, int64_t nb, bool first) {
     for_row_tiles([&]<int R>(int64_t r0) { scores_tile<kDt, R>(k, r0, nb); });
