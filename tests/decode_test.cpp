@@ -259,6 +259,48 @@ TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
   }
 }
 
+// Scores rising along the sequence move a row's running max block after block, by more than
+// ln 8 a block (l and O rescaled), by less (weights above 1 until the final division) or not at
+// all (falling). Key j = t_j u + noise / 10 for a unit u per KV head and q = sqrt(D) u, so its
+// score is t_j, rising linearly to `rise`, give or take 0.1.
+TEST(Decode, RisingScoresMatchFloat64Reference) {
+  test::Rng rng("Decode.Rising");
+  for (double rise : {60.0, 11.0, -30.0})
+    for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
+      Case c;
+      c.dtype = dtype, c.Hkv = 2, c.G = 4, c.D = 128, c.Dv = 128, c.page_tokens = 64, c.lens = {1500, 333};
+      const int64_t H = c.Hkv * c.G;
+      Tensor<float> u = rng.normal32({c.Hkv, c.D}), q({2, H, 1, c.D});
+      for (int64_t g = 0; g < c.Hkv; ++g) {
+        const double n = std::sqrt(std::inner_product(&u[g * c.D], &u[g * c.D] + c.D, &u[g * c.D], 0.0));
+        for (int64_t d = 0; d < c.D; ++d) u[g * c.D + d] = static_cast<float>(u[g * c.D + d] / n);
+      }
+      for (int64_t i = 0; i < q.numel(); ++i)
+        q[i] = std::sqrt(static_cast<float>(c.D)) * u[(i / c.D % H) / c.G * c.D + i % c.D];
+      Filled f{KVCache({30, c.page_tokens, c.Hkv, c.D, c.Dv, c.dtype}), {}, {}, {}};
+      std::vector<Tensor<float>> ks, vs;
+      for (int64_t len : c.lens) {
+        Tensor<float> k = rng.normal32({len, c.Hkv, c.D}), v = rng.normal32({len, c.Hkv, c.Dv});
+        for (int64_t i = 0; i < k.numel(); ++i)
+          k[i] = static_cast<float>(0.1 * k[i] + rise * static_cast<double>(i / (c.Hkv * c.D)) /
+                                                     static_cast<double>(len) * u[i % (c.Hkv * c.D)]);
+        f.ids.push_back(f.cache.create());
+        f.cache.append(f.ids.back(), k.cview(), v.cview());
+        ks.push_back(f.cache.keys(f.ids.back())), vs.push_back(f.cache.values(f.ids.back()));
+      }
+      Tensor<double> ref({2, H, 1, c.Dv}), ref_lse({2, H, 1});
+      reference(c, q, ks, vs, false, ref, ref_lse);
+      for (Simd simd : test::available_paths()) {
+        const Result r = run_decode(c, f, q, simd, 1), r3 = run_decode(c, f, q, simd, 3);
+        const std::string what =
+            std::string(kv_dtype_name(dtype)) + " rise " + std::to_string(rise) + " " + simd_path_name(simd);
+        EXPECT_LE(max_diff(r.out, ref), 2e-5 * (1 + max_abs(ref))) << what;
+        EXPECT_LE(max_diff(r.lse, ref_lse), 2e-5 * (1 + max_abs(ref_lse))) << what;
+        EXPECT_EQ(std::memcmp(r.out.data(), r3.out.data(), sizeof(float) * r.out.numel()), 0) << what;
+      }
+    }
+}
+
 TEST(Decode, OutputsAreBitwiseEqualFor1_2_3Threads) {
   test::Rng rng("Decode.Threads");
   // Pages of 32 and 256 tokens: the two task orders of decode.cpp; f32 at D = 128 also takes the
