@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -36,7 +37,9 @@ struct Filled {
   std::vector<Tensor<float>> k, v;  // the appended values, [len, Hkv, D or Dv]
 };
 
-Filled fill(test::Rng& rng, const Case& c, double outlier = 0) {
+// edit_k, if given, changes each sequence's drawn keys [len, Hkv, D] before they are appended.
+Filled fill(test::Rng& rng, const Case& c, double outlier = 0,
+            const std::function<void(Tensor<float>& k)>& edit_k = {}) {
   int64_t pages = 2;
   for (int64_t len : c.lens) pages += (len + c.page_tokens - 1) / c.page_tokens;
   Filled f{KVCache({pages, c.page_tokens, c.Hkv, c.D, c.Dv, c.dtype}), {}, {}, {}};
@@ -58,6 +61,7 @@ Filled fill(test::Rng& rng, const Case& c, double outlier = 0) {
         f.k.back()[t * c.D + rng.uniform_int(0, c.D - 1)] = static_cast<float>(outlier);
         f.v.back()[t * c.Dv + rng.uniform_int(0, c.Dv - 1)] = static_cast<float>(-outlier);
       }
+    if (edit_k) edit_k(f.k.back());
   }
   // Appends in random pieces, interleaved across sequences.
   std::vector<int64_t> done(c.lens.size(), 0);
@@ -277,17 +281,14 @@ TEST(Decode, RisingScoresMatchFloat64Reference) {
       }
       for (int64_t i = 0; i < q.numel(); ++i)
         q[i] = std::sqrt(static_cast<float>(c.D)) * u[(i / c.D % H) / c.G * c.D + i % c.D];
-      Filled f{KVCache({30, c.page_tokens, c.Hkv, c.D, c.Dv, c.dtype}), {}, {}, {}};
-      std::vector<Tensor<float>> ks, vs;
-      for (int64_t len : c.lens) {
-        Tensor<float> k = rng.normal32({len, c.Hkv, c.D}), v = rng.normal32({len, c.Hkv, c.Dv});
+      const Filled f = fill(rng, c, 0, [&](Tensor<float>& k) {
+        const int64_t row = c.Hkv * c.D, len = k.numel() / row;
         for (int64_t i = 0; i < k.numel(); ++i)
-          k[i] = static_cast<float>(0.1 * k[i] + rise * static_cast<double>(i / (c.Hkv * c.D)) /
-                                                     static_cast<double>(len) * u[i % (c.Hkv * c.D)]);
-        f.ids.push_back(f.cache.create());
-        f.cache.append(f.ids.back(), k.cview(), v.cview());
-        ks.push_back(f.cache.keys(f.ids.back())), vs.push_back(f.cache.values(f.ids.back()));
-      }
+          k[i] = static_cast<float>(0.1 * k[i] +
+                                    rise * static_cast<double>(i / row) / static_cast<double>(len) * u[i % row]);
+      });
+      std::vector<Tensor<float>> ks, vs;
+      for (int64_t id : f.ids) ks.push_back(f.cache.keys(id)), vs.push_back(f.cache.values(id));
       Tensor<double> ref({2, H, 1, c.Dv}), ref_lse({2, H, 1});
       reference(c, q, ks, vs, false, ref, ref_lse);
       for (Simd simd : test::available_paths()) {

@@ -46,6 +46,7 @@ class DecodeChunk {
   using V = typename Ops::V;
   static constexpr int64_t L = Ops::kLanes;
   static constexpr int64_t kNb = kDecodeBlock;  // a multiple of every family's lanes
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
  public:
   DecodeChunk(const DecodeParams& p, const DecodeTask& t, Workspace& ws)
@@ -59,7 +60,7 @@ class DecodeChunk {
   }
 
   void run() {
-    std::fill(t_.m, t_.m + rows_, -std::numeric_limits<float>::infinity());
+    std::fill(t_.m, t_.m + rows_, kNegInf);
     std::fill(t_.l, t_.l + rows_, 0.0f);
     if (!find_bands()) return;
     pack_q();
@@ -332,7 +333,6 @@ class DecodeChunk {
   // Row r of sb: the logits of the block's keys, -inf where masked and in [nb, nbp).
   __attribute__((always_inline)) void finish_scores(int64_t r, int64_t j0, int64_t nb, int64_t nbp,
                                                     const float* k_scale) {
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     float* s = sb_ + r * kNb;
     std::fill(s + nb, s + nbp, kNegInf);
     if (!row_sees(r, j0, j0 + nb)) {
@@ -390,7 +390,6 @@ class DecodeChunk {
   // below that p = e^(s - m) <= 8, and the block skips the max's reduction, alpha's exponential
   // and O's rescale.
   __attribute__((always_inline)) void softmax_row(int64_t r, int64_t nbp) {
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     float* s = sb_ + r * kNb;
     const float m_old = t_.m[r];
     // With no allowed key yet, any finite score moves m.

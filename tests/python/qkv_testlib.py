@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 
-
 def build_dir():
     """The build whose binaries the tests run: QKV_BIN's folder, else <repo>/build."""
     return Path(os.environ.get("QKV_BIN", Path(__file__).resolve().parents[2] / "build" / "qkv")).parent
