@@ -1,7 +1,8 @@
 // Is a change to the decode kernel faster? This binary's own build of qkv (A) against another
 // build's shared library (B: e.g. build/libqkv.so.0.3 copied aside before the change), both in this
 // one process. B is loaded with dlopen(RTLD_DEEPBIND), so that its calls stay inside its own copy of
-// the library, and both step the same caches (D1's layer, bench/decode_caches.h), A and B in turn,
+// the library, and both step the same caches (D1's layer, bench/decode_caches.h, for one sequence or
+// a batch of equal ones), A and B in turn,
 // the first of the two alternating round by round. B must be built from the same public headers
 // (PagedKV and DecodeOptions as this build lays them out): its kernel may differ, its API may not.
 // A process draws how its caches lie in memory and keeps that for its life: on a Zen 5 guest,
@@ -9,7 +10,7 @@
 // 6.6 ms five times. An A/B of whole processes (farm-bench, bench/ab_compare.sh) can put all of
 // one mode on one side; here both sides share it.
 //   build/bench/qkv_decode_ab LIB_B [--rounds R] [--dtypes f16,i8] [--tokens 1024,32768]
-//                                   [--threads 1,2] [--hot]
+//                                   [--threads 1,2] [--batch 8] [--hot]
 // Cold (the default) cycles through enough copies of each cache that a step streams it from memory;
 // --hot steps one copy, left in the caches by the step before. Prints per case the medians over
 // rounds of A's and B's wall time per step, the median of the rounds' ratios B / A, and whether
@@ -39,13 +40,14 @@ using DecodeFn = void (*)(TensorView<float>, TensorView<float>, TensorView<const
 constexpr const char* kDecodeSymbol =
     "_ZN3qkv16decode_attentionENS_10TensorViewIfEES1_NS0_IKfEERKNS_7PagedKVERKNS_13DecodeOptionsE";
 
-// One step of `f` on D1's query q (kH x kD) against kv, into out (kH x kD).
+// One step of `f` on the query q (batch x kH x kD) against kv, into out (the same shape).
 void step(DecodeFn f, const PagedKV& kv, int threads, const std::vector<float>& q, std::vector<float>& out) {
   DecodeOptions o;
   o.attention.num_threads = threads;
   o.attention.mask.causal = CausalAlign::bottom_right;
-  f(TensorView<float>(out.data(), {1, kH, 1, kD}), TensorView<float>(),
-    TensorView<const float>(q.data(), {1, kH, 1, kD}), kv, o);
+  const int64_t batch = static_cast<int64_t>(q.size()) / (kH * kD);
+  f(TensorView<float>(out.data(), {batch, kH, 1, kD}), TensorView<float>(),
+    TensorView<const float>(q.data(), {batch, kH, 1, kD}), kv, o);
 }
 
 // Seconds per step, median of `steps` steps, each on the next copy of the cache.
@@ -75,6 +77,7 @@ int run(int argc, char** argv) {
   bool hot = false;
   std::vector<std::string> dtype_names{"f16", "i8"};
   std::vector<int64_t> tokens{32768}, threads{1};
+  int64_t batch = 1;
   app.add_option("lib_b", lib_b, "the other build's shared library (libqkv.so...)")->required();
   app.add_option("--rounds", rounds, "rounds of A and B in turn")->check(CLI::Range(1, 10000));
   app.add_option("--dtypes", dtype_names, "cache storage types")->delimiter(',')->check([](const std::string& d) {
@@ -89,6 +92,8 @@ int run(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--threads", threads, "thread counts")->delimiter(',')->check(CLI::Range(1, 1024));
+  app.add_option("--batch", batch, "sequences of M tokens each (D8: --batch 8 --tokens 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
   app.add_flag("--hot", hot, "step one copy of each cache, left in the caches by the step before");
   try {
     app.parse(argc, argv);
@@ -107,26 +112,27 @@ int run(int argc, char** argv) {
   }
   const DecodeFn a = static_cast<DecodeFn>(&decode_attention);
   const MachineInfo& m = machine_info();
-  std::printf("decode A/B in one process: A = this build, B = %s; D1 (B1 H32 Hkv8 D128), %s; %s (%s)\n", lib_b.c_str(),
-              hot ? "hot (one copy of each cache)" : "cold (streamed from memory)", m.class_name.c_str(),
+  std::printf("decode A/B in one process: A = this build, B = %s; B%lld H32 Hkv8 D128, %s; %s (%s)\n", lib_b.c_str(),
+              static_cast<long long>(batch), hot ? "hot (one copy of each cache)" : "cold (streamed from memory)", m.class_name.c_str(),
               m.brand.c_str());
   std::printf(
       "medians of %d rounds, wall µs per step; bits: A's and B's outputs of one step\n\n"
       "| dtype | M | thr | A | B | B / A | bits |\n|---|---|---|---|---|---|---|\n",
       rounds);
-  std::vector<float> q(kH * kD), out(q.size());
+  std::vector<float> q(static_cast<std::size_t>(batch * kH * kD)), out(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>((i * 37) % 17) / 17.0f - 0.5f;
   for (const std::string& name : dtype_names)
     for (int64_t M : tokens) {
       const KVDtype dtype = parse_kv_dtype(name);
       std::vector<Setup> layers;
       std::vector<PagedKV> kv;
-      for (int layer = 0, n = hot ? 1 : cold_layers(dtype, M); layer < n; ++layer) {
-        layers.push_back(make_cache(dtype, {M}, KVCacheConfig{}.page_tokens, false, layer));
+      for (int layer = 0, n = hot ? 1 : cold_layers(dtype, batch * M); layer < n; ++layer) {
+        layers.push_back(make_cache(dtype, std::vector<int64_t>(static_cast<std::size_t>(batch), M),
+                                    KVCacheConfig{}.page_tokens, false, layer));
         kv.push_back(layers.back().cache->paged(layers.back().ids));
       }
       // About 20 ms of steps per sample, and at least a pass over the copies.
-      const int steps = std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / kv_bytes(dtype, M)));
+      const int steps = std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / kv_bytes(dtype, batch * M)));
       for (int64_t t : threads) {
         const int th = static_cast<int>(t);
         step_time(a, kv, th, q, out, static_cast<int>(kv.size()));  // warm-up: thread pool, scratch

@@ -38,12 +38,20 @@ def test_same_build_on_both_sides_gives_the_same_bits():
     assert "hot (one copy of each cache)" in r.stdout, r.stdout
 
 
+def test_a_batch_of_sequences():
+    r = tool(own_library(), "--hot", "--batch", "3", "--tokens", "5", "--dtypes", "bf16", "--rounds", "1")
+    assert r.returncode == 0, r.stderr
+    assert "B3 H32 Hkv8 D128" in r.stdout, r.stdout
+    assert re.search(r"^\| bf16 \| 5 \| 1 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| same \|$", r.stdout, re.M), r.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     ((), "lib_b is required"),
     (("LIB", "--dtypes", "f17"), "--dtypes: a dtype must be 'f32', 'bf16', 'f16' or 'i8', got 'f17'"),
     (("LIB", "--rounds", "0"), "--rounds"),
     (("LIB", "--tokens", "0"), "--tokens"),
     (("LIB", "--threads", "2,x"), "--threads"),
+    (("LIB", "--batch", "0"), "--batch"),
     (("LIB", "--bogus"), "--bogus"),
 ])
 def test_bad_arguments_are_usage_errors(args, message):
