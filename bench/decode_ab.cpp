@@ -158,4 +158,11 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace qkv::bench
 
-int main(int argc, char** argv) { return qkv::bench::run(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return qkv::bench::run(argc, argv);
+  } catch (const qkv::Error& e) {  // a cache larger than the machine gives, say
+    std::fprintf(stderr, "qkv_decode_ab: %s\n", e.what());
+    return 1;
+  }
+}

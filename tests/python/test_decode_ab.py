@@ -60,6 +60,12 @@ def test_bad_arguments_are_usage_errors(args, message):
     assert message in r.stderr, r.stderr
 
 
+def test_a_cache_larger_than_the_machine_is_refused_by_name():
+    r = tool(own_library(), "--hot", "--batch", "1024", "--tokens", str(1 << 24), "--rounds", "1")
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "qkv_decode_ab: KVCache: cannot allocate the key pages" in r.stderr, r.stderr
+
+
 def test_a_library_it_cannot_use(tmp_path):
     r = tool(tmp_path / "no-such-lib.so")
     assert r.returncode == 1 and "cannot load" in r.stderr and "no-such-lib.so" in r.stderr, r.stderr
