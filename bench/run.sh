@@ -27,6 +27,22 @@ for i in 1 2 3 4 5; do
   fi
 done
 cat "$OUT/machine-1.txt"
+# How far a core overlaps a stream with the FMAs that consume it at decode's FMAs per byte, for
+# 32-, 16- and 8-bit rows at 1 and 2 threads (bench/decode_floor_probe.cpp, three runs, under a
+# minute): a factor of the decode rows' floors (targets.py). The kernel's family: the AVX-512 form
+# where the CPU runs it, else the AVX2 one.
+OVERLAP=
+for probe in decode_floor_probe decode_floor_probe_avx2; do
+  [ -x "$BUILD/bench/qkv_$probe" ] || continue
+  if "$BUILD/bench/qkv_$probe" --overlap > "$OUT/overlap-1.json" 2> /dev/null; then
+    OVERLAP="--overlap $OUT/overlap-1.json"
+    for i in 2 3; do
+      "$BUILD/bench/qkv_$probe" --overlap > "$OUT/overlap-$i.json"
+      OVERLAP="$OVERLAP $OUT/overlap-$i.json"
+    done
+    break
+  fi
+done
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes, more where the host lends them less and they run again)..." >&2
 # Run again (up to three runs) while the host lends the binary less than the machine probe measured
@@ -111,6 +127,6 @@ AVX2=
 if [ -f "$OUT/avx2.json" ]; then AVX2="--avx2 $OUT/avx2.json $OUT/avx2_backward.json"; fi
 echo
 echo "load average at the start: $LOAD_START; at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-# shellcheck disable=SC2086 # PLAIN, DECODE, AVX2 and PINNED are option lists
+# shellcheck disable=SC2086 # PLAIN, DECODE, AVX2, PINNED and OVERLAP are option lists
 /usr/bin/python3 "$HERE/targets.py" --machine "$OUT"/machine-[1-5].json $PLAIN --qkv "$OUT/qkv.json" \
-  --backward "$OUT/backward.json" --decode $DECODE $AVX2 $PINNED | tee "$OUT/targets.md"
+  --backward "$OUT/backward.json" --decode $DECODE $AVX2 $PINNED $OVERLAP | tee "$OUT/targets.md"

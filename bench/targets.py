@@ -30,12 +30,18 @@ once per CPU), the one-thread kernel rows again per CPU, each against the peaks 
 measured: on a shared host one vCPU can run the same kernel markedly slower than another in the
 same minutes, which an unpinned row only shows as noise. Their verdict is the best CPU's.
 
+A decode step's floor is its bytes at the read bandwidth or its FMAs at the FMA peak, whichever
+takes longer, times how far this core overlaps a stream with the FMAs that consume it at the step's
+FMAs per byte (--overlap: `qkv_decode_floor_probe --overlap`, a plain loop reading 1 GiB per
+thread; given several runs, the best overlap any of them reached; 1 where it did not run, i.e. a
+full overlap).
+
 `targets.py --decode-filter` prints the filter of the cold decode steps the targets take
 (bench/run.sh runs them in more processes).
 
 Usage: targets.py --machine M1.json [M2.json ...] [--plain P1.json [P2.json ...]] [--qkv qkv.json]
        [--backward backward.json] [--decode decode.json [decode-2.json ...]] [--avx2 avx2.json avx2_backward.json]
-       [--pinned CPU FWD.json BWD.json ...]"""
+       [--pinned CPU FWD.json BWD.json ...] [--overlap O1.json [O2.json ...]]"""
 import argparse
 import json
 import statistics
@@ -112,6 +118,7 @@ def main():
     ap.add_argument("--decode", nargs="+", default=[])
     ap.add_argument("--avx2", nargs=2)
     ap.add_argument("--pinned", nargs=3, action="append", default=[], metavar=("CPU", "FWD", "BWD"))
+    ap.add_argument("--overlap", nargs="+", default=[])
     a = ap.parse_args()
     if a.decode_filter:
         print(decode_filter())
@@ -123,6 +130,11 @@ def main():
     fwd, fwd_max = aggregates(a.qkv, "median"), aggregates(a.qkv, "max")
     bwd, bwd_max = aggregates(a.backward, "median"), aggregates(a.backward, "max")
     dec, dec_ctx = decode_medians(a.decode), context(a.decode[0] if a.decode else None)
+    overlap = {}  # threads -> bits -> the lowest factor over the runs
+    for o in (json.load(open(p))["overlap"] for p in a.overlap):
+        for t, by_bits in o.items():
+            for bits, f in by_bits.items():
+                overlap.setdefault(t, {})[bits] = min(f["factor"], overlap.get(t, {}).get(bits, float("inf")))
 
     # Ceilings per thread count, and the plain read beside the probe: (its median, the median of
     # probe / plain - 1 in %).
@@ -170,6 +182,15 @@ def main():
             line += (f"; a plain read {p / 1e9:.1f} GB/s (its best of 1-8 streams per thread, median of {len(plains)} "
                      f"runs; {how}: {diff:+.1f}%)")
         print(line)
+    if overlap:
+        runs = "one run" if len(a.overlap) == 1 else f"the best of {len(a.overlap)} runs"
+        per_t = []
+        for t, by_bits in overlap.items():
+            factors = ", ".join(f"{by_bits[bits]:.2f}" for bits in ("32", "16", "8"))
+            per_t.append(f"{factors} at {t} thread{'s' if t != '1' else ''}")
+        print("decode floors' overlap (a stream consumed by FMAs at decode's FMAs per byte, for 32-, 16- and "
+              f"8-bit rows; qkv_decode_floor_probe --overlap, {runs}): the longer of the "
+              "two times " + "; ".join(per_t))
     beside = {t: [b["read_GBps"] for n, b in dec.items() if "read_GBps" in b and n.endswith(f"/cold/threads:{t}")]
               for t in (1, 2)}
     if any(beside.values()):
@@ -215,7 +236,8 @@ def main():
 
     # A decode step's floor: its bytes at the read bandwidth or its FMAs at the FMA peak, whichever
     # takes longer (the int8 and 16-bit steps can be bound by their arithmetic on a core with fast
-    # memory and 256-bit FMAs).
+    # memory and 256-bit FMAs), times the overlap this core reached between the two at the step's
+    # FMAs per byte (never below 1: the longer of the two is the bound whatever the probe read).
     # judged_by: the benchmark whose bandwidth to use instead of name's own, so that two floors
     # compared with each other divide by the same bandwidth.
     def dec_floor(name, t, judged_by=None):
@@ -223,7 +245,9 @@ def main():
         j = dec.get(f"decode/{judged_by or name}/cold/threads:{t}")
         if not b or not j or "step_bytes" not in b or not dec_bw(j, t) or t not in peak:
             return None
-        return max(b["step_bytes"] / dec_bw(j, t), b["step_flops"] / peak[t])
+        bits = {"f32": "32", "bf16": "16", "f16": "16", "i8": "8"}[name.split("/")[1]]
+        factor = overlap.get(str(t), {}).get(bits, 1.0)
+        return max(b["step_bytes"] / dec_bw(j, t), b["step_flops"] / peak[t]) * max(1.0, factor)
 
     def dec_pct_ceiling(name, t):  # the highest % of the read bandwidth the floor allows
         b, floor = dec.get(f"decode/{name}/cold/threads:{t}"), dec_floor(name, t)

@@ -34,7 +34,7 @@ def record(name, micros, **counters):
             **counters}
 
 
-def targets(tmp_path, bandwidths, plains, decode, more_decode=()):
+def targets(tmp_path, bandwidths, plains, decode, more_decode=(), overlap=()):
     args = [sys.executable, str(ROOT / "bench" / "targets.py"), "--machine"]
     for i, b in enumerate(bandwidths):
         p = tmp_path / f"machine-{i}.json"
@@ -51,6 +51,14 @@ def targets(tmp_path, bandwidths, plains, decode, more_decode=()):
         d = tmp_path / f"decode-{i}.json"
         d.write_text(json.dumps({"context": {"default_page_tokens": "256"}, "benchmarks": benchmarks}))
         args.append(str(d))
+    if overlap:
+        args.append("--overlap")
+    for i, factors in enumerate(overlap):  # {threads: {bits: factor}}
+        o = tmp_path / f"overlap-{i}.json"
+        o.write_text(json.dumps({"path": "avx512", "bytes_per_thread": 1 << 30, "overlap": {
+            str(t): {str(bits): {"factor": f, "both_ns_per_KB": 1.0, "stream_ns_per_KB": 1.0, "fmas_ns_per_KB": 1.0}
+                     for bits, f in by_bits.items()} for t, by_bits in factors.items()}}))
+        args.append(str(o))
     r = subprocess.run(args, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -172,6 +180,62 @@ def test_decode_against_the_read_beside_each_step(tmp_path):
     out = targets(tmp_path, [20e9], [20e9], decode)  # results from before the pairing: the probe's 20 GB/s
     assert row(out, work, 1) == ("40% (ceiling 100%)", "not met")
     assert "beside a plain read" not in out
+
+
+def test_decode_ceilings_take_the_best_overlap_the_probe_measured(tmp_path):
+    # Steps at 80% of the read beside them, memory-bound (the FMA peak far off). Two probe runs: at
+    # one thread the best overlap of 32-bit rows was 1.25 (ceiling 80%), of 16-bit rows 1.6 (62.5%);
+    # at two threads a run read below 1 (a full overlap at most: ceiling 100%).
+    decode = [record(f"D1/{d}/M:{M}/cold/threads:{t}", 268435456.0 / 8e9 * 1e6, read_pct=80.0, read_GBps=10.0)
+              for t in (1, 2) for d in ("f32", "bf16", "f16") for M in (16384, 32768)]
+    runs = [{1: {32: 1.25, 16: 2.0, 8: 1.0}, 2: {32: 0.9, 16: 1.1, 8: 1.0}},
+            {1: {32: 1.5, 16: 1.6, 8: 1.0}, 2: {32: 1.2, 16: 0.95, 8: 1.0}}]
+    out = targets(tmp_path, [20e9], [20e9], decode, overlap=runs)
+    work = "decode D1, M ≥ 16k, f32/f16/bf16, % of read bandwidth"
+    assert row(out, work, 1) == ("80% (ceiling 62-80%)", "met")
+    assert row(out, work, 2) == ("80% (ceiling 100%)", "not met")
+    assert "the best of 2 runs): the longer of the two times 1.25, 1.60, 1.00 at 1 thread; 0.90, 0.95, 1.00 at 2 threads" \
+        in out, out
+    out = targets(tmp_path, [20e9], [20e9], decode)  # no probe run: a full overlap
+    assert row(out, work, 1) == ("80% (ceiling 100%)", "met")
+    assert "overlap" not in out
+
+
+def test_real_overlap_probe_feeds_targets(tmp_path):
+    probe = BENCH / "qkv_decode_floor_probe"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF, or not x86-64)")
+    r = subprocess.run([str(probe), "--overlap", "64"], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and not r.stdout:
+        pytest.skip(f"this CPU does not run the AVX-512 probe ({r.returncode}): {r.stderr}")
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)
+    assert o["path"] == "avx512" and o["bytes_per_thread"] == 64 << 20, o
+    assert set(o["overlap"]) == {"1", "2"}, o
+    for by_bits in o["overlap"].values():
+        assert set(by_bits) == {"32", "16", "8"}, o
+        for f in by_bits.values():
+            assert f["both_ns_per_KB"] > 0 and f["stream_ns_per_KB"] > 0 and f["fmas_ns_per_KB"] > 0, o
+            assert f["factor"] == pytest.approx(f["both_ns_per_KB"] / max(f["stream_ns_per_KB"], f["fmas_ns_per_KB"]),
+                                                rel=1e-3), o
+    (tmp_path / "overlap.json").write_text(r.stdout)
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json"),
+                        "--overlap", str(tmp_path / "overlap.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "decode floors' overlap" in r.stdout and "qkv_decode_floor_probe --overlap, one run)" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("args", [["--overlap", "0"], ["--overlap", "4097"], ["--overlap", "64", "2"],
+                                  ["--overlap", "x"]])
+def test_overlap_probe_refuses_bad_sizes(args):
+    probe = BENCH / "qkv_decode_floor_probe_avx2"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF, or not x86-64)")
+    r = subprocess.run([str(probe), *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "usage: qkv_decode_floor_probe --overlap [MiB per thread, 1-4096; default 1024]" in r.stderr, r.stderr
+    assert r.stdout == ""
 
 
 def bench_file(path, aggregates):
