@@ -19,7 +19,9 @@
 // a step's time up to the longer of its bytes and its arithmetic is the kernel's to win.
 // With an argument T > 1 (`/tmp/decode_floor_probe 2`), T threads of one process instead run the
 // first variant at once, each on arrays of its own (at most 2 GiB in all), as decode_attention's threads
-// stream their own KV heads; it prints their total rate, min of 3.
+// stream their own KV heads; it prints their total rate, min of 3. With `--overlap [MiB]` it
+// prints only the overlap, as JSON, at 1 and 2 threads and for 32-, 16- and 8-bit rows
+// (`make bench` takes it for the decode rows' ceilings, bench/targets.py).
 #include <immintrin.h>
 #include <sys/mman.h>
 
