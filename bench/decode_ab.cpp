@@ -113,8 +113,8 @@ int run(int argc, char** argv) {
   const DecodeFn a = static_cast<DecodeFn>(&decode_attention);
   const MachineInfo& m = machine_info();
   std::printf("decode A/B in one process: A = this build, B = %s; B%lld H32 Hkv8 D128, %s; %s (%s)\n", lib_b.c_str(),
-              static_cast<long long>(batch), hot ? "hot (one copy of each cache)" : "cold (streamed from memory)", m.class_name.c_str(),
-              m.brand.c_str());
+              static_cast<long long>(batch), hot ? "hot (one copy of each cache)" : "cold (streamed from memory)",
+              m.class_name.c_str(), m.brand.c_str());
   std::printf(
       "medians of %d rounds, wall µs per step; bits: A's and B's outputs of one step\n\n"
       "| dtype | M | thr | A | B | B / A | bits |\n|---|---|---|---|---|---|---|\n",
@@ -132,7 +132,8 @@ int run(int argc, char** argv) {
         kv.push_back(layers.back().cache->paged(layers.back().ids));
       }
       // About 20 ms of steps per sample, and at least a pass over the copies.
-      const int steps = std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / kv_bytes(dtype, batch * M)));
+      const int steps =
+          std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / kv_bytes(dtype, batch * M)));
       for (int64_t t : threads) {
         const int th = static_cast<int>(t);
         step_time(a, kv, th, q, out, static_cast<int>(kv.size()));  // warm-up: thread pool, scratch

@@ -300,9 +300,10 @@ void overlap_json(long mib) {
     arrays.push_back(pool(bytes));
     std::printf("%s\"%d\": {", t > 1 ? ", " : "", t);
     auto one = [&](int bits, const Overlap& o) {
-      std::printf("%s\"%d\": {\"factor\": %.4f, \"both_ns_per_KB\": %.3f, \"stream_ns_per_KB\": %.3f, "
-                  "\"fmas_ns_per_KB\": %.3f}",
-                  bits == 32 ? "" : ", ", bits, o.factor(), o.both, o.stream, o.fmas);
+      std::printf(
+          "%s\"%d\": {\"factor\": %.4f, \"both_ns_per_KB\": %.3f, \"stream_ns_per_KB\": %.3f, "
+          "\"fmas_ns_per_KB\": %.3f}",
+          bits == 32 ? "" : ", ", bits, o.factor(), o.both, o.stream, o.fmas);
     };
     one(32, overlap_of<4>(arrays, bytes));
     one(16, overlap_of<2>(arrays, bytes));
