@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -317,8 +318,14 @@ void overlap_json(long mib) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--overlap") == 0) {
-    const long mib = argc > 2 ? std::atol(argv[2]) : 1024;
-    if (argc > 3 || mib < 1 || mib > 4096) {
+    long mib = 1024;
+    bool whole = true;  // the size is all digits, nothing after them
+    if (argc > 2) {
+      const char* end = argv[2] + std::strlen(argv[2]);
+      const auto [at, ec] = std::from_chars(argv[2], end, mib);
+      whole = ec == std::errc() && at == end;
+    }
+    if (argc > 3 || !whole || mib < 1 || mib > 4096) {
       std::fprintf(stderr, "usage: qkv_decode_floor_probe --overlap [MiB per thread, 1-4096; default 1024]\n");
       return 2;
     }

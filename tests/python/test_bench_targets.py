@@ -227,7 +227,8 @@ def test_real_overlap_probe_feeds_targets(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--overlap", "0"], ["--overlap", "4097"], ["--overlap", "64", "2"],
-                                  ["--overlap", "x"]])
+                                  ["--overlap", "x"], ["--overlap", "64abc"], ["--overlap", "-5"],
+                                  ["--overlap", "99999999999999999999"], ["--overlap", ""]])
 def test_overlap_probe_refuses_bad_sizes(args):
     probe = BENCH / "qkv_decode_floor_probe_avx2"
     if not probe.exists():
