@@ -53,6 +53,21 @@ constexpr long kBlock = qkv::kernels::decode_block_keys(2 * kRow * sizeof(float)
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// Wall seconds for `threads` threads at once, thread t running f(t) (a result it returns is kept
+// live, so the compiler cannot drop the pass).
+template <class F>
+double team_seconds(int threads, const F& f) {
+  std::vector<std::thread> team;
+  const double t0 = now();
+  for (int t = 0; t < threads; ++t)
+    team.emplace_back([&f, t] {
+      volatile float r = f(t);
+      (void)r;
+    });
+  for (std::thread& member : team) member.join();
+  return now() - t0;
+}
+
 // The family's operations, as its decode kernel has them, and the kernel's tiles: X = L / 4 keys
 // of the scores at a time (4 rows x X keys = L accumulators), C vectors of O per row in P·V
 // (decode_tile.h's pv_vecs for 4 rows).
@@ -200,16 +215,10 @@ Overlap overlap_of(const std::vector<float*>& arrays, long bytes) {
   constexpr int kFmas = kFmasFor<kBytesPerValue>;
   static_assert(kFmas % kChains == 0 && kFmas >= kVecs);
   const long floats = bytes / 4;
+  const int threads = static_cast<int>(arrays.size());
   auto time = [&](double& best, auto call) {
-    std::vector<std::thread> team;
-    const double t0 = now();
-    for (const float* p : arrays)
-      team.emplace_back([&call, p] {
-        volatile float f = call(p);
-        (void)f;
-      });
-    for (std::thread& member : team) member.join();
-    best = std::min(best, (now() - t0) / static_cast<double>(floats / 256) * 1e9);
+    const double seconds = team_seconds(threads, [&](int t) { return call(arrays[t]); });
+    best = std::min(best, seconds / static_cast<double>(floats / 256) * 1e9);
   };
   Overlap o;
   for (int r = 0; r < 5; ++r) {
@@ -246,17 +255,8 @@ void streams_at_once(int threads) {
   std::vector<float*> k(threads), v(threads);
   for (int t = 0; t < threads; ++t) k[t] = pool(bytes), v[t] = pool(bytes);
   double best = 1e9;
-  for (int r = 0; r < 3; ++r) {
-    std::vector<std::thread> team;
-    const double t0 = now();
-    for (int t = 0; t < threads; ++t)
-      team.emplace_back([&, t] {
-        volatile float f = run<true, false>(k[t], v[t], keys, keys);
-        (void)f;
-      });
-    for (std::thread& member : team) member.join();
-    best = std::min(best, now() - t0);
-  }
+  for (int r = 0; r < 3; ++r)
+    best = std::min(best, team_seconds(threads, [&](int t) { return run<true, false>(k[t], v[t], keys, keys); }));
   std::printf("%d threads at once, two arrays each, prefetch yes: %.2f GB/s in all\n", threads,
               1024.0 * static_cast<double>(keys) * threads / best / 1e9);
 }
