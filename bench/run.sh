@@ -29,20 +29,24 @@ done
 cat "$OUT/machine-1.txt"
 # How far a core overlaps a stream with the FMAs that consume it at decode's FMAs per byte, for
 # 32-, 16- and 8-bit rows at 1 and 2 threads (bench/decode_floor_probe.cpp, three runs, under a
-# minute): a factor of the decode rows' floors (targets.py). The kernel's family: the AVX-512 form
-# where the CPU runs it, else the AVX2 one.
+# minute): a factor of the decode rows' floors (targets.py). The probe of the family the kernels
+# run here (the machine's "simd", QKV_SIMD honoured); other families have none, and their decode
+# ceilings take no factor.
 OVERLAP=
-for probe in decode_floor_probe decode_floor_probe_avx2; do
-  [ -x "$BUILD/bench/qkv_$probe" ] || continue
-  if "$BUILD/bench/qkv_$probe" --overlap > "$OUT/overlap-1.json" 2> /dev/null; then
-    OVERLAP="--overlap $OUT/overlap-1.json"
-    for i in 2 3; do
-      "$BUILD/bench/qkv_$probe" --overlap > "$OUT/overlap-$i.json"
-      OVERLAP="$OVERLAP $OUT/overlap-$i.json"
-    done
-    break
-  fi
-done
+SIMD=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["simd"])' "$OUT/machine-1.json")
+case $SIMD in
+  avx512) PROBE=decode_floor_probe ;;
+  avx2) PROBE=decode_floor_probe_avx2 ;;
+  *) PROBE= ;;
+esac
+if [ -n "$PROBE" ] && [ -x "$BUILD/bench/qkv_$PROBE" ]; then
+  for i in 1 2 3; do
+    "$BUILD/bench/qkv_$PROBE" --overlap > "$OUT/overlap-$i.json"
+    OVERLAP="${OVERLAP:---overlap} $OUT/overlap-$i.json"
+  done
+else
+  echo "no overlap probe for the $SIMD kernels: the decode ceilings take none" >&2
+fi
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "qkv benchmarks (about 2 minutes, more where the host lends them less and they run again)..." >&2
 # Run again (up to three runs) while the host lends the binary less than the machine probe measured

@@ -3,6 +3,7 @@ path marked) and the refusal of bad input with a message and exit code 2."""
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -79,6 +80,7 @@ def test_machine_json_agrees_with_itself(run, tmp_path):
     assert "read bandwidth, GB/s median" in r.stdout, r.stdout
     j = json.loads(path.read_text())
     assert j["class"] and j["eviction_bytes"] == max(2 * j["l3_bytes"], 256 << 20)
+    assert j["simd"] in ("avx512", "avx2", "neon", "scalar"), j["simd"]
     [t] = j["threads"]
     assert t["threads"] == 1
     for name in ("fp32_avx512", "fp32_avx2", "bf16_dot"):
@@ -128,3 +130,26 @@ def test_bad_decode_input_is_refused(run, args, message):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_machine_json_names_the_kernels_path(qkv_bin, tmp_path):
+    """`bench --machine` names the SIMD path the kernels run, QKV_SIMD honoured (bench/run.sh picks
+    its overlap probe by it); scalar runs on every CPU."""
+    path = tmp_path / "machine.json"
+    env = dict(os.environ, QKV_SIMD="scalar")
+    r = subprocess.run([qkv_bin, "bench", "--machine", "--json", str(path), "--threads", "1", "--repeats", "1"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(path.read_text())["simd"] == "scalar"
+    assert "the kernels' scalar path" in r.stdout.splitlines()[1], r.stdout
+
+
+def test_bad_qkv_simd_stops_bench_before_the_probes(qkv_bin, tmp_path):
+    """An invalid QKV_SIMD is refused by name, exit 1, with no probe run and no file written."""
+    path = tmp_path / "machine.json"
+    env = dict(os.environ, QKV_SIMD="avx9")
+    r = subprocess.run([qkv_bin, "bench", "--machine", "--json", str(path), "--threads", "1"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "QKV_SIMD must be 'auto', 'avx512', 'avx2', 'neon' or 'scalar', got 'avx9'" in r.stderr, r.stderr
+    assert r.stdout == "" and not path.exists(), r.stdout

@@ -37,10 +37,10 @@ std::vector<MachineFigures> measure_machine(const std::vector<int>& thread_count
   return out;
 }
 
-void print_machine(const std::vector<MachineFigures>& figures) {
+void print_machine(const std::vector<MachineFigures>& figures, const std::string& simd) {
   const MachineInfo& m = machine_info();
-  fmt::print("machine: {} ({}{} family {} model {}): {}\n", m.brand.empty() ? "CPU" : m.brand, m.vendor,
-             m.vendor.empty() ? "" : ",", m.family, m.model, m.class_name);
+  fmt::print("machine: {} ({}{} family {} model {}): {}; the kernels' {} path\n", m.brand.empty() ? "CPU" : m.brand,
+             m.vendor, m.vendor.empty() ? "" : ",", m.family, m.model, m.class_name, simd);
   const int64_t evict = memory_probe_bytes();
   if (m.l3_bytes > 0)
     fmt::print(
@@ -72,13 +72,14 @@ void print_machine(const std::vector<MachineFigures>& figures) {
   }
 }
 
-nlohmann::json machine_json(const std::vector<MachineFigures>& figures) {
+nlohmann::json machine_json(const std::vector<MachineFigures>& figures, const std::string& simd) {
   const MachineInfo& m = machine_info();
   nlohmann::json j = {{"brand", m.brand},
                       {"vendor", m.vendor},
                       {"family", m.family},
                       {"model", m.model},
                       {"class", m.class_name},
+                      {"simd", simd},
                       {"l3_bytes", m.l3_bytes},
                       {"l3_source", m.l3_source},
                       {"eviction_bytes", memory_probe_bytes()},

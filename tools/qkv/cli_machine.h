@@ -24,10 +24,11 @@ struct MachineFigures {
 // bandwidth 2 x repeats + 1 passes per stream count over memory_probe_bytes().
 std::vector<MachineFigures> measure_machine(const std::vector<int>& thread_counts, int repeats);
 
-// The lines `qkv bench` prints above its timings.
-void print_machine(const std::vector<MachineFigures>& figures);
+// The lines `qkv bench` prints above its timings; simd: the path the kernels run
+// (simd_path_name()).
+void print_machine(const std::vector<MachineFigures>& figures, const std::string& simd);
 
-// The same as JSON, for bench/report.py (`qkv bench --machine --json FILE`).
-nlohmann::json machine_json(const std::vector<MachineFigures>& figures);
+// The same as JSON, for bench/report.py and bench/run.sh (`qkv bench --machine --json FILE`).
+nlohmann::json machine_json(const std::vector<MachineFigures>& figures, const std::string& simd);
 
 }  // namespace qkv::cli
