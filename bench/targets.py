@@ -169,7 +169,8 @@ def main():
                         100 * (statistics.median(probe / p for probe, p in pairs) - 1),
                         "each right after an invocation; the probe against it, pair by pair")
 
-    print(f"machine: {m['brand']} ({m['vendor']} family {m['family']} model {m['model']}): **{m['class']}**")
+    simd = f"; the kernels' {m['simd']} path" if "simd" in m else ""  # older results lack it
+    print(f"machine: {m['brand']} ({m['vendor']} family {m['family']} model {m['model']}): **{m['class']}**{simd}")
     print(f"L3 {m['l3_bytes'] >> 20} MiB ({m['l3_source']}); cold-cache eviction {m['eviction_bytes'] >> 20} MiB")
     for t in sorted(peak):
         r = [r for r in m["threads"] if r["threads"] == t][0]
