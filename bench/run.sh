@@ -40,9 +40,10 @@ case $SIMD in
   *) PROBE= ;;
 esac
 if [ -n "$PROBE" ] && [ -x "$BUILD/bench/qkv_$PROBE" ]; then
+  OVERLAP=--overlap
   for i in 1 2 3; do
     "$BUILD/bench/qkv_$PROBE" --overlap > "$OUT/overlap-$i.json"
-    OVERLAP="${OVERLAP:---overlap} $OUT/overlap-$i.json"
+    OVERLAP="$OVERLAP $OUT/overlap-$i.json"
   done
 else
   echo "no overlap probe for the $SIMD kernels: the decode ceilings take none" >&2

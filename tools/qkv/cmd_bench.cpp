@@ -199,17 +199,18 @@ int run_bench(const BenchArgs& a) {
   // thread count (a peak from another count let a kernel "reach" more than 100%).
   std::vector<int> counts{1};
   if (threads > 1) counts.push_back(threads);
-  const std::string simd = simd_path_name();  // an invalid QKV_SIMD stops here, before the probes
+  // The path the automatic choice takes: an invalid QKV_SIMD stops here, before the probes.
+  const std::string automatic = simd_path_name(Simd::automatic);
   const std::vector<MachineFigures> figures = measure_machine(counts, std::max(a.repeats, 5));
   const MachineFigures& mine = figures.back();
   const double peak256 = mine.avx2.best, peak = mine.fp32_peak(), peak_bf16 = mine.bf16.best;
   const double bandwidth = mine.bandwidth.best;
   if (a.machine_only) {
     fmt::print("qkv bench --machine: threads {}\n", threads);
-    print_machine(figures, simd);
+    print_machine(figures, automatic);
     if (!a.json.empty()) {
       std::ofstream file(a.json);
-      file << machine_json(figures, simd).dump(1) << "\n";
+      file << machine_json(figures, automatic).dump(1) << "\n";
       if (!file) throw Error(fmt::format("--json: cannot write '{}'", a.json));
     }
     return 0;
@@ -218,7 +219,7 @@ int run_bench(const BenchArgs& a) {
     const DecodeShape d = parse_decode_shape(a.decode);
     fmt::print("qkv bench --decode: B={} H={} Hkv={} M={} D={} kv-dtype {} threads {}\n", d.B, d.H, d.Hkv, d.M, d.D,
                kv_dtype_name(parse_kv_dtype(a.kv_dtype)), threads);
-    print_machine(figures, simd);
+    print_machine(figures, automatic);
     return run_bench_decode(a, threads, peak, bandwidth);
   }
   const double flops = 2.0 * allowed_pairs(s, a.causal) * static_cast<double>(s.D) * 2.0 * s.B * s.H;
@@ -244,11 +245,10 @@ int run_bench(const BenchArgs& a) {
 
   fmt::print("qkv bench: B={} H={} N={} M={} D={}{} dtype {} threads {}\n", s.B, s.H, s.N, s.M, s.D,
              a.causal ? " causal" : "", a.dtype, threads);
-  print_machine(figures, simd);
+  print_machine(figures, automatic);
   fmt::print("forward: {:.3g} GFLOP (4·pairs·D), {:.3g} MB moved\n", flops / 1e9, bytes / 1e6);
   fmt::print("{:<10} {:>10} {:>10} {:>8} {:>7}\n", "path", "time ms", "GFLOP/s", "GB/s", "% peak");
 
-  const std::string automatic = simd_path_name(Simd::automatic);
   struct Path {
     std::string name;
     Kernel kernel;
