@@ -40,31 +40,33 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
       benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(g.kdim), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The forward's work on one cache-resident block of 64 keys and 64 query lanes, and nothing else:
-// Sᵀ = K · Qᵀ, each query row's max (the deferred scale, as forward_tile.h's interior blocks),
-// the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No
-// packing, transposes, masks or memory traffic: the ceiling of the fp32 forward at this D on this
-// machine. FLOPs: the two products only, as the attention benchmarks count them.
+// The forward's work on one cache-resident block of the family's key block (Ops::kKeyBlock keys)
+// and 64 query lanes, and nothing else: Sᵀ = K · Qᵀ into rows as far apart as the kernel's
+// (column_read_stride), each query row's max (the deferred scale, as forward_tile.h's interior
+// blocks), the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V.
+// No packing, transposes, masks or memory traffic: the ceiling of the fp32 forward's blocks at
+// this D on this machine. FLOPs: the two products only, as the attention benchmarks count them.
 template <class Ops>
 void run_fused_block(benchmark::State& state, int64_t d) {
   using V = typename Ops::V;
-  constexpr int64_t L = Ops::kLanes;
-  std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), st(64 * 64), v(64 * 64, 0.03f), o(64 * 64, 0.0f);
+  constexpr int64_t L = Ops::kLanes, nk = Ops::kKeyBlock;
+  const int64_t ls = kernels::column_read_stride(64);
+  std::vector<float> k(nk * d, 0.01f), qt(d * 64, 0.02f), st(nk * ls), v(nk * 64, 0.03f), o(64 * 64, 0.0f);
   std::vector<float> m(64, 0.0f), l(64, 0.0f), alpha(64);
-  const auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), 64);
-  const auto values = block_args(st.data(), 1, 64, 64, v.data(), 64, o.data(), 64, alpha.data());
+  const auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), ls);
+  const auto values = block_args(st.data(), 1, ls, nk, v.data(), 64, o.data(), 64, alpha.data());
   const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
   for (auto _ : state) {
-    kernels::gemm_blocked<Ops>(scores, 64, 64 / L);
+    kernels::gemm_blocked<Ops>(scores, nk, 64 / L);
     for (int64_t c = 0; c < 64; c += L) {
       const V m_old = Ops::load(m.data() + c);
       const V m_new =
-          Ops::max(Ops::mul(kernels::column_max<Ops>(st.data() + c, 64, 64, Ops::set1(-1e30f)), scale), m_old);
+          Ops::max(Ops::mul(kernels::column_max<Ops>(st.data() + c, ls, nk, Ops::set1(-1e30f)), scale), m_old);
       const V neg_m = Ops::sub(Ops::zero(), m_new);
       V sum = Ops::zero();
-      for (int64_t jj = 0; jj < 64; ++jj) {
-        const V p = kernels::weight<Ops>(Ops::load(st.data() + jj * 64 + c), scale, neg_m);
-        Ops::store(st.data() + jj * 64 + c, p);
+      for (int64_t jj = 0; jj < nk; ++jj) {
+        const V p = kernels::weight<Ops>(Ops::load(st.data() + jj * ls + c), scale, neg_m);
+        Ops::store(st.data() + jj * ls + c, p);
         sum = Ops::add(sum, p);
       }
       const V a = kernels::exp_e<Ops>(Ops::sub(m_old, m_new));
@@ -76,7 +78,7 @@ void run_fused_block(benchmark::State& state, int64_t d) {
     benchmark::DoNotOptimize(o.data());
   }
   state.counters["FLOPS"] =
-      benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(d + 64), benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(2.0 * 64 * nk * static_cast<double>(d + 64), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The backward's work on one cache-resident block of 64 keys and 64 query rows (backward_tile.h):

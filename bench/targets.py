@@ -296,18 +296,25 @@ def main():
 
     # The kernel rows against the FMA (or bf16 dot) peak, in groups printed thread count by thread
     # count: (work, target, test, [(table, benchmark name with {t} for the thread count, which
-    # peak)]). The pinned table takes them again.
+    # peak, the block benchmark of its head dim or None)]). The pinned table takes them again.
+    def d_of(shape):
+        return 128 if shape == "S6" else 64
+
     kernel_rows = [
         [("prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", "≥ 85%", lambda v: v >= 85,
-          [("fwd", f"attention/{s}/fp32/threads:{{t}}", "fp32") for s in ("S3", "S4", "S6")])],
+          [("fwd", f"attention/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/fused_D{d_of(s)}")
+           for s in ("S3", "S4", "S6")])],
         [(f"prefill bf16 S3/S4, % of {'bf16 dot' if bf16_dot else 'fp32 FMA'} peak", "≥ 80%", lambda v: v >= 80,
-          [("fwd", f"attention/{s}/bf16/threads:{{t}}", "bf16") for s in ("S3", "S4")])],
+          [("fwd", f"attention/{s}/bf16/threads:{{t}}", "bf16", None) for s in ("S3", "S4")])],
         [("backward fp32 S3/S4/S6, % of FMA peak", "≥ 85%", lambda v: v >= 85,
-          [("bwd", f"backward/{s}/fp32/threads:{{t}}", "fp32") for s in ("S3", "S4", "S6")])],
-        [("short heads S2 forward", "≥ 80%", lambda v: v >= 80, [("fwd", "attention/S2/fp32/threads:{t}", "fp32")]),
-         ("short heads S2 backward", "≥ 75%", lambda v: v >= 75, [("bwd", "backward/S2/fp32/threads:{t}", "fp32")])],
+          [("bwd", f"backward/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/backward_D{d_of(s)}")
+           for s in ("S3", "S4", "S6")])],
+        [("short heads S2 forward", "≥ 80%", lambda v: v >= 80,
+          [("fwd", "attention/S2/fp32/threads:{t}", "fp32", "microkernel/fused_D64")]),
+         ("short heads S2 backward", "≥ 75%", lambda v: v >= 75,
+          [("bwd", "backward/S2/fp32/threads:{t}", "fp32", "microkernel/backward_D64")])],
         [("large scores S3q50, % of FMA peak", "≥ 70%", lambda v: v >= 70,
-          [("fwd", "attention/S3q50/fp32/threads:{t}", "fp32")])],
+          [("fwd", "attention/S3q50/fp32/threads:{t}", "fp32", "microkernel/fused_D64")])],
     ]
     # The peak each benchmark binary measured itself before and after its rows, minutes from the
     # run's best: where the host lent a binary's threads less than that (one 2-thread backward run
@@ -318,7 +325,7 @@ def main():
 
     def lent(benches, t):
         own = []
-        for tb, name, pk in benches:
+        for tb, name, pk, _ in benches:
             p, best = lent_peak(tables[tb][1], pk, t), ceilings[pk].get(t)
             reached = percent_of(tables[tb][0], name.format(t=t), t, {t: p})
             if reached is not None and best and p < LENT * best:
@@ -328,11 +335,19 @@ def main():
         return (f"; {rng([o for o, _ in own])}% of the lower peak its binary measured before and after its rows, "
                 f"which read {rng([q for _, q in own])}% of the run's best")
 
+    # The block alone (microkernel_block.h: one cache-resident block of the row's head dim, its
+    # products and what the kernel does between them, on one thread) as a % of one core's peak:
+    # what the row's kernel reaches with no packing, masks or memory traffic around its blocks. Not
+    # the machine's ceiling but the design's, beside each row it bounds, at either thread count.
+    def block_alone(benches):
+        return [percent_of(fwd, block, 1, peak) if block else None for _, _, _, block in benches]
+
     for group in kernel_rows:
         for t in (1, 2):
             for work, target, ok, benches in group:
-                row(work, t, [percent_of(tables[tb][0], name.format(t=t), t, ceilings[pk]) for tb, name, pk in benches],
-                    target, ok, note=lent(benches, t))
+                row(work, t, [percent_of(tables[tb][0], name.format(t=t), t, ceilings[pk])
+                              for tb, name, pk, _ in benches],
+                    target, ok, note=lent(benches, t), ceiling=block_alone(benches), ceiling_is="the block alone")
     # The roofline itself.
     for t in sorted(bw):
         row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread[t]], "≤ 10%", lambda v: v <= 10,
@@ -405,7 +420,7 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
     for work, target, ok, benches in (r for group in kernel_rows for r in group):
         per_cpu = []
         for cpu, tables, peaks in runs:
-            vals = [percent_of(tables[tb], name.format(t=1), 1, {1: peaks[pk]}) for tb, name, pk in benches]
+            vals = [percent_of(tables[tb], name.format(t=1), 1, {1: peaks[pk]}) for tb, name, pk, _ in benches]
             per_cpu.append((cpu, [v for v in vals if v is not None]))
         measured = [(cpu, vals) for cpu, vals in per_cpu if vals]
         if not measured:

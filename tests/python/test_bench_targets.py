@@ -314,6 +314,34 @@ def test_lent_is_judged_by_the_lower_peak_and_the_ceiling_by_the_higher(tmp_path
         assert row(r.stdout, work, 2) == (expected, "not met"), r.stdout
 
 
+def test_kernel_rows_print_what_their_block_reaches_alone(tmp_path):
+    # One core's peak 200 GFLOP/s; the forward's blocks alone reach 160 (D = 64) and 170 (D = 128),
+    # the backward's 150 at D = 64 and nothing measured at 128. Each fp32 row prints the blocks of
+    # its shapes' head dims as a % of the one-thread peak, at either thread count; the bf16 row,
+    # with no block of its own, prints none; the verdict stays the row's own.
+    fwd_rows = {f"attention/{s}/fp32/threads:{t}": 150e9 * t for s in ("S2", "S3", "S4", "S6", "S3q50") for t in (1, 2)}
+    fwd_rows |= {f"attention/{s}/bf16/threads:{t}": 150e9 * t for s in ("S3", "S4") for t in (1, 2)}
+    fwd_rows |= {"microkernel/fused_D64": 160e9, "microkernel/fused_D128": 170e9, "microkernel/backward_D64": 150e9}
+    peaks = {"fma_peak/threads:1": 200e9, "fma_peak/threads:2": 400e9}
+    fwd = bench_file(tmp_path / "qkv.json", {"median": fwd_rows, "max": peaks})
+    bwd = bench_file(tmp_path / "backward.json", {
+        "median": {f"backward/{s}/fp32/threads:{t}": 140e9 * t for s in ("S2", "S3", "S4", "S6") for t in (1, 2)},
+        "max": peaks})
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json"),
+                        "--qkv", fwd, "--backward", bwd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for t in (1, 2):
+        assert row(out, "prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", t) == (
+            "75% (the block alone 80-85%)", "not met"), out
+        assert row(out, "backward fp32 S3/S4/S6, % of FMA peak", t) == ("70% (the block alone 75%)", "not met"), out
+        assert row(out, "short heads S2 forward", t) == ("75% (the block alone 80%)", "not met"), out
+        assert row(out, "short heads S2 backward", t) == ("70% (the block alone 75%)", "not met"), out
+        assert row(out, "large scores S3q50, % of FMA peak", t) == ("75% (the block alone 80%)", "met"), out
+        assert "block alone" not in row(out, "prefill bf16 S3/S4", t)[0], out
+
+
 BENCH = build_dir() / "bench"
 
 
@@ -412,6 +440,30 @@ def test_lent_rerun_refuses_bad_arguments_and_a_binary_that_cannot_run(tmp_path)
     r = subprocess.run(base + ["--", "false"], capture_output=True, text=True)
     assert r.returncode == 1 and "lent_rerun.py: cannot run false: it exited with 1" in r.stderr, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["m.json"]  # no run's file left behind
+
+
+def test_real_block_benchmarks_feed_the_kernel_rows(tmp_path):
+    # qkv_bench's own block benchmarks and peak, run for real (briefly), so a change to their names
+    # fails here rather than in the next `make bench`.
+    qkv_bench = BENCH / "qkv_bench"
+    if not qkv_bench.exists():
+        pytest.skip(f"qkv_bench is not built in {BENCH} (QKV_BUILD_BENCH=OFF, or not x86-64)")
+    out = tmp_path / "qkv.json"
+    r = subprocess.run([str(qkv_bench), "--benchmark_filter=^(fma_peak/threads:1/|microkernel/(fused|backward)_D)",
+                        "--benchmark_min_time=0.01", f"--benchmark_out={out}", "--benchmark_out_format=json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    blocks = [b["run_name"] for b in json.loads(out.read_text())["benchmarks"] if "microkernel/" in b["run_name"]]
+    if not blocks:
+        pytest.skip("this CPU has no AVX-512, which qkv_bench's block benchmarks need")
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json"),
+                        "--qkv", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for work in ("prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", "backward fp32 S3/S4/S6, % of FMA peak"):
+        measured, verdict = row(r.stdout, work, 1)
+        assert re.fullmatch(r"not measured \(the block alone [0-9]+(-[0-9]+)?%\)", measured), r.stdout
+        assert verdict == "n/a", r.stdout
 
 
 def test_decode_filter_selects_the_cold_steps_the_targets_take():
