@@ -339,8 +339,14 @@ def main():
     # products and what the kernel does between them, on one thread) as a % of one core's peak:
     # what the row's kernel reaches with no packing, masks or memory traffic around its blocks. Not
     # the machine's ceiling but the design's, beside each row it bounds, at either thread count.
+    # The blocks of the path the rows ran: qkv_bench's own (AVX-512), or where the kernels run AVX2
+    # (a CPU without AVX-512), those of its --avx2 run.
+    blocks, prefix = fwd, ""
+    if m.get("simd") == "avx2" and a.avx2:
+        blocks, prefix = aggregates(a.avx2[0], "median"), "avx2/"
+
     def block_alone(benches):
-        return [percent_of(fwd, block, 1, peak) if block else None for _, _, _, block in benches]
+        return [percent_of(blocks, prefix + block, 1, peak) if block else None for _, _, _, block in benches]
 
     for group in kernel_rows:
         for t in (1, 2):

@@ -342,6 +342,23 @@ def test_kernel_rows_print_what_their_block_reaches_alone(tmp_path):
         assert "block alone" not in row(out, "prefill bf16 S3/S4", t)[0], out
 
 
+def test_kernel_rows_on_avx2_take_the_blocks_of_the_avx2_run(tmp_path):
+    # A CPU whose kernels run AVX2 has no AVX-512 blocks in qkv_bench's own run: the rows take the
+    # blocks of its --avx2 run (130 GFLOP/s against the 200 peak), and an AVX-512 machine's rows
+    # never take those.
+    peaks = {"fma_peak/threads:1": 200e9, "fma_peak/threads:2": 400e9}
+    fwd = bench_file(tmp_path / "qkv.json", {"median": {"attention/S3/fp32/threads:1": 150e9}, "max": peaks})
+    avx2 = bench_file(tmp_path / "avx2.json", {"median": {"avx2/microkernel/fused_D64": 130e9}, "max": {}})
+    avx2_bwd = bench_file(tmp_path / "avx2_backward.json", {"median": {}, "max": {}})
+    for simd, expected in (("avx2", "75% (the block alone 65%)"), ("avx512", "75%")):
+        (tmp_path / "machine-0.json").write_text(json.dumps(dict(machine(20e9), simd=simd)))
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine",
+                            str(tmp_path / "machine-0.json"), "--qkv", fwd, "--avx2", avx2, avx2_bwd],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert row(r.stdout, "prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", 1) == (expected, "not met"), r.stdout
+
+
 BENCH = build_dir() / "bench"
 
 
