@@ -58,12 +58,14 @@ echo "qkv benchmarks (about 2 minutes, more where the host lends them less and t
 # One thread pinned to each CPU in turn, the first four this process may run on (under 2 minutes
 # each): on a shared host one vCPU ran the same prefill 10-21% slower than the other in the same
 # minutes while its FMA peak moved 3% (Zen 5 guest), so an unpinned one-thread row depends on where
-# the scheduler put it. Each pinned run measures its own peaks on that CPU (targets.py).
+# the scheduler put it. Each pinned run measures its own peaks on that CPU, and the kernel rows'
+# blocks alone (targets.py).
 PINNED=
 if command -v taskset > /dev/null 2>&1; then
   for cpu in $(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:4])'); do
     echo "one thread pinned to CPU $cpu (under 2 minutes)..." >&2
-    taskset -c "$cpu" "$BUILD/bench/qkv_bench" --benchmark_filter='^(fma_peak|bf16_peak|attention/[^/]+/(fp32|bf16))/threads:1/' \
+    taskset -c "$cpu" "$BUILD/bench/qkv_bench" \
+      --benchmark_filter='^((fma_peak|bf16_peak|attention/[^/]+/(fp32|bf16))/threads:1/|microkernel/(fused|backward)_D)' \
       --benchmark_out="$OUT/pinned-$cpu.json" --benchmark_out_format=json > "$OUT/pinned-$cpu.log"
     taskset -c "$cpu" "$BUILD/bench/qkv_backward_bench" --benchmark_filter='^(fma_peak|backward/[^/]+/fp32)/threads:1/' \
       --benchmark_out="$OUT/pinned-backward-$cpu.json" --benchmark_out_format=json > "$OUT/pinned-backward-$cpu.log"

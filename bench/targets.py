@@ -27,8 +27,9 @@ the table says so and which run the table takes.
 
 Last, where the run pinned one thread to each CPU in turn (--pinned CPU forward.json backward.json,
 once per CPU), the one-thread kernel rows again per CPU, each against the peaks that CPU's own run
-measured: on a shared host one vCPU can run the same kernel markedly slower than another in the
-same minutes, which an unpinned row only shows as noise. Their verdict is the best CPU's.
+measured, beside the blocks alone where that run timed them: on a shared host one vCPU can run the
+same kernel markedly slower than another in the same minutes, which an unpinned row only shows as
+noise. Their verdict is the best CPU's.
 
 A decode step's floor is its bytes at the read bandwidth or its FMAs at the FMA peak, whichever
 takes longer, times how far this core overlaps a stream with the FMAs that consume it at the step's
@@ -427,12 +428,15 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
         per_cpu = []
         for cpu, tables, peaks in runs:
             vals = [percent_of(tables[tb], name.format(t=1), 1, {1: peaks[pk]}) for tb, name, pk, _ in benches]
-            per_cpu.append((cpu, [v for v in vals if v is not None]))
-        measured = [(cpu, vals) for cpu, vals in per_cpu if vals]
+            # The blocks alone where the pinned run timed them, against that run's own peak.
+            blocks = [percent_of(tables["fwd"], block, 1, {1: peaks["fp32"]}) for *_, block in benches if block]
+            per_cpu.append((cpu, [v for v in vals if v is not None], [b for b in blocks if b is not None]))
+        measured = [(cpu, vals) for cpu, vals, _ in per_cpu if vals]
         if not measured:
             continue
         cpu, best = max(measured, key=lambda cv: min(cv[1]))
-        cells = " | ".join(f"{rng(vals)}%" if vals else "not measured" for _, vals in per_cpu)
+        cells = " | ".join((f"{rng(vals)}%" if vals else "not measured") +
+                           (f" (the block alone {rng(blocks)}%)" if blocks else "") for _, vals, blocks in per_cpu)
         print(f"| {work} | {cells} | {target} | {verdict(best, ok)} (CPU {cpu}) |")
 
 

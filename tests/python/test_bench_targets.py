@@ -273,6 +273,25 @@ def test_pinned_rows_per_cpu_against_that_runs_own_peak(tmp_path):
     assert "short heads S2 forward |" not in out.split("best CPU |")[1], out
 
 
+def test_pinned_rows_print_the_blocks_their_own_run_timed(tmp_path):
+    # CPU 0's pinned run timed the blocks (fused_D64 160 and fused_D128 180 GFLOP/s against its
+    # 200 peak: 80-90%); CPU 1's did not (an older run), so its cells carry none.
+    def pinned(cpu, blocks):
+        fwd = bench_file(tmp_path / f"pinned-{cpu}.json", {
+            "median": {f"attention/{s}/fp32/threads:1": 140e9 for s in ("S3", "S4", "S6")} | blocks,
+            "max": {"fma_peak/threads:1": 200e9}})
+        bwd = bench_file(tmp_path / f"pinned-backward-{cpu}.json", {"median": {}, "max": {}})
+        return ["--pinned", str(cpu), fwd, bwd]
+
+    (tmp_path / "machine-0.json").write_text(json.dumps(machine(20e9)))
+    args = [sys.executable, str(ROOT / "bench" / "targets.py"), "--machine", str(tmp_path / "machine-0.json")]
+    args += pinned(0, {"microkernel/fused_D64": 160e9, "microkernel/fused_D128": 180e9}) + pinned(1, {})
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert ("| prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak | 70% (the block alone 80-90%) | 70% | ≥ 85% | "
+            "not met (CPU 0) |") in r.stdout, r.stdout
+
+
 def test_row_says_when_its_binary_was_lent_less_than_the_best_peak(tmp_path):
     # The machine's best 2-thread peak is 200 GFLOP/s; the forward binary's own read 100 (the host
     # lent its two threads one core's worth), and S3/S4/S6 reached 90: 45% of the best, 90% of its
