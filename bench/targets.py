@@ -77,6 +77,16 @@ def percent_of(table, name, t, ceiling):
     return 100 * b["FLOPS"] / ceiling[t] if b and ceiling.get(t) else None
 
 
+def block_percents(table, benches, peak, prefix=""):
+    """The blocks alone that a kernel row's benchmarks name (their fourth field) and `table` timed,
+    as a % of the one-thread `peak` (microkernel_block.h: one cache-resident block of the row's head
+    dim, its products and what the kernel does between them, on one thread): what the row's kernel
+    reaches with no packing, masks or memory traffic around its blocks. Not the machine's ceiling
+    but the design's. prefix: "avx2/" for the blocks of a --avx2 run."""
+    values = [percent_of(table, prefix + block, 1, {1: peak}) for *_, block in benches if block]
+    return [v for v in values if v is not None]
+
+
 def decode_medians(paths):
     """{name: median record} of qkv_decode_bench's results over one or more processes: where several
     processes ran a benchmark, each of its numbers is the median over them, and `processes` says how
@@ -336,25 +346,20 @@ def main():
         return (f"; {rng([o for o, _ in own])}% of the lower peak its binary measured before and after its rows, "
                 f"which read {rng([q for _, q in own])}% of the run's best")
 
-    # The block alone (microkernel_block.h: one cache-resident block of the row's head dim, its
-    # products and what the kernel does between them, on one thread) as a % of one core's peak:
-    # what the row's kernel reaches with no packing, masks or memory traffic around its blocks. Not
-    # the machine's ceiling but the design's, beside each row it bounds, at either thread count.
-    # The blocks of the path the rows ran: qkv_bench's own (AVX-512), or where the kernels run AVX2
-    # (a CPU without AVX-512), those of its --avx2 run.
+    # Each row's blocks alone (block_percents), beside it at either thread count: those of the path
+    # the rows ran, qkv_bench's own (AVX-512) or, where the kernels run AVX2 (a CPU without
+    # AVX-512), those of its --avx2 run.
     blocks, prefix = fwd, ""
     if m.get("simd") == "avx2" and a.avx2:
         blocks, prefix = aggregates(a.avx2[0], "median"), "avx2/"
-
-    def block_alone(benches):
-        return [percent_of(blocks, prefix + block, 1, peak) if block else None for _, _, _, block in benches]
 
     for group in kernel_rows:
         for t in (1, 2):
             for work, target, ok, benches in group:
                 row(work, t, [percent_of(tables[tb][0], name.format(t=t), t, ceilings[pk])
                               for tb, name, pk, _ in benches],
-                    target, ok, note=lent(benches, t), ceiling=block_alone(benches), ceiling_is="the block alone")
+                    target, ok, note=lent(benches, t), ceiling=block_percents(blocks, benches, peak.get(1), prefix),
+                    ceiling_is="the block alone")
     # The roofline itself.
     for t in sorted(bw):
         row(f"roofline: bandwidth spread over {len(bw_runs[t])} invocations", t, [spread[t]], "≤ 10%", lambda v: v <= 10,
@@ -428,9 +433,8 @@ def pinned_table(pinned, kernel_rows, bf16_dot):
         per_cpu = []
         for cpu, tables, peaks in runs:
             vals = [percent_of(tables[tb], name.format(t=1), 1, {1: peaks[pk]}) for tb, name, pk, _ in benches]
-            # The blocks alone where the pinned run timed them, against that run's own peak.
-            blocks = [percent_of(tables["fwd"], block, 1, {1: peaks["fp32"]}) for *_, block in benches if block]
-            per_cpu.append((cpu, [v for v in vals if v is not None], [b for b in blocks if b is not None]))
+            blocks = block_percents(tables["fwd"], benches, peaks["fp32"])  # where this run timed them
+            per_cpu.append((cpu, [v for v in vals if v is not None], blocks))
         measured = [(cpu, vals) for cpu, vals, _ in per_cpu if vals]
         if not measured:
             continue
