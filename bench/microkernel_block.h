@@ -7,6 +7,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -42,10 +43,11 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
 
 // The forward's work on one cache-resident block of the family's key block (Ops::kKeyBlock keys)
 // and 64 query lanes, and nothing else: Sᵀ = K · Qᵀ into rows as far apart as the kernel's
-// (column_read_stride), each query row's max (the deferred scale, as forward_tile.h's interior
-// blocks), the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V.
-// No packing, transposes, masks or memory traffic: the ceiling of the fp32 forward's blocks at
-// this D on this machine. FLOPs: the two products only, as the attention benchmarks count them.
+// (column_read_stride) with each query row's max folded into the product's stores (the deferred
+// scale, as forward_tile.h's interior blocks), the weights in place and their sum
+// (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No packing, transposes, masks or memory
+// traffic: the ceiling of the fp32 forward's blocks at this D on this machine. FLOPs: the two
+// products only, as the attention benchmarks count them.
 template <class Ops>
 void run_fused_block(benchmark::State& state, int64_t d) {
   using V = typename Ops::V;
@@ -53,15 +55,17 @@ void run_fused_block(benchmark::State& state, int64_t d) {
   const int64_t ls = kernels::column_read_stride(64);
   std::vector<float> k(nk * d, 0.01f), qt(d * 64, 0.02f), st(nk * ls), v(nk * 64, 0.03f), o(64 * 64, 0.0f);
   std::vector<float> m(64, 0.0f), l(64, 0.0f), alpha(64);
-  const auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), ls);
+  std::vector<float> block_max(64);
+  auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), ls);
+  scores.col_max = block_max.data();
   const auto values = block_args(st.data(), 1, ls, nk, v.data(), 64, o.data(), 64, alpha.data());
   const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
   for (auto _ : state) {
+    std::fill(block_max.begin(), block_max.end(), -1e30f);
     kernels::gemm_blocked<Ops>(scores, nk, 64 / L);
     for (int64_t c = 0; c < 64; c += L) {
       const V m_old = Ops::load(m.data() + c);
-      const V m_new =
-          Ops::max(Ops::mul(kernels::column_max<Ops>(st.data() + c, ls, nk, Ops::set1(-1e30f)), scale), m_old);
+      const V m_new = Ops::max(Ops::mul(Ops::load(block_max.data() + c), scale), m_old);
       const V neg_m = Ops::sub(Ops::zero(), m_new);
       V sum = Ops::zero();
       for (int64_t jj = 0; jj < nk; ++jj) {

@@ -29,7 +29,7 @@ enum : int {
   scores,   // Sᵀ, then P, of the current key block
   out,      // the group's O accumulators
   v_pack,   // the block's V rows, packed (fp32, or bf16 pairs for vdpbf16ps)
-  stats,    // m, l, alpha and the band bounds of every row of the group
+  stats,    // m, l, alpha, the band bounds and the block max of every row of the group
   k_pack,   // the block's K rows, packed (fp32, or bf16 pairs)
   tiles,    // the group's ForwardTile objects
   p_pairs,  // P as bf16 pairs

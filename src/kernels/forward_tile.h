@@ -106,12 +106,13 @@ class ForwardTile {
     if (amx_) prows_ = ws.get<uint32_t>(forward_slot::p_rows, static_cast<std::size_t>(kBc / 2 * bq_));
     // AMX reads K in rows of 16: a block of fewer keys is packed with zero rows after it.
     kpack_ = k_direct_ && !amx_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
-    float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 5 * bq_)) + sub * 5 * bq_;
+    float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 6 * bq_)) + sub * 6 * bq_;
     m_ = stats;
     l_ = stats + bq_;
     alpha_ = stats + 2 * bq_;
     lo_rel_ = stats + 3 * bq_;
     hi_rel_ = stats + 4 * bq_;
+    col_max_ = stats + 5 * bq_;
   }
 
   // Returns the number of key blocks the tile's rows need (0 if every row is fully masked).
@@ -272,6 +273,13 @@ class ForwardTile {
     g.ldb = bq_;
     g.c = st_;
     g.ldc = ls_;
+    // Where softmax() will take the block's max of the unscaled scores (its deferred scale), the
+    // product folds it in as it stores them, and softmax() skips a pass over the block.
+    max_folded_ = interior && !amx_ && !mask_.has_elementwise() && p_.scale > 0;
+    if (max_folded_) {
+      std::fill(col_max_, col_max_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
+      g.col_max = col_max_;
+    }
     if constexpr (Pairs) {
       if (amx_) {
         Ops::TileDot::gemm(g.a, g.a_row * 4, qt_, bq_, st_, ls_, nb16, qvecs_ * L, dk_, false);
@@ -381,8 +389,10 @@ class ForwardTile {
       const V m_old = Ops::load(m_ + g * L);
       V mx = m_old;
       if (defer) {
-        mx = Ops::max(Ops::mul(column_max<Ops>(st, ls_, nb, Ops::set1(-std::numeric_limits<float>::infinity())), sc),
-                      m_old);
+        const V block_max = max_folded_
+                                ? Ops::load(col_max_ + g * L)
+                                : column_max<Ops>(st, ls_, nb, Ops::set1(-std::numeric_limits<float>::infinity()));
+        mx = Ops::max(Ops::mul(block_max, sc), m_old);
       } else if (interior && scale) {
         for (int64_t jj = 0; jj < nb; ++jj) {
           const V sv = Ops::mul(Ops::load(st + jj * ls_), sc);
@@ -583,6 +593,7 @@ class ForwardTile {
   int64_t bq_ = 0, ls_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;  // ls_: st_'s row stride
   bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;
   bool rows_in_band_ = false;  // the current block's, set by block()
+  bool max_folded_ = false;    // col_max_ holds the current block's max, set by scores()
   int64_t jlo_ = 0, jhi_ = 0, max_lo_ = 0, min_hi_ = 0;
   std::array<int64_t, kMaxTileRows> lo_, hi_;  // written by find_bands for the tile's rows
   std::array<bool, kMaxTileRows> live_;
@@ -591,7 +602,7 @@ class ForwardTile {
   bool near_max_ = false, separate_ = false;     // refine_near_max may take the blocks; a block showed it pays
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
-  float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_;
+  float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_, *col_max_;
 };
 
 }  // namespace

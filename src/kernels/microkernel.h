@@ -32,6 +32,10 @@ struct GemmArgs {
   int64_t ldc = 0;
   const float* alpha = nullptr;  // per-row scale of the old C; nullptr: C is overwritten
   bool add = false;              // with alpha null: C += A·B (gemm_blocked's later K chunks)
+  // Non-null: col_max[c] = max(col_max[c], C[r][c] over the rows written), for the columns
+  // written, as C is stored. The forward's softmax then needs no pass over the scores to find
+  // each query's max. NaN in C is dropped, as Ops::max(c, m) drops it.
+  float* col_max = nullptr;
 };
 
 // How a micro-tile's accumulators start: 0, alpha ⊙ C, or C as it is. Each start has its own copy
@@ -75,6 +79,12 @@ void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) Ops::store(c + r * ldc + v * L, acc[r][v]);
+  if (g.col_max != nullptr)
+    for (int v = 0; v < NV; ++v) {
+      V m = Ops::load(g.col_max + v * L);
+      for (int r = 0; r < R; ++r) m = Ops::max(acc[r][v], m);
+      Ops::store(g.col_max + v * L, m);
+    }
 }
 
 template <class Ops, class Dot, int R, int NV, int KFixed>
@@ -164,6 +174,7 @@ void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t
         t.c = g.c + r0 * g.ldc + v0 * L;
         t.alpha = g.alpha != nullptr && k0 == 0 ? g.alpha + r0 : nullptr;
         t.add = k0 > 0 || g.add;
+        t.col_max = g.col_max != nullptr && k0 + kc == g.kdim ? g.col_max + v0 * L : nullptr;
         (r == kR && nv == kNV ? full : GemmTable<Ops, Dot>::get(r, nv))(t);
       }
     }
