@@ -18,15 +18,10 @@
 #include "kernels/scalar/ops.h"
 #include "kernels/microkernel.h"
 
+#include "microkernel/gemm_of.h"  // after the micro-kernel, which it calls
+
 namespace qkv::test {
 namespace {
-
-void scalar_gemm(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                 int64_t rows, int64_t vecs) {
-  kernels::GemmArgs<float, float> g;
-  g.kdim = kdim, g.a = a, g.a_row = kdim, g.a_k = 1, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.col_max = col_max;
-  kernels::gemm_blocked<kernels::Scalar>(g, rows, vecs);
-}
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -69,9 +64,7 @@ void check_col_max(const Family& f, Rng& rng) {
 
 }  // namespace
 
-Family scalar_family() {
-  return {"scalar", kernels::Scalar::kLanes, kernels::Scalar::kRows, kernels::Scalar::kVecs, &scalar_gemm};
-}
+Family scalar_family() { return family_of<kernels::Scalar>("scalar"); }
 
 TEST(MicroKernel, ColumnMaxScalar) {
   Rng rng("MicroKernel.ColumnMaxScalar");

@@ -1,5 +1,5 @@
-// families.h's AVX2 micro-kernel. Only the function below is compiled for AVX2; the test
-// calls it after checking the CPU.
+// families.h's AVX2 micro-kernel, compiled for AVX2 with the function that hands it out; the
+// test calls that only after checking the CPU.
 #if defined(__x86_64__)
 #include "families.h"
 
@@ -10,22 +10,11 @@
 #include "kernels/avx2/ops.h"
 #include "kernels/microkernel.h"
 
+#include "gemm_of.h"  // after the micro-kernel, which it calls
+
 namespace qkv::test {
-namespace {
-
-void gemm(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-          int64_t rows, int64_t vecs) {
-  kernels::GemmArgs<float, float> g;
-  g.kdim = kdim, g.a = a, g.a_row = kdim, g.a_k = 1, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.col_max = col_max;
-  kernels::gemm_blocked<kernels::Avx2>(g, rows, vecs);
-}
-
-}  // namespace
+Family avx2_family() { return family_of<kernels::Avx2>("avx2"); }
 }  // namespace qkv::test
+
 #pragma GCC pop_options
-
-namespace qkv::test {
-using kernels::Avx2;
-Family avx2_family() { return {"avx2", Avx2::kLanes, Avx2::kRows, Avx2::kVecs, &gemm}; }
-}  // namespace qkv::test
 #endif

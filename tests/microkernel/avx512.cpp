@@ -1,5 +1,5 @@
-// families.h's AVX-512 micro-kernel. Only the function below is compiled for AVX-512; the test
-// calls it after checking the CPU.
+// families.h's AVX-512 micro-kernel, compiled for AVX-512 with the function that hands it out;
+// the test calls that only after checking the CPU.
 #if defined(__x86_64__)
 #include "families.h"
 
@@ -13,23 +13,12 @@
 #include "kernels/avx512/ops.h"
 #include "kernels/microkernel.h"
 
+#include "gemm_of.h"  // after the micro-kernel, which it calls
+
 namespace qkv::test {
-namespace {
-
-void gemm(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-          int64_t rows, int64_t vecs) {
-  kernels::GemmArgs<float, float> g;
-  g.kdim = kdim, g.a = a, g.a_row = kdim, g.a_k = 1, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.col_max = col_max;
-  kernels::gemm_blocked<kernels::Avx512>(g, rows, vecs);
-}
-
-}  // namespace
+Family avx512_family() { return family_of<kernels::Avx512>("avx512"); }
 }  // namespace qkv::test
+
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
-
-namespace qkv::test {
-using kernels::Avx512;
-Family avx512_family() { return {"avx512", Avx512::kLanes, Avx512::kRows, Avx512::kVecs, &gemm}; }
-}  // namespace qkv::test
 #endif
