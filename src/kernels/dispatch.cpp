@@ -60,15 +60,15 @@ struct FamilyEntry {
 
 constexpr FamilyEntry kFamilies[] = {
 #if defined(__x86_64__)
-    {{Simd::avx512, &forward_tile_avx512, &backward_tile_avx512, &decode_tile_avx512, &exp2_avx512},
+    {{Simd::avx512, &forward_tile_avx512, &backward_tile_avx512, &decode_tile_avx512, &exp2_avx512, &gemm_max_avx512},
      [](const CpuFeatures& f) { return f.avx512; }},
-    {{Simd::avx2, &forward_tile_avx2, &backward_tile_avx2, &decode_tile_avx2, &exp2_avx2},
+    {{Simd::avx2, &forward_tile_avx2, &backward_tile_avx2, &decode_tile_avx2, &exp2_avx2, &gemm_max_avx2},
      [](const CpuFeatures& f) { return f.avx2_fma; }},
 #elif defined(__aarch64__)
-    {{Simd::neon, &forward_tile_neon, &backward_tile_neon, &decode_tile_neon, &exp2_neon},
+    {{Simd::neon, &forward_tile_neon, &backward_tile_neon, &decode_tile_neon, &exp2_neon, &gemm_max_neon},
      [](const CpuFeatures& f) { return f.neon; }},
 #endif
-    {{Simd::scalar, &forward_tile_scalar, &backward_tile_scalar, &decode_tile_scalar, &exp2_scalar},
+    {{Simd::scalar, &forward_tile_scalar, &backward_tile_scalar, &decode_tile_scalar, &exp2_scalar, &gemm_max_scalar},
      [](const CpuFeatures&) { return true; }},
 };
 

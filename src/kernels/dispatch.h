@@ -31,6 +31,7 @@ struct KernelFamily {
   BackwardFn backward;
   DecodeFn decode;
   Exp2Fn exp2;
+  GemmMaxFn gemm_max;
 };
 
 // The kernels of a resolved path (not Simd::automatic). Thread-safe.
