@@ -17,6 +17,7 @@
 #pragma once
 
 #include "kernels/dropout_tile.h"
+#include "kernels/forward_pairs.h"
 #include "kernels/large_scores_screen.h"
 #include "kernels/microkernel.h"
 #include "kernels/softmax_columns.h"
@@ -25,26 +26,6 @@
 
 namespace qkv::kernels {
 namespace {
-
-// Two bf16 as one 32-bit pair, the first in the low half (the order vdpbf16ps multiplies).
-inline uint32_t pair_bits(bf16 lo, bf16 hi) { return lo.bits | static_cast<uint32_t>(hi.bits) << 16; }
-
-// Which V block the group's shared pairs buffer (forward_slot::v_pack) holds: the tiles of a group
-// that fold the same key block in turn pack its V pairs once (forward_group).
-struct PackedBlock {
-  const void* v = nullptr;
-  int64_t nb = 0;
-};
-
-// The micro-kernel policy: FloatDot, or the family's bf16 pairs (only families with AVX512_BF16).
-template <class Ops, bool Pairs>
-struct DotOf {
-  using type = FloatDot<Ops>;
-};
-template <class Ops>
-struct DotOf<Ops, true> {
-  using type = typename Ops::PairDot;
-};
 
 // q: [B,H,N,D], k: [B,Hkv,M,D], v: [B,Hkv,M,Dv] -> out: [B,H,N,Dv], lse: [B,H,N], for the rows
 // [i0, i0 + tile_rows) of one (b, h). A tile is sub-tile `sub` of a group of `group` tiles that
