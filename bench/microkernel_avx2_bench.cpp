@@ -6,12 +6,11 @@
 #include <string>
 #include <vector>
 
-// Before the target pragma: library code (Google Benchmark's too, which this file shares with the
-// rest of qkv_bench) stays compiled for the baseline ISA, so no copy of it needs AVX-512 or AVX2.
+// Before the region (isa_region.h): library code stays compiled for the baseline ISA.
+#include "isa_region.h"
 #include "kernels/kernel_deps.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi,bmi2")
+QKV_ISA_REGION_BEGIN("avx2,fma,bmi,bmi2")
 
 #include "kernels/avx2/ops.h"
 #include "kernels/microkernel.h"
@@ -26,11 +25,11 @@ void register_avx2_blocks() { register_blocks<kernels::Avx2>("avx2/microkernel/"
 }  // namespace
 }  // namespace qkv::bench
 
-#pragma GCC pop_options
+QKV_ISA_REGION_END
 
 namespace qkv::bench {
 
-// Outside the target region: qkv_bench --avx2 checks the CPU first.
+// Outside the region: qkv_bench --avx2 checks the CPU first.
 void register_microkernels_avx2() { register_avx2_blocks(); }
 
 }  // namespace qkv::bench

@@ -7,15 +7,11 @@
 #include <string>
 #include <vector>
 
-// Before the target pragma: library code (Google Benchmark's too, which this file shares with the
-// rest of qkv_bench) stays compiled for the baseline ISA, so no copy of it needs AVX-512 or AVX2.
+// Before the region (isa_region.h): library code stays compiled for the baseline ISA.
+#include "isa_region.h"
 #include "kernels/kernel_deps.h"
 
-#pragma GCC push_options
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+QKV_ISA_REGION_BEGIN("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
 
 #include "kernels/avx512/ops.h"
 #include "kernels/microkernel.h"
@@ -30,12 +26,11 @@ void register_avx512_blocks() { register_blocks<kernels::Avx512>("microkernel/")
 }  // namespace
 }  // namespace qkv::bench
 
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+QKV_ISA_REGION_END
 
 namespace qkv::bench {
 
-// Outside the target region: it runs before the CPU check.
+// Outside the region: it runs before the CPU check.
 void register_microkernels() {
   if (!__builtin_cpu_supports("avx512f")) return;
   register_avx512_blocks();

@@ -2,7 +2,7 @@
 // (microkernel_bench.cpp: AVX-512, microkernel_avx2_bench.cpp: AVX2): what a family's block
 // products reach without the softmax, packing and memory traffic around them, and (fused_D*)
 // with the block's online softmax between them. Include only after kernel_deps.h, a family's
-// target pragma, its <isa>/ops.h, microkernel.h and softmax_columns.h.
+// ISA region (isa_region.h), its <isa>/ops.h, microkernel.h and softmax_columns.h.
 #pragma once
 
 #include <benchmark/benchmark.h>
