@@ -45,6 +45,7 @@ CpuFeatures detect() {
   f.avx512 = m.avx512;
   f.avx512_bf16 = m.avx512_bf16;
   f.amx_bf16 = f.avx512_bf16 && amx_granted();
+  f.split_k = !(m.vendor == "AuthenticAMD" && m.family == 0x1A);
 #elif defined(__aarch64__)
   f.neon = true;
 #endif

@@ -16,6 +16,9 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // vdpbf16ps
   bool amx_bf16 = false;     // AMX-TILE and AMX-BF16, granted by the OS; QKV_AMX=0 turns it off
   bool neon = false;         // AArch64's Advanced SIMD (every AArch64 CPU)
+  // Whether block products split a long K into chunks (GemmArgs::split_k, microkernel.h): measured
+  // to pay on Skylake-SP, and to cost 1-3% on Zen 5 (AMD family 1Ah), which runs K in one pass.
+  bool split_k = true;
 };
 const CpuFeatures& cpu_features();
 

@@ -57,17 +57,18 @@ void exp2_neon(const float* x, float* y, int64_t n);
 
 // The micro-kernel's block product of each family with its column max (GemmArgs::col_max; exposed
 // for its test): C [rows x cols] = A [rows x kdim] · B [kdim x cols], rows of A kdim floats apart,
-// of B ldb, of C ldc; cols a multiple of 16 (every family's lanes divide it).
+// of B ldb, of C ldc; cols a multiple of 16 (every family's lanes divide it); K split into chunks
+// where k_chunk says, if split_k (GemmArgs::split_k).
 using GemmMaxFn = void (*)(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc,
-                           float* col_max, int64_t rows, int64_t cols);
+                           float* col_max, int64_t rows, int64_t cols, bool split_k);
 void gemm_max_avx512(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                     int64_t rows, int64_t cols);
+                     int64_t rows, int64_t cols, bool split_k);
 void gemm_max_avx2(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                   int64_t rows, int64_t cols);
+                   int64_t rows, int64_t cols, bool split_k);
 void gemm_max_scalar(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                     int64_t rows, int64_t cols);
+                     int64_t rows, int64_t cols, bool split_k);
 void gemm_max_neon(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                   int64_t rows, int64_t cols);
+                   int64_t rows, int64_t cols, bool split_k);
 
 // Runs the whole forward pass on `num_threads` threads with the given SIMD family.
 void forward(const ForwardParams& p, Simd path, int num_threads);

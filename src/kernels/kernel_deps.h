@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/dispatch.h"
 #include "kernels/exp2_constants.h"
 #include "kernels/forward.h"
 #include "kernels/mask_eval.h"

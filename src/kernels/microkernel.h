@@ -36,6 +36,9 @@ struct GemmArgs {
   // written, as C is stored. The forward's softmax then needs no pass over the scores to find
   // each query's max. NaN in C is dropped, as Ops::max(c, m) drops it.
   float* col_max = nullptr;
+  // Whether gemm_blocked may split K into chunks (k_chunk): the CPU's measured choice, which the
+  // micro-kernel's test overrides to run both ways on every CPU.
+  bool split_k = cpu_features().split_k;
 };
 
 // How a micro-tile's accumulators start: 0, alpha ⊙ C, or C as it is. Each start has its own copy
@@ -136,7 +139,8 @@ constexpr int64_t column_read_stride(int64_t n) {
 // (P·V over a key block of 128 at Dv = 64, or the scores at head dim 128) ran at ~80% of the FMA
 // peak in one pass and ~95% in two chunks of 64 (Skylake-SP, measured). Over two
 // panels (Dv = 128) chunks measured slower than one pass (84 against 103-113 GFLOP/s), so only one
-// panel is chunked.
+// panel is chunked. On Zen 5 (48 KB L1) one pass was faster at every size measured, 32-64 KB of B
+// rows included, so there GemmArgs::split_k is off (CpuFeatures::split_k).
 constexpr int64_t kChunkBytes = 16 * 1024;
 
 // The K chunk of gemm_blocked for B rows of `panels` panels of `width` elements of `bytes` each:
@@ -147,15 +151,16 @@ inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t byte
 }
 
 // C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel, K in chunks
-// (k_chunk) each of which runs over every strip of rows before the next starts. A later chunk
-// carries on from C as the last one stored it, so the sums and their order, and so every bit,
-// are those of one pass. The full-size micro-tiles use a K-specialized instantiation for K = 32,
+// (k_chunk, where g.split_k) each of which runs over every strip of rows before the next starts.
+// A later chunk carries on from C as the last one stored it, so the sums and their order, and so
+// every bit, are those of one pass. The full-size micro-tiles use a K-specialized instantiation for K = 32,
 // 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
 template <class Ops, class Dot = FloatDot<Ops>>
 void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
   const int64_t panels = (vecs + kNV - 1) / kNV;
-  const int64_t chunk = std::max<int64_t>(1, k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)));
+  const int64_t chunk =
+      std::max<int64_t>(1, g.split_k ? k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)) : g.kdim);
   int64_t k0 = 0;
   do {  // once at K = 0, which still writes C (0 or alpha ⊙ C)
     const int64_t kc = std::min(chunk, g.kdim - k0);

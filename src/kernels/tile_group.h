@@ -97,9 +97,10 @@ void exp2_array(const float* x, float* y, int64_t n) {
 // gemm_blocked with a column max (for its test; GemmMaxFn in forward.h).
 template <class Ops>
 void gemm_max(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-              int64_t rows, int64_t cols) {
+              int64_t rows, int64_t cols, bool split_k) {
   GemmArgs<float, float> g;
   g.kdim = kdim, g.a = a, g.a_row = kdim, g.a_k = 1, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.col_max = col_max;
+  g.split_k = split_k;
   gemm_blocked<Ops>(g, rows, cols / Ops::kLanes);
 }
 

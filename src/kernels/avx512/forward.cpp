@@ -17,8 +17,8 @@ void forward_tile_avx512(const ForwardParams& p, const ForwardTask& task, Worksp
 void exp2_avx512(const float* x, float* y, int64_t n) { exp2_array<Avx512>(x, y, n); }
 
 void gemm_max_avx512(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
-                     int64_t rows, int64_t cols) {
-  gemm_max<Avx512>(a, kdim, b, ldb, c, ldc, col_max, rows, cols);
+                     int64_t rows, int64_t cols, bool split_k) {
+  gemm_max<Avx512>(a, kdim, b, ldb, c, ldc, col_max, rows, cols, split_k);
 }
 
 }  // namespace qkv::kernels
