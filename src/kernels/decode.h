@@ -44,7 +44,7 @@ constexpr int64_t decode_prefetch_keys(int64_t row_bytes) {
 // D1 47-51% of the read against 52-56% with 64 keys, D8 49-51 against 55-60). 16- or 32-key
 // blocks for 16-bit rows alone gain 1-3% on a cold one-thread D1 step (M >= 16384) but lose 3-9%
 // at two threads (16 keys) and 1-12% on D8 (8 × 4096), so no count of a step's bytes picks them
-// (docs/machines/zen5-ceilings.md).
+// (docs/machines/zen5-decode-ceilings.md).
 // Other paths take 64 keys while a block's K and V rows (row_bytes: one key's K and V row) fit in
 // 32 KB, the L1 data cache of the smallest core measured; wider rows take blocks of 16 KB, whole
 // powers of two of at least 16 keys, so the rows the prefetch cursor brings in for the next keys
