@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "qkv/error.h"
 #include "qkv/machine_info.h"
 #include "shapes.h"
+#include "tool_main.h"
 
 namespace qkv::bench {
 namespace {
@@ -153,14 +153,8 @@ int run(int argc, char** argv) {
   for (const Shape& s : shapes) {
     Problem p;
     p.shape = s;
-    const std::size_t n = static_cast<std::size_t>(s.B * s.H * s.N * s.D);
-    std::mt19937 rng(1);
-    std::normal_distribution<float> normal;
-    for (auto* x : {&p.q, &p.k, &p.v, &p.dout}) {
-      x->resize(n);
-      for (float& e : *x) e = normal(rng);
-    }
-    for (float& e : p.q) e *= s.q_scale;
+    draw_inputs(s, p.q, p.k, p.v, &p.dout);
+    const std::size_t n = p.q.size();
     p.out.resize(n);
     p.lse.resize(static_cast<std::size_t>(s.B * s.H * s.N));
     for (auto& r : p.result) r.resize(backward ? 3 * n : n);
@@ -195,11 +189,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace qkv::bench
 
-int main(int argc, char** argv) {
-  try {
-    return qkv::bench::run(argc, argv);
-  } catch (const std::exception& e) {  // qkv's errors, or inputs larger than the machine gives
-    std::fprintf(stderr, "qkv_attention_ab: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return qkv::bench::tool_main("qkv_attention_ab", qkv::bench::run, argc, argv); }

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <algorithm>
 #include <vector>
@@ -42,15 +41,8 @@ Inputs& inputs_of(const Shape& s) {
   if (it != cache.end()) return it->second;
   Inputs& in = cache[s.name];
   in.shape = {s.B, s.H, s.N, s.D};
-  const std::size_t n = static_cast<std::size_t>(s.B * s.H * s.N * s.D);
-  std::mt19937 rng(42);
-  std::normal_distribution<float> dist;
-  for (auto* t : {&in.q, &in.k, &in.v}) {
-    t->resize(n);
-    for (float& x : *t) x = dist(rng);
-  }
-  for (float& x : in.q) x *= s.q_scale;
-  in.out.assign(n, 0.0f);
+  draw_inputs(s, in.q, in.k, in.v);
+  in.out.assign(in.q.size(), 0.0f);
   in.lse.assign(static_cast<std::size_t>(s.B * s.H * s.N), 0.0f);
   auto to_bf16 = [](const std::vector<float>& f) {
     std::vector<bf16> b(f.size());

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <random>
 #include <string>
 #include <algorithm>
 #include <vector>
@@ -48,13 +47,7 @@ Problem& problem_of(const Shape& s) {
   Problem& p = cache[s.name];
   p.shape = {s.B, s.H, s.N, s.D};
   const std::size_t n = static_cast<std::size_t>(s.B * s.H * s.N * s.D);
-  std::mt19937 rng(42);
-  std::normal_distribution<float> dist;
-  for (auto* t : {&p.q, &p.k, &p.v, &p.dout}) {
-    t->resize(n);
-    for (float& x : *t) x = dist(rng);
-  }
-  for (float& x : p.q) x *= s.q_scale;
+  draw_inputs(s, p.q, p.k, p.v, &p.dout);
   for (auto* t : {&p.out, &p.dq, &p.dk, &p.dv}) t->assign(n, 0.0f);
   p.lse.assign(static_cast<std::size_t>(s.B * s.H * s.N), 0.0f);
   const std::array<int64_t, 3> lse_shape{s.B, s.H, s.N};

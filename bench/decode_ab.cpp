@@ -29,6 +29,7 @@
 #include "qkv/error.h"
 #include "qkv/machine_info.h"
 #include "decode_caches.h"
+#include "tool_main.h"
 
 namespace qkv::bench {
 namespace {
@@ -159,11 +160,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace qkv::bench
 
-int main(int argc, char** argv) {
-  try {
-    return qkv::bench::run(argc, argv);
-  } catch (const qkv::Error& e) {  // a cache larger than the machine gives, say
-    std::fprintf(stderr, "qkv_decode_ab: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return qkv::bench::tool_main("qkv_decode_ab", qkv::bench::run, argc, argv); }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
+#include <vector>
 
 namespace qkv::bench {
 
@@ -27,6 +29,22 @@ inline constexpr Shape kShapes[] = {
     {"S3q50", 1, 12, 1024, 64, false, 50.0f},
     {"S3q4", 1, 12, 1024, 64, false, 4.0f},
 };
+
+// The inputs of shape s as Shape says (q N(0, q_scale²), the others N(0, 1)), B·H·N·D floats each,
+// drawn in this order from one engine seeded 42: q, k, v, then dout where asked for, so the
+// forward's and the backward's benchmarks see the same q, k and v.
+inline void draw_inputs(const Shape& s, std::vector<float>& q, std::vector<float>& k, std::vector<float>& v,
+                        std::vector<float>* dout = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(s.B * s.H * s.N * s.D);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal;
+  for (std::vector<float>* x : {&q, &k, &v, dout}) {
+    if (x == nullptr) continue;
+    x->resize(n);
+    for (float& e : *x) e = normal(rng);
+  }
+  for (float& e : q) e *= s.q_scale;
+}
 
 // flops_per_product · B·H·N²·D (4 for the forward, 10 for the backward), half of it under a causal
 // mask (FlashAttention's convention).

@@ -1,8 +1,9 @@
 """Helpers for the `qkv` command tests: embedding file writers, an independent numpy attention
-(following include/qkv/mask.h), a check for files a failed run left behind, and where the build
-under test is."""
+(following include/qkv/mask.h), a check for files a failed run left behind, where the build
+under test is, and what the in-process A/B tools' tests (bench/*_ab.cpp) run them on."""
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,58 @@ import numpy as np
 def build_dir():
     """The build whose binaries the tests run: QKV_BIN's folder, else <repo>/build."""
     return Path(os.environ.get("QKV_BIN", Path(__file__).resolve().parents[2] / "build" / "qkv")).parent
+
+
+def bench_tool(name):
+    """A runner of build/bench/<name> that returns the finished process; it skips the test where
+    the benchmarks are not built."""
+    path = build_dir() / "bench" / name
+
+    def run(*args):
+        import pytest
+        if not path.exists():
+            pytest.skip(f"{path} is not built (QKV_BUILD_BENCH=OFF)")
+        return subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return run
+
+
+def own_shared_library():
+    """This build's shared libqkv, the other side of an A/B tool run against itself (the same code
+    on both sides, so the same bits); skips the test without one."""
+    import pytest
+    libs = sorted(build_dir().glob("libqkv.so.*"))
+    if not libs:
+        pytest.skip(f"no shared libqkv in {build_dir()} (QKV_BUILD_SHARED=OFF)")
+    return libs[-1]
+
+
+# The arguments every A/B tool refuses as usage errors (exit 2), each with what its message names;
+# "LIB" stands for this build's shared library.
+AB_USAGE_ERRORS = [
+    ((), "lib_b is required"),
+    (("LIB", "--rounds", "0"), "--rounds"),
+    (("LIB", "--threads", "2,x"), "--threads"),
+    (("LIB", "--bogus"), "--bogus"),
+]
+
+
+def check_ab_usage_error(tool, args, message):
+    r = tool(*(str(own_shared_library()) if a == "LIB" else a for a in args))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert message in r.stderr, r.stderr
+
+
+def check_ab_refuses_libraries(tool, tmp_path, no_symbol):
+    """A missing library, and one without qkv (libm), each refused with exit 1 and by name."""
+    import pytest
+    r = tool(tmp_path / "no-such-lib.so")
+    assert r.returncode == 1 and "cannot load" in r.stderr and "no-such-lib.so" in r.stderr, r.stderr
+    libm = next((p for p in (Path("/lib/x86_64-linux-gnu/libm.so.6"), Path("/lib/aarch64-linux-gnu/libm.so.6"),
+                             Path("/usr/lib64/libm.so.6")) if p.exists()), None)
+    if libm is None:
+        pytest.skip("no libm.so.6 found to stand for a library without qkv")
+    r = tool(libm)
+    assert r.returncode == 1 and no_symbol in r.stderr, r.stderr
 
 
 # Every word of the seeds' sentences that the tests use, plus a few more.
