@@ -2,9 +2,9 @@
 // query's block max instead of a pass over the scores: on every family this CPU runs, for tiles
 // with row and vector tails, K in one pass and in chunks (both ways on every CPU: GemmArgs::split_k),
 // and NaN rows, col_max must be the exact max of what C holds after the product, with NaN dropped,
-// and no column past C's touched, and C must not depend on the chunks. A
-// wrong max would move the forward's bits but not its results (its scores stay under the large-
-// score bound), so the attention tests alone could not see one.
+// and no column past C's touched, and C must not depend on the chunks. A wrong max would move the
+// forward's bits but not its results (its scores stay under the large-score bound), so the
+// attention tests alone could not see one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,6 +69,7 @@ TEST(MicroKernel, ColumnMaxIsTheMaxOfWhatItStores) {
                   << simd_path_name(simd) << ": column " << col << " past C was written";
           ++cases;
         }
+    EXPECT_GT(cases, 100) << simd_path_name(simd);
     std::printf("column max %s: %d products\n", simd_path_name(simd), cases);
   }
 }

@@ -153,8 +153,8 @@ inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t byte
 // C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel, K in chunks
 // (k_chunk, where g.split_k) each of which runs over every strip of rows before the next starts.
 // A later chunk carries on from C as the last one stored it, so the sums and their order, and so
-// every bit, are those of one pass. The full-size micro-tiles use a K-specialized instantiation for K = 32,
-// 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
+// every bit, are those of one pass. The full-size micro-tiles use a K-specialized instantiation
+// for K = 32, 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
 template <class Ops, class Dot = FloatDot<Ops>>
 void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;

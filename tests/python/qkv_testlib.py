@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
 def build_dir():
@@ -20,7 +21,6 @@ def bench_tool(name):
     path = build_dir() / "bench" / name
 
     def run(*args):
-        import pytest
         if not path.exists():
             pytest.skip(f"{path} is not built (QKV_BUILD_BENCH=OFF)")
         return subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, timeout=300)
@@ -30,7 +30,6 @@ def bench_tool(name):
 def own_shared_library():
     """This build's shared libqkv, the other side of an A/B tool run against itself (the same code
     on both sides, so the same bits); skips the test without one."""
-    import pytest
     libs = sorted(build_dir().glob("libqkv.so.*"))
     if not libs:
         pytest.skip(f"no shared libqkv in {build_dir()} (QKV_BUILD_SHARED=OFF)")
@@ -55,7 +54,6 @@ def check_ab_usage_error(tool, args, message):
 
 def check_ab_refuses_libraries(tool, tmp_path, no_symbol):
     """A missing library, and one without qkv (libm), each refused with exit 1 and by name."""
-    import pytest
     r = tool(tmp_path / "no-such-lib.so")
     assert r.returncode == 1 and "cannot load" in r.stderr and "no-such-lib.so" in r.stderr, r.stderr
     libm = next((p for p in (Path("/lib/x86_64-linux-gnu/libm.so.6"), Path("/lib/aarch64-linux-gnu/libm.so.6"),
