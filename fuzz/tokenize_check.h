@@ -2,8 +2,9 @@
 // the masked-word corpus reader and the Python module share (also run on the committed corpus by
 // FuzzCorpus.TokenizeInputs). Invariants, against an independent scan of the bytes: tokens are
 // exactly the maximal runs of word bytes (ASCII letters and digits, and every byte >= 0x80 so
-// UTF-8 stays whole), ASCII letters lowercased, nothing else kept; and joining the tokens with
-// spaces tokenizes back to the same tokens (the corpus reader relies on that).
+// UTF-8 stays whole, except the three of U+FEFF, a byte-order mark, which separate, read from the
+// left), ASCII letters lowercased, nothing else kept; and joining the tokens with spaces
+// tokenizes back to the same tokens (the corpus reader relies on that).
 #pragma once
 
 #include <cstdint>
@@ -19,11 +20,19 @@ inline bool word_byte(unsigned char c) {
   return c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
+inline constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+
 inline std::vector<std::string> word_runs(std::string_view s) {
   std::vector<std::string> out;
   bool in_word = false;
-  for (const char ch : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
     const auto c = static_cast<unsigned char>(ch);
+    if (s.substr(i, kByteOrderMark.size()) == kByteOrderMark) {
+      i += kByteOrderMark.size() - 1;
+      in_word = false;
+      continue;
+    }
     if (!word_byte(c)) {
       in_word = false;
       continue;
@@ -40,6 +49,7 @@ inline const char* tokenize_broken(std::string_view text) {
   const std::vector<std::string> tokens = qkv::tokenize(text);
   for (const std::string& t : tokens) {
     if (t.empty()) return "tokenize returned an empty token";
+    if (t.find(kByteOrderMark) != std::string::npos) return "a token holds a byte-order mark";
     for (const char ch : t) {
       const auto c = static_cast<unsigned char>(ch);
       if (!word_byte(c)) return "a token holds a separator byte";

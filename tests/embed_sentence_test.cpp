@@ -28,6 +28,17 @@ TEST(Tokenize, LowercasesAndSplitsOnWhitespaceAndPunctuation) {
   EXPECT_TRUE(tokenize(" .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~` ").empty());
 }
 
+// A text file saved with a byte-order mark starts with U+FEFF: it must not become part of the
+// first word (which would then be "missing" from every vocabulary, invisibly).
+TEST(Tokenize, ByteOrderMarkSeparatesLikeASpace) {
+  EXPECT_EQ(tokenize("\xEF\xBB\xBFThe bank"), (Tokens{"the", "bank"}));
+  EXPECT_EQ(tokenize("the\xEF\xBB\xBFriver\xEF\xBB\xBF"), (Tokens{"the", "river"}));
+  EXPECT_TRUE(tokenize("\xEF\xBB\xBF").empty());
+  // Other characters of the same lead byte stay inside words; a cut-off mark is an ordinary byte.
+  EXPECT_EQ(tokenize("a\xEF\xBB\xBEz"), (Tokens{"a\xEF\xBB\xBEz"}));
+  EXPECT_EQ(tokenize("a\xEF\xBB"), (Tokens{"a\xEF\xBB"}));
+}
+
 Embeddings small_vocab(test::Rng& rng, int64_t dim) {
   std::vector<std::string> words = {"the", "bank", "river", "money", "caf\xc3\xa9", "Paris"};
   return Embeddings(words, rng.normal32({static_cast<int64_t>(words.size()), dim}));

@@ -65,7 +65,8 @@ class Embeddings {
 };
 
 // Lowercases and splits on whitespace and punctuation (ASCII punctuation separates and is
-// dropped; bytes >= 0x80 are kept inside words so UTF-8 survives). "The bank's" -> the, bank, s.
+// dropped; bytes >= 0x80 are kept inside words so UTF-8 survives, except U+FEFF, a byte-order
+// mark, which separates like a space). "The bank's" -> the, bank, s.
 std::vector<std::string> tokenize(std::string_view sentence);
 
 // What to do with a token that is not in the vocabulary.

@@ -54,12 +54,29 @@ def test_bf16_dtype_runs(run):
     (["--dtype", "f16"], "f16 not in"),
     (["--threads", "0"], "'0' is outside 1 to 4096"),
     (["--repeats", "0"], "'0' is outside 1 to 1000"),
+    (["--repeats", "05"], "'05' has a leading zero"),
+    # Options the chosen mode would ignore.
+    (["--json", "m.json"], "--json requires --machine"),
+    (["--kv-dtype", "i8"], "--kv-dtype requires --decode"),
+    (["--page-tokens", "16"], "--page-tokens requires --decode"),
+    (["--decode", "1,2,1,64,64", "--machine"], "--decode excludes --machine"),
+    (["--decode", "1,2,1,64,64", "--dtype", "bf16"], "--decode excludes --dtype"),
+    (["--decode", "1,2,1,64,64", "--causal"], "--decode excludes --causal"),
+    (["--machine", "--shape", "1,1,8,8,8"], "--shape excludes --machine"),
 ])
 def test_bad_input_is_refused(run, args, message):
     r = run("bench", *args)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("name, message", [("", "is a directory"), ("/", "the name ends in '/'"),
+                                           ("missing/m.json", "does not exist")])
+def test_unwritable_json_is_refused_before_the_probes(run, tmp_path, name, message):
+    r = run("bench", "--machine", "--threads", "1", "--json", f"{tmp_path}/{name}" if name else tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout == "" and "--json" in r.stderr and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_more_threads_than_cpus_is_refused(run):

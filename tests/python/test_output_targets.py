@@ -155,8 +155,72 @@ def test_directory_is_refused(output):
     target = output.dir / "d"
     target.mkdir()
     (target / "keep").write_bytes(b"k")
+    if output.id == "train--save":  # the one output a directory can take: test_train_saves_into_a_directory
+        return
     one_line_failure(output.run(target), "is a directory")
     assert entries(output.dir) == ["d"] and entries(target) == ["keep"]
+
+
+def test_train_saves_into_a_directory(run, tmp_path, seed):
+    """`--save DIR` (an existing directory) holds the layer as .npy files plus qkv_layer.json, the
+    same weights as `--save FILE.safetensors` (MultiHeadAttention::save), and loads back."""
+    qkv = pytest.importorskip("qkv")
+    d = tmp_path / "layer"
+    d.mkdir()
+    (d / "keep").write_bytes(b"k")
+    train = ["train", "--steps", "2", "--batch", "2", "--pairs", "2", "--keys", "4", "--values", "4", "-E", "8",
+             "--eval-examples", "4", "--threads", "1", "--seed", seed % 1000]
+    r = run(*train, "--save", d)
+    assert r.returncode == 0 and f"weights written to {d}" in r.stdout, (r.stdout, r.stderr)
+    assert "keep" in entries(d) and "qkv_layer.json" in entries(d) and "w_q.npy" in entries(d), entries(d)
+    r = run(*train, "--save", tmp_path / "layer.safetensors")
+    assert r.returncode == 0, r.stderr
+    from_dir = qkv.MultiHeadAttention.load(str(d))
+    from_file = qkv.MultiHeadAttention.load(str(tmp_path / "layer.safetensors"))
+    assert np.array_equal(from_dir.w_q, from_file.w_q) and np.array_equal(from_dir.w_v, from_file.w_v)
+
+
+# Two outputs spelled differently but leading to one file: refused before any work, nothing written.
+ALIASES = {
+    "dot": lambda d, name: f"{d}/./{name}",
+    "dotdot": lambda d, name: f"{d}/sub/../{name}",
+    "symlink": lambda d, name: (d / "link").symlink_to(name) or d / "link",
+    "hardlink": lambda d, name: _hard_link(d / name, d / "hard"),
+}
+
+
+def _hard_link(existing, link):
+    existing.write_bytes(b"old")
+    os.link(existing, link)
+    return link
+
+PAIRS = [
+    ("attend", lambda d, emb, rng, a, b: _attend_inputs(d, rng) + ["--out", a, "--lse", b], "--lse"),
+    ("context", lambda d, emb, rng, a, b: ["context", "--embeddings", emb.glove, "--random-weights", "0", "--format",
+                                           "npy", "the bank", "--out", a, "--html", b], "--html"),
+    ("explain", lambda d, emb, rng, a, b: ["explain", "--example", "seed-003", "--html", a, "--svg", b], "--svg"),
+    ("train-csv", lambda d, emb, rng, a, b: ["train", "--steps", "1", "--batch", "1", "--pairs", "2", "--keys", "4",
+                                             "--values", "4", "-E", "8", "--eval-examples", "1", "--save", a,
+                                             "--loss-csv", b], "--loss-csv"),
+    ("train-checkpoint", lambda d, emb, rng, a, b: ["train", "--steps", "1", "--batch", "1", "--pairs", "2", "--keys",
+                                                    "4", "--values", "4", "-E", "8", "--eval-examples", "1",
+                                                    "--checkpoint", a, "--save", b], "--save"),
+]
+
+
+@pytest.mark.parametrize("alias", list(ALIASES))
+@pytest.mark.parametrize("command, build, second", PAIRS, ids=[p[0] for p in PAIRS])
+def test_one_file_named_twice_is_refused(qkv_bin, tmp_path, embeddings, seed, alias, command, build, second):
+    d = tmp_path / "out"
+    (d / "sub").mkdir(parents=True)
+    b = ALIASES[alias](d, "o.bin")
+    argv = build(d, embeddings, np.random.default_rng(seed), d / "o.bin", b)
+    before = entries(d)
+    proc = subprocess.run([qkv_bin, *map(str, argv)], capture_output=True, timeout=120)
+    one_line_failure(proc, second, "named for two outputs", "is the same file")
+    assert entries(d) == before
+    if alias == "hardlink":
+        assert (d / "o.bin").read_bytes() == b"old"
 
 
 def test_socket_is_refused(output):

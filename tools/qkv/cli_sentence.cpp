@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -25,7 +27,8 @@ void add_sentence_options(CLI::App* app, SentenceArgs& args, bool embeddings_req
                   "{} beside the word vectors (`make demo` builds it)",
                   kDefaultLayerName));
   CLI::Option* seed = app->add_option("--random-weights,--seed", args.seed,
-                                      "A random layer instead of the trained one: W_q, W_k, W_v uniform from SEED");
+                                      "A random layer instead of the trained one: W_q, W_k, W_v uniform from SEED")
+                          ->check(any_uint64());
   CLI::Option* heads =
       app->add_option("--heads", args.heads, "Attention heads of a random layer (implies a random layer)")
           ->check(integer_in(int64_t{1}, int64_t{4096}));
@@ -115,7 +118,7 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
         }
         std::vector<std::string> lines = lines_of(text);
         if (lines.size() != expected)
-          throw CLI::ValidationError(fmt::format(
+          throw Error(fmt::format(  // the file's content, not the command line: exit 1
               "--input {}: expected {} non-blank lines (one sentence each), found {}", path, expected, lines.size()));
         *sentences = std::move(lines);
       },
@@ -158,18 +161,17 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {} (vocabulary: {})", what, e.what(), args.embeddings));
   }
-  if (!s.missing.empty() && s.missing.size() == s.tokens.size()) {
+  // Each missing word once, in the order it first occurs, as the error policy lists them.
+  std::string list;
+  std::set<std::string_view> listed;
+  for (const auto& w : s.missing)
+    if (listed.insert(w).second) list += (list.empty() ? "" : ", ") + w;
+  if (!s.missing.empty() && s.missing.size() == s.tokens.size())
     // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful.
-    std::string list;
-    for (const auto& w : s.missing) list += (list.empty() ? "" : ", ") + w;
     throw Error(fmt::format("{}: none of its words is in {}: {}", what, args.embeddings, list));
-  }
-  if (!s.missing.empty()) {
-    std::string list;
-    for (const auto& w : s.missing) list += (list.empty() ? "" : ", ") + w;
+  if (!s.missing.empty())
     std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
                  args.oov == "zero" ? "given zero vectors" : "skipped", list.c_str());
-  }
   if (args.positions) add_sinusoidal_positions(s.x.view());
   // A non-finite value in a used vector would turn every context vector into NaN: name the word.
   for (int64_t i = 0; i < s.x.dim(0); ++i)

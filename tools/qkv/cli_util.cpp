@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <memory>
 #include <map>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <set>
 
@@ -70,10 +72,46 @@ void check_output_path(const std::string& path, const std::string& option) {
   }
 }
 
+namespace {
+
+// What an output name ends up writing, so that two spellings of one file compare equal: a file
+// that exists (or a descriptor open on one) by device and inode, which also catches hard links;
+// a new file by its directory's real path and its name; anything else by the path it resolves to.
+std::string output_identity(const OutputTarget& t) {
+  struct stat st {};
+  const bool on_file = t.kind == OutputKind::descriptor ? ::fstat(t.fd, &st) == 0 && S_ISREG(st.st_mode)
+                                                        : t.exists && ::stat(t.resolved.c_str(), &st) == 0;
+  if (on_file) return fmt::format("inode {}:{}", st.st_dev, st.st_ino);
+  if (t.kind == OutputKind::descriptor) return fmt::format("descriptor {}", t.fd);
+  if (t.kind == OutputKind::device) return "device " + t.resolved;
+  const std::filesystem::path path(t.resolved);
+  const std::string dir = path.has_parent_path() ? path.parent_path().string() : ".";
+  const std::unique_ptr<char, decltype(&std::free)> real(::realpath(dir.c_str(), nullptr), &std::free);
+  return fmt::format("new {}/{}", real ? real.get() : dir, path.filename().string());
+}
+
+}  // namespace
+
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::map<std::string, std::pair<std::string, std::string>> seen;  // identity -> (option, path)
+  for (const auto& [option, path] : outputs) {
+    if (path.empty()) continue;
+    check_output_path(path, option);
+    const auto [it, fresh] = seen.emplace(output_identity(resolve_output(path)), std::pair{option, path});
+    if (!fresh) {
+      const auto& [first_option, first_path] = it->second;
+      const std::string same =
+          first_path == path ? "" : fmt::format(" ({} {} is the same file)", first_option, first_path);
+      throw Error(fmt::format("{} {}: named for two outputs{}; each output needs its own file", option, path, same));
+    }
+  }
+}
+
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
   std::set<std::string> seen;
   for (const auto& f : files)
-    if (!seen.insert(f.first).second) throw Error(fmt::format("{}: named for two outputs", f.first));
+    if (!seen.insert(output_identity(resolve_output(f.first))).second)
+      throw Error(fmt::format("{}: named for two outputs", f.first));
   std::vector<OutputTarget> targets;
   for (const auto& f : files) targets.push_back(resolve_output(f.first));
   // Only files this call wrote are removed on failure; a device or stdout is never ours to remove.

@@ -42,6 +42,10 @@ void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg
 // Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h;
 // throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before computing.
 void check_output_path(const std::string& path, const std::string& option);
+// check_output_path for each (option, path) whose path is not empty, then that no two of them
+// lead to one file, however spelled ("./x", "d/../x", a link, a hard link): throws qkv::Error
+// "<option> <path>: named for two outputs (<option> <path> is the same file); ..." otherwise.
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 // Adds `check` to what runs when `app`'s parsing completes, after the checks added before it
 // (CLI11 keeps only one parse-complete callback per app; two features both need one).
@@ -52,7 +56,8 @@ void on_parse_complete(CLI::App* app, std::function<void()> check);
 void write_stdout(std::string_view bytes);
 
 // Writes every (path, bytes) atomically; if one fails, removes the ones already written in this
-// call, so a failed run leaves no output behind. Paths must differ (checked).
+// call, so a failed run leaves no output behind. The files must differ (checked, as
+// check_output_paths compares them).
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files);
 
 // Embeddings and the layer for the sentence commands (explain, context, compare).

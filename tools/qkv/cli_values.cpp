@@ -112,6 +112,18 @@ CLI::Validator finite_number(bool positive) {
 CLI::Validator nonnegative_number() { return finite_number(false); }
 CLI::Validator positive_number() { return finite_number(true); }
 
+// Both integer validators take decimal digits only. CLI11 converts with base 0 after them, where
+// "010" is 8 and "0x10" is 16, which nobody typing a step count or a seed means (the list options
+// read base 10): a hex prefix is not an integer here, and a leading zero is refused rather than
+// read as octal (a check cannot rewrite the text CLI11 converts).
+namespace {
+std::optional<std::string> leading_zero(const std::string& text) {
+  const std::size_t first = text.find_first_not_of(" \t\n\v\f\r+-");
+  if (first == std::string::npos || text[first] != '0' || first + 1 >= text.size()) return std::nullopt;
+  return fmt::format("{} has a leading zero (not read as octal): write it without", typed(text));
+}
+}  // namespace
+
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
   const bool unbounded = hi == std::numeric_limits<int64_t>::max();
   const std::string range = unbounded ? fmt::format(">= {}", lo) : fmt::format("{} to {}", lo, hi);
@@ -119,15 +131,33 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
       [=](std::string& text) -> std::string {
         char* end = nullptr;
         errno = 0;
-        const long long v = std::strtoll(text.c_str(), &end, 0);
+        const long long v = std::strtoll(text.c_str(), &end, 10);
         if (text.empty() || end != text.c_str() + text.size())
           return fmt::format("{} is not an integer (expected {})", typed(text), range);
         if (errno == ERANGE && unbounded) return typed(text) + " is beyond the 64-bit integer range";
         if (errno == ERANGE || v < lo || v > hi)
           return fmt::format("{} {} {}", typed(text), unbounded ? "must be" : "is outside", range);
-        return {};
+        return leading_zero(text).value_or("");
       },
       unbounded ? fmt::format("INT >= {}", lo) : fmt::format("INT in [{} - {}]", lo, hi), "");
+}
+
+CLI::Validator any_uint64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        constexpr const char* range = "0 to 2^64 - 1";
+        const std::size_t first = text.find_first_not_of(" \t\n\v\f\r");
+        char* end = nullptr;
+        errno = 0;
+        (void)std::strtoull(text.c_str(), &end, 10);
+        if (text.empty() || end != text.c_str() + text.size())
+          return fmt::format("{} is not an integer (expected {})", typed(text), range);
+        // strtoull takes "-1" as 2^64 - 1: a sign is refused here, not wrapped.
+        if (errno == ERANGE || (first != std::string::npos && text[first] == '-'))
+          return fmt::format("{} is outside {}", typed(text), range);
+        return leading_zero(text).value_or("");
+      },
+      "UINT in [0 - 2^64-1]", "");
 }
 
 }  // namespace qkv::cli

@@ -14,11 +14,13 @@ namespace qkv::cli {
 // Validators for numeric options. CLI11 prefixes the option name; the messages echo the value as
 // typed ("'inf' is not a finite number", "'0' is outside 1 to 4096"), never a rendering of the
 // bound such as CLI11's own 300-digit DBL_MAX. nonnegative_number / positive_number: a finite
-// number >= 0 / > 0; NaN, Inf and values beyond double's range are refused. integer_in: an
-// integer in [lo, hi], parsed as CLI11 converts it (strtoll, base 0).
+// number >= 0 / > 0; NaN, Inf and values beyond double's range are refused. integer_in: a decimal
+// integer in [lo, hi]; any_uint64: a decimal integer in [0, 2^64 - 1] (seeds), a sign refused, not
+// wrapped. Both refuse "0x10" and a leading zero ("010"), which CLI11 would read as hex and octal.
 CLI::Validator nonnegative_number();
 CLI::Validator positive_number();
 CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator any_uint64();
 
 // Parses "3,5" (option `option`) into integers / numbers (strtod's syntax: "inf" and "1e400" are
 // numbers, whose range the option's own rule judges); throws qkv::Error naming the option.

@@ -141,14 +141,7 @@ int run_ring(AttendArgs& a) {
 
 int run_attend(AttendArgs& a) {
   if (a.ring) return run_ring(a);
-  check_output_path(a.out, "--out");
-  if (!a.lse.empty()) check_output_path(a.lse, "--lse");
-  if (!a.weights.empty()) check_output_path(a.weights, "--weights");
-  const std::vector<std::string> outputs{a.out, a.lse, a.weights};
-  for (std::size_t i = 0; i < outputs.size(); ++i)
-    for (std::size_t j = i + 1; j < outputs.size(); ++j)
-      if (!outputs[i].empty() && outputs[i] == outputs[j])
-        throw Error(fmt::format("{}: named for two outputs (--out, --lse, --weights must differ)", outputs[i]));
+  check_output_paths({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}});
 
   bool all_f64 = true;
   for (const std::string* path : {&a.q, &a.k, &a.v}) all_f64 &= read_npy_info(*path).descr == "<f8";

@@ -5,7 +5,6 @@
 // user sees the % of peak on their own machine. With --decode: one decode step against a paged KV
 // cache, as a % of its roofline bound (bandwidth or FMA peak).
 #include <algorithm>
-#include <fstream>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -184,6 +183,7 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
 }
 
 int run_bench(const BenchArgs& a) {
+  check_output_paths({{"--json", a.json}});  // before the probes' seconds, not after them
   const Shape s = parse_shape(a.shape);
   const int threads = a.threads > 0 ? a.threads : default_num_threads();
   // More threads than CPUs time the scheduler, not qkv (and took minutes at 128 on 2 CPUs).
@@ -208,11 +208,7 @@ int run_bench(const BenchArgs& a) {
   if (a.machine_only) {
     fmt::print("qkv bench --machine: threads {}\n", threads);
     print_machine(figures, automatic);
-    if (!a.json.empty()) {
-      std::ofstream file(a.json);
-      file << machine_json(figures, automatic).dump(1) << "\n";
-      if (!file) throw Error(fmt::format("--json: cannot write '{}'", a.json));
-    }
+    if (!a.json.empty()) write_outputs({{a.json, machine_json(figures, automatic).dump(1) + "\n"}});
     return 0;
   }
   if (!a.decode.empty()) {
@@ -321,23 +317,36 @@ Command add_bench(CLI::App& app) {
       "shape\n"
       "through every path this CPU can run (fused avx512 / avx2 / scalar; the float64 reference for small\n"
       "shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the path the automatic choice takes.");
-  sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
-      ->check(parsed_by([](const std::string& t) { parse_shape(t); }, "--shape", "B,H,N,M,D"));
-  sub->add_option("--decode", args->decode,
-                  "B,H,Hkv,M,D: time one decode step (one query per sequence of M tokens) against a paged\n"
-                  "KV cache instead, cold and hot, as a % of its roofline bound")
-      ->check(parsed_by([](const std::string& t) { parse_decode_shape(t); }, "--decode", "B,H,Hkv,M,D"));
-  sub->add_option("--kv-dtype", args->kv_dtype, "With --decode: the cache's dtype f32, bf16, f16 or i8 (default f16)")
-      ->check(parsed_by([](const std::string& t) { parse_kv_dtype(t); }, "--kv-dtype", "DTYPE"));
-  sub->add_flag("--machine", args->machine_only,
-                "Only the machine: its class, L3 and cold-cache eviction, FMA and bf16 peaks and read bandwidth\n"
-                "(1, 2, 4 and 8 streams per thread) at 1 thread and at --threads");
-  sub->add_option("--json", args->json, "With --machine: also write the figures as JSON to this file");
-  sub->add_option("--page-tokens", args->page_tokens,
-                  fmt::format("With --decode: tokens per page (default {}, the cache's)", KVCacheConfig{}.page_tokens))
-      ->check(integer_in(1, 1 << 24));
-  sub->add_flag("--causal", args->causal, "Causal mask (top-left)");
-  sub->add_option("--dtype", args->dtype, "f32 or bf16 inputs (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
+  CLI::Option* shape = sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
+                           ->check(parsed_by([](const std::string& t) { parse_shape(t); }, "--shape", "B,H,N,M,D"));
+  CLI::Option* decode =
+      sub->add_option("--decode", args->decode,
+                      "B,H,Hkv,M,D: time one decode step (one query per sequence of M tokens) against a paged\n"
+                      "KV cache instead, cold and hot, as a % of its roofline bound")
+          ->check(parsed_by([](const std::string& t) { parse_decode_shape(t); }, "--decode", "B,H,Hkv,M,D"));
+  CLI::Option* kv_dtype =
+      sub->add_option("--kv-dtype", args->kv_dtype,
+                      "With --decode: the cache's dtype f32, bf16, f16 or i8 (default f16)")
+          ->check(parsed_by([](const std::string& t) { parse_kv_dtype(t); }, "--kv-dtype", "DTYPE"));
+  CLI::Option* machine =
+      sub->add_flag("--machine", args->machine_only,
+                    "Only the machine: its class, L3 and cold-cache eviction, FMA and bf16 peaks and read bandwidth\n"
+                    "(1, 2, 4 and 8 streams per thread) at 1 thread and at --threads");
+  CLI::Option* json =
+      sub->add_option("--json", args->json, "With --machine: also write the figures as JSON to this file");
+  CLI::Option* page_tokens = sub->add_option("--page-tokens", args->page_tokens,
+                                             fmt::format("With --decode: tokens per page (default {}, the cache's)",
+                                                         KVCacheConfig{}.page_tokens))
+                                 ->check(integer_in(1, 1 << 24));
+  CLI::Option* causal = sub->add_flag("--causal", args->causal, "Causal mask (top-left)");
+  CLI::Option* dtype = sub->add_option("--dtype", args->dtype, "f32 or bf16 inputs (default f32)")
+                           ->check(CLI::IsMember({"f32", "bf16"}));
+  // An option the chosen mode would ignore is a usage error, not a silent no-op.
+  json->needs(machine);
+  kv_dtype->needs(decode);
+  page_tokens->needs(decode);
+  decode->excludes(machine);
+  for (CLI::Option* forward_only : {shape, causal, dtype}) forward_only->excludes(decode)->excludes(machine);
   sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
       ->check(integer_in(1, 4096));
   sub->add_option("--repeats", args->repeats, "Timed calls per path; the median is shown (default 5)")

@@ -55,8 +55,7 @@ std::string json_text(const ContextArgs& a, const EmbeddedSentence& s, const Ten
 }
 
 int run_context(const ContextArgs& a) {
-  if (!a.out.empty()) check_output_path(a.out, "--out");
-  if (!a.html.empty()) check_output_path(a.html, "--html");
+  check_output_paths({{"--out", a.out}, {"--html", a.html}});
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   const EmbeddedSentence s = embed(embeddings, a.sentence, sa);

@@ -78,8 +78,7 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page, H
 }
 
 int run_explain(const ExplainArgs& a) {
-  if (!a.html.empty()) check_output_path(a.html, "--html");
-  if (!a.svg.empty()) check_output_path(a.svg, "--svg");
+  check_output_paths({{"--html", a.html}, {"--svg", a.svg}});
   std::string long_page;
   HtmlOptions options;
   options.color_scale = a.color_scale;

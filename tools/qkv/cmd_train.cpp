@@ -3,7 +3,9 @@
 // accuracies and, if asked, the loss curve as CSV and SVG.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <cstdio>
@@ -213,11 +215,14 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve, RunPositi
 
 int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& ctrl_c) {
   const LookupConfig& c = args.config;
-  for (const auto& [path, option] : {std::pair{c.save, "--save"},
-                                     {c.checkpoint, "--checkpoint"},
-                                     {args.loss_csv, "--loss-csv"},
-                                     {args.loss_svg, "--loss-svg"}})
-    if (!path.empty()) check_output_path(path, option);
+  // --save may name an existing directory, which MultiHeadAttention::save fills with .npy files.
+  const bool save_to_directory = !c.save.empty() && std::filesystem::is_directory(c.save);
+  if (save_to_directory && ::access(c.save.c_str(), W_OK) != 0)
+    throw Error(fmt::format("--save {}: the directory is not writable ({})", c.save, std::strerror(errno)));
+  check_output_paths({{"--save", save_to_directory ? std::string() : c.save},
+                      {"--checkpoint", c.checkpoint},
+                      {"--loss-csv", args.loss_csv},
+                      {"--loss-svg", args.loss_svg}});
   std::vector<LossPoint> curve;
   if (args.task != "lookup") {
     run_masked_word(args, curve, at, ctrl_c);
@@ -301,8 +306,8 @@ Command add_train(CLI::App& app) {
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   add_shared(sub, "--clip", c.clip, m.clip, "Gradient norm limit (0: off)")->check(nonnegative_number());
   add_shared(sub, "--weight-decay", c.weight_decay, m.weight_decay, "AdamW weight decay")->check(nonnegative_number());
-  add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)",
-             false);
+  add_shared(sub, "--seed", c.seed, m.seed, "Random seed of weights and data (and the lookup task's embeddings)", false)
+      ->check(any_uint64());
   add_shared(
       sub, "--threads", c.threads, m.threads,
       "Threads of the attention and the matrix products (0: QKV_NUM_THREADS or all cores); the weights are the same "
