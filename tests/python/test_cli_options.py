@@ -1,8 +1,8 @@
 """How `qkv` reads the values of its options and the text of its input files: integers are
 decimal (a leading zero is refused, not read as octal; a hex prefix is not an integer), seeds span
 0 to 2^64 - 1 and nothing outside wraps, and a UTF-8 byte-order mark at the start of a sentence
-file is not part of its first word. Each refusal: exit 2 (usage) and one line naming the option
-and the value as typed."""
+file is not part of its first word. Each refusal of a value: exit 2 (usage) and one line naming
+the option and the value as typed; of a file: exit 1."""
 import pytest
 
 
@@ -85,3 +85,14 @@ def test_compare_input_with_the_wrong_number_of_lines_is_bad_input(run, embeddin
     r = run("compare", "--embeddings", embeddings.glove, "--random-weights", "0", "--word", "the", "--input", three)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "expected 2 non-blank lines (one sentence each), found 3" in r.stderr, r.stderr
+
+
+def test_file_whose_size_is_unknown_is_named_as_such(run, embeddings):
+    """/proc files report 0 bytes but read some: refused as such, not called empty."""
+    for argv in (["explain", "the bank", "--embeddings", "/proc/self/status", "--random-weights", "0"],
+                 ["attend", "--q", "/proc/self/status", "--k", "/proc/self/status", "--v", "/proc/self/status",
+                  "--out", "/dev/null"]):
+        r = run(*argv)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "/proc/self/status" in r.stderr and "reports a size of 0 bytes but has content" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
