@@ -94,7 +94,8 @@ void bind_attention(py::module_& m) {
         "keyword arguments.");
   m.def(
       "dropout_mask",
-      [](const std::vector<int64_t>& shape, const py::dict& options) {
+      [](const py::object& shape_obj, const py::dict& options) {
+        const std::vector<int64_t> shape = index_list_arg(shape_obj, "shape");
         if (shape.size() < 2 || shape.size() > 4)
           throw py::value_error(fmt::format("shape must have 2 to 4 dims ([..., N, M]), got {}", shape.size()));
         for (const int64_t d : shape)
@@ -102,7 +103,8 @@ void bind_attention(py::module_& m) {
         const qkv::Dropout d = dropout_arg(options);
         const std::size_t r = shape.size();
         const int64_t B = r == 4 ? shape[0] : 1, H = r >= 3 ? shape[r - 3] : 1, N = shape[r - 2], M = shape[r - 1];
-        py::array_t<bool> out(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+        qkv::checked_numel(shape, sizeof(bool), "dropout_mask");  // numpy's "array is too big" names no argument
+        py::array_t<bool> out = new_array<bool>(shape);
         bool* keep = out.mutable_data();
         {
           py::gil_scoped_release release;

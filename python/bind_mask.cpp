@@ -74,9 +74,11 @@ MaskArgs parse_mask(const py::dict& kwargs, int64_t B, int64_t H, int64_t N, int
   if (const py::object bias = get("bias"); !bias.is_none()) {
     if (!py::isinstance<py::array_t<float>>(bias) && !py::isinstance<py::array_t<double>>(bias))
       throw py::type_error("bias must be a numpy float32 or float64 array (added to the scaled scores)");
-    // float64 biases are rounded to float32 once, as every kernel reads float32 bias.
-    out.bias_owner = py::array_t<float>::ensure(bias);
-    mask.bias = qkv::broadcast_mask(array_view<float>(out.bias_owner, "bias"), B, H, N, M, "bias");
+    // float64 biases are rounded to float32 once, as every kernel reads float32 bias. A NaN or
+    // +inf would make its whole row NaN; -inf masks the pair. The CLI's --bias has the same rule.
+    const qkv::TensorView<const float> b = float32_view(bias, "bias", out.bias_owner);
+    check_finite(b, "bias", /*allow_neg_inf=*/true);
+    mask.bias = qkv::broadcast_mask(b, B, H, N, M, "bias");
   }
   if (const py::object slopes = get("alibi_slopes"); !slopes.is_none()) {
     if (!is_list_arg(slopes)) throw py::type_error("alibi_slopes must be a sequence of floats, one per query head");

@@ -118,16 +118,25 @@ std::pair<py::array, py::array> new_top_k(const std::vector<int64_t>& shape) {
   return {new_array<float>(shape), new_array<int64_t>(shape)};
 }
 
+namespace {
+
+// "(i, j, ...)": the caller's (numpy) index of the element for_each_element reports at `idx`.
+std::string index_text(const std::array<int64_t, 4>& idx, int rank) {
+  std::string where;
+  for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
+  return "(" + where + ")";
+}
+
+}  // namespace
+
 template <class T>
-void check_finite(qkv::TensorView<const T> v, const char* name) {
+void check_finite(qkv::TensorView<const T> v, const char* name, bool allow_neg_inf) {
   const int rank = v.rank();
   qkv::for_each_element(v, [&](const T& element, const std::array<int64_t, 4>& idx) {
     const double x = static_cast<double>(element);
-    if (std::isfinite(x)) return;
-    std::string where;
-    for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
-    throw py::value_error(
-        fmt::format("{} contains {} at index ({})", name, std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), where));
+    if (std::isfinite(x) || (allow_neg_inf && x < 0 && std::isinf(x))) return;
+    throw py::value_error(fmt::format("{} contains {} at index {}", name,
+                                      std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), index_text(idx, rank)));
   });
 }
 
@@ -141,8 +150,9 @@ template qkv::TensorView<int64_t> mutable_view(py::array&, const char*);
 template py::array_t<float> new_array(const std::vector<int64_t>&);
 template py::array_t<double> new_array(const std::vector<int64_t>&);
 template py::array_t<int64_t> new_array(const std::vector<int64_t>&);
-template void check_finite(qkv::TensorView<const float>, const char*);
-template void check_finite(qkv::TensorView<const double>, const char*);
+template py::array_t<bool> new_array(const std::vector<int64_t>&);
+template void check_finite(qkv::TensorView<const float>, const char*, bool);
+template void check_finite(qkv::TensorView<const double>, const char*, bool);
 
 Lead lead_of(const py::array& a, const char* name) {
   if (a.ndim() < 2 || a.ndim() > 4)
@@ -180,10 +190,19 @@ bool is_bool(const py::handle& obj) {
 
 namespace {
 
+// An array or tensor of rank >= 1 (numpy's, torch's, anything with an int `ndim`): not a scalar,
+// though numpy converts one of size 1 to a number and index, and torch does too.
+bool has_dims(const py::handle& obj) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj).ndim() > 0;
+  if (!py::hasattr(obj, "ndim")) return false;
+  const py::object ndim = obj.attr("ndim");
+  return PyLong_Check(ndim.ptr()) != 0 && ndim.cast<py::ssize_t>() > 0;
+}
+
 // A real number: not a bool, str or complex (all three pass PyNumber_Check or convert to float).
 bool is_real(const py::handle& obj) {
   return !is_bool(obj) && PyNumber_Check(obj.ptr()) != 0 && !py::isinstance<py::str>(obj) &&
-         PyComplex_Check(obj.ptr()) == 0;
+         PyComplex_Check(obj.ptr()) == 0 && !has_dims(obj);
 }
 
 int64_t to_index(const py::handle& obj_in, const std::string& name) {
@@ -192,10 +211,15 @@ int64_t to_index(const py::handle& obj_in, const std::string& name) {
       py::isinstance<py::array>(obj_in) && py::array(py::reinterpret_borrow<py::object>(obj_in)).ndim() == 0
           ? obj_in.attr("item")()
           : py::reinterpret_borrow<py::object>(obj_in);
-  if (is_bool(obj) || PyIndex_Check(obj.ptr()) == 0)
-    throw py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
+  const auto refuse = [&] {
+    return py::type_error(fmt::format("{} must be an integer, got {}", name, std::string(py::repr(obj))));
+  };
+  if (is_bool(obj) || PyIndex_Check(obj.ptr()) == 0 || has_dims(obj)) throw refuse();
   PyObject* i = PyNumber_Index(obj.ptr());
-  if (i == nullptr) throw py::error_already_set();
+  if (i == nullptr) {
+    PyErr_Clear();  // the object's own message would not name the argument
+    throw refuse();
+  }
   const py::object index = py::reinterpret_steal<py::object>(i);
   int overflow = 0;
   const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
@@ -206,7 +230,14 @@ int64_t to_index(const py::handle& obj_in, const std::string& name) {
 double to_float(const py::handle& obj, const std::string& name) {
   if (!is_real(obj)) throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
-  if (f == nullptr) throw py::error_already_set();
+  if (f == nullptr) {
+    // The object's own message would not name the argument.
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError) != 0;  // 10**400
+    PyErr_Clear();
+    const std::string shown = py::repr(obj);
+    if (overflow) throw py::value_error(fmt::format("{} = {} is out of range", name, shown));
+    throw py::type_error(fmt::format("{} must be a number, got {}", name, shown));
+  }
   return py::reinterpret_steal<py::object>(f).cast<double>();
 }
 
@@ -282,7 +313,19 @@ qkv::TensorView<const float> float32_view(const py::handle& obj, const char* nam
     throw py::type_error(fmt::format("{}: dtype {} is not supported; pass float32 (or float64, rounded to float32)",
                                      name, std::string(py::str(py::reinterpret_borrow<py::array>(obj).dtype()))));
   const DType t = dtype_of(obj, name);
-  owner = t == DType::f32 ? aligned(obj) : py::array(py::array_t<float>::ensure(obj));
+  if (t == DType::f32) {
+    owner = aligned(obj);
+  } else {
+    // numpy's cast would turn a finite 1e300 into inf: refused as loading such a .npy is.
+    const py::array wide = aligned(obj);
+    const qkv::TensorView<const double> w = array_view<double>(wide, name);
+    qkv::for_each_element(w, [&](const double& x, const std::array<int64_t, 4>& idx) {
+      if (std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
+        throw py::value_error(
+            fmt::format("{}: element {} at index {} overflows float32", name, x, index_text(idx, w.rank())));
+    });
+    owner = py::array_t<float>::ensure(obj);
+  }
   return array_view<float>(owner, name);
 }
 

@@ -55,7 +55,8 @@ template <class T>
 py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t);
 
 // A float32 view of a numpy float32 or float64 array argument (float64 is rounded into a copy held
-// by `owner`); TypeError for other dtypes, ValueError for rank > 4.
+// by `owner`); TypeError for other dtypes, ValueError for rank > 4 or a finite float64 element
+// beyond float32's range ("<name>: element 1e+300 at index (0, 2) overflows float32").
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner);
 
 // Splits **kwargs of a layer-style call into the mask dictionary and the options scale, kernel,
@@ -76,10 +77,11 @@ void apply_options(const CallOptions& call, qkv::AttentionOptions& options);
 // The shape of a numpy array as a vector.
 std::vector<int64_t> shape_of(const py::array& a);
 
-// Raises ValueError("<name> contains NaN at index (i, j, ...)") at the first non-finite element.
-// Indices are the caller's (numpy) indices.
+// Raises ValueError("<name> contains NaN at index (i, j, ...)") at the first non-finite element
+// (with `allow_neg_inf`, the first NaN or +inf: an additive bias masks a pair with -inf, as the
+// CLI's --bias allows). Indices are the caller's (numpy) indices.
 template <class T>
-void check_finite(qkv::TensorView<const T> v, const char* name);
+void check_finite(qkv::TensorView<const T> v, const char* name, bool allow_neg_inf = false);
 
 // The leading dimensions of a [..., N, D] argument of rank 2..4, as (B, H).
 struct Lead {
@@ -114,8 +116,8 @@ std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, co
 template <class T>
 qkv::TensorView<T> lse_view(qkv::TensorView<T> lse);
 
-// An integer argument (Python int or numpy integer, not bool): TypeError naming `name` otherwise,
-// ValueError if it does not fit in int64.
+// An integer argument (Python int or numpy integer, not bool): TypeError naming `name` otherwise
+// (also for an array or tensor of rank >= 1), ValueError if it does not fit in int64.
 int64_t index_arg(const py::handle& obj, const std::string& name);
 
 // A list-like argument: a sequence or a numpy array of rank >= 1, not a str or bytes (whose
@@ -142,7 +144,8 @@ std::string path_arg(const py::handle& obj, const std::string& name);
 // Python's bool or numpy's bool_: a flag, never a number (numpy's bool_ passes PyNumber_Check).
 bool is_bool(const py::handle& obj);
 
-// A real number (not bool or str): TypeError "<name> must be a number, got <repr>" otherwise.
+// A real number (not bool or str, nor an array or tensor of rank >= 1, whose one element numpy
+// and torch would take): TypeError "<name> must be a number, got <repr>" otherwise.
 double number_arg(const py::handle& obj, const std::string& name);
 
 // scale: None (the default 1/sqrt(D)) or a number; TypeError "scale must be a number or None".

@@ -17,15 +17,15 @@ std::vector<int64_t> parse_rows(const py::object& rows, int64_t N) {
     for (int64_t i = 0; i < N; ++i) out.push_back(i);
     return out;
   }
-  auto add = [&](const py::handle& item) {
-    const int64_t r = index_arg(item, "rows entry");
+  auto add = [&](const py::handle& item, const std::string& name) {
+    const int64_t r = index_arg(item, name);
     if (r < -N || r >= N) throw py::value_error(fmt::format("rows: index {} is outside [-{}, {})", r, N, N));
     out.push_back(r < 0 ? r + N : r);  // negative indices count from the end, as in numpy
   };
   if (is_list_arg(rows)) {
-    for (const py::handle item : rows) add(item);
+    for (const py::handle item : rows) add(item, fmt::format("rows[{}]", out.size()));
   } else if (PyIndex_Check(rows.ptr())) {
-    add(rows);
+    add(rows, "rows");
   } else {
     throw py::type_error("rows must be an int or a sequence of ints");
   }

@@ -19,7 +19,9 @@ namespace qkv {
 // [B,H,N] is attention_forward's; if empty, each row's lse is recomputed here in float64 (then a
 // row sums to 1 within 1e-12). A NaN score makes its row's allowed weights NaN. Memory: O(M) per
 // thread besides `weights`. Throws qkv::Error for inconsistent shapes or a row index outside
-// [0, N). Thread-safe for distinct outputs; uses options.num_threads threads.
+// [0, N), and, by attention_backward's rule for lse, for weights past float32's range from finite
+// q, k and bias and an lse without NaN (an lse far below its row's, e.g. -1e30; -inf reads as a
+// fully masked row, as there). Thread-safe for distinct outputs; uses options.num_threads threads.
 void attention_weights_rows(TensorView<float> weights, TensorView<const float> q, TensorView<const float> k,
                             TensorView<const float> lse, std::span<const int64_t> rows,
                             const AttentionOptions& options = {});

@@ -18,7 +18,8 @@ _MASK_DOC = """
           None (or a negative bound) leaves that side unbounded.
       keep_mask: bool (or uint8) array broadcastable to [B, H, N, M]; True = may attend.
       bias: float32/float64 array broadcastable to [B, H, N, M], added to the scaled (and
-          softcapped) scores; -inf removes a pair. float64 bias is rounded to float32.
+          softcapped) scores; -inf removes a pair. float64 bias is rounded to float32. NaN, +inf
+          or a finite value beyond float32's range raises ValueError (check_finite or not).
       alibi_slopes: sequence of H floats; adds -slope[h] * |j - diag(i)| to the scores.
       softcap: float c > 0: scores s become c * tanh(s / c) before bias and ALiBi (0/None: off).
     A query row with no allowed key gets output 0 and lse -inf (never NaN).
@@ -44,8 +45,7 @@ def dropout_mask(shape, dropout_p, seed, *, dropout_offset=0):
     (rank 2 to 4: [N, M], [H, N, M] or [B, H, N, M], the scores' shape of that call). For tests and
     inspection, as FlashAttention's return_attn_probs: the output is
     ((softmax * mask) / (1 - dropout_p)) @ v."""
-    return _qkv.dropout_mask([int(d) for d in shape], dict(dropout_p=dropout_p, dropout_seed=seed,
-                                                            dropout_offset=dropout_offset))
+    return _qkv.dropout_mask(shape, dict(dropout_p=dropout_p, dropout_seed=seed, dropout_offset=dropout_offset))
 
 
 @suggest_keywords

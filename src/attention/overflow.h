@@ -55,10 +55,12 @@ inline constexpr const char* kFp32OverflowRemedy =
 
 // Which result overflowed, and in what arithmetic, for the message of refuse_overflow.
 struct Overflow {
-  const char* who;     // the function the caller called ("attention_forward")
-  const char* type;    // the arithmetic ("float32")
-  const char* limit;   // its largest value ("3.4e38")
-  const char* remedy;  // what the caller can do
+  const char* who;                             // the function the caller called ("attention_forward")
+  const char* type;                            // the arithmetic ("float32")
+  const char* limit;                           // its largest value ("3.4e38")
+  const char* remedy;                          // what the caller can do
+  const char* inputs = "q, k and v";           // the inputs whose finiteness makes it an overflow
+  const char* results = "scores or P·V sums";  // what went past the limit
 };
 
 // Call when a row with an allowed key came out non-finite (or emptied where no mask could have
@@ -70,9 +72,8 @@ void refuse_overflow(const Overflow& o, TensorView<const T> q, TensorView<const 
                      const Mask& mask, const TensorView<const T>* dout = nullptr, bool explained = false) {
   if (explained || inputs_explain_overflow(q, k, v, mask) || (dout != nullptr && !all_finite(*dout))) return;
   if (dout == nullptr)
-    throw Error(
-        fmt::format("{}: the output overflowed {} although q, k and v are finite (scores or P·V sums beyond {}); {}",
-                    o.who, o.type, o.limit, o.remedy));
+    throw Error(fmt::format("{}: the output overflowed {} although {} are finite ({} beyond {}); {}", o.who, o.type,
+                            o.inputs, o.results, o.limit, o.remedy));
   throw Error(
       fmt::format("{}: the gradients overflowed {} although q, k, v and dout are finite (scores, dout·v or "
                   "gradient sums beyond {}); {}",

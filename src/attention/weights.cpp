@@ -1,6 +1,7 @@
 #include "qkv/weights.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -8,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/overflow.h"
 #include "attention/top_k.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
@@ -82,8 +84,22 @@ double row_logits(std::vector<double>& w, const RowProblem& p, const detail::Mas
   return row_max + std::log(sum);
 }
 
+// What a caller can do about weights past float32: only an lse below the row's own (the forward's
+// for other inputs, or made up) gives weights above 1; without one every weight is at most 1.
+constexpr detail::Overflow kWeightsOverflow{
+    "attention_weights",
+    "float32",
+    "3.4e38",
+    "pass the lse the forward returned for these q, k, mask and scale, or no lse to recompute it",
+    "q and k",
+    "weights e^(score - lse)"};
+
 // Runs fn(b, h, r, w, row_lse) for every chosen row on the option's threads, each row on one
-// thread, w holding the row's logits (see row_logits); row_lse is -inf for a fully masked row.
+// thread, w holding the row's logits (see row_logits); row_lse is -inf for a fully masked row
+// (or given as -inf, which attention_backward also reads as one).
+// fn returns whether the weights it wrote are finite; if one is not, it is refused by
+// attention_backward's rule (refuse_overflow): finite q, k and bias and an lse without NaN do not
+// explain it.
 template <class Fn>
 void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const AttentionOptions& options,
                   TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, Fn fn) {
@@ -93,6 +109,7 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
   const int threads = resolve_num_threads(options.num_threads, items);
   InterruptScope* const interrupt = InterruptScope::current();  // skips the remaining rows
   if (interrupt != nullptr) interrupt->set_total(items);
+  std::atomic<bool> finite{true};
 #pragma omp parallel num_threads(threads)
   {
     std::vector<double> w(static_cast<std::size_t>(p.s.M));
@@ -100,11 +117,16 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
     for (int64_t item = 0; item < items; ++item) {
       if (stop_requested(interrupt)) continue;
       const int64_t r = item % R, h = item / R % p.s.H, b = item / R / p.s.H;
-      fn(b, h, r, w, row_logits(w, p, mask, q, k, lse, b, h, rows[r]));
+      if (!fn(b, h, r, w, row_logits(w, p, mask, q, k, lse, b, h, rows[r])))
+        finite.store(false, std::memory_order_relaxed);
       if (interrupt != nullptr) interrupt->advance();
     }
   }
   throw_if_stopped(interrupt);
+  if (finite.load()) return;
+  bool lse_nan = false;
+  if (!lse.empty()) for_each_element(lse, [&](const float& x, const auto&) { lse_nan = lse_nan || std::isnan(x); });
+  detail::refuse_overflow<float>(kWeightsOverflow, q, k, k, options.mask, nullptr, lse_nan);
 }
 
 }  // namespace
@@ -117,9 +139,14 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
   require_shape(weights.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, p.s.M}, "weights");
   for_each_row(
       p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
-        for (int64_t j = 0; j < p.s.M; ++j)
-          weights(b, h, r, j) =
+        bool finite = true;
+        for (int64_t j = 0; j < p.s.M; ++j) {
+          const float x =
               row_lse == -std::numeric_limits<double>::infinity() ? 0.0f : static_cast<float>(std::exp(w[j] - row_lse));
+          finite = finite && std::isfinite(x);
+          weights(b, h, r, j) = x;
+        }
+        return finite;
       });
 }
 
@@ -144,10 +171,13 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
                    if (std::isfinite(mask.adjust(0.0, b, h, i, j))) keys.push_back(j);
                  const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(keys.size()));
                  detail::order_top_k(keys, n, w);
+                 bool finite = true;
                  for (int64_t t = 0; t < topk; ++t) {
                    values(b, h, r, t) = t < n ? static_cast<float>(std::exp(w[keys[t]] - row_lse)) : 0.0f;
+                   finite = finite && std::isfinite(values(b, h, r, t));
                    indices(b, h, r, t) = t < n ? keys[t] : -1;
                  }
+                 return finite;
                });
 }
 

@@ -81,9 +81,10 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   char probe = 0;
   if (size_ == 0 && ::read(fd, &probe, 1) > 0) {  // /proc and /sys files report 0 bytes, mapped or not
     ::close(fd);
-    throw Error(fmt::format("cannot read {}: it reports a size of 0 bytes but has content (a /proc or /sys file?); "
-                            "copy it to a regular file first",
-                            path));
+    throw Error(
+        fmt::format("cannot read {}: it reports a size of 0 bytes but has content (a /proc or /sys file?); "
+                    "copy it to a regular file first",
+                    path));
   }
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -76,6 +76,25 @@ def test_the_mask_keeps_one_minus_p_and_depends_on_every_key(seed):
     assert qkv.dropout_mask((3, 5), 0.0, None).all()
 
 
+@pytest.mark.parametrize("shape, exc, message", [
+    # numpy's "array is too big" named no argument
+    ((2 ** 40, 2 ** 40, 1, 1), ValueError, r"dropout_mask: shape \[1099511627776, 1099511627776, 1, 1\] is too large"),
+    ((2 ** 70, 1), ValueError, r"shape\[0\] = 1180591620717411303424 is out of range"),
+    ((3.5, 2), TypeError, r"shape\[0\] must be an integer, got 3.5"),
+    (5, TypeError, "shape must be a sequence of integers, got 5"),
+    ((np.array([2]), 2), TypeError, r"shape\[0\] must be an integer, got array\(\[2\]\)"),
+    ((2, -1), ValueError, "shape must not have negative dims, got -1"),
+])
+def test_bad_shapes_are_refused_by_name(shape, exc, message):
+    with pytest.raises(exc, match=message):
+        qkv.dropout_mask(shape, 0.5, 1)
+
+
+def test_a_shape_beyond_memory_is_a_memory_error():
+    with pytest.raises(MemoryError, match=r"results of shape \[1048576, 1048576, 1024, 1\]: cannot allocate"):
+        qkv.dropout_mask((2 ** 20, 2 ** 20, 2 ** 10, 1), 0.5, 1)
+
+
 def test_torch_replays_from_manual_seed_and_matches_the_same_mask(seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 3, 9, 16, generator=g, requires_grad=True) for _ in range(3))

@@ -157,6 +157,67 @@ def test_bad_mask_and_option_arguments(kwargs, exc, message):
         sdpa(q, k, v, **kwargs)
 
 
+def _bias_with(value, dtype, at=(2, 3), shape=(5, 7)):
+    bias = np.zeros(shape, dtype)
+    bias[at] = value
+    return bias
+
+
+# The CLI's --bias rule: NaN and +inf would turn their row into NaN, and a finite float64 beyond
+# float32 would reach the kernels as +-inf; -inf masks the pair and is accepted.
+@pytest.mark.parametrize("bias, message", [
+    (_bias_with(1e300, np.float64), r"bias: element 1e\+300 at index \(2, 3\) overflows float32"),
+    (_bias_with(-1e300, np.float64), r"bias: element -1e\+300 at index \(2, 3\) overflows float32"),
+    (_bias_with(np.inf, np.float32), r"bias contains \+inf at index \(2, 3\)"),
+    (_bias_with(np.inf, np.float64), r"bias contains \+inf at index \(2, 3\)"),
+    (_bias_with(np.nan, np.float32), r"bias contains NaN at index \(2, 3\)"),
+    (_bias_with(np.nan, np.float64, at=(0, 3, 4), shape=(1, 5, 7)), r"bias contains NaN at index \(0, 3, 4\)"),
+])
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_bias_nan_inf_or_beyond_float32_is_refused(bias, message, check_finite):
+    q, k, v = _qkv(3011)
+    with pytest.raises(ValueError, match=message):
+        sdpa(q, k, v, bias=bias, check_finite=check_finite)
+    dout = np.ones((5, 4), np.float32)
+    with pytest.raises(ValueError, match=message):
+        qkv.attention_backward(q, k, v, dout, bias=bias)
+    with pytest.raises(ValueError, match=message):
+        qkv.attention_weights(q, k, bias=bias)
+
+
+def test_minus_inf_bias_masks_the_pair():
+    q, k, v = _qkv(3012)
+    for dtype in (np.float32, np.float64):
+        bias = _bias_with(-np.inf, dtype, at=(slice(None), slice(1, None)))
+        out = sdpa(q, k, v, bias=bias, check_finite=True)
+        np.testing.assert_allclose(out, np.broadcast_to(v[0], out.shape), rtol=1e-6)
+
+
+def test_largest_float64_bias_that_rounds_into_float32_is_kept():
+    q, k, v = _qkv(3013)
+    edge = float(np.float32(np.finfo(np.float32).max)) * (1 + 2.0 ** -25)  # rounds down to FLT_MAX
+    assert np.isfinite(np.float32(edge))
+    sdpa(q, k, v, bias=_bias_with(-edge, np.float64))
+
+
+# A 2-D array where a list of numbers belongs, or an array where one number belongs: numpy's own
+# messages ("only integer scalar arrays can be converted ...") named no argument.
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(key_lengths=np.array([[1], [2]])), TypeError, r"key_lengths\[0\] must be an integer, got array\(\[1\]\)"),
+    (dict(query_lengths=np.array([[1]])), TypeError, r"query_lengths\[0\] must be an integer, got array\(\[1\]\)"),
+    (dict(alibi_slopes=np.array([[0.5]])), TypeError, r"alibi_slopes\[0\] must be a number, got array\(\[0.5\]\)"),
+    (dict(scale=np.array([0.3, 0.3])), TypeError, r"scale must be a number or None, got array\(\[0.3, 0.3\]\)"),
+    (dict(scale=np.array([0.3])), TypeError, r"scale must be a number or None, got array\(\[0.3\]\)"),
+    (dict(softcap=np.array([2.0])), TypeError, r"softcap must be a number, got array\(\[2.\]\)"),
+    (dict(num_threads=np.array([1])), TypeError, r"num_threads must be an integer, got array\(\[1\]\)"),
+    (dict(scale=10 ** 400), ValueError, r"scale = 1000+ is out of range"),
+])
+def test_arrays_where_numbers_belong_are_refused_by_name(kwargs, exc, message):
+    q, k, v = _qkv(3014)
+    with pytest.raises(exc, match=message):
+        sdpa(q, k, v, **kwargs)
+
+
 def _longest_pause_of_another_thread(call):
     """Runs call() while another Python thread counts and timestamps its progress; returns the
     call's duration and the longest stretch within it in which that thread made no progress."""

@@ -83,6 +83,14 @@ def test_torch_takes_flash_attention_arguments(seed):
     assert bf.dtype == torch.bfloat16
 
 
+def test_offsets_of_rank_2_are_refused_by_name():
+    x = np.ones((3, 2, 4), np.float32)
+    with pytest.raises(TypeError, match=r"cu_seqlens_q\[0\] must be an integer, got array\(\[0, 3\]\)"):
+        qkv.varlen_attention(x, x, x, np.array([[0, 3]]), np.array([0, 3]))
+    with pytest.raises(TypeError, match=r"cu_seqlens_k\[0\] must be an integer, got array\(\[0, 3\]\)"):
+        qkv.varlen_attention(x, x, x, np.array([0, 3]), np.array([[0, 3]]))
+
+
 @pytest.mark.parametrize("cu_q, cu_k, message", [
     ([1, 5], [0, 5], r"cu_seqlens_q\[0\] must be 0, got 1"),
     ([0, 3, 2, 5], [0, 1, 2, 5], r"cu_seqlens_q must not decrease"),

@@ -84,13 +84,46 @@ def test_fully_masked_rows_are_zero():
     assert np.all(values == 0) and np.all(indices == -1)
 
 
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_an_lse_that_makes_weights_overflow_is_refused_as_the_backward_refuses_it(top_k):
+    rng = rng_for(10900)
+    q = rng.standard_normal((1, 1, 2, 4)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 3, 4)).astype(np.float32)
+    out, lse = qkv.scaled_dot_product_attention(q, k, k, return_lse="float64")
+    # The backward's rule (refuse_overflow): finite q, k and an lse without NaN explain no inf.
+    for bad in (np.full_like(lse, -1e30), lse - 100):
+        with pytest.raises(ValueError, match="attention_backward: the gradients overflowed float32"):
+            qkv.attention_backward(q, k, k, np.ones_like(out), out=out, lse=bad)
+        with pytest.raises(ValueError, match=r"attention_weights: the output overflowed float32 .*pass the lse the "
+                                             r"forward returned"):
+            qkv.attention_weights(q, k, lse=bad, top_k=top_k)
+    # float64 lse beyond float32 is refused before it is rounded
+    with pytest.raises(ValueError, match=r"lse: element -1e\+300 at index \(0, 0, 0\) overflows float32"):
+        qkv.attention_weights(q, k, lse=np.full_like(lse, -1e300), top_k=top_k)
+    # The forward's own lse, a larger one (weights below 1) and -inf for fully masked rows still pass.
+    qkv.attention_weights(q, k, lse=lse, top_k=top_k)
+    qkv.attention_weights(q, k, lse=lse + 50, top_k=top_k)
+    masked = np.zeros((2, 3), bool)
+    masked[1] = True
+    _, lse_m = qkv.scaled_dot_product_attention(q, k, k, keep_mask=masked, return_lse="float64")
+    assert lse_m[0, 0, 0] == -np.inf
+    w = qkv.attention_weights(q, k, lse=lse_m, keep_mask=masked, top_k=top_k)
+    assert np.all(np.asarray(w[0] if top_k else w)[0, 0, 0] == 0)
+
+
+def test_rows_of_rank_2_are_refused_by_name():
+    q = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError, match=r"rows\[0\] must be an integer, got array\(\[0\]\)"):
+        qkv.attention_weights(q, q, rows=np.array([[0]]))
+
+
 def test_weights_bad_inputs():
     q = np.ones((3, 4), np.float32)
     with pytest.raises(ValueError, match=r"rows: index 3 is outside \[-3, 3\)"):
         qkv.attention_weights(q, q, rows=[0, 3])
     with pytest.raises(TypeError, match="rows must be an int or a sequence of ints"):
         qkv.attention_weights(q, q, rows="0")
-    with pytest.raises(TypeError, match=r"rows entry must be an integer, got 1.5"):
+    with pytest.raises(TypeError, match=r"rows\[0\] must be an integer, got 1.5"):
         qkv.attention_weights(q, q, rows=[1.5])
     for bad in (0, -1):
         with pytest.raises(ValueError, match=f"attention_weights_topk: top_k must be at least 1, got {bad}"):
@@ -104,7 +137,7 @@ def test_weights_bad_inputs():
         with pytest.raises(TypeError, match=f"lse: dtype {bad.dtype} is not supported"):
             qkv.attention_weights(q, q, lse=bad)
     # numpy bools are not row indices, bytes are not a list of rows; a 0-d integer array is one row.
-    with pytest.raises(TypeError, match="rows entry must be an integer, got True"):
+    with pytest.raises(TypeError, match=r"rows\[0\] must be an integer, got True"):
         qkv.attention_weights(q, q, rows=np.array([True, False, True]))
     with pytest.raises(TypeError, match="rows must be an int or a sequence of ints"):
         qkv.attention_weights(q, q, rows=b"\x01")

@@ -410,6 +410,19 @@ ERRORS = [
      "return_lse must be True or False, got 'no'"),
     ("enable_gqa", lambda: qt.scaled_dot_product_attention(*q3(), enable_gqa=1), TypeError,
      "enable_gqa must be True or False, got 1"),
+    # torch's "only one element tensors can be converted to Python scalars" named no argument.
+    ("scale tensor", lambda: qt.scaled_dot_product_attention(*q3(), scale=torch.tensor([.3, .3])), TypeError,
+     r"scale must be a number or None, got tensor\(\[0.3000, 0.3000\]\)"),
+    ("scale 1-element tensor", lambda: qt.scaled_dot_product_attention(*q3(), scale=torch.tensor([.3])), TypeError,
+     r"scale must be a number or None, got tensor\(\[0.3000\]\)"),
+    ("dropout_p tensor", lambda: qt.scaled_dot_product_attention(*q3(), dropout_p=torch.tensor([.1, .1])), TypeError,
+     r"dropout_p must be a number, got tensor"),
+    # A NaN or +inf float mask turns its rows into NaN (PyTorch returns them); qkv refuses it.
+    ("mask NaN", lambda: qt.scaled_dot_product_attention(
+        *q3(), attn_mask=torch.zeros(4, 4).index_put_((torch.tensor(1), torch.tensor(2)), torch.tensor(math.nan))),
+     ValueError, r"bias contains NaN at index \(0, 0, 1, 2\)"),
+    ("mask +inf", lambda: qt.scaled_dot_product_attention(*q3(), attn_mask=torch.full((4, 4), math.inf)), ValueError,
+     r"bias contains \+inf at index \(0, 0, 0, 0\)"),
 ]
 
 
