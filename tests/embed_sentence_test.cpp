@@ -4,6 +4,7 @@
 
 #include "io_test_util.h"
 #include "qkv/embeddings.h"
+#include "qkv/utf8.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -85,6 +86,20 @@ TEST(EmbedSentence, ErrorPolicyListsEveryMissingWordOnce) {
     EXPECT_NE(m.find("1000 words are not in the vocabulary: \"w0\", \"w1\","), std::string::npos) << m;
     EXPECT_NE(m.find("\"w19\" and 980 more"), std::string::npos) << m;
     EXPECT_LT(m.size(), 400u) << m;
+  }
+  // A long missing word is cut short in the message, never inside a UTF-8 character: the cut
+  // falls on each of the three bytes of U+200B in turn, and the message stays valid UTF-8.
+  for (const std::string lead : {"", "a", "ab"}) {
+    std::string word = lead;
+    for (int i = 0; i < 100; ++i) word += "\xE2\x80\x8B";
+    try {
+      embed_sentence(emb, "the " + word, OovPolicy::error);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(invalid_utf8_at(m), std::string_view::npos) << "lead '" << lead << "': " << m;
+      EXPECT_NE(m.find("\"..."), std::string::npos) << m;
+    }
   }
   EmbeddedSentence s = embed_sentence(emb, "the bank", OovPolicy::error);
   EXPECT_EQ(s.tokens, (Tokens{"the", "bank"}));

@@ -174,9 +174,10 @@ TEST(LayerBackward, ReusedCacheAndGradientsGiveWhatFreshOnesGive) {
         const std::string note = fmt::format("config seed {} cross {} N {}", config.seed, cross, N);
         auto same = [&](const Tensor<float>& got, const Tensor<float>& ref, const std::string& what) {
           ASSERT_EQ(got.numel(), ref.numel()) << what << " " << note;
-          if (ref.numel() > 0)  // an empty tensor's data is null, which memcmp may not take
+          if (ref.numel() > 0) {  // an empty tensor's data is null, which memcmp may not take
             EXPECT_EQ(std::memcmp(got.data(), ref.data(), static_cast<std::size_t>(ref.numel()) * sizeof(float)), 0)
                 << what << " " << note;
+          }
         };
         same(y, want, "y");
         same(dx, fresh_dx, "dx");

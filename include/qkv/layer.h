@@ -91,6 +91,9 @@ class MultiHeadAttention {
   // checkpoint) loads as a layer.
   void save(const std::string& path) const;
   static MultiHeadAttention load(const std::string& path);
+  // Every file name save() may write into a directory, whatever the config: <name>.npy for each
+  // parameter a layer can have, and qkv_layer.json. A caller checks its other outputs against them.
+  static std::vector<std::string> directory_files();
   // The config as the metadata entries save() writes (qkv.format, qkv.embed_dim, ...).
   std::map<std::string, std::string> metadata() const;
 

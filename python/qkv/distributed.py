@@ -13,9 +13,13 @@ float dtypes are converted), shaped [..., n, D] with rank 2, 3 or 4 like qkv.sca
 the sequence is cut by `sharding`: "zigzag" (default; rank r holds chunks r and 2P-1-r of 2P, which
 balances a causal mask) or "contiguous". Masks use GLOBAL positions: causal (with causal_align),
 window, key_lengths, query_lengths, alibi_slopes, softcap. keep_mask and bias are not supported.
-A bad argument on any rank raises the same ValueError on every rank (no rank is left waiting).
+A bad argument on any rank raises the same error on every rank, "rank r: ..." naming the first rank
+that refused its arguments (ValueError; TypeError for an argument of the wrong type), so no rank is
+left waiting: the ranks agree on their checks before any other message of the call.
 For a fixed number of ranks the results are bitwise the same for any num_threads.
 """
+
+import builtins
 
 import numpy as np
 
@@ -49,15 +53,44 @@ def unshard(x, comm, sharding="zigzag"):
     return _place_shards(np.empty(x.shape[:-2] + (length, x.shape[-1]), dtype=x.dtype), parts, sharding)
 
 
+def _agree(comm, check):
+    """check() on every rank, then one allgather on comm, before any other message of the call:
+    check's result when no rank raised, else on every rank the same error, of the first failing
+    rank's type, "rank r: <its message>" (naming the other ranks that failed, if any)."""
+    try:
+        result, error = check(), None
+    except Exception as e:  # noqa: BLE001 (any local failure must reach the other ranks, not leave them waiting)
+        result, error = None, (type(e).__name__, str(e))
+    errors = comm.allgather(error)
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return result
+    name, message = errors[failed[0]]
+    kind = getattr(builtins, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        kind, message = ValueError, f"{name}: {message}"
+    also = ", ".join(map(str, failed[1:]))
+    others = "" if not also else f" ({'ranks' if len(failed) > 2 else 'rank'} {also} also failed)"
+    raise kind(f"rank {failed[0]}: {message}{others}")
+
+
+def _f32(x, name):
+    """x [n, D], [H, n, D] or [B, H, n, D] as a C-contiguous float32 [B, H, n, D] array (no copy
+    when it is one already): converted here, not by the compiled call, so a failure is agreed on."""
+    return np.ascontiguousarray(_as4(x, name), dtype=np.float32)
+
+
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,
                    query_lengths=None, alibi_slopes=None, softcap=None, scale=None, sharding="zigzag", num_threads=0,
                    return_lse=False):
     """Attention of this rank's queries over the whole (sharded) key sequence.
 
     Returns out [..., n, Dv] (float32), or (out, lse) with lse [..., n] if return_lse."""
-    q4, k4, v4 = _as4(q, "q"), _as4(k, "k"), _as4(v, "v")
-    opts = _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap, scale,
-                    num_threads, sharding)
+    def check():
+        arrays = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
+        return arrays, _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap,
+                                scale, num_threads, sharding)
+    (q4, k4, v4), opts = _agree(comm, check)
     out, lse = _d.forward(_comm_address(comm), q4, k4, v4, opts)
     lead = np.shape(q)[:-1]
     out = out.reshape(lead + (out.shape[-1],))
@@ -68,9 +101,14 @@ def ring_attention_backward(comm, dout, q, k, v, out, lse, *, causal=False, caus
                             key_lengths=None, query_lengths=None, alibi_slopes=None, softcap=None, scale=None,
                             sharding="zigzag", num_threads=0):
     """Gradients (dq, dk, dv) of this rank's shards, given dout and the forward's out and lse."""
-    q4, k4, v4 = _as4(q, "q"), _as4(k, "k"), _as4(v, "v")
-    lse3 = np.asarray(lse).reshape(q4.shape[:3])
-    opts = _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap, scale,
-                    num_threads, sharding)
-    dq, dk, dv = _d.backward(_comm_address(comm), _as4(dout, "dout"), q4, k4, v4, _as4(out, "out"), lse3, opts)
+    def check():
+        q4 = _f32(q, "q")
+        lse3 = np.asarray(lse, dtype=np.float32)
+        if lse3.size != np.prod(q4.shape[:3]):
+            raise ValueError(f"lse: expected q's shape without D, {np.shape(q)[:-1]}, got shape {lse3.shape}")
+        arrays = _f32(dout, "dout"), q4, _f32(k, "k"), _f32(v, "v"), _f32(out, "out"), lse3.reshape(q4.shape[:3])
+        return arrays, _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap,
+                                scale, num_threads, sharding)
+    (dout4, q4, k4, v4, out4, lse3), opts = _agree(comm, check)
+    dq, dk, dv = _d.backward(_comm_address(comm), dout4, q4, k4, v4, out4, lse3, opts)
     return dq.reshape(np.shape(q)), dk.reshape(np.shape(k)), dv.reshape(np.shape(v))

@@ -36,8 +36,14 @@ void check_fits_in_memory(unsigned __int128 bytes, const std::string& what) {
 }
 
 std::string quoted(std::string_view bytes, std::size_t max_bytes) {
+  // A cut inside a UTF-8 sequence would leave half a character, which makes the whole message
+  // invalid UTF-8: the cut moves back to the sequence's start (continuation bytes are 10xxxxxx).
+  std::size_t cut = std::min(bytes.size(), max_bytes);
+  for (int back = 0;
+       back < 3 && cut < bytes.size() && cut > 0 && (static_cast<unsigned char>(bytes[cut]) & 0xC0) == 0x80; ++back)
+    --cut;
   std::string out = "\"";
-  for (std::size_t i = 0; i < bytes.size() && i < max_bytes; ++i) {
+  for (std::size_t i = 0; i < cut; ++i) {
     unsigned char c = static_cast<unsigned char>(bytes[i]);
     if (c == '"' || c == '\\') {
       out += '\\';

@@ -52,7 +52,7 @@ void refuse_nul_in_path(const std::string& path, const char* action);
 std::string errno_text(int errnum);
 
 // A short printable rendering of untrusted bytes for messages: quoted, control bytes escaped,
-// cut at `max_bytes`.
+// cut at `max_bytes` (or up to 3 bytes before, so as not to split a UTF-8 sequence).
 std::string quoted(std::string_view bytes, std::size_t max_bytes = 40);
 
 }  // namespace qkv::detail

@@ -121,6 +121,13 @@ void check_config_fits_tensors(const LayerConfig& c, const TensorMap& tensors, c
 
 std::map<std::string, std::string> MultiHeadAttention::metadata() const { return config_metadata(config_); }
 
+std::vector<std::string> MultiHeadAttention::directory_files() {
+  std::vector<std::string> files;
+  for (const char* name : kParameterNames) files.push_back(std::string(name) + ".npy");
+  files.emplace_back(kNpyConfigName);
+  return files;
+}
+
 void MultiHeadAttention::save(const std::string& path) const {
   for (const auto& [name, t] : parameters())
     for (int64_t i = 0; i < t->numel(); ++i)

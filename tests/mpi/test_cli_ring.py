@@ -114,6 +114,43 @@ def test_mismatched_shapes_fail_every_rank(tmp_path):
     check_failure(proc, out, "must agree on [B, Hkv, M]")
 
 
+def ranks_given(tmp_path, per_rank):
+    """mpirun with one rank per argument list: `qkv attend --ring` given other files or outputs on
+    each rank."""
+    cmd = list(MPIRUN)
+    for i, args in enumerate(per_rank):
+        cmd += ([":"] if i else []) + ["-np", "1", QKV, "attend", "--ring"] + [str(a) for a in args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("case", ["q rows", "k and v rows", "lse on rank 1 only", "lse on rank 0 only", "other out"])
+def test_ranks_given_other_files_or_outputs_fail_every_rank(tmp_path, case):
+    """Each rank reads its shard of the files it was given: of other shapes they would be pieces of
+    other problems (once a silently wrong output, exit 0), and other outputs would make the ranks'
+    collective writes differ (once a hang). Every rank ends, naming what differs; nothing is written."""
+    arrays = {"q": (1, 1, 5, 8), "q6": (1, 1, 6, 8), "k": (1, 1, 7, 8), "k8": (1, 1, 8, 8)}
+    for name, shape in arrays.items():
+        np.save(tmp_path / f"{name}.npy", np.ones(shape, np.float32))
+    f = {name: tmp_path / f"{name}.npy" for name in arrays}
+    out = tmp_path / "out.npy"
+    base = ["--q", f["q"], "--k", f["k"], "--v", f["k"], "--out", out]
+    other, message = {
+        "q rows": (["--q", f["q6"], "--k", f["k"], "--v", f["k"], "--out", out],
+                   "rank 1: the shape of --q differs between ranks: rank 0 has [1, 1, 5, 8], this rank [1, 1, 6, 8]"),
+        "k and v rows": (["--q", f["q"], "--k", f["k8"], "--v", f["k8"], "--out", out],
+                         "rank 1: the shape of --k differs between ranks"),
+        "lse on rank 1 only": (base + ["--lse", tmp_path / "lse.npy"],
+                               f"rank 1: --lse differs between ranks: rank 0 has no --lse, this rank {tmp_path}/lse.npy"),
+        "lse on rank 0 only": (base, f"rank 1: --lse differs between ranks: rank 0 has {tmp_path}/lse.npy, this rank "
+                                     "no --lse"),
+        "other out": (base[:-1] + [tmp_path / "out2.npy"], f"rank 1: --out differs between ranks: rank 0 has {out}"),
+    }[case]
+    first = base + ["--lse", tmp_path / "lse.npy"] if case == "lse on rank 0 only" else base
+    proc = ranks_given(tmp_path, [first, other])
+    check_failure(proc, out, message)
+    assert not (tmp_path / "lse.npy").exists() and not (tmp_path / "out2.npy").exists()
+
+
 def test_ring_refuses_float64(tmp_path):
     x = np.ones((1, 40, 8))
     proc, out, _ = attend(tmp_path, 2, [], q=x, k=x, v=x)

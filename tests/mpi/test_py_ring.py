@@ -1,9 +1,10 @@
 """qkv.distributed under mpirun (ctest runs it with 3 ranks): ring attention on each rank's shard
 against the single-process qkv kernel on the whole sequence, forward and backward, masks, GQA,
-cross-attention, and a shape mismatch that must raise on every rank. The seed is broadcast from
-rank 0 and printed; replay with QKV_TEST_SEED=<seed>."""
+cross-attention, and a shape mismatch or a bad argument on one rank that must raise the same error
+on every rank. The seed is broadcast from rank 0 and printed; replay with QKV_TEST_SEED=<seed>."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -98,3 +99,63 @@ def test_arguments_are_refused_by_name_not_coerced():
             qd.ring_attention(COMM, x, x, x, **kwargs)
     with pytest.raises(TypeError, match="length must be an integer, got 8.5"):
         qd.shard_ranges(8.5, COMM.Get_size(), COMM.Get_rank())
+
+
+# Ranks 0 and 1 as a ring of their own (the other ranks of the run sit it out), and the whole run.
+PAIR = COMM.Split(0 if COMM.Get_rank() < 2 else MPI.UNDEFINED, COMM.Get_rank())
+ONE_RANK_BAD = [  # (name, forward or backward, what rank 1 alone changes, the error every rank raises)
+    ("1-D q", "forward", dict(q=lambda q: q[0, 0, 0]), ValueError, r"q: expected \[n, D\], .* got shape \(4,\)"),
+    ("causal_align", "forward", dict(causal=True, causal_align="bogus"), ValueError,
+     "causal_align must be 'top_left' or 'bottom_right', got 'bogus'"),
+    ("num_threads -1", "forward", dict(num_threads=-1), ValueError,
+     r"num_threads must be >= 0 \(0 = default\), got -1"),
+    ("num_threads 1.5", "forward", dict(num_threads=1.5), TypeError, "num_threads must be an integer, got 1.5"),
+    ("q not numbers", "forward", dict(q=lambda q: np.full(q.shape, "x")), ValueError, "could not convert string"),
+    ("sharding", "forward", dict(sharding="striped"), ValueError, "sharding must be 'zigzag' or 'contiguous'"),
+    # Checked by the compiled ring's own agreement, after this one.
+    ("v one row short", "forward", dict(v=lambda v: v[..., 1:, :]), ValueError, "^rank 1: "),
+    ("options differ", "forward", dict(key_lengths=[2]), ValueError, "rank 1 was called with other options"),
+    ("1-D dout", "backward", dict(dout=lambda d: d[0, 0, 0]), ValueError, r"dout: expected \[n, D\]"),
+    ("lse size", "backward", dict(lse=lambda lse: lse[..., 1:]), ValueError, "lse: expected q's shape without D"),
+    ("backward num_threads", "backward", dict(num_threads=-1), ValueError, "num_threads must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("ring", ["ranks 0 and 1", "every rank"])
+@pytest.mark.parametrize("name, which, bad, kind, message", ONE_RANK_BAD, ids=[c[0] for c in ONE_RANK_BAD])
+def test_a_bad_argument_on_rank_1_alone_raises_on_every_rank(ring, name, which, bad, kind, message):
+    """Rank 1 alone passes the bad argument; every rank of the ring raises the same error naming
+    rank 1, none waits for it. A rank that hangs instead is ended after 60 seconds, with its
+    stack, which fails the run (mpirun ends the other ranks)."""
+    import faulthandler
+    comm = PAIR if ring == "ranks 0 and 1" else COMM
+    got = None
+    if comm != MPI.COMM_NULL:
+        n = sum(e - b for b, e in qd.shard_ranges(6, comm.Get_size(), comm.Get_rank()))
+        x = np.ones((1, 1, n, 4), dtype=np.float32)
+        args = dict(q=x, k=x, v=x, dout=x, lse=np.zeros((1, 1, n), dtype=np.float32))
+        kwargs = {}
+        for key, value in (bad.items() if comm.Get_rank() == 1 else ()):
+            if callable(value):
+                args[key] = value(args[key])
+            else:
+                kwargs[key] = value
+        faulthandler.dump_traceback_later(60, exit=True)
+        try:
+            if which == "forward":
+                qd.ring_attention(comm, args["q"], args["k"], args["v"], **kwargs)
+            else:
+                qd.ring_attention_backward(comm, args["dout"], args["q"], args["k"], args["v"], x, args["lse"],
+                                           **kwargs)
+            got = ("returned", "")
+        except Exception as e:  # noqa: BLE001 (compared below, on every rank)
+            got = (type(e).__name__, str(e))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    results = COMM.allgather(got)
+    ring_results = [g for g in results if g is not None]
+    assert len(ring_results) == (2 if ring == "ranks 0 and 1" else COMM.Get_size())
+    assert all(g == ring_results[0] for g in ring_results), f"{name}: the ranks disagree: {results}"
+    assert ring_results[0][0] == kind.__name__, f"{name}: {results}"
+    assert re.search(r"\brank 1\b", ring_results[0][1]), f"{name}: {results}"
+    assert re.search(message, ring_results[0][1]), f"{name}: {results}"

@@ -180,6 +180,38 @@ def test_train_saves_into_a_directory(run, tmp_path, seed):
     assert np.array_equal(from_dir.w_q, from_file.w_q) and np.array_equal(from_dir.w_v, from_file.w_v)
 
 
+@pytest.mark.parametrize("inside", ["qkv_layer.json", "w_q.npy", "b_o.npy"])
+def test_train_save_directory_holds_no_other_output(run, tmp_path, inside):
+    """--save DIR writes a file per tensor and qkv_layer.json there: another output naming one of
+    them (directly or through a link to the directory) is refused before training."""
+    d = tmp_path / "layer"
+    d.mkdir()
+    (tmp_path / "link").symlink_to(d)
+    for target in (d / inside, tmp_path / "link" / inside):
+        r = run("train", "--steps", "1", "--batch", "1", "--pairs", "2", "--keys", "4", "--values", "4", "-E", "8",
+                "--eval-examples", "1", "--save", d, "--loss-csv", target)
+        assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+        same = "(and for --save)" if target == d / inside else f"(--save {d / inside} is the same file)"
+        assert f"--loss-csv {target}: named for two outputs {same}" in r.stderr, r.stderr
+        assert entries(d) == [], entries(d)
+
+
+def test_a_bind_mount_does_not_hide_one_new_file_named_twice(run, tmp_path, embeddings):
+    """The same directory under two paths (a bind mount, which no path rule sees through)."""
+    real, bound = tmp_path / "real", tmp_path / "bound"
+    real.mkdir()
+    bound.mkdir()
+    if subprocess.run(["mount", "--bind", str(real), str(bound)], capture_output=True).returncode != 0:
+        pytest.skip("mount --bind needs root and a mount namespace that allows it")
+    try:
+        r = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--format", "npy", "the bank",
+                "--out", real / "o.bin", "--html", bound / "o.bin")
+        assert r.returncode == 1 and "named for two outputs" in r.stderr, (r.returncode, r.stderr)
+        assert entries(real) == []
+    finally:
+        subprocess.run(["umount", str(bound)], check=True)
+
+
 # Two outputs spelled differently but leading to one file: refused before any work, nothing written.
 ALIASES = {
     "dot": lambda d, name: f"{d}/./{name}",

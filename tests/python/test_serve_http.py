@@ -5,6 +5,7 @@ import http.client
 import json
 import signal
 import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,6 +143,11 @@ def test_bad_compare_requests(server, body, message):
 def test_malformed_oversize_and_unknown(server):
     status, r, _ = request(server.url + "api/explain", raw=b'{"sentence": "the cat"')
     assert status == 400 and r["error"].startswith("malformed JSON")
+    # A number past double's range is the body's fault as well (it once gave 500).
+    for route, raw in (("api/explain", b'{"sentence": "the cat", "x": 1e999}'),
+                       ("api/compare", b'{"word": "the", "sentences": ["the cat", "the dog"], "seed": -1e400}')):
+        status, r, _ = request(server.url + route, raw=raw)
+        assert status == 400 and r["error"].startswith("malformed JSON"), (status, r)
     status, r, _ = request(server.url + "api/explain", raw=json.dumps({"sentence": "a " * 5000}).encode())
     assert status == 413 and r["error"] == "the request is larger than the 8192 bytes the explorer takes"
     status, r, _ = request(server.url + "nope")
@@ -186,6 +192,12 @@ def test_signal_stops_cleanly(qkv_bin, words, sig, name):
     assert elapsed < 5, f"stopping took {elapsed:.1f} s with an idle connection open"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", s.port), timeout=2).close()
+
+
+def test_empty_host_is_a_usage_error(qkv_bin, words):
+    r = subprocess.run([qkv_bin, "serve", "--embeddings", str(words), "--parameter-free", "--host", ""],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--host" in r.stderr and "an empty address" in r.stderr, (r.returncode, r.stderr)
 
 
 def test_host_other_than_loopback_warns(qkv_bin, words):

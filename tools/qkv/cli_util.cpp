@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <memory>
 #include <map>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -76,7 +75,8 @@ namespace {
 
 // What an output name ends up writing, so that two spellings of one file compare equal: a file
 // that exists (or a descriptor open on one) by device and inode, which also catches hard links;
-// a new file by its directory's real path and its name; anything else by the path it resolves to.
+// a new file by its directory's device and inode (a path would miss a bind mount) and its name;
+// anything else by the path it resolves to.
 std::string output_identity(const OutputTarget& t) {
   struct stat st {};
   const bool on_file = t.kind == OutputKind::descriptor ? ::fstat(t.fd, &st) == 0 && S_ISREG(st.st_mode)
@@ -86,8 +86,8 @@ std::string output_identity(const OutputTarget& t) {
   if (t.kind == OutputKind::device) return "device " + t.resolved;
   const std::filesystem::path path(t.resolved);
   const std::string dir = path.has_parent_path() ? path.parent_path().string() : ".";
-  const std::unique_ptr<char, decltype(&std::free)> real(::realpath(dir.c_str(), nullptr), &std::free);
-  return fmt::format("new {}/{}", real ? real.get() : dir, path.filename().string());
+  if (::stat(dir.c_str(), &st) != 0) return "new " + t.resolved;  // resolve_output checked it is there
+  return fmt::format("new {}:{}/{}", st.st_dev, st.st_ino, path.filename().string());
 }
 
 }  // namespace
@@ -100,8 +100,8 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
     const auto [it, fresh] = seen.emplace(output_identity(resolve_output(path)), std::pair{option, path});
     if (!fresh) {
       const auto& [first_option, first_path] = it->second;
-      const std::string same =
-          first_path == path ? "" : fmt::format(" ({} {} is the same file)", first_option, first_path);
+      const std::string same = first_path == path ? fmt::format(" (and for {})", first_option)
+                                                  : fmt::format(" ({} {} is the same file)", first_option, first_path);
       throw Error(fmt::format("{} {}: named for two outputs{}; each output needs its own file", option, path, same));
     }
   }

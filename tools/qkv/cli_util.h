@@ -44,7 +44,8 @@ void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg
 void check_output_path(const std::string& path, const std::string& option);
 // check_output_path for each (option, path) whose path is not empty, then that no two of them
 // lead to one file, however spelled ("./x", "d/../x", a link, a hard link): throws qkv::Error
-// "<option> <path>: named for two outputs (<option> <path> is the same file); ..." otherwise.
+// "<option> <path>: named for two outputs (<option> <path> is the same file)", or "(and for
+// <option>)", otherwise.
 void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 // Adds `check` to what runs when `app`'s parsing completes, after the checks added before it

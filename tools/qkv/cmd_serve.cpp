@@ -214,7 +214,10 @@ Command add_serve(CLI::App& app) {
   sub->add_option("--port", args->port, "TCP port (default 8000; 0: any free port, printed)")
       ->check(integer_in(0, 65535));
   sub->add_option("--host", args->host,
-                  "Address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)");
+                  "Address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)")
+      ->check(CLI::Validator(
+          [](std::string& host) { return host.empty() ? std::string("an empty address (write 127.0.0.1)") : ""; },
+          "ADDRESS", ""));
   add_sentence_options(sub, args->sentence_args, /*embeddings_required=*/true);
   return {sub, [args] { return run_serve(*args); }};
 }

@@ -215,14 +215,20 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve, RunPositi
 
 int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& ctrl_c) {
   const LookupConfig& c = args.config;
-  // --save may name an existing directory, which MultiHeadAttention::save fills with .npy files.
-  const bool save_to_directory = !c.save.empty() && std::filesystem::is_directory(c.save);
-  if (save_to_directory && ::access(c.save.c_str(), W_OK) != 0)
-    throw Error(fmt::format("--save {}: the directory is not writable ({})", c.save, std::strerror(errno)));
-  check_output_paths({{"--save", save_to_directory ? std::string() : c.save},
-                      {"--checkpoint", c.checkpoint},
-                      {"--loss-csv", args.loss_csv},
-                      {"--loss-svg", args.loss_svg}});
+  // --save may name an existing directory, which MultiHeadAttention::save fills with a file per
+  // tensor and its config: each of those is an output the others must not name.
+  std::vector<std::pair<std::string, std::string>> outputs;
+  if (!c.save.empty() && std::filesystem::is_directory(c.save)) {
+    if (::access(c.save.c_str(), W_OK) != 0)
+      throw Error(fmt::format("--save {}: the directory is not writable ({})", c.save, std::strerror(errno)));
+    for (const std::string& file : MultiHeadAttention::directory_files())
+      outputs.emplace_back("--save", (std::filesystem::path(c.save) / file).string());
+  } else {
+    outputs.emplace_back("--save", c.save);
+  }
+  outputs.insert(outputs.end(),
+                 {{"--checkpoint", c.checkpoint}, {"--loss-csv", args.loss_csv}, {"--loss-svg", args.loss_svg}});
+  check_output_paths(outputs);
   std::vector<LossPoint> curve;
   if (args.task != "lookup") {
     run_masked_word(args, curve, at, ctrl_c);

@@ -187,6 +187,23 @@ class ShardedOutputs {
   std::vector<std::pair<std::string, std::string>> staged_;  // (temporary, final), rank 0 only
 };
 
+// "" if every (name, value) of `facts` is rank 0's too, else the first that is not; every rank
+// calls it (one broadcast per fact).
+std::string differs_from_rank0(MPI_Comm comm, int rank, const std::vector<std::pair<std::string, std::string>>& facts) {
+  std::string error;
+  for (const auto& [name, mine] : facts) {
+    std::string theirs = mine;
+    int length = static_cast<int>(theirs.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, comm);
+    theirs.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(theirs.data(), length, MPI_CHAR, 0, comm);
+    if (rank != 0 && error.empty() && theirs != mine)
+      error = fmt::format("{} differs between ranks: rank 0 has {}, this rank {}; every rank must be given the same",
+                          name, theirs, mine);
+  }
+  return error;
+}
+
 void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, MaskArgs& mask_args) {
   Shard q, k, v;
   RingOptions options;
@@ -211,6 +228,16 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
     error = e.what();
   }
   agree_or_throw(comm, error);
+  // Each rank reads its own shard of what it was given: files of other shapes would make the shards
+  // pieces of different problems (a result that is silently wrong), and other outputs a different
+  // sequence of collective writes (a rank waiting forever). The inputs' names may differ (a copy
+  // per host); the outputs are written through one shared path.
+  agree_or_throw(comm, differs_from_rank0(comm, rank,
+                                          {{"the shape of --q", shape_string(q.file_shape)},
+                                           {"the shape of --k", shape_string(k.file_shape)},
+                                           {"the shape of --v", shape_string(v.file_shape)},
+                                           {"--out", a.out},
+                                           {"--lse", a.lse.empty() ? "no --lse" : a.lse}}));
 
   Tensor<float> out({q.data.dim(0), q.data.dim(1), q.data.dim(2), v.data.dim(3)}, "out");
   Tensor<float> lse({q.data.dim(0), q.data.dim(1), q.data.dim(2), 1}, "lse");

@@ -24,6 +24,8 @@ json parse_body(const std::string& body) {
     return j;
   } catch (const json::parse_error& e) {
     throw BadRequest(fmt::format("malformed JSON: {}", e.what()));
+  } catch (const json::out_of_range& e) {  // a number past double's range (1e999) is the body's fault too
+    throw BadRequest(fmt::format("malformed JSON: {}", e.what()));
   }
 }
 
