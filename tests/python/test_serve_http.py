@@ -194,6 +194,54 @@ def test_signal_stops_cleanly(qkv_bin, words, sig, name):
         socket.create_connection(("127.0.0.1", s.port), timeout=2).close()
 
 
+def test_signal_stops_even_while_clients_trickle_their_requests(qkv_bin, words):
+    """Two clients each send a header line every second, so no read of theirs ever times out:
+    SIGINT still ends the server, within its grace of 5 s, exit 0, saying what it left."""
+    s = Server(qkv_bin, "--embeddings", words, "--parameter-free")
+    slow = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
+    for c in slow:
+        c.sendall(b"POST /api/explain HTTP/1.1\r\nHost: x\r\n")
+    stop = {}
+
+    def trickle():
+        for i in range(30):
+            if stop:
+                return
+            for c in slow:
+                try:
+                    c.sendall(f"X-Slow-{i}: 1\r\n".encode())
+                except OSError:
+                    return
+            time.sleep(1)
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(trickle)
+        time.sleep(1.5)
+        start = time.monotonic()
+        code, err = s.stop(signal.SIGINT, timeout=20)
+        elapsed = time.monotonic() - start
+        stop["now"] = True
+    for c in slow:
+        c.close()
+    assert code == 0 and "qkv serve: stopped (SIGINT)" in err, (code, err)
+    assert elapsed < 10, f"stopping took {elapsed:.1f} s"
+
+
+def test_a_body_without_content_length_is_refused_unread(server):
+    """A chunked body is held to no limit by cpp-httplib: refused (411) before it is read."""
+    with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1].strip("/"))), timeout=10) as c:
+        c.sendall(b"POST /api/explain HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        c.sendall(b"100000\r\n" + b"a" * 4096)  # the start of a 1 MB chunk, never finished
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            part = c.recv(65536)
+            if not part:
+                break
+            reply += part
+    assert reply.startswith(b"HTTP/1.1 411"), reply[:200]
+    assert b"must come with Content-Length" in reply, reply
+
+
 def test_empty_host_is_a_usage_error(qkv_bin, words):
     r = subprocess.run([qkv_bin, "serve", "--embeddings", str(words), "--parameter-free", "--host", ""],
                        capture_output=True, text=True, timeout=30)

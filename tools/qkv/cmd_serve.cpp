@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -98,6 +99,18 @@ void add_routes(httplib::Server& server, const ServeApi& state) {
     set_json(res, 500, error_json(message));
   });
   server.set_payload_max_length(kServeMaxBodyBytes);
+  // cpp-httplib holds a chunked body to that limit only through Content-Length, which such a body
+  // lacks (60 MB were read whole). Every client of the explorer sends Content-Length, so a body
+  // without one is refused before it is read (the pre-routing handler runs first).
+  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");  // the unread body must not be taken for the next request
+    set_json(res, 411,
+             error_json(fmt::format("a request body must come with Content-Length (at most {} bytes), not "
+                                    "Transfer-Encoding",
+                                    kServeMaxBodyBytes)));
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // A slow or idle client must not hold one of the pool's threads for long; an idle keep-alive
   // connection also delays stopping by up to its timeout (cpp-httplib waits it out).
   server.set_read_timeout(5);
@@ -122,11 +135,20 @@ class StopSignals {
       sigwait(&set_, &sig);
       if (finished_) return;  // woken by the destructor
       received_ = sig;
-      // stop() does nothing before the server listens: repeat until the run is over.
+      // stop() does nothing before the server listens: repeat until the run is over. stop() then
+      // waits for the pool's requests, and a client that sends a byte now and then never lets its
+      // read time out: after kStopGrace the process ends without them.
+      const auto deadline = std::chrono::steady_clock::now() + kStopGrace;
       while (!finished_) {
         {
           const std::lock_guard<std::mutex> lock(mutex_);
           if (server_ != nullptr) server_->stop();
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+          fmt::print(stderr, "qkv serve: stopped ({}), leaving requests still being sent unanswered\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+          std::fflush(nullptr);
+          std::_Exit(0);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
@@ -148,6 +170,7 @@ class StopSignals {
   int received() const { return received_; }
 
  private:
+  static constexpr std::chrono::seconds kStopGrace{5};
   sigset_t set_;
   std::atomic<bool> finished_{false};
   std::atomic<int> received_{0};
