@@ -172,11 +172,17 @@ MaskedCorpus load_masked_corpus(const MaskedWordConfig& c, const Embeddings& emb
       ++corpus.train_count;
     }
   }
-  if (corpus.train_count == 0 || corpus.held_out.empty())
-    throw Error(
-        fmt::format("masked-word: {} has no usable {} sentence ({} to {} words, every word in the "
-                    "embeddings)",
-                    c.sentences, corpus.train_count == 0 ? "training" : "held-out", c.min_length, c.max_length));
+  // Usable: the length asked for, every word with a vector. Say why none is left for a part.
+  const std::string usable = fmt::format("{} to {} words, every word in the embeddings", c.min_length, c.max_length);
+  const std::string excluded_note =
+      corpus.excluded > 0 ? fmt::format("; --exclude left out {} usable ones", corpus.excluded) : "";
+  if (corpus.train_count == 0)
+    throw Error(fmt::format("--sentences {}: no usable training sentence ({}){}", c.sentences, usable, excluded_note));
+  if (corpus.held_out.empty())
+    throw Error(fmt::format(
+        "--sentences {}: no usable held-out sentence ({}): about one line in 20 is held out, chosen by its line "
+        "number, and none of the {} usable lines was{}; give more sentences",
+        c.sentences, usable, corpus.train_count, excluded_note));
   return corpus;
 }
 

@@ -146,7 +146,20 @@ def test_masked_word_bad_corpora(qkv_bin, embeddings, tmp_path):
     (tmp_path / "s.txt").write_text("zzz qqq xxx yyy\nriver bank\n")
     p = qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
             tmp_path / "s.txt", cwd=tmp_path)
-    assert p.returncode == 1 and "has no usable training sentence" in p.stderr, p.stderr
+    assert p.returncode == 1 and "s.txt: no usable training sentence (4 to 16 words" in p.stderr, p.stderr
+    # Every usable sentence left out by --exclude: the message says so.
+    (tmp_path / "same.txt").write_text("the river bank grows\n" * 200)
+    (tmp_path / "ex.txt").write_text("the river bank grows\n")
+    p = qkv(qkv_bin, "train", "--task", "context", "--embeddings", embeddings.glove, "--sentences",
+            tmp_path / "same.txt", "--exclude", tmp_path / "ex.txt", cwd=tmp_path)
+    assert p.returncode == 1 and "no usable training sentence" in p.stderr, p.stderr
+    assert "--exclude left out 200 usable ones" in p.stderr, p.stderr
+    # Too few lines for one to be held out: the message says how held-out lines are chosen.
+    (tmp_path / "few.txt").write_text("the river bank grows\n" * 3)
+    p = qkv(qkv_bin, "train", "--task", "masked-word", "--embeddings", embeddings.glove, "--sentences",
+            tmp_path / "few.txt", cwd=tmp_path)
+    assert p.returncode == 1 and "no usable held-out sentence" in p.stderr, p.stderr
+    assert "about one line in 20 is held out" in p.stderr, p.stderr
 
 
 # ---- positions ----
