@@ -69,6 +69,11 @@ struct MaskedWordResult {
   double seconds = 0;
 };
 
+// Throws qkv::Error "masked-word task: <what>" for a config train_masked_word refuses (sizes,
+// sentence lengths, rates; the halves objective's sentences of at least 4 words), without reading
+// any file: a front end can check its options before any work.
+void check_masked_word_config(const MaskedWordConfig& config);
+
 // Loads the embeddings and sentences, trains and evaluates. Throws qkv::Error for a bad config, an
 // unreadable file, a corpus with no usable training or held-out sentence, or an unwritable --save.
 // `progress` (may be empty) runs after every step. Bitwise reproducible for a config and thread count.

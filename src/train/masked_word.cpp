@@ -22,23 +22,6 @@ constexpr uint64_t kTrainStream = 0x6d61736b2d747261ULL;  // "mask-tra"
 constexpr uint64_t kEvalStream = 0x6d61736b2d657661ULL;   // "mask-eva"
 constexpr std::size_t kWindow = 50;
 
-void check_config(const MaskedWordConfig& c) {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw Error("masked-word task: " + message);
-  };
-  require(c.heads >= 1 && c.head_dim >= 0,
-          fmt::format("heads ({}) must be >= 1 and head_dim ({}) >= 0", c.heads, c.head_dim));
-  require(c.min_length >= 2 && c.max_length >= c.min_length,
-          fmt::format("sentence lengths must satisfy 2 <= min ({}) <= max ({})", c.min_length, c.max_length));
-  require(c.batch >= 1 && c.steps >= 0 && c.warmup >= 0 && c.threads >= 0 && c.eval_examples >= 1,
-          "batch and eval_examples must be >= 1; steps, warmup and threads >= 0");
-  require(std::isfinite(c.lr) && c.lr > 0, fmt::format("learning rate must be finite and > 0, got {}", c.lr));
-  require(std::isfinite(c.clip) && c.clip >= 0, fmt::format("clip must be finite and >= 0, got {}", c.clip));
-  require(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight_decay must be finite and >= 0");
-  require(c.objective != MaskedObjective::halves || c.min_length >= 4,
-          fmt::format("the halves objective needs sentences of at least 4 words, got min_length {}", c.min_length));
-}
-
 // The layer's input: the batch's rows, plus positional encodings when the config asks for them.
 Tensor<float> layer_input(const detail::MaskedBatch& batch, bool positions) {
   Tensor<float> x = batch.x.clone();
@@ -79,11 +62,28 @@ TopAccuracy evaluate(const MultiHeadAttention* layer, const std::vector<detail::
 
 }  // namespace
 
+void check_masked_word_config(const MaskedWordConfig& c) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw Error("masked-word task: " + message);
+  };
+  require(c.heads >= 1 && c.head_dim >= 0,
+          fmt::format("heads ({}) must be >= 1 and head_dim ({}) >= 0", c.heads, c.head_dim));
+  require(c.min_length >= 2 && c.max_length >= c.min_length,
+          fmt::format("sentence lengths must satisfy 2 <= min ({}) <= max ({})", c.min_length, c.max_length));
+  require(c.batch >= 1 && c.steps >= 0 && c.warmup >= 0 && c.threads >= 0 && c.eval_examples >= 1,
+          "batch and eval_examples must be >= 1; steps, warmup and threads >= 0");
+  require(std::isfinite(c.lr) && c.lr > 0, fmt::format("learning rate must be finite and > 0, got {}", c.lr));
+  require(std::isfinite(c.clip) && c.clip >= 0, fmt::format("clip must be finite and >= 0, got {}", c.clip));
+  require(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight_decay must be finite and >= 0");
+  require(c.objective != MaskedObjective::halves || c.min_length >= 4,
+          fmt::format("the halves objective needs sentences of at least 4 words, got min_length {}", c.min_length));
+}
+
 MaskedWordResult train_masked_word(const MaskedWordConfig& c,
                                    const std::function<void(const TrainProgress&)>& progress) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  check_config(c);
+  check_masked_word_config(c);
   AttentionOptions options;
   options.num_threads = c.threads;
 

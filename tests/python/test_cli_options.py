@@ -96,3 +96,13 @@ def test_file_whose_size_is_unknown_is_named_as_such(run, embeddings):
         assert r.returncode == 1, (r.returncode, r.stderr)
         assert "/proc/self/status" in r.stderr and "reports a size of 0 bytes but has content" in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--task", "context", "--min-length", "2"], "the halves objective needs sentences of at least 4 words"),
+    (["--task", "masked-word", "--min-length", "5", "--max-length", "3"],
+     "sentence lengths must satisfy 2 <= min (5) <= max (3)"),
+])
+def test_training_option_values_the_task_refuses_are_usage_errors(run, embeddings, tmp_path, args, needle):
+    """Checked by the task's own rule (check_masked_word_config) before any file is read."""
+    usage_failure(run("train", "--embeddings", embeddings.glove, "--sentences", tmp_path / "none.txt", *args), needle)

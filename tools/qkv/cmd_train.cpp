@@ -105,9 +105,6 @@ void validate(const CLI::App* sub, TrainArgs& a) {
   if (!masked && a.config.num_keys < a.config.pairs)
     usage_error(fmt::format("--keys ({}) must be at least --pairs ({})", a.config.num_keys, a.config.pairs));
   if (!masked) return;
-  if (a.masked.max_length < a.masked.min_length)
-    usage_error(
-        fmt::format("--max-length ({}) must be at least --min-length ({})", a.masked.max_length, a.masked.min_length));
   SentenceArgs where;
   where.embeddings = a.masked.embeddings;
   resolve_default_embeddings(where);
@@ -115,6 +112,11 @@ void validate(const CLI::App* sub, TrainArgs& a) {
   if (a.masked.sentences.empty())
     a.masked.sentences = (std::filesystem::path(a.masked.embeddings).parent_path() / "sentences.txt").string();
   if (a.task == "context") context_defaults(sub, a.masked);
+  try {  // option values the task refuses (lengths, the context task's 4 words) are usage errors
+    check_masked_word_config(a.masked);
+  } catch (const Error& e) {
+    usage_error(e.what());
+  }
 }
 
 void print_accuracy(const char* name, const TopAccuracy& t) {
