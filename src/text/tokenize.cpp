@@ -12,7 +12,7 @@ std::vector<std::string> tokenize(std::string_view sentence) {
   for (std::size_t i = 0; i < sentence.size(); ++i) {
     const char ch = sentence[i];
     const auto c = static_cast<unsigned char>(ch);
-    const bool mark = sentence.compare(i, kByteOrderMark.size(), kByteOrderMark) == 0;
+    const bool mark = c == 0xEF && sentence.compare(i, kByteOrderMark.size(), kByteOrderMark) == 0;
     // Bytes >= 0x80 are parts of UTF-8 sequences: keeping them inside the word keeps "café" whole.
     const bool word_byte =
         !mark && (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'));

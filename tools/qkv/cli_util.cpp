@@ -56,9 +56,9 @@ void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg
 template void check_finite<float>(TensorView<const float>, const std::string&, bool, const IndexMap&);
 template void check_finite<double>(TensorView<const double>, const std::string&, bool, const IndexMap&);
 
-void check_output_path(const std::string& path, const std::string& option) {
+OutputTarget check_output_path(const std::string& path, const std::string& option) {
   try {
-    (void)resolve_output(path);
+    return resolve_output(path);
   } catch (const Error& e) {
     // "cannot write X: why" -> "--out X: why", the option being what the user typed.
     std::string message = e.what();
@@ -96,8 +96,7 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
   std::map<std::string, std::pair<std::string, std::string>> seen;  // identity -> (option, path)
   for (const auto& [option, path] : outputs) {
     if (path.empty()) continue;
-    check_output_path(path, option);
-    const auto [it, fresh] = seen.emplace(output_identity(resolve_output(path)), std::pair{option, path});
+    const auto [it, fresh] = seen.emplace(output_identity(check_output_path(path, option)), std::pair{option, path});
     if (!fresh) {
       const auto& [first_option, first_path] = it->second;
       const std::string same = first_path == path ? fmt::format(" (and for {})", first_option)
@@ -108,12 +107,13 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
 }
 
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
-  std::set<std::string> seen;
-  for (const auto& f : files)
-    if (!seen.insert(output_identity(resolve_output(f.first))).second)
-      throw Error(fmt::format("{}: named for two outputs", f.first));
   std::vector<OutputTarget> targets;
-  for (const auto& f : files) targets.push_back(resolve_output(f.first));
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    targets.push_back(resolve_output(f.first));
+    if (!seen.insert(output_identity(targets.back())).second)
+      throw Error(fmt::format("{}: named for two outputs", f.first));
+  }
   // Only files this call wrote are removed on failure; a device or stdout is never ours to remove.
   std::vector<std::string> written;
   try {

@@ -17,6 +17,7 @@
 #include "qkv/attention.h"
 #include "qkv/embeddings.h"
 #include "qkv/layer.h"
+#include "qkv/output_file.h"
 #include "qkv/tensor.h"
 
 namespace qkv::cli {
@@ -39,9 +40,10 @@ template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf = false,
                   const IndexMap& to_file_index = {});
 
-// Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h;
-// throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before computing.
-void check_output_path(const std::string& path, const std::string& option);
+// Checks that `path` (given to `option`) can be written by the rule of qkv/output_file.h and
+// returns where it leads; throws qkv::Error "<option> <path>: <why>" otherwise. Cheap, run before
+// computing.
+OutputTarget check_output_path(const std::string& path, const std::string& option);
 // check_output_path for each (option, path) whose path is not empty, then that no two of them
 // lead to one file, however spelled ("./x", "d/../x", a link, a hard link): throws qkv::Error
 // "<option> <path>: named for two outputs (<option> <path> is the same file)", or "(and for

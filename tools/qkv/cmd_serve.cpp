@@ -120,6 +120,8 @@ void add_routes(httplib::Server& server, const ServeApi& state) {
 
 bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
 // Takes SIGINT and SIGTERM for the whole run: they are blocked in every thread (threads started
 // later, the server's pool and OpenMP's, inherit the mask) and received by one thread with
 // sigwait, which stops the server from outside any signal handler.
@@ -146,7 +148,7 @@ class StopSignals {
         }
         if (std::chrono::steady_clock::now() > deadline) {
           fmt::print(stderr, "qkv serve: stopped ({}), leaving requests still being sent unanswered\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+                     signal_name(sig));
           std::fflush(nullptr);
           std::_Exit(0);
         }
@@ -180,7 +182,7 @@ class StopSignals {
 };
 
 int stopped(int sig) {
-  fmt::print(stderr, "qkv serve: stopped ({})\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  fmt::print(stderr, "qkv serve: stopped ({})\n", signal_name(sig));
   return 0;
 }
 

@@ -209,8 +209,7 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
   RingOptions options;
   std::string error;
   try {
-    check_output_path(a.out, "--out");
-    if (!a.lse.empty()) check_output_path(a.lse, "--lse");
+    check_output_paths({{"--out", a.out}, {"--lse", a.lse}});
     q = read_shard(a.q, "--q", ranks, rank);
     k = read_shard(a.k, "--k", ranks, rank);
     v = read_shard(a.v, "--v", ranks, rank);
