@@ -120,24 +120,22 @@ std::pair<py::array, py::array> new_top_k(const std::vector<int64_t>& shape) {
 
 namespace {
 
-// "(i, j, ...)": the caller's (numpy) index of the element for_each_element reports at `idx`.
-std::string index_text(const std::array<int64_t, 4>& idx, int rank) {
+// "(i, j, ...)": an element's index as numpy writes it ("(3,)" for a vector).
+std::string index_text(std::span<const int64_t> index) {
   std::string where;
-  for (int i = 4 - rank; i < 4; ++i) where += (where.empty() ? "" : ", ") + std::to_string(idx[i]);
-  return "(" + where + ")";
+  for (const int64_t i : index) where += (where.empty() ? "" : ", ") + std::to_string(i);
+  return "(" + where + (index.size() == 1 ? ",)" : ")");
 }
 
 }  // namespace
 
 template <class T>
 void check_finite(qkv::TensorView<const T> v, const char* name, bool allow_neg_inf) {
-  const int rank = v.rank();
-  qkv::for_each_element(v, [&](const T& element, const std::array<int64_t, 4>& idx) {
-    const double x = static_cast<double>(element);
-    if (std::isfinite(x) || (allow_neg_inf && x < 0 && std::isinf(x))) return;
-    throw py::value_error(fmt::format("{} contains {} at index {}", name,
-                                      std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), index_text(idx, rank)));
-  });
+  const std::optional<qkv::NonFinite> bad = qkv::find_non_finite(v, allow_neg_inf);
+  if (!bad) return;
+  const double x = bad->value;
+  throw py::value_error(fmt::format("{} contains {} at index {}", name,
+                                    std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf"), index_text(bad->index)));
 }
 
 template qkv::TensorView<const float> array_view(const py::array&, const char*);
@@ -320,9 +318,9 @@ qkv::TensorView<const float> float32_view(const py::handle& obj, const char* nam
     const py::array wide = aligned(obj);
     const qkv::TensorView<const double> w = array_view<double>(wide, name);
     qkv::for_each_element(w, [&](const double& x, const std::array<int64_t, 4>& idx) {
-      if (std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
-        throw py::value_error(
-            fmt::format("{}: element {} at index {} overflows float32", name, x, index_text(idx, w.rank())));
+      if (qkv::overflows_float32(x))
+        throw py::value_error(fmt::format("{}: element {} at index {} overflows float32", name, x,
+                                          index_text(std::span(idx).last(static_cast<std::size_t>(w.rank())))));
     });
     owner = py::array_t<float>::ensure(obj);
   }
@@ -422,6 +420,11 @@ void bind_argument_checks(py::module_& m) {
   m.def("_threads_arg", [](const py::object& obj) { return threads_arg(obj); });
   m.def("_scale_arg", [](const py::object& obj) { return scale_arg(obj); });
   m.def("_dropout_p_arg", [](const py::object& obj) { return qkv::dropout_p_value(to_float(obj, "dropout_p")); });
+  m.def("_float32_array", [](const py::object& obj, const std::string& name) {
+    py::array owner;
+    float32_view(obj, name.c_str(), owner);
+    return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(owner);
+  });
   m.def(
       "_closest_name",
       [](const std::string& given, const std::vector<std::string>& known) { return qkv::closest_name(given, known); },

@@ -46,10 +46,8 @@ void set_parameter(PyLayer& layer, const std::string& name, const py::object& va
   py::array owner;
   const qkv::TensorView<const float> v = float32_view(value, name.c_str(), owner);
   qkv::require_shape(v.shape(), t.shape(), name);
+  check_finite(v, name.c_str());
   const qkv::Tensor<float> copy = qkv::to_contiguous<float>(v);
-  for (int64_t i = 0; i < copy.numel(); ++i)
-    if (!std::isfinite(copy[i]))
-      throw py::value_error(fmt::format("{} contains a non-finite value at flat index {}", name, i));
   const SharedReads::Writing writing(&layer.layer);  // not under a forward, backward or save in another thread
   std::copy(copy.data(), copy.data() + copy.numel(), t.data());
 }

@@ -12,7 +12,9 @@
 #endif
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -398,6 +400,42 @@ TEST(Limits, MinusInfinityBiasMasksWholeRowsOnEveryPath) {
   options.kernel = Kernel::fused;
   const Result got = run(q, k, v, options);
   for (int64_t i = 0; i < N; i += 2) EXPECT_EQ(got.lse[i], -std::numeric_limits<float>::infinity()) << "row " << i;
+}
+
+TEST(Limits, FindNonFiniteNamesTheFirstBadElementInTheViewsOwnShape) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  Tensor<float> t({3, 4});
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(i);
+  EXPECT_FALSE(find_non_finite(t.cview()));
+  t[1 * 4 + 2] = -inf;           // (1, 2); in the transposed view (2, 1)
+  t[2 * 4 + 1] = std::nanf("");  // (2, 1); in the transposed view (1, 2), which comes first
+  const TensorView<const float> tt = t.cview().transposed(0, 1);
+  std::optional<NonFinite> bad = find_non_finite(tt);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->index, (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(std::isnan(bad->value));
+  bad = find_non_finite(t.cview());
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->index, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(bad->value, -inf);
+  bad = find_non_finite(t.cview(), /*allow_neg_inf=*/true);  // -inf passes; NaN does not
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->index, (std::vector<int64_t>{2, 1}));
+  t[2 * 4 + 1] = inf;
+  bad = find_non_finite(t.cview(), /*allow_neg_inf=*/true);
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->value, inf);
+  const bf16 row[2] = {float_to_bf16(1.0f), float_to_bf16(-inf)};
+  bad = find_non_finite(TensorView<const bf16>(row, {2}));
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->index, (std::vector<int64_t>{1}));
+
+  EXPECT_FALSE(overflows_float32(std::numeric_limits<float>::max()));
+  EXPECT_FALSE(overflows_float32(-1e38));
+  EXPECT_TRUE(overflows_float32(3.5e38));
+  EXPECT_TRUE(overflows_float32(-1e300));
+  EXPECT_FALSE(overflows_float32(std::numeric_limits<double>::infinity())) << "already infinite: not an overflow";
+  EXPECT_FALSE(overflows_float32(std::nan("")));
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -203,6 +206,33 @@ To element_cast(From x) {
     return static_cast<To>(bf16_to_float(x));
   else
     return static_cast<To>(x);
+}
+
+// True when a finite double becomes infinite as a float: every reader of float64 data refuses
+// such a value rather than store an infinity the data never held.
+inline bool overflows_float32(double v) { return std::isfinite(v) && !std::isfinite(static_cast<float>(v)); }
+
+// An element that is not finite: its index in the view's own shape (rank entries) and its value.
+struct NonFinite {
+  std::vector<int64_t> index;
+  double value;
+};
+
+// The first element of `view` in row-major order that is NaN or infinite, or nothing. With
+// `allow_neg_inf`, -inf passes: in an additive bias it means "never attend".
+template <class T>
+std::optional<NonFinite> find_non_finite(const TensorView<T>& view, bool allow_neg_inf = false) {
+  const TensorView<T> v = view.as_rank4();
+  for (int64_t a = 0; a < v.dim(0); ++a)
+    for (int64_t b = 0; b < v.dim(1); ++b)
+      for (int64_t c = 0; c < v.dim(2); ++c)
+        for (int64_t d = 0; d < v.dim(3); ++d) {
+          const double x = element_cast<double>(v(a, b, c, d));
+          if (std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity())) continue;
+          const std::array<int64_t, 4> at{a, b, c, d};
+          return NonFinite{std::vector<int64_t>(at.end() - view.rank(), at.end()), x};
+        }
+  return std::nullopt;
 }
 
 // Copies any view (any strides) into a new contiguous tensor of element type To.

@@ -8,8 +8,8 @@
     dq_s, dk_s, dv_s = qd.ring_attention_backward(comm, dout_s, q_s, k_s, v_s, out_s, lse_s, causal=True)
     out = qd.unshard(out_s, comm)                              # the whole sequence, on every rank
 
-Every rank calls each function together (collective). Arrays are this rank's shard, float32 (other
-float dtypes are converted), shaped [..., n, D] with rank 2, 3 or 4 like qkv.scaled_dot_product_attention;
+Every rank calls each function together (collective). Arrays are this rank's shard, float32 (or
+float64, rounded; a value past float32's range is refused), shaped [..., n, D] with rank 2, 3 or 4 like qkv.scaled_dot_product_attention;
 the sequence is cut by `sharding`: "zigzag" (default; rank r holds chunks r and 2P-1-r of 2P, which
 balances a causal mask) or "contiguous". Masks use GLOBAL positions: causal (with causal_align),
 window, key_lengths, query_lengths, alibi_slopes, softcap. keep_mask and bias are not supported.
@@ -76,8 +76,9 @@ def _agree(comm, check):
 
 def _f32(x, name):
     """x [n, D], [H, n, D] or [B, H, n, D] as a C-contiguous float32 [B, H, n, D] array (no copy
-    when it is one already): converted here, not by the compiled call, so a failure is agreed on."""
-    return np.ascontiguousarray(_as4(x, name), dtype=np.float32)
+    when it is one already), by the main module's rule (float32, or float64 rounded to it, a value
+    past float32's range refused): converted here, not by the compiled call, so a failure is agreed on."""
+    return _qkv._float32_array(_as4(x, name), name)
 
 
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,
@@ -103,7 +104,7 @@ def ring_attention_backward(comm, dout, q, k, v, out, lse, *, causal=False, caus
     """Gradients (dq, dk, dv) of this rank's shards, given dout and the forward's out and lse."""
     def check():
         q4 = _f32(q, "q")
-        lse3 = np.asarray(lse, dtype=np.float32)
+        lse3 = _qkv._float32_array(np.asarray(lse), "lse")
         if lse3.size != np.prod(q4.shape[:3]):
             raise ValueError(f"lse: expected q's shape without D, {np.shape(q)[:-1]}, got shape {lse3.shape}")
         arrays = _f32(dout, "dout"), q4, _f32(k, "k"), _f32(v, "v"), _f32(out, "out"), lse3.reshape(q4.shape[:3])

@@ -12,6 +12,7 @@
 #include "qkv/error.h"
 #include "qkv/atomic_file.h"
 #include "qkv/npy.h"
+#include "qkv/tensor.h"
 
 namespace qkv {
 namespace {
@@ -53,8 +54,7 @@ T narrow(V v, int64_t index, const std::string& path) {
     return static_cast<uint8_t>(v);
   } else if constexpr (std::is_same_v<T, float> && std::is_same_v<V, double>) {
     float f = static_cast<float>(v);
-    if (std::isfinite(v) && !std::isfinite(f))
-      throw Error(fmt::format("{}: element {} ({}) overflows float32", path, index, v));
+    if (overflows_float32(v)) throw Error(fmt::format("{}: element {} ({}) overflows float32", path, index, v));
     return f;
   } else {
     return static_cast<T>(v);

@@ -13,6 +13,7 @@
 #include "qkv/error.h"
 #include "qkv/atomic_file.h"
 #include "qkv/safetensors.h"
+#include "qkv/tensor.h"
 
 namespace qkv {
 namespace {
@@ -68,8 +69,7 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
     case StType::f64: {
       double v = load_le<double>(p);
       float f = static_cast<float>(v);
-      if (std::isfinite(v) && !std::isfinite(f))
-        throw Error(fmt::format("{}: element {} ({}) overflows float32", where, index, v));
+      if (overflows_float32(v)) throw Error(fmt::format("{}: element {} ({}) overflows float32", where, index, v));
       return f;
     }
     case StType::f16:

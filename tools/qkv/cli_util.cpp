@@ -31,27 +31,11 @@ void print_error(std::string_view message) {
 
 template <class T>
 void check_finite(TensorView<const T> t, const std::string& name, bool allow_neg_inf, const IndexMap& to_file_index) {
-  // Loaded tensors are contiguous: scan them in place; copy only strided views.
-  Tensor<T> copy;
-  const T* data = t.data();
-  if (!t.is_contiguous()) {
-    copy = to_contiguous<T>(t);
-    data = copy.data();
-  }
-  const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = data[i];
-    if (std::isfinite(x) || (allow_neg_inf && std::isinf(x) && x < 0)) continue;
-    std::vector<int64_t> index(static_cast<std::size_t>(t.rank()));
-    int64_t rest = i;
-    for (int d = t.rank() - 1; d >= 0; --d) {
-      index[static_cast<std::size_t>(d)] = rest % t.dim(d);
-      rest /= t.dim(d);
-    }
-    if (to_file_index) to_file_index(index);
-    const char* what = std::isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf");
-    throw Error(fmt::format("{}: element {} is {}", name, shape_string(index), what));
-  }
+  std::optional<NonFinite> bad = find_non_finite(t, allow_neg_inf);
+  if (!bad) return;
+  if (to_file_index) to_file_index(bad->index);
+  const char* what = std::isnan(bad->value) ? "NaN" : (bad->value > 0 ? "+Inf" : "-Inf");
+  throw Error(fmt::format("{}: element {} is {}", name, shape_string(bad->index), what));
 }
 template void check_finite<float>(TensorView<const float>, const std::string&, bool, const IndexMap&);
 template void check_finite<double>(TensorView<const double>, const std::string&, bool, const IndexMap&);
