@@ -362,15 +362,13 @@ class DecodeChunk {
 
   // O rows [r0, r0 + R), columns [e, e + C·L) = alpha ⊙ O + P · V (the first block: P · V), with
   // the R·C accumulators in registers and each V vector loaded (and widened) once for the R rows.
+  // The block's sums start from 0 and join O once at the end: carried on from O, every key of a
+  // long cache would round at O's size, an error that grew with the cache's length.
   template <KVDtype kDt, int R, int64_t C, class Rows>
   __attribute__((always_inline)) void pv_tile(Rows v, int64_t r0, int64_t e, int64_t nb, bool first) {
     V acc[R][C];
-    for (int64_t r = 0; r < R; ++r) {
-      float* o = t_.o + (r0 + r) * p_.dvp + e;
-      const V a = Ops::set1(alpha_[r0 + r]);
-      for (int64_t c = 0; c < C; ++c)
-        acc[r][c] = first ? Ops::zero() : rescale_ ? Ops::mul(a, Ops::load(o + c * L)) : Ops::load(o + c * L);
-    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) acc[r][c] = Ops::zero();
     const float* pr = sb_ + r0 * kNb;
     for (int64_t jj = 0; jj < nb; ++jj) {
       const char* vr = v[jj];
@@ -381,8 +379,14 @@ class DecodeChunk {
         for (int64_t c = 0; c < C; ++c) acc[r][c] = Ops::fma(pb, vv[c], acc[r][c]);
       }
     }
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) Ops::store(t_.o + (r0 + r) * p_.dvp + e + c * L, acc[r][c]);
+    for (int64_t r = 0; r < R; ++r) {
+      float* o = t_.o + (r0 + r) * p_.dvp + e;
+      const V a = Ops::set1(alpha_[r0 + r]);
+      for (int64_t c = 0; c < C; ++c)
+        Ops::store(o + c * L, first      ? acc[r][c]
+                              : rescale_ ? Ops::fma(a, Ops::load(o + c * L), acc[r][c])
+                                         : Ops::add(Ops::load(o + c * L), acc[r][c]));
+    }
   }
 
   // Turns row r of sb [0, nbp) into P and updates m, l and alpha (the factor for the row of O).

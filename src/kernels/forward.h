@@ -37,6 +37,8 @@ enum : int {
   k_sizes,  // |k| of each key of the task's kv head (large_scores.h)
   wide,     // Qᵀ and rows of K widened to double for large_scores.h's second sum
   s_lo,     // what rounding the second sums to float left, laid out as scores
+  block_pv, // one key block's P·V, before it joins O
+  count,
 };
 }  // namespace forward_slot
 

@@ -72,6 +72,8 @@ class ForwardTile {
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * ls_));
     o_ = ws.get<float>(forward_slot::out, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
+    static_assert(forward_slot::count <= Workspace::kSlots);
+    pv_ = ws.get<float>(forward_slot::block_pv, static_cast<std::size_t>(bq_ * dvp_));
     // P·V on bf16 pairs only from one full vector of outputs per row: with Dv < L (Dv = 1, 3 in
     // the tests) a row's few outputs left P's rounding no room to average out, and it exceeded
     // FlashAttention's rule against PyTorch's bf16 composite in ~1 case in 2,000; that product
@@ -424,22 +426,40 @@ class ForwardTile {
   // with AMX, whose tiles want P padded to 32 keys, nor in block()'s rare case, which reads fp32 P.
   bool p_as_pairs() const { return pairs_pv_ && !amx_ && !rows_in_band_ && !p_.dropout.active(); }
 
-  // O = alpha ⊙ O + P · V[j0 : j0+nb].
+  // O = alpha ⊙ O + P · V[j0 : j0+nb]. The block's product is summed on its own, then added to
+  // O once: summed onto O, every key of a long row would round at O's size, an error that grew
+  // with M (uniform weights over 16k keys: 7e-4 against 2e-5 for the block-wise sum).
   void accumulate(int64_t j0, int64_t nb) {
     const In* v = v_ + j0 * p_.v_stride.row;
     const bool first = first_block_;
     first_block_ = false;
+    float* const dst = first ? o_ : pv_;  // the first block writes O itself
     if (rows_in_band_) {
       accumulate_in_bands(st_, ls_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, rows_, live_.data(), lo_.data(),
-                          hi_.data(), j0, nb, first ? nullptr : alpha_, o_);
-      return;
+                          hi_.data(), j0, nb, dst);
+    } else if constexpr (Pairs) {
+      if (pairs_pv_)
+        accumulate_pairs(v, nb, dst);
+      else
+        block_product(v, nb, dst);
+    } else {
+      block_product(v, nb, dst);
     }
-    if constexpr (Pairs) {
-      if (pairs_pv_) {
-        accumulate_pairs(v, nb, first);
-        return;
-      }
+    if (!first) fold_block(amx_ && !rows_in_band_ ? qvecs_ * L : rows_);
+  }
+
+  // O = alpha ⊙ O + pv_ over the first `rows` rows.
+  void fold_block(int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const V a = Ops::set1(alpha_[r]);
+      float* o = o_ + r * dvp_;
+      const float* pv = pv_ + r * dvp_;
+      for (int64_t e = 0; e < dvp_; e += L) Ops::store(o + e, Ops::fma(a, Ops::load(o + e), Ops::load(pv + e)));
     }
+  }
+
+  // dst = P · V[j0 : j0+nb] in fp32.
+  void block_product(const In* v, int64_t nb, float* dst) {
     GemmArgs<float, float> g;
     g.kdim = nb;
     g.a = st_;
@@ -453,16 +473,15 @@ class ForwardTile {
       g.b = vpack_;
       g.ldb = dvp_;
     }
-    g.c = o_;
+    g.c = dst;
     g.ldc = dvp_;
-    g.alpha = first ? nullptr : alpha_;  // the first block writes O, so O needs no zeroing
     gemm_blocked<Ops>(g, rows_, dvp_ / L);
   }
 
-  // O = alpha ⊙ O + P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
+  // dst = P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
   // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key; with AMX, zero keys up
   // to a multiple of 32, the tile product's depth).
-  void accumulate_pairs(const In* v, int64_t nb, bool first) {
+  void accumulate_pairs(const In* v, int64_t nb, float* dst) {
     using Dot = typename Ops::PairDot;
     const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
     if (!p_as_pairs()) {
@@ -489,7 +508,7 @@ class ForwardTile {
       *packed_ = {v, nb};
     }
     if (amx_) {
-      accumulate_tiles(kp, lanes, first);
+      accumulate_tiles(kp, lanes, dst);
       return;
     }
     GemmArgs<uint32_t, uint32_t> g;
@@ -499,26 +518,20 @@ class ForwardTile {
     g.a_k = bq_;
     g.b = vpairs_;
     g.ldb = dvp_;
-    g.c = o_;
+    g.c = dst;
     g.ldc = dvp_;
-    g.alpha = first ? nullptr : alpha_;
     gemm_blocked<Ops, Dot>(g, rows_, dvp_ / L);
   }
 
   // The AMX form of accumulate_pairs' product: prows [lanes x kp] = ppairs transposed (one row
-  // of pairs per query, A of the tile product), O rescaled by alpha first, then O += prows · vpairs.
-  void accumulate_tiles(int64_t kp, int64_t lanes, bool first) {
+  // of pairs per query, A of the tile product), then dst = prows · vpairs.
+  void accumulate_tiles(int64_t kp, int64_t lanes, float* dst) {
     static_assert(Ops::kTranspose == 16);  // the tile product's rows of 16 pairs
     for (int64_t k0 = 0; k0 < kp; k0 += 16)
       for (int64_t q0 = 0; q0 < lanes; q0 += 16)
         Ops::transpose(reinterpret_cast<const float*>(ppairs_ + k0 * bq_ + q0), bq_, 16,
                        reinterpret_cast<float*>(prows_ + q0 * kp + k0), kp);
-    if (!first)
-      for (int64_t r = 0; r < lanes; ++r) {
-        const V a = Ops::set1(alpha_[r]);
-        for (int64_t e = 0; e < dvp_; e += L) Ops::store(o_ + r * dvp_ + e, Ops::mul(Ops::load(o_ + r * dvp_ + e), a));
-      }
-    Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, o_, dvp_, lanes, dvp_, kp, !first);
+    Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, dst, dvp_, lanes, dvp_, kp, false);
   }
 
   void write_rows() {
@@ -583,7 +596,7 @@ class ForwardTile {
   bool near_max_ = false, separate_ = false;     // refine_near_max may take the blocks; a block showed it pays
   Elem *qt_, *kpack_;
   uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
-  float *vpack_, *st_, *o_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_, *col_max_;
+  float *vpack_, *st_, *o_, *pv_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_, *col_max_;
 };
 
 }  // namespace

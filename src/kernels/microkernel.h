@@ -41,9 +41,13 @@ struct GemmArgs {
   bool split_k = cpu_features().split_k;
 };
 
-// How a micro-tile's accumulators start: 0, alpha ⊙ C, or C as it is. Each start has its own copy
-// of the loop (a template parameter): with one loop after a runtime branch, GCC built the
-// accumulators on the stack and reloaded them (12 stores and loads per AVX2 micro-tile of K = 64).
+// How a micro-tile's accumulators start: 0, or C as it is (a later K chunk). With alpha they
+// start from 0 as well and C = alpha ⊙ C + A·B is formed at the store, so the K products are
+// summed on their own before they meet C: a sum that many calls add to (the backward's dq over
+// every key tile) then rounds once per call at C's size, not once per product, whose error grew
+// with the number of calls. Each start has its own copy of the loop (a template parameter): with
+// one loop after a runtime branch, GCC built the accumulators on the stack and reloaded them (12
+// stores and loads per AVX2 micro-tile of K = 64).
 enum class Start { zero, scaled, load };
 
 // KFixed > 0 fixes K at compile time (head dims 64 and 128), so the k loop can be unrolled.
@@ -56,10 +60,7 @@ void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
   const int64_t ldc = g.ldc;
   V acc[R][NV];
   for (int r = 0; r < R; ++r) {
-    if constexpr (From == Start::scaled) {
-      const V s = Ops::set1(g.alpha[r]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::mul(Ops::load(c + r * ldc + v * L), s);
-    } else if constexpr (From == Start::load) {
+    if constexpr (From == Start::load) {
       for (int v = 0; v < NV; ++v) acc[r][v] = Ops::load(c + r * ldc + v * L);
     } else {
       for (int v = 0; v < NV; ++v) acc[r][v] = Ops::zero();
@@ -80,6 +81,11 @@ void gemm_micro_from(const GemmArgs<typename Dot::AT, typename Dot::BT>& g) {
     a += g.a_k;
     b += g.ldb;
   }
+  if constexpr (From == Start::scaled)
+    for (int r = 0; r < R; ++r) {
+      const V s = Ops::set1(g.alpha[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::fma(s, Ops::load(c + r * ldc + v * L), acc[r][v]);
+    }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) Ops::store(c + r * ldc + v * L, acc[r][v]);
   if (g.col_max != nullptr)
@@ -153,14 +159,15 @@ inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t byte
 // C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel, K in chunks
 // (k_chunk, where g.split_k) each of which runs over every strip of rows before the next starts.
 // A later chunk carries on from C as the last one stored it, so the sums and their order, and so
-// every bit, are those of one pass. The full-size micro-tiles use a K-specialized instantiation
-// for K = 32, 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
+// every bit, are those of one pass. With alpha, K runs in one pass: alpha ⊙ C joins the sum at its
+// end (Start), which a later chunk would then carry on from. The full-size micro-tiles use a K-specialized
+// instantiation for K = 32, 64, 128 (head dims 64 and 128, in pairs for bf16, and full key blocks).
 template <class Ops, class Dot = FloatDot<Ops>>
 void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
   const int64_t panels = (vecs + kNV - 1) / kNV;
-  const int64_t chunk =
-      std::max<int64_t>(1, g.split_k ? k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)) : g.kdim);
+  const int64_t chunk = std::max<int64_t>(
+      1, g.split_k && g.alpha == nullptr ? k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)) : g.kdim);
   int64_t k0 = 0;
   do {  // once at K = 0, which still writes C (0 or alpha ⊙ C)
     const int64_t kc = std::min(chunk, g.kdim - k0);

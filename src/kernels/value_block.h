@@ -38,23 +38,24 @@ bool has_nonfinite(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv
   return bad;
 }
 
-// O = alpha ⊙ O + P · V with each row over its own keys only, in plain loops: the forward tile's
-// rare case, where a NaN or Inf in V must not reach rows whose band leaves its key out (0 · NaN =
-// NaN). pt [nb x ls] = Pᵀ of the block at key j0, v its rows (as pack_values), row r < rows of
-// o (dvp apart) takes keys [lo[r], hi[r]) if live[r]; alpha null: O is written, not rescaled.
+// o = P · V with each row over its own keys only, in plain loops: the forward tile's rare case,
+// where a NaN or Inf in V must not reach rows whose band leaves its key out (0 · NaN = NaN).
+// pt [nb x ls] = Pᵀ of the block at key j0, v its rows (as pack_values), row r < rows of o (dvp
+// apart, the columns past Dv zeroed) takes keys [lo[r], hi[r]) if live[r].
 template <class In>
 void accumulate_in_bands(const float* pt, int64_t ls, const In* v, int64_t row, int64_t col, int64_t Dv, int64_t dvp,
                          int64_t rows, const bool* live, const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nb,
-                         const float* alpha, float* o) {
+                         float* o) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t first = live[r] ? std::clamp<int64_t>(lo[r] - j0, 0, nb) : 0;
     const int64_t last = live[r] ? std::clamp<int64_t>(hi[r] - j0, first, nb) : first;
     float* out = o + r * dvp;
     for (int64_t e = 0; e < Dv; ++e) {
-      float acc = alpha == nullptr ? 0.0f : alpha[r] * out[e];
+      float acc = 0.0f;
       for (int64_t jj = first; jj < last; ++jj) acc += pt[jj * ls + r] * widen(v[jj * row + e * col]);
       out[e] = acc;
     }
+    std::fill(out + Dv, out + dvp, 0.0f);
   }
 }
 

@@ -19,7 +19,7 @@ inline constexpr std::size_t kKeptScratchBytes = std::size_t{8} << 20;
 // stream of calls allocates nothing.
 class Workspace {
  public:
-  static constexpr int kSlots = 12;
+  static constexpr int kSlots = 13;
   // Returns room for at least `count` T (float or uint32_t), 64-byte aligned, in slot `slot`
   // (< kSlots); the previous contents of the slot are not kept.
   template <class T>
