@@ -26,6 +26,8 @@
 #include "qkv/reference.h"
 #include "qkv/embeddings.h"
 #include "qkv/io.h"
+#include "qkv/out_of_memory.h"
+#include "qkv/weights.h"
 #include "test_util.h"
 
 #ifdef QKV_TEST_UNDER_ASAN
@@ -436,6 +438,30 @@ TEST(Limits, FindNonFiniteNamesTheFirstBadElementInTheViewsOwnShape) {
   EXPECT_TRUE(overflows_float32(-1e300));
   EXPECT_FALSE(overflows_float32(std::numeric_limits<double>::infinity())) << "already infinite: not an overflow";
   EXPECT_FALSE(overflows_float32(std::nan("")));
+}
+
+// A row of 2^40 float64 logits per thread cannot be allocated: qkv::OutOfMemory, not
+// std::terminate from inside the threads' region.
+TEST(Limits, WeightsOverKeysPastMemoryAreRefusedNotAborted) {
+  const int64_t M = int64_t{1} << 40;
+  const float one = 1.0f;
+  const std::array<int64_t, 4> shape{1, 1, M, 1}, broadcast{0, 0, 0, 0};
+  const TensorView<const float> q(&one, {1, 1, 1, 1}), k(&one, shape, broadcast);
+  const std::vector<int64_t> rows{0};
+  Tensor<float> values({1, 1, 1, 1});
+  Tensor<int64_t> indices({1, 1, 1, 1});
+  for (int threads : {1, 2}) {
+    AttentionOptions options;
+    options.num_threads = threads;
+    try {
+      attention_weights_topk(values.view(), indices.view(), q, k, {}, rows, 1, options);
+      ADD_FAILURE() << "a row of 2^40 logits was allocated";
+    } catch (const OutOfMemory& e) {
+      EXPECT_NE(std::string(e.what()).find("attention weights: a row of 1099511627776 float64 logits per thread"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

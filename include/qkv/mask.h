@@ -47,14 +47,22 @@ struct Mask {
   // Added to the diagonal key index of every query of batch row b (causal, window, ALiBi), after
   // the alignment above. Size B, or empty for 0. Lets one block of a longer sequence keep the
   // diagonal of the whole (ring attention: query block at q0, key block at k0 gives q0 - k0).
+  // Each within ±kMaxDiagonalOffset.
   std::vector<int64_t> diagonal_offsets;
 
   CausalAlign align() const { return causal ? *causal : diagonal; }
 };
 
+// The largest |diagonal offset| check_attention_shapes takes: past it an offset means nothing more
+// (no sequence is that long), and the band's arithmetic would overflow int64.
+constexpr int64_t kMaxDiagonalOffset = int64_t{1} << 60;
+
 // Broadcasts a view of rank <= 4 to [B, H, N, M] by numpy rules (size-1 or missing dims get
 // stride 0). Throws qkv::Error naming `what` if the shapes are not broadcast-compatible.
-template <class T>
-TensorView<T> broadcast_mask(TensorView<T> view, int64_t B, int64_t H, int64_t N, int64_t M, const char* what);
+// For a bias (float; a TensorView<float> converts) and a keep mask (uint8).
+TensorView<const float> broadcast_mask(TensorView<const float> view, int64_t B, int64_t H, int64_t N, int64_t M,
+                                       const char* what);
+TensorView<const uint8_t> broadcast_mask(TensorView<const uint8_t> view, int64_t B, int64_t H, int64_t N, int64_t M,
+                                         const char* what);
 
 }  // namespace qkv

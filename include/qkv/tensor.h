@@ -2,6 +2,7 @@
 // 64-byte aligned, contiguous row-major). Rank is at most 4.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -233,6 +234,43 @@ std::optional<NonFinite> find_non_finite(const TensorView<T>& view, bool allow_n
           return NonFinite{std::vector<int64_t>(at.end() - view.rank(), at.end()), x};
         }
   return std::nullopt;
+}
+
+// The bytes a view's elements span, [begin, end); both null for a view with no elements.
+struct ByteSpan {
+  const std::byte* begin = nullptr;
+  const std::byte* end = nullptr;
+  bool overlaps(const ByteSpan& o) const { return begin < o.end && o.begin < end; }
+};
+
+template <class T>
+ByteSpan byte_span(const TensorView<T>& view) {
+  if (view.numel() == 0 || view.data() == nullptr) return {};
+  const T *first = view.data(), *last = view.data();
+  for (int i = 0; i < view.rank(); ++i) (view.stride(i) < 0 ? first : last) += (view.dim(i) - 1) * view.stride(i);
+  return {reinterpret_cast<const std::byte*>(first), reinterpret_cast<const std::byte*>(last + 1)};
+}
+
+// Whether two elements of `view` may be one place in memory: a stride-0 dimension of size > 1, or
+// strides that interleave. Dimensions sorted by |stride| must each step past all the smaller ones
+// (every dense, padded or permuted layout does); a layout that does not is counted as overlapping.
+template <class T>
+bool may_self_overlap(const TensorView<T>& view) {
+  // (|stride|, size) of the dimensions of size > 1, then placeholders that sort after them.
+  std::array<std::pair<int64_t, int64_t>, kMaxRank> dims;
+  dims.fill({std::numeric_limits<int64_t>::max(), 1});
+  int n = 0;
+  for (int i = 0; i < view.rank() && i < kMaxRank; ++i)
+    if (view.dim(i) > 1) dims[n++] = {view.stride(i) < 0 ? -view.stride(i) : view.stride(i), view.dim(i)};
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 1;  // elements spanned by the dimensions so far, plus one
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].first < reach) return true;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(dims[i].first, dims[i].second - 1, &step) || __builtin_add_overflow(step, reach, &reach))
+      return i + 1 < n;  // past any address: a larger stride would have to step past it
+  }
+  return false;
 }
 
 // Copies any view (any strides) into a new contiguous tensor of element type To.

@@ -10,6 +10,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/forward.h"
+#include "attention/output_checks.h"
 #include "attention/overflow.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
@@ -22,6 +23,7 @@ namespace {
 void require_rank4(std::span<const int64_t> shape, const char* name, const char* letters) {
   if (shape.size() != 4)
     throw Error(fmt::format("{}: expected rank 4 {}, got shape {}", name, letters, shape_string(shape)));
+  checked_numel(shape, sizeof(float), name);  // a negative size, or one past what memory can address
 }
 
 }  // namespace
@@ -37,8 +39,8 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (k[3] != s.D) throw Error(fmt::format("head dims differ: q has D = {} but k has D = {}", s.D, k[3]));
   if (v[1] != s.Hkv || v[2] != s.M)
     throw Error(fmt::format("k {} and v {} must agree on [B, Hkv, M]", shape_string(k), shape_string(v)));
-  if (s.D <= 0) throw Error("head dim D must be at least 1, got 0");
-  if (s.Dv <= 0) throw Error("value head dim Dv must be at least 1, got 0");
+  if (s.D <= 0) throw Error(fmt::format("head dim D must be at least 1, got {}", s.D));
+  if (s.Dv <= 0) throw Error(fmt::format("value head dim Dv must be at least 1, got {}", s.Dv));
   if (s.D > kMaxHeadDim || s.Dv > kMaxHeadDim)
     throw Error(fmt::format("head dims D = {} and Dv = {} must be at most {} (kMaxHeadDim)", s.D, s.Dv, kMaxHeadDim));
   require_head_groups(s.H, s.Hkv, "attention");
@@ -51,6 +53,9 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   if (!m.diagonal_offsets.empty() && static_cast<int64_t>(m.diagonal_offsets.size()) != s.B)
     throw Error(fmt::format("diagonal_offsets: expected {} entries (one per batch row), got {}", s.B,
                             m.diagonal_offsets.size()));
+  for (std::size_t b = 0; b < m.diagonal_offsets.size(); ++b)
+    if (m.diagonal_offsets[b] > kMaxDiagonalOffset || m.diagonal_offsets[b] < -kMaxDiagonalOffset)
+      throw Error(fmt::format("diagonal_offsets[{}] = {} is outside ±2^60", b, m.diagonal_offsets[b]));
   auto check_mask_view = [&](std::span<const int64_t> shape, const char* name) {
     const std::array<int64_t, 4> want{s.B, s.H, s.N, s.M};
     if (shape.size() != 4 || !std::equal(shape.begin(), shape.end(), want.begin()))
@@ -147,6 +152,15 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
                  TensorView<const T> v, const AttentionOptions& options) {
   const AttentionShape s =
       check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
+  const Mask& m = options.mask;
+  const std::array<detail::NamedSpan, 6> read{{{"q", byte_span(q)},
+                                               {"k", byte_span(k)},
+                                               {"v", byte_span(v)},
+                                               {"the bias", byte_span(m.bias)},
+                                               {"the keep mask", byte_span(m.keep)},
+                                               {"out", byte_span(out)}}};
+  detail::require_output(out, "out", std::span(read).first(5));
+  detail::require_output(lse, "lse", read);
   if (options.kernel == Kernel::reference) {
     reference_forward_narrow(out, lse, q, k, v, options);
     return;
@@ -166,7 +180,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   kernels::forward(p, path, threads_for(s, options));
   // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
   // (l = 0), as it writes the rows: no pass of its own.
-  if (nonfinite.load() || (emptied.load() && !detail::may_mask_whole_rows(options.mask)))
+  if (nonfinite.load() || emptied.load())
     detail::refuse_overflow({"attention_forward", "float32", "3.4e38", detail::kFp32OverflowRemedy}, q, k, v,
                             options.mask);
 }

@@ -4,15 +4,17 @@
 
 #include <array>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
 #include "qkv/attention.h"
 
 namespace qkv::detail {
 
-// dq [B,H,N,D], dk [B,Hkv,M,D], dv [B,Hkv,M,Dv], dout [B,H,N,Dv], dbias empty or [B,H,N,M] with
-// no stride-0 dimension of size > 1 (each element must be its own gradient).
+// dq [B,H,N,D], dk [B,Hkv,M,D], dv [B,Hkv,M,Dv], dout [B,H,N,Dv], dbias empty or [B,H,N,M].
 template <class T>
 void check_backward_outputs(const AttentionShape& s, std::span<const int64_t> dq, std::span<const int64_t> dk,
                             std::span<const int64_t> dv, const TensorView<T>& dbias, std::span<const int64_t> dout) {
@@ -20,11 +22,20 @@ void check_backward_outputs(const AttentionShape& s, std::span<const int64_t> dq
   require_shape(dq, std::array<int64_t, 4>{s.B, s.H, s.N, s.D}, "dq");
   require_shape(dk, std::array<int64_t, 4>{s.B, s.Hkv, s.M, s.D}, "dk");
   require_shape(dv, std::array<int64_t, 4>{s.B, s.Hkv, s.M, s.Dv}, "dv");
-  if (dbias.empty()) return;
-  require_shape(dbias.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.M}, "dbias");
-  for (int i = 0; i < 4; ++i)
-    if (dbias.dim(i) > 1 && dbias.stride(i) == 0)
-      throw Error(fmt::format("dbias: dimension {} has stride 0; pass a full [B, H, N, M] buffer and sum it", i));
+  if (!dbias.empty()) require_shape(dbias.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.M}, "dbias");
+}
+
+// Each gradient one place per element (a dk shared by a batch through stride 0 took one batch
+// row's gradient, not their sum: sum them from a full buffer), none sharing memory with the
+// inputs or with another gradient (require_output).
+template <class T>
+void require_gradient_outputs(const TensorView<T>& dq, const TensorView<T>& dk, const TensorView<T>& dv,
+                              const TensorView<T>& dbias, std::span<const NamedSpan> inputs) {
+  std::vector<NamedSpan> seen(inputs.begin(), inputs.end());
+  for (const auto& [grad, name] : {std::pair{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dbias, "dbias"}}) {
+    require_output(*grad, name, seen);
+    seen.push_back({name, byte_span(*grad)});
+  }
 }
 
 }  // namespace qkv::detail

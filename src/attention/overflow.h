@@ -23,18 +23,6 @@ bool all_finite(TensorView<const T> t) {
   return finite;
 }
 
-// A keep-mask, or a bias with a -inf, can take every key of a row away (every score -inf); a row
-// emptied otherwise had its allowed scores overflow to -inf.
-inline bool may_mask_whole_rows(const Mask& mask) {
-  if (!mask.keep.empty()) return true;
-  bool minus_inf = false;
-  if (!mask.bias.empty())
-    for_each_element(mask.bias, [&](const float& x, const auto&) {
-      minus_inf = minus_inf || x == -std::numeric_limits<float>::infinity();
-    });
-  return minus_inf;
-}
-
 // Whether the inputs explain a non-finite result themselves: a NaN or inf in q, k or v, or a NaN
 // or +inf in the bias.
 template <class T>
@@ -63,8 +51,8 @@ struct Overflow {
   const char* results = "scores or P·V sums";  // what went past the limit
 };
 
-// Call when a row with an allowed key came out non-finite (or emptied where no mask could have
-// emptied it), or when a gradient did: throws unless the inputs explain it. A backward passes its
+// Call when a row with an allowed key came out non-finite (or with every logit -inf:
+// MaskEval::row_has_allowed_key), or when a gradient did: throws unless the inputs explain it. A backward passes its
 // dout (its message then names the gradients) and, in `explained`, whether its other inputs (the
 // forward's out and lse) hold what explains a non-finite gradient.
 template <class T>

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/output_checks.h"
 #include "attention/overflow.h"
 #include "attention/row_logits.h"
 #include "qkv/interrupt.h"
@@ -16,6 +17,16 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
                                  TensorView<const double> q, TensorView<const double> k, TensorView<const double> v,
                                  const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
+  const std::array<detail::NamedSpan, 7> read{{{"q", byte_span(q)},
+                                               {"k", byte_span(k)},
+                                               {"v", byte_span(v)},
+                                               {"the bias", byte_span(options.mask.bias)},
+                                               {"the keep mask", byte_span(options.mask.keep)},
+                                               {"out", byte_span(out)},
+                                               {"lse", byte_span(lse)}}};
+  detail::require_output(out, "out", std::span(read).first(5));
+  detail::require_output(lse, "lse", std::span(read).first(6));
+  detail::require_output(weights, "weights", read);
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -41,7 +52,7 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
       out(b, h, i, e) = masked ? 0.0 : acc / sum;
       nonfinite |= !std::isfinite(out(b, h, i, e));
     }
-    emptied |= masked && !band.empty();
+    emptied = emptied || (masked && mask.row_has_allowed_key(b, h, i));
     if (!lse.empty()) lse(b, h, i) = masked ? kNegInf : row_max + std::log(sum);
     if (!weights.empty()) {
       for (int64_t j = 0; j < s.M; ++j) {
@@ -50,7 +61,7 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
       }
     }
   });
-  if (nonfinite || (emptied && !detail::may_mask_whole_rows(options.mask)))
+  if (nonfinite || emptied)
     detail::refuse_overflow({"reference_attention_forward", "float64", "1.8e308", "scale the inputs down"}, q, k, v,
                             options.mask);
 }

@@ -23,6 +23,13 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
                                   const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
+  const std::array<detail::NamedSpan, 6> read{{{"q", byte_span(q)},
+                                               {"k", byte_span(k)},
+                                               {"v", byte_span(v)},
+                                               {"dout", byte_span(dout)},
+                                               {"the bias", byte_span(options.mask.bias)},
+                                               {"the keep mask", byte_span(options.mask.keep)}}};
+  detail::require_gradient_outputs(dq, dk, dv, dbias, read);
   const double scale = attention_scale(options.scale, s.D);
   const double cap = options.mask.softcap;
   const detail::MaskEval mask(options.mask, s);
@@ -42,7 +49,7 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
     const detail::RowLogits r = detail::row_logits(p.data(), x.data(), mask, q, k, scale, b, h, hk, i);
     const detail::KeyBand band = r.band;
     const bool masked = r.masked;
-    emptied |= masked && !band.empty();
+    emptied = emptied || (masked && mask.row_has_allowed_key(b, h, i));
     const double sum = masked ? 0.0 : detail::exp_in_place(p.data(), r);
     // D_i = sum_j p_j dP_j with dP_j = dout_i · v_j; then dL/dl_j = p_j (dP_j - D_i). With dropout
     // dP_j is z_j·dout_i·v_j / (1 − p) (z_j the keep-mask) and v_j's weight p_j·z_j / (1 − p).
@@ -82,7 +89,7 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   bool finite = true;
   for (const TensorView<double>* g : {&dq, &dk, &dv, &dbias})
     if (!g->empty()) finite = finite && detail::all_finite(TensorView<const double>(*g));
-  if (!finite || (emptied && !detail::may_mask_whole_rows(options.mask)))
+  if (!finite || emptied)
     detail::refuse_overflow({"reference_attention_backward", "float64", "1.8e308", "scale the inputs down"}, q, k, v,
                             options.mask, &dout);
 }

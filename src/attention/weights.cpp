@@ -9,10 +9,12 @@
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
 #include "attention/overflow.h"
 #include "attention/top_k.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv {
 namespace {
@@ -109,24 +111,48 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
   const int threads = resolve_num_threads(options.num_threads, items);
   InterruptScope* const interrupt = InterruptScope::current();  // skips the remaining rows
   if (interrupt != nullptr) interrupt->set_total(items);
-  std::atomic<bool> finite{true};
+  std::atomic<bool> finite{true}, failed{false};
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<double> w(static_cast<std::size_t>(p.s.M));
+    // An exception must not leave the region (std::terminate): a thread that cannot allocate its
+    // row, or whose row fails, stops taking rows, and the call throws after the region.
+    std::vector<double> w;
+    try {
+      w.resize(static_cast<std::size_t>(p.s.M));
+    } catch (...) {
+      failed.store(true, std::memory_order_relaxed);
+    }
 #pragma omp for schedule(dynamic, 4)
     for (int64_t item = 0; item < items; ++item) {
-      if (stop_requested(interrupt)) continue;
+      if (stop_requested(interrupt) || failed.load(std::memory_order_relaxed)) continue;
       const int64_t r = item % R, h = item / R % p.s.H, b = item / R / p.s.H;
-      if (!fn(b, h, r, w, row_logits(w, p, mask, q, k, lse, b, h, rows[r])))
-        finite.store(false, std::memory_order_relaxed);
+      try {
+        if (!fn(b, h, r, w, row_logits(w, p, mask, q, k, lse, b, h, rows[r])))
+          finite.store(false, std::memory_order_relaxed);
+      } catch (...) {
+        failed.store(true, std::memory_order_relaxed);
+      }
       if (interrupt != nullptr) interrupt->advance();
     }
   }
+  if (failed.load())
+    throw OutOfMemory("attention weights: a row of " + std::to_string(p.s.M) + " float64 logits per thread",
+                      static_cast<uint64_t>(p.s.M) * sizeof(double) * static_cast<uint64_t>(threads));
   throw_if_stopped(interrupt);
   if (finite.load()) return;
   bool lse_nan = false;
   if (!lse.empty()) for_each_element(lse, [&](const float& x, const auto&) { lse_nan = lse_nan || std::isnan(x); });
   detail::refuse_overflow<float>(kWeightsOverflow, q, k, k, options.mask, nullptr, lse_nan);
+}
+
+// What the weights functions read, which their outputs must not share memory with.
+std::array<detail::NamedSpan, 5> inputs_of(TensorView<const float> q, TensorView<const float> k,
+                                           TensorView<const float> lse, const AttentionOptions& options) {
+  return {{{"q", byte_span(q)},
+           {"k", byte_span(k)},
+           {"lse", byte_span(lse)},
+           {"the bias", byte_span(options.mask.bias)},
+           {"the keep mask", byte_span(options.mask.keep)}}};
 }
 
 }  // namespace
@@ -137,6 +163,7 @@ void attention_weights_rows(TensorView<float> weights, TensorView<const float> q
   const RowProblem p = check(q, k, lse, rows, options);
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(weights.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, p.s.M}, "weights");
+  detail::require_output(weights, "weights", inputs_of(q, k, lse, options));
   for_each_row(
       p, rows, options, q, k, lse, [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
         bool finite = true;
@@ -158,6 +185,11 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(values.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k values");
   require_shape(indices.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k indices");
+  const std::array<detail::NamedSpan, 5> read = inputs_of(q, k, lse, options);
+  detail::require_output(values, "top-k values", read);
+  const std::array<detail::NamedSpan, 6> with_values{read[0], read[1], read[2],
+                                                     read[3], read[4], {"top-k values", byte_span(values)}};
+  detail::require_output(indices, "top-k indices", with_values);
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,
                [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {

@@ -5,9 +5,10 @@
 #include <fmt/format.h>
 
 namespace qkv {
+namespace {
 
 template <class T>
-TensorView<T> broadcast_mask(TensorView<T> view, int64_t B, int64_t H, int64_t N, int64_t M, const char* what) {
+TensorView<T> broadcast_any(TensorView<T> view, int64_t B, int64_t H, int64_t N, int64_t M, const char* what) {
   if (view.rank() < 1 || view.rank() > 4)
     throw Error(fmt::format("{}: rank {} cannot broadcast to [B, H, N, M]", what, view.rank()));
   const TensorView<T> v4 = view.as_rank4();
@@ -26,9 +27,16 @@ TensorView<T> broadcast_mask(TensorView<T> view, int64_t B, int64_t H, int64_t N
   return TensorView<T>(view.data(), target, strides);
 }
 
-template TensorView<const float> broadcast_mask(TensorView<const float>, int64_t, int64_t, int64_t, int64_t,
-                                                const char*);
-template TensorView<const uint8_t> broadcast_mask(TensorView<const uint8_t>, int64_t, int64_t, int64_t, int64_t,
-                                                  const char*);
+}  // namespace
+
+TensorView<const float> broadcast_mask(TensorView<const float> view, int64_t B, int64_t H, int64_t N, int64_t M,
+                                       const char* what) {
+  return broadcast_any(view, B, H, N, M, what);
+}
+
+TensorView<const uint8_t> broadcast_mask(TensorView<const uint8_t> view, int64_t B, int64_t H, int64_t N, int64_t M,
+                                         const char* what) {
+  return broadcast_any(view, B, H, N, M, what);
+}
 
 }  // namespace qkv

@@ -543,7 +543,7 @@ class ForwardTile {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
-      emptied |= live_[r] && l_[r] == 0.0f;
+      emptied = emptied || (live_[r] && l_[r] == 0.0f && mask_.row_has_allowed_key(b_, h_, i));
       const float inv = masked ? 0.0f : p_.dropout_scale / l_[r];
       const float* o = o_ + r * dvp_;
       if (masked) {

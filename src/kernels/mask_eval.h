@@ -50,6 +50,18 @@ class MaskEval {
     return band;
   }
 
+  // Whether query i of (b, h) has a key that its band, the keep-mask and the bias (not -inf) allow.
+  // A row that has one yet came out with every logit -inf had its scores overflow (overflow.h).
+  // O(M) for a row the masks empty; called only for rows that came out empty.
+  bool row_has_allowed_key(int64_t b, int64_t h, int64_t i) const {
+    const KeyBand kb = band(b, i);
+    for (int64_t j = kb.lo; j < kb.hi; ++j)
+      if ((mask_.keep.empty() || mask_.keep(b, h, i, j) != 0) &&
+          (mask_.bias.empty() || mask_.bias(b, h, i, j) != -std::numeric_limits<float>::infinity()))
+        return true;
+    return false;
+  }
+
   // True if scores need per-element work beyond the band (keep-mask, bias, ALiBi, softcap).
   bool has_elementwise() const { return has_terms_after_softcap() || mask_.softcap > 0; }
   // The elementwise terms that come after softcap: keep-mask, bias, ALiBi.

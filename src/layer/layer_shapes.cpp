@@ -31,12 +31,7 @@ LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> 
   return d;
 }
 
-bool overlaps(TensorView<const float> v, const Tensor<float>& t) {
-  if (v.data() == nullptr || v.numel() == 0 || t.numel() == 0) return false;
-  const float *first = v.data(), *last = v.data();
-  for (int i = 0; i < v.rank(); ++i) (v.stride(i) < 0 ? first : last) += (v.dim(i) - 1) * v.stride(i);
-  return first < t.data() + t.numel() && t.data() <= last;
-}
+bool overlaps(TensorView<const float> v, const Tensor<float>& t) { return byte_span(v).overlaps(byte_span(t.cview())); }
 
 Tensor<float> contiguous_rows(TensorView<const float> t, int64_t B, int64_t rows, int64_t width, const char* what,
                               Tensor<float> into) {
