@@ -52,11 +52,13 @@ struct DecodeOptions {
 };
 
 // out [B,H,N,Dv] = attention of q [B,H,N,D] over each sequence's cached keys and values;
-// lse [B,H,N] is written unless empty. Any strides for q, out, lse. Requires H % Hkv == 0, q's D
-// and out's Dv equal to the pool's, every block table entry a sequence uses inside
-// [0, num_pages), seq_lens[b] <= max_blocks * page_tokens. Throws qkv::Error naming the fault
-// otherwise, and also for a non-finite q or a result that overflowed fp32 (out may then be
-// partly written). A row with no allowed key gets out = 0 and lse = -inf, with or without a sink.
+// lse [B,H,N] is written unless empty. Any strides for q, out, lse. Requires a KVDtype dtype
+// (require_kv_dtype), no negative dimension, H % Hkv == 0, q's D and out's Dv equal to the
+// pool's, pools and a block table [B, max_blocks] whose sizes fit in 2^62 bytes, every block
+// table entry a sequence uses inside [0, num_pages), seq_lens[b] <= max_blocks * page_tokens.
+// Throws qkv::Error naming the fault otherwise, and also for a non-finite q or a result that
+// overflowed fp32 (out may then be partly written). A row with no allowed key gets out = 0 and
+// lse = -inf, with or without a sink.
 // Work is split into (sequence, KV head, key chunk) tasks whose chunk plan depends on the sequence
 // lengths only, and the chunks' partial results are merged in a fixed order: bitwise the same
 // result for any thread count. Allocates O(B·H·N·Dv) scratch, never O(sequence length).

@@ -29,6 +29,8 @@ class DecodeRows {
   DecodeRows(const char* who, std::span<const int64_t> out_shape, int64_t last_dim, TensorView<const float> q,
              const PagedKV& kv, TensorView<const float> lse, const DecodeOptions& options)
       : q_(q), kv_(kv), lse_(lse), options_(options) {
+    // Before any size below is formed from q's (decode_attention names a q of another rank).
+    if (q.rank() == 4) checked_numel(q.shape(), sizeof(float), fmt::format("{}: q", who));
     B = q.rank() == 4 ? q.dim(0) : 0, H = q.rank() == 4 ? q.dim(1) : 0, N = q.rank() == 4 ? q.dim(2) : 0;
     for (int64_t len : kv.seq_lens) M = std::max(M, len);
     const std::array<int64_t, 4> want{B, H, N, last_dim < 0 ? M : last_dim};
@@ -40,8 +42,8 @@ class DecodeRows {
     DecodeOptions check = options;
     check.attention.num_threads = 1;
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
-    std::vector<float> scratch(static_cast<std::size_t>(B * H * N * kv.Dv));
-    decode_attention(TensorView<float>(scratch.data(), oshape), TensorView<float>(), q, kv, check);
+    Tensor<float> scratch(oshape, fmt::format("{}: scratch", who));
+    decode_attention(scratch.view(), TensorView<float>(), q, kv, check);
     mask_ = options.attention.mask;
     mask_.key_lengths = kv.seq_lens;
     eval_.emplace(mask_, AttentionShape{B, H, kv.Hkv, N, M, kv.D, kv.Dv});  // keeps a reference to mask_
