@@ -79,6 +79,8 @@ void decode_attention_weights(TensorView<float> weights, TensorView<const float>
 // The top_k largest of those weights per row, without the [B,H,N,max len] matrix (O(max len)
 // memory): values [B,H,N,top_k] (largest first; ties: the lower key first) and indices
 // [B,H,N,top_k] (key positions in the sequence; past a row's allowed keys, value 0 and index -1).
+// Allowed as attention_weights_topk counts them: in the row's band or StreamingLLM prefix and not
+// removed by the keep-mask or a -inf bias, so a key whose weight underflowed to 0 keeps its index.
 // Throws qkv::Error for top_k < 1, mismatched output shapes, and as decode_attention_weights.
 // Thread-safe for distinct outputs; single-threaded.
 void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,
