@@ -2,6 +2,7 @@
 // row: the result attention_forward and the float64 reference give (a row with no key is 0 with
 // lse -inf), bitwise the same for 1, 2 and 3 threads; decode_attention_top_k counts allowed keys
 // as attention_weights_topk does, whatever their weight.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -139,10 +140,11 @@ TEST(DecodeMask, HiddenChunksAndRowsGiveTheReferenceResult) {
   }
 }
 
-// attention_forward's rule for a row whose every score falls below -FLT_MAX (q = -1e20 against
-// keys of 1e20): refused without a mask that could empty rows, 0 with one, and never refused
-// for one chunk of such keys when another chunk holds the row's largest score.
-TEST(DecodeMask, ScoresBelowFloat32FollowTheForwardRule) {
+// Scores below -FLT_MAX from finite inputs (q = -1e20 against keys of 1e20): a chunk of them
+// beside finite scores elsewhere in the row gives attention_forward's result (they weigh 0); a
+// row whose every kept key scores there is refused, with or without a mask, since the mask kept
+// those keys; a mask that removes the finite ones leaves exactly such a row.
+TEST(DecodeMask, ScoresBelowFloat32AreRefusedOnlyWhereTheMaskKeepsThem) {
   KVCache cache({8, 256, 1, 2, 2, KVDtype::f32});
   const std::vector<int64_t> ids{cache.create()};
   Tensor<float> k({1024, 1, 2}), v({1024, 1, 2});
@@ -155,13 +157,17 @@ TEST(DecodeMask, ScoresBelowFloat32FollowTheForwardRule) {
   Tensor<float> q({1, 1, 1, 2}), out({1, 1, 1, 2}), lse({1, 1, 1}), fwd({1, 1, 1, 2}), fwd_lse({1, 1, 1});
   q[0] = q[1] = -1e20f;
   // Chunk 0's scores are -inf, chunk 1's finite: the forward gives chunk 1's softmax.
-  decode_attention(out.view(), lse.view(), q.cview(), cache, ids);
-  attention_forward(fwd.view(), fwd_lse.view(), q.cview(), TensorView<const float>(k.data(), {1, 1, 1024, 2}),
-                    TensorView<const float>(v.data(), {1, 1, 1024, 2}));
-  EXPECT_NEAR(out[0], fwd[0], 1e-5);
-  EXPECT_NEAR(out[1], fwd[1], 1e-5);
-  EXPECT_FLOAT_EQ(lse[0], fwd_lse[0]);
-  // Only chunk 0's keys: every score -inf.
+  for (int threads : {1, 2}) {
+    DecodeOptions o;
+    o.attention.num_threads = threads;
+    decode_attention(out.view(), lse.view(), q.cview(), cache, ids, o);
+    attention_forward(fwd.view(), fwd_lse.view(), q.cview(), TensorView<const float>(k.data(), {1, 1, 1024, 2}),
+                      TensorView<const float>(v.data(), {1, 1, 1024, 2}));
+    EXPECT_NEAR(out[0], fwd[0], 1e-5);
+    EXPECT_NEAR(out[1], fwd[1], 1e-5);
+    EXPECT_FLOAT_EQ(lse[0], fwd_lse[0]);
+  }
+  const std::string overflow = "decode_attention: the output overflowed float32 although q and the cache are finite";
   DecodeOptions o;
   Tensor<uint8_t> keep({1, 1, 1, 1024});
   for (int64_t j = 0; j < 1024; ++j) keep[j] = j < 512;
@@ -170,15 +176,19 @@ TEST(DecodeMask, ScoresBelowFloat32FollowTheForwardRule) {
   for (int masked = 0; masked < 2; ++masked) {
     o.attention.mask.keep = masked == 0 ? keep.cview() : TensorView<const uint8_t>();
     o.attention.mask.bias = masked == 1 ? bias.cview() : TensorView<const float>();
-    decode_attention(out.view(), lse.view(), q.cview(), cache, ids, o);
-    EXPECT_EQ(out[0], 0.0f);
-    EXPECT_EQ(lse[0], kNegInf);
+    test::expect_error([&] { decode_attention(out.view(), lse.view(), q.cview(), cache, ids, o); }, {overflow});
   }
   const std::vector<int64_t> one_chunk{cache.create()};
   cache.append(one_chunk[0], TensorView<const float>(k.data(), {512, 1, 2}),
                TensorView<const float>(v.data(), {512, 1, 2}));
-  test::expect_error([&] { decode_attention(out.view(), lse.view(), q.cview(), cache, one_chunk); },
-                     {"decode_attention: the output overflowed float32 although q and the cache are finite"});
+  test::expect_error([&] { decode_attention(out.view(), lse.view(), q.cview(), cache, one_chunk); }, {overflow});
+  // The same keys, every one removed by the mask: a masked row, not an overflow.
+  std::fill(keep.data(), keep.data() + keep.numel(), uint8_t{0});
+  o = {};
+  o.attention.mask.keep = TensorView<const uint8_t>(keep.data(), {1, 1, 1, 512});
+  decode_attention(out.view(), lse.view(), q.cview(), cache, one_chunk, o);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(lse[0], kNegInf);
 }
 
 // An allowed key whose weight underflows to 0 keeps its index, as attention_weights_topk gives it;

@@ -59,8 +59,7 @@ struct DecodeOptions {
 // Throws qkv::Error naming the fault otherwise, and also for a non-finite q or a result that
 // overflowed fp32 (out may then be partly written). A row with no allowed key (keys a keep-mask
 // or a -inf bias removes are not allowed) gets out = 0 and lse = -inf, with or without a sink; a
-// row whose allowed scores all fall below -FLT_MAX is refused as an overflow unless a keep-mask
-// or a -inf bias is given, the rule of attention_forward.
+// row whose allowed keys all score below -FLT_MAX is refused as an overflow.
 // Work is split into (sequence, KV head, key chunk) tasks whose chunk plan depends on the sequence
 // lengths only, and the chunks' partial results are merged in a fixed order: bitwise the same
 // result for any thread count. Allocates O(B·H·N·Dv) scratch, never O(sequence length).

@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 
-#include "attention/overflow.h"
 #include "kernels/decode.h"
 #include "kernels/dispatch.h"
 
@@ -145,10 +144,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   const detail::MaskEval eval(mask, s);
   const DecodeParams p = decode_params(q, kv, s, attention_scale(ao.scale, s.D), eval, options.sink_tokens);
   const float* sinks = options.sinks.empty() ? nullptr : options.sinks.data();
-  const kernels::DecodeStatus status = kernels::decode(p, kv.seq_lens.data(), sinks, out, lse, path, ao.num_threads);
-  // attention_forward's rule (attention/overflow.h): a row emptied of its keys is a masked row
-  // when a keep-mask or a -inf bias could have emptied it, else an overflow.
-  if (status.nonfinite || (status.emptied && !detail::may_mask_whole_rows(ao.mask))) refuse_nonfinite_result(q);
+  if (!kernels::decode(p, kv.seq_lens.data(), sinks, out, lse, path, ao.num_threads)) refuse_nonfinite_result(q);
 }
 
 }  // namespace qkv

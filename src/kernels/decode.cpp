@@ -137,30 +137,39 @@ void launch(const DecodePlan& plan, DecodeFn fn, int num_threads) {
   });
 }
 
-// Row (b, h, i) combines its chunks c = 0, 1, ... in order, in double. Flags nonfinite for a
-// chunk whose l is NaN or m +inf, or an output that is not finite: that can only come from a
-// non-finite q or from scores or P·V sums past fp32 (the cache holds finite values, sinks are
-// checked). Flags emptied for a row with keys in its band that no chunk kept (every score -inf):
-// a keep-mask or -inf bias, or scores below -FLT_MAX; the caller tells which, as for prefill.
-void merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int64_t b,
-               int64_t h, int64_t i, DecodeStatus& status) {
+// Whether the keep-mask and bias leave row (b, h, i) any key of its band (decode_band).
+bool keeps_a_key(const DecodeParams& p, int64_t b, int64_t h, int64_t i) {
+  const DecodeBand band = decode_band(p, b, i);
+  for (int64_t j = 0; j < band.prefix_end; ++j)
+    if (p.mask->keeps(b, h, i, j)) return true;
+  for (int64_t j = std::max(band.lo, band.prefix_end); j < band.hi; ++j)
+    if (p.mask->keeps(b, h, i, j)) return true;
+  return false;
+}
+
+// Row (b, h, i) combines its chunks c = 0, 1, ... in order, in double. Returns false for a chunk
+// whose l is NaN or m +inf, an output that is not finite, or a row that kept none of the keys its
+// mask keeps (every such score -inf): that can only come from a non-finite q or from scores or
+// P·V sums past fp32 (the cache holds finite values, sinks are checked). A row the keep-mask or a
+// -inf bias empties, in one chunk or in all, is no fault: 0 with lse -inf.
+bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int64_t b,
+               int64_t h, int64_t i) {
   const DecodeParams& p = plan.p;
   const int64_t g = h / p.G, r = (h - g * p.G) * p.N + i, count = plan.plans[b].count;
   const double sink = sinks == nullptr ? -std::numeric_limits<double>::infinity() : sinks[h];
+  bool finite = true;
   double mx = -std::numeric_limits<double>::infinity();
   for (int64_t c = 0; c < count; ++c) {
     const DecodeTask t = plan.task(b, g, c);
     if (t.l[r] > 0.0f) mx = std::max<double>(mx, t.m[r]);
-    if (std::isnan(t.l[r]) || std::isnan(t.m[r]) || t.m[r] == std::numeric_limits<float>::infinity())
-      status.nonfinite = true;
+    if (std::isnan(t.l[r]) || std::isnan(t.m[r]) || t.m[r] == std::numeric_limits<float>::infinity()) finite = false;
   }
   float* o = out.data() + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
   float* l = lse.empty() ? nullptr : lse.data() + b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
   if (mx == -std::numeric_limits<double>::infinity()) {  // no key kept
     for (int64_t e = 0; e < p.Dv; ++e) o[e * out.stride(3)] = 0.0f;
     if (l != nullptr) *l = -std::numeric_limits<float>::infinity();
-    if (decode_band(p, b, i).any()) status.emptied = true;
-    return;
+    return finite && !keeps_a_key(p, b, h, i);  // a key the mask keeps scored below -FLT_MAX
   }
   mx = std::max(mx, sink);
   double acc[512];  // Dv <= 512 per pass
@@ -186,33 +195,32 @@ void merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
       dst[e] = static_cast<float>(acc[e] * inv);
       overflowed |= !(std::fabs(dst[e]) <= std::numeric_limits<float>::max());
     }
-    if (overflowed != 0) status.nonfinite = true;
+    finite &= overflowed == 0;
     if (dst == row)
       for (int64_t e = 0; e < ne; ++e) o[(e0 + e) * out.stride(3)] = row[e];
     if (l != nullptr && e0 == 0) *l = static_cast<float>(mx + std::log(sum));
   }
+  return finite;
 }
 
-// Merges every row and gathers the rows' flags (merge_row).
-DecodeStatus merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse,
-                   int num_threads) {
+// Merges every row; returns false when a row was not finite (merge_row), never merging such a row
+// into zeros.
+bool merge(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int num_threads) {
   const DecodeParams& p = plan.p;
-  std::atomic<bool> nonfinite{false}, emptied{false};
+  std::atomic<bool> nonfinite{false};
   const double chunks = static_cast<double>(plan.tasks / p.Hkv);  // of every sequence
   const double work = chunks * static_cast<double>(p.H * p.N * p.Dv) * kMergeElementWork;
   parallel_for(p.B * p.H, detail::threads_for_work(num_threads, p.B * p.H, work), [&](int64_t bh) {
-    DecodeStatus row;
-    for (int64_t i = 0; i < p.N; ++i) merge_row(plan, sinks, out, lse, bh / p.H, bh % p.H, i, row);
-    if (row.nonfinite) nonfinite.store(true, std::memory_order_relaxed);
-    if (row.emptied) emptied.store(true, std::memory_order_relaxed);
+    for (int64_t i = 0; i < p.N; ++i)
+      if (!merge_row(plan, sinks, out, lse, bh / p.H, bh % p.H, i)) nonfinite.store(true, std::memory_order_relaxed);
   });
-  return DecodeStatus{nonfinite.load(), emptied.load()};
+  return !nonfinite.load();
 }
 
 }  // namespace
 
-DecodeStatus decode(const DecodeParams& params, const int64_t* seq_lens, const float* sinks, TensorView<float> out,
-                    TensorView<float> lse, Simd path, int num_threads) {
+bool decode(const DecodeParams& params, const int64_t* seq_lens, const float* sinks, TensorView<float> out,
+            TensorView<float> lse, Simd path, int num_threads) {
   DecodeParams p = params;
   p.dvp = (p.Dv + 15) / 16 * 16;
   const int64_t row_bytes = (p.D + p.Dv) * kv_dtype_bytes(p.dtype);  // one key's K and V row
@@ -220,9 +228,9 @@ DecodeStatus decode(const DecodeParams& params, const int64_t* seq_lens, const f
   p.block_keys = decode_block_keys(row_bytes, path);
   const DecodePlan plan(p, seq_lens);
   launch(plan, kernel_family(path).decode, num_threads);
-  const DecodeStatus status = merge(plan, sinks, out, lse, num_threads);
+  const bool finite = merge(plan, sinks, out, lse, num_threads);
   partial_workspace().trim(0, kKeptScratchBytes);
-  return status;
+  return finite;
 }
 
 }  // namespace qkv::kernels

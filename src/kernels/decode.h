@@ -84,7 +84,6 @@ struct DecodeParams {
 // [0, prefix_end), which still obeys causality and the length.
 struct DecodeBand {
   int64_t lo = 0, hi = 0, prefix_end = 0;
-  bool any() const { return lo < hi || prefix_end > 0; }
 };
 inline DecodeBand decode_band(const DecodeParams& p, int64_t b, int64_t i) {
   const detail::KeyBand band = p.mask->band(b, i);
@@ -123,20 +122,13 @@ void decode_tile_avx2(const DecodeParams& p, const DecodeTask& task, Workspace& 
 void decode_tile_scalar(const DecodeParams& p, const DecodeTask& task, Workspace& ws);
 void decode_tile_neon(const DecodeParams& p, const DecodeTask& task, Workspace& ws);  // AArch64 only
 
-// What the merge found, as the forward kernel flags it (params.h's nonfinite and emptied).
-struct DecodeStatus {
-  bool nonfinite = false;  // a row came out non-finite: a non-finite q or an fp32 overflow
-  // A row with keys in its band kept none (every score -inf), written as out = 0, lse = -inf: a
-  // keep-mask or -inf bias removed them, or the scores fell below -FLT_MAX.
-  bool emptied = false;
-};
-
 // Runs decode on `num_threads` threads with the given SIMD family and writes out [B,H,N,Dv] and lse
 // [B,H,N] (unless empty). seq_lens: B lengths, checked against the cache; sinks: H logits or null.
-// The driver sets p.dvp and p.prefetch_keys. The caller names the cause of a status flag (out may
-// then be partly written).
-[[nodiscard]] DecodeStatus decode(const DecodeParams& p, const int64_t* seq_lens, const float* sinks,
-                                  TensorView<float> out, TensorView<float> lse, Simd path, int num_threads);
+// The driver sets p.dvp and p.prefetch_keys. Returns false when a row came out non-finite, or
+// kept none of the keys its mask keeps (a non-finite q or an fp32 overflow: the caller names the
+// cause); out may then be partly written.
+[[nodiscard]] bool decode(const DecodeParams& p, const int64_t* seq_lens, const float* sinks, TensorView<float> out,
+                          TensorView<float> lse, Simd path, int num_threads);
 
 // For tests: dst[0, n) = the n stored elements at src through the family's widening loads (int8
 // unscaled), which must equal the codec's detail::kv_decode_unscaled (core/kv_codec.h).

@@ -74,8 +74,8 @@ class DecodeChunk {
       j += nb;
     }
     // A row that sees keys here but kept none (l = 0) stays m = -inf: a keep-mask or -inf bias
-    // may have removed them, and whether that, or scores below -FLT_MAX, emptied the row is known
-    // only over all of its chunks (decode.cpp's merge_row).
+    // may have removed them, and the merge, which sees every chunk, tells that from scores below
+    // -FLT_MAX (decode.cpp's merge_row).
   }
 
  private:
