@@ -428,5 +428,64 @@ TEST(Decode, RefusesBadInputByName) {
   expect_error(good, q.cview(), o, "decode_attention: scale must be finite and at most FLT_MAX (3.4e38)");
 }
 
+// A hand-made PagedKV whose size products wrap int64 (B · max_blocks = 4 · 2^62 wrapped to 0, the
+// empty table's size, and the kernel read block_table[0]), an integer cast to KVDtype (its
+// outputs silently 0) and a q with a negative dimension are refused by name, by decode_attention
+// and by the weight functions that run its checks.
+TEST(Decode, RefusesWrappingSizesUnknownDtypesAndNegativeDims) {
+  test::Rng rng("Decode.Hostile");
+  Case c;
+  c.Hkv = 1, c.G = 1, c.N = 1, c.D = 4, c.Dv = 4, c.page_tokens = 4;
+  c.lens = {6};
+  const Filled f = fill(rng, c);
+  const PagedKV good = f.cache.paged(f.ids);
+  const Tensor<float> q = rng.normal32({1, 1, 1, 4});
+  Tensor<float> out({1, 1, 1, 4}), weights({1, 1, 1, 6}), values({1, 1, 1, 2});
+  Tensor<int64_t> indices({1, 1, 1, 2});
+  auto expect_all = [&](const PagedKV& kv, TensorView<const float> qv, const std::string& text) {
+    test::expect_error([&] { decode_attention(out.view(), TensorView<float>(), qv, kv); }, {text});
+    if (qv.rank() == 4 && qv.dim(2) >= 0) {  // a q of the right shape: the outputs match it
+      test::expect_error([&] { decode_attention_weights(weights.view(), qv, kv, {}); }, {text});
+      test::expect_error([&] { decode_attention_top_k(values.view(), indices.view(), qv, kv, {}, 2); }, {text});
+    }
+  };
+  std::vector<float> pool(4 * 4 * 4, 1.0f), q4(4 * 4, 0.5f), out4(4 * 4);
+  PagedKV wraps;
+  wraps.num_pages = 4, wraps.page_tokens = 1, wraps.Hkv = 1, wraps.D = 4, wraps.Dv = 4;
+  wraps.k = pool.data(), wraps.v = pool.data();
+  wraps.seq_lens = {1, 1, 1, 1};
+  wraps.max_blocks = int64_t{1} << 62;
+  test::expect_error(
+      [&] {
+        decode_attention(TensorView<float>(out4.data(), {4, 1, 1, 4}), TensorView<float>(),
+                         TensorView<const float>(q4.data(), {4, 1, 1, 4}), wraps);
+      },
+      {"decode_attention: block_table: shape [4, 4611686018427387904] is too large to address"});
+  PagedKV bad = good;
+  bad.num_pages = int64_t{1} << 40, bad.page_tokens = int64_t{1} << 20;
+  expect_all(bad, q.cview(),
+             "decode_attention: the cache's key pool: shape [1099511627776, 1, 1048576, 4] is too large");
+  // No sequence (B = 0) leaves max_blocks free, but not its product with page_tokens.
+  bad = good;
+  bad.seq_lens.clear(), bad.block_table.clear();
+  bad.max_blocks = int64_t{1} << 40, bad.page_tokens = int64_t{1} << 30;
+  bad.num_pages = 1;
+  const Tensor<float> q0({0, 1, 1, 4});
+  Tensor<float> out0({0, 1, 1, 4});
+  test::expect_error([&] { decode_attention(out0.view(), TensorView<float>(), q0.cview(), bad); },
+                     {"decode_attention: max_blocks · page_tokens: shape [1099511627776, 1073741824] is too large"});
+  bad = good;
+  bad.dtype = static_cast<KVDtype>(4);
+  expect_all(bad, q.cview(), "decode_attention: dtype = 4 is not a KVDtype (f32, bf16, f16 or i8)");
+  expect_all(good, TensorView<const float>(q.data(), {1, 1, -1, 4}),
+             "decode_attention: q: negative dimension in shape [1, 1, -1, 4]");
+  test::expect_error(
+      [&] {
+        decode_attention_weights(TensorView<float>(weights.data(), {1, 1, -1, 6}),
+                                 TensorView<const float>(q.data(), {1, 1, -1, 4}), good, {});
+      },
+      {"decode_attention_weights: q: negative dimension in shape [1, 1, -1, 4]"});
+}
+
 }  // namespace
 }  // namespace qkv

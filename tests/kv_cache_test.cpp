@@ -339,6 +339,60 @@ TEST(KVCache, RefusesBadUseAndLeavesNothingHalfAppended) {
   expect_error([] { KVCache bad(config(KVDtype::f32, 0)); }, {"must be positive"});
 }
 
+// A negative token count (it set the length below 0, and the next append wrote before the pool),
+// a count only a stride-0 view can describe, an integer cast to KVDtype (a division by its size
+// of 0) and a page outside the pool (read out of bounds) are refused, and the cache stays as it was.
+TEST(KVCache, RefusesNegativeDimsUnknownDtypesAndPagesOutsideThePool) {
+  test::Rng rng("KVCache.Hostile");
+  KVCache cache(config(KVDtype::f32));
+  const int64_t s = cache.create();
+  const Tensor<float> k = rng.normal32({2, 2, 5}), v = rng.normal32({2, 2, 3});
+  cache.append(s, k.cview(), v.cview());
+  const Tensor<float> before = cache.keys(s);
+  const int64_t free_before = cache.free_pages();
+  using test::expect_error;
+  const RotaryOptions rope;
+  for (const RotaryOptions* rotary : {static_cast<const RotaryOptions*>(nullptr), &rope}) {
+    expect_error(
+        [&] {
+          cache.append(s, TensorView<const float>(k.data(), {-5, 2, 5}), TensorView<const float>(v.data(), {-5, 2, 3}),
+                       rotary);
+        },
+        {"KVCache::append: k: negative dimension in shape [-5, 2, 5]"});
+    const std::array<int64_t, 3> huge_k{int64_t{1} << 40, 2, 5}, huge_v{int64_t{1} << 40, 2, 3}, k_strides{0, 5, 1},
+        v_strides{0, 3, 1};
+    expect_error(
+        [&] {
+          cache.append(s, TensorView<const float>(k.data(), huge_k, k_strides),
+                       TensorView<const float>(v.data(), huge_v, v_strides), rotary);
+        },
+        {"KVCache::append: 1099511627776 tokens exceed the pool's 32 token slots (8 pages of 4)"});
+  }
+  EXPECT_EQ(cache.length(s), 2);
+  EXPECT_EQ(cache.free_pages(), free_before);
+  const Tensor<float> after = cache.keys(s);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.numel()), 0);
+  cache.append(s, TensorView<const float>(k.data(), {1, 2, 5}), TensorView<const float>(v.data(), {1, 2, 3}));
+  EXPECT_EQ(cache.length(s), 3);
+
+  const auto unknown = static_cast<KVDtype>(4);
+  expect_error([&] { KVCache bad(config(unknown)); }, {"KVCache: dtype = 4 is not a KVDtype (f32, bf16, f16 or i8)"});
+  expect_error([&] { kv_dtype_bytes(static_cast<KVDtype>(-1)); },
+               {"kv_dtype_bytes: dtype = -1 is not a KVDtype (f32, bf16, f16 or i8)"});
+  for (KVDtype d : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) EXPECT_NO_THROW(require_kv_dtype(d, "x"));
+  // An element size of 0 bounds the count alone (it divided by zero).
+  const std::array<int64_t, 2> small{2, 3}, past{int64_t{1} << 40, int64_t{1} << 30}, negative{2, -3};
+  EXPECT_EQ(checked_numel(small, 0, "x"), 6);
+  expect_error([&] { checked_numel(past, 0, "x"); }, {"x: shape [1099511627776, 1073741824] is too large to address"});
+  expect_error([&] { checked_numel(negative, 0, "x"); }, {"x: negative dimension in shape [2, -3]"});
+
+  EXPECT_EQ(cache.page_refcount(cache.pages(s)[0]), 1);
+  EXPECT_EQ(cache.page_refcount(7), 0);
+  for (int64_t page : {int64_t{-1}, int64_t{8}, int64_t{1} << 32})
+    expect_error([&] { cache.page_refcount(page); },
+                 {"KVCache::page_refcount: page " + std::to_string(page) + " is outside the pool of 8 pages"});
+}
+
 long vm_size_kb() {
   std::ifstream status("/proc/self/status");
   std::string line;

@@ -2,6 +2,7 @@
 // append to a KVCache, and its refusals.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,40 @@ TEST(Rotary, RefusesBadOptions) {
   expect_error(o, {}, "theta = 0 must be positive");
   expect_error({}, {-1}, "offsets[0] = -1 is negative");
   expect_error({}, {1, 2}, "2 offsets for B = 1 batch rows");
+}
+
+// Every argument is checked before any row turns (a negative second offset left the first row
+// rotated), an offset whose last token passes position 2^63 - 1 is refused rather than wrapped,
+// and an append with rotary names its own misshapen k, not the rotation's rotary_dim.
+TEST(Rotary, RefusesBadArgumentsBeforeRotatingAnything) {
+  Tensor<float> x({2, 1, 3, 4});
+  std::fill(x.data(), x.data() + x.numel(), 1.0f);
+  auto expect_untouched = [&](std::vector<int64_t> offsets, const RotaryOptions& o, const std::string& text) {
+    test::expect_error([&] { apply_rotary(x.view(), offsets, o); }, {text});
+    for (int64_t e = 0; e < x.numel(); ++e) ASSERT_EQ(x[e], 1.0f) << text << " element " << e;
+  };
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  expect_untouched({5, -1}, {}, "apply_rotary: offsets[1] = -1 is negative");
+  expect_untouched({0, max - 1}, {},
+                   "apply_rotary: offsets[1] = 9223372036854775806 puts token 2 past position 2^63 - 1");
+  RotaryOptions o;
+  o.layout = static_cast<RotaryLayout>(7);
+  expect_untouched({}, o, "apply_rotary: layout = 7 is not a RotaryLayout (interleaved or half_split)");
+  test::expect_error(
+      [&] {
+        apply_rotary(TensorView<float>(x.data(), {1, 1, -2, 4}), {});
+      },
+      {"apply_rotary: x: negative dimension in shape [1, 1, -2, 4]"});
+  apply_rotary(x.view(), std::vector<int64_t>{0, max - 2});  // the last token at 2^63 - 1 itself
+  for (int64_t e = 0; e < x.numel(); ++e) EXPECT_TRUE(std::isfinite(x[e]));
+
+  KVCache cache({2, 4, 1, 8, 8});
+  const int64_t s = cache.create();
+  Tensor<float> k({1, 1, 7}), v({1, 1, 8});
+  const RotaryOptions rope;
+  test::expect_error([&] { cache.append(s, k.cview(), v.cview(), &rope); },
+                     {"KVCache::append: k has shape [1, 1, 7], expected [T, Hkv = 1, D = 8]"});
+  EXPECT_EQ(cache.length(s), 0);
 }
 
 }  // namespace

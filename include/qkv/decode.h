@@ -52,11 +52,14 @@ struct DecodeOptions {
 };
 
 // out [B,H,N,Dv] = attention of q [B,H,N,D] over each sequence's cached keys and values;
-// lse [B,H,N] is written unless empty. Any strides for q, out, lse. Requires H % Hkv == 0, q's D
-// and out's Dv equal to the pool's, every block table entry a sequence uses inside
-// [0, num_pages), seq_lens[b] <= max_blocks * page_tokens. Throws qkv::Error naming the fault
-// otherwise, and also for a non-finite q or a result that overflowed fp32 (out may then be
-// partly written). A row with no allowed key gets out = 0 and lse = -inf, with or without a sink.
+// lse [B,H,N] is written unless empty. Any strides for q, out, lse. Requires a KVDtype dtype
+// (require_kv_dtype), no negative dimension, H % Hkv == 0, q's D and out's Dv equal to the
+// pool's, pools and a block table [B, max_blocks] whose sizes fit in 2^62 bytes, every block
+// table entry a sequence uses inside [0, num_pages), seq_lens[b] <= max_blocks * page_tokens.
+// Throws qkv::Error naming the fault otherwise, and also for a non-finite q or a result that
+// overflowed fp32 (out may then be partly written). A row with no allowed key (keys a keep-mask
+// or a -inf bias removes are not allowed) gets out = 0 and lse = -inf, with or without a sink; a
+// row whose allowed keys all score below -FLT_MAX is refused as an overflow.
 // Work is split into (sequence, KV head, key chunk) tasks whose chunk plan depends on the sequence
 // lengths only, and the chunks' partial results are merged in a fixed order: bitwise the same
 // result for any thread count. Allocates O(B·H·N·Dv) scratch, never O(sequence length).
@@ -77,6 +80,8 @@ void decode_attention_weights(TensorView<float> weights, TensorView<const float>
 // The top_k largest of those weights per row, without the [B,H,N,max len] matrix (O(max len)
 // memory): values [B,H,N,top_k] (largest first; ties: the lower key first) and indices
 // [B,H,N,top_k] (key positions in the sequence; past a row's allowed keys, value 0 and index -1).
+// Allowed as attention_weights_topk counts them: in the row's band or StreamingLLM prefix and not
+// removed by the keep-mask or a -inf bias, so a key whose weight underflowed to 0 keeps its index.
 // Throws qkv::Error for top_k < 1, mismatched output shapes, and as decode_attention_weights.
 // Thread-safe for distinct outputs; single-threaded.
 void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indices, TensorView<const float> q,

@@ -34,7 +34,8 @@ class KVCache {
   // Allocates the whole pool at once (and nothing else that grows with tokens): num_pages pages
   // of K and V, plus for i8 one fp32 scale per (page, head, slot) for each; pools of 2 MB or more
   // are mapped 2 MB aligned with transparent huge pages requested (sizes rounded up to 2 MB).
-  // Throws qkv::Error for a non-positive size or when the pool cannot be allocated.
+  // Throws qkv::Error for a dtype outside KVDtype (require_kv_dtype), a non-positive size, a pool
+  // past 2^62 bytes, or when the pool cannot be allocated.
   explicit KVCache(const KVCacheConfig& config);
   ~KVCache();
   KVCache(KVCache&&) noexcept;
@@ -49,10 +50,11 @@ class KVCache {
   int64_t create();
   // Appends T new tokens: k [T, Hkv, D], v [T, Hkv, Dv], any strides (e.g. the projection's
   // [N, Hkv, D] rows). Values are converted (rounded to nearest) to the storage dtype on write.
-  // All or nothing: an unknown id, mismatched dims, a non-finite value (or one the storage dtype
-  // rounds to infinity: |x| >= 65520 for f16, within half a bf16 ulp of FLT_MAX for bf16), or too
-  // few free pages throws qkv::Error and leaves the cache unchanged. int8 holds every finite value.
-  // With `rotary`, the keys are first rotated (rotary.h) at positions length(seq) + t.
+  // All or nothing: an unknown id, mismatched or negative dims, a non-finite value (or one the
+  // storage dtype rounds to infinity: |x| >= 65520 for f16, within half a bf16 ulp of FLT_MAX for
+  // bf16), or too few free pages throws qkv::Error and leaves the cache unchanged. int8 holds every
+  // finite value. With `rotary`, the keys are first rotated (rotary.h) at positions
+  // length(seq) + t, after the shapes are checked.
   void append(int64_t seq, TensorView<const float> k, TensorView<const float> v, const RotaryOptions* rotary = nullptr);
   // A new sequence holding the same tokens as `seq`, sharing its pages. Throws for an unknown id.
   int64_t fork(int64_t seq);
@@ -62,7 +64,9 @@ class KVCache {
 
   int64_t length(int64_t seq) const;
   std::span<const int32_t> pages(int64_t seq) const;
-  int32_t page_refcount(int32_t page) const { return refcount_[page]; }
+  // How many sequences hold pool page `page` (0: free). Throws qkv::Error for a page outside
+  // [0, num_pages).
+  int32_t page_refcount(int64_t page) const;
 
   // The sequences `seq_ids` as the decode kernel reads them: copies of their page tables and
   // lengths, borrowing this cache's pool (which never moves while the cache lives). Valid until

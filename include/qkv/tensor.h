@@ -34,7 +34,8 @@ float bf16_to_float(bf16 x);
 bf16 float_to_bf16(float x);
 
 // Multiplies a shape's dimensions, throwing qkv::Error (naming `what`) on a negative dimension or
-// when the element count times `element_size` would overflow size_t.
+// when the element count times `element_size` would pass 2^62 bytes; an element_size of 0 bounds
+// the count alone (2^62 elements).
 int64_t checked_numel(std::span<const int64_t> shape, std::size_t element_size, const std::string& what);
 
 // Describes a shape as "[2, 3, 4]" for messages.

@@ -18,6 +18,7 @@ namespace {
 using kernels::DecodeParams;
 
 void check_paged(const PagedKV& kv) {
+  require_kv_dtype(kv.dtype, "decode_attention");
   if (kv.Hkv <= 0 || kv.D <= 0 || kv.Dv <= 0 || kv.page_tokens <= 0 || kv.num_pages <= 0)
     throw Error(
         fmt::format("decode_attention: the cache's Hkv, D, Dv, page_tokens and num_pages must be positive, "
@@ -26,15 +27,28 @@ void check_paged(const PagedKV& kv) {
   if (kv.k == nullptr || kv.v == nullptr ||
       (kv.dtype == KVDtype::i8 && (kv.k_scale == nullptr || kv.v_scale == nullptr)))
     throw Error("decode_attention: the cache's pools (and i8 scales) must be set");
+  // Every product the kernel forms from these sizes (pool offsets in bytes, block table entries,
+  // token counts) stays within the pool or the table refused here, so none can wrap.
+  const int64_t bytes = kv_dtype_bytes(kv.dtype);
+  const std::array<int64_t, 4> kshape{kv.num_pages, kv.Hkv, kv.page_tokens, kv.D};
+  const std::array<int64_t, 4> vshape{kv.num_pages, kv.Hkv, kv.page_tokens, kv.Dv};
+  checked_numel(kshape, static_cast<std::size_t>(bytes), "decode_attention: the cache's key pool");
+  checked_numel(vshape, static_cast<std::size_t>(bytes), "decode_attention: the cache's value pool");
+  if (kv_dtype_scaled(kv.dtype))
+    checked_numel(std::span(kshape).first(3), sizeof(float), "decode_attention: the cache's scales");
   const int64_t B = kv.batch();
-  if (kv.max_blocks < 0 || static_cast<int64_t>(kv.block_table.size()) != B * kv.max_blocks)
+  const std::array<int64_t, 2> table{B, kv.max_blocks};
+  if (kv.max_blocks < 0 || static_cast<int64_t>(kv.block_table.size()) !=
+                               checked_numel(table, sizeof(int32_t), "decode_attention: block_table"))
     throw Error(fmt::format("decode_attention: block_table has {} entries, expected B · max_blocks = {} · {}",
                             kv.block_table.size(), B, kv.max_blocks));
+  const std::array<int64_t, 2> tokens{kv.max_blocks, kv.page_tokens};
+  const int64_t capacity = checked_numel(tokens, 1, "decode_attention: max_blocks · page_tokens");
   for (int64_t b = 0; b < B; ++b) {
     const int64_t len = kv.seq_lens[b];
-    if (len < 0 || len > kv.max_blocks * kv.page_tokens)
+    if (len < 0 || len > capacity)
       throw Error(fmt::format("decode_attention: seq_lens[{}] = {} is outside [0, max_blocks · page_tokens = {}]", b,
-                              len, kv.max_blocks * kv.page_tokens));
+                              len, capacity));
     for (int64_t e = 0; e < (len + kv.page_tokens - 1) / kv.page_tokens; ++e) {
       const int32_t page = kv.block_table[b * kv.max_blocks + e];
       if (page < 0 || page >= kv.num_pages)
@@ -51,6 +65,7 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
   check_paged(kv);
   if (q.rank() != 4)
     throw Error(fmt::format("decode_attention: q must be [B, H, N, D], got {}", shape_string(q.shape())));
+  checked_numel(q.shape(), sizeof(float), "decode_attention: q");
   if (q.dim(0) != kv.batch())
     throw Error(fmt::format("decode_attention: q has B = {} but {} sequences were given", q.dim(0), kv.batch()));
   if (q.dim(3) != kv.D)

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -29,6 +28,8 @@ class DecodeRows {
   DecodeRows(const char* who, std::span<const int64_t> out_shape, int64_t last_dim, TensorView<const float> q,
              const PagedKV& kv, TensorView<const float> lse, const DecodeOptions& options)
       : q_(q), kv_(kv), lse_(lse), options_(options) {
+    // Before any size below is formed from q's (decode_attention names a q of another rank).
+    if (q.rank() == 4) checked_numel(q.shape(), sizeof(float), fmt::format("{}: q", who));
     B = q.rank() == 4 ? q.dim(0) : 0, H = q.rank() == 4 ? q.dim(1) : 0, N = q.rank() == 4 ? q.dim(2) : 0;
     for (int64_t len : kv.seq_lens) M = std::max(M, len);
     const std::array<int64_t, 4> want{B, H, N, last_dim < 0 ? M : last_dim};
@@ -40,8 +41,8 @@ class DecodeRows {
     DecodeOptions check = options;
     check.attention.num_threads = 1;
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
-    std::vector<float> scratch(static_cast<std::size_t>(B * H * N * kv.Dv));
-    decode_attention(TensorView<float>(scratch.data(), oshape), TensorView<float>(), q, kv, check);
+    Tensor<float> scratch(oshape, fmt::format("{}: scratch", who));
+    decode_attention(scratch.view(), TensorView<float>(), q, kv, check);
     mask_ = options.attention.mask;
     mask_.key_lengths = kv.seq_lens;
     eval_.emplace(mask_, AttentionShape{B, H, kv.Hkv, N, M, kv.D, kv.Dv});  // keeps a reference to mask_
@@ -51,15 +52,18 @@ class DecodeRows {
 
   int64_t B = 0, H = 0, N = 0, M = 0;
 
-  // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M.
+  // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M. Also sets
+  // allowed(): the row's allowed keys in increasing order.
   const std::vector<double>& row(int64_t b, int64_t h, int64_t i) {
     const detail::KeyBand band = eval_->band(b, i);
     const int64_t prefix = std::min(options_.sink_tokens, band.hi);
     const int64_t g = h / (H / kv_.Hkv);
     double mx = -std::numeric_limits<double>::infinity();
+    allowed_.clear();
     for (int64_t j = 0; j < M; ++j) {
       score_[j] = -std::numeric_limits<double>::infinity();
       if (j >= kv_.seq_lens[b] || !((band.lo <= j && j < band.hi) || j < prefix)) continue;
+      if (eval_->keeps(b, h, i, j)) allowed_.push_back(j);
       const int64_t page = kv_.block_table[b * kv_.max_blocks + j / kv_.page_tokens];
       const int64_t at = (page * kv_.Hkv + g) * kv_.page_tokens + j % kv_.page_tokens;
       double dot = 0;
@@ -79,9 +83,15 @@ class DecodeRows {
         row_lse = m + std::log(sum);
       }
     }
+    // A row decode_attention gives lse = -inf has no key, as attention_weights_topk counts them.
+    if (std::isinf(row_lse)) allowed_.clear();
     for (int64_t j = 0; j < M; ++j) score_[j] = std::isinf(row_lse) ? 0.0 : std::exp(score_[j] - row_lse);
     return score_;
   }
+
+  // The allowed keys of the last row(): in the band or the StreamingLLM prefix, within the
+  // sequence, and kept by the keep-mask and bias (MaskEval::keeps), whatever their weight.
+  const std::vector<int64_t>& allowed() const { return allowed_; }
 
  private:
   TensorView<const float> q_;
@@ -92,6 +102,7 @@ class DecodeRows {
   std::optional<detail::MaskEval> eval_;
   double scale_ = 1.0;
   std::vector<double> score_;
+  std::vector<int64_t> allowed_;
 };
 
 }  // namespace
@@ -115,18 +126,17 @@ void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indice
     throw Error(fmt::format("decode_attention_top_k: values {} and indices {} must have one shape",
                             shape_string(values.shape()), shape_string(indices.shape())));
   DecodeRows rows("decode_attention_top_k", values.shape(), top_k, q, kv, lse, options);
-  std::vector<int64_t> order(static_cast<std::size_t>(rows.M));
+  std::vector<int64_t> order;
   for (int64_t b = 0; b < rows.B; ++b)
     for (int64_t h = 0; h < rows.H; ++h)
       for (int64_t i = 0; i < rows.N; ++i) {
         const std::vector<double>& w = rows.row(b, h, i);
-        std::iota(order.begin(), order.end(), 0);
-        const int64_t k = std::min(top_k, rows.M);
+        order = rows.allowed();
+        const int64_t k = std::min(top_k, static_cast<int64_t>(order.size()));
         detail::order_top_k(order, k, w);  // the order attention_top_k gives for prefill
         for (int64_t t = 0; t < top_k; ++t) {
-          const bool real = t < k && w[order[t]] > 0.0;
-          values(b, h, i, t) = real ? static_cast<float>(w[order[t]]) : 0.0f;
-          indices(b, h, i, t) = real ? order[t] : -1;
+          values(b, h, i, t) = t < k ? static_cast<float>(w[order[t]]) : 0.0f;
+          indices(b, h, i, t) = t < k ? order[t] : -1;
         }
       }
 }

@@ -47,6 +47,7 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
 void KVCache::Free::operator()(void* p) const { detail::huge_pages_free(p, mapped); }
 
 KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
+  require_kv_dtype(c.dtype, "KVCache");
   if (c.num_pages <= 0 || c.page_tokens <= 0 || c.Hkv <= 0 || c.D <= 0 || c.Dv <= 0)
     throw Error(fmt::format("KVCache: num_pages, page_tokens, Hkv, D and Dv must be positive, got {}, {}, {}, {}, {}",
                             c.num_pages, c.page_tokens, c.Hkv, c.D, c.Dv));
@@ -57,9 +58,10 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   k_.reset(allocate(checked_numel(kshape, bytes, "KVCache keys") * bytes, "key pages", k_.get_deleter().mapped));
   v_.reset(allocate(checked_numel(vshape, bytes, "KVCache values") * bytes, "value pages", v_.get_deleter().mapped));
   if (kv_dtype_scaled(c.dtype)) {
-    const int64_t slots = c.num_pages * c.Hkv * c.page_tokens;
-    k_scale_.reset(static_cast<float*>(allocate(slots * 4, "key scales", k_scale_.get_deleter().mapped)));
-    v_scale_.reset(static_cast<float*>(allocate(slots * 4, "value scales", v_scale_.get_deleter().mapped)));
+    const std::array<int64_t, 3> slots{c.num_pages, c.Hkv, c.page_tokens};
+    const int64_t scale_bytes = checked_numel(slots, sizeof(float), "KVCache scales") * 4;
+    k_scale_.reset(static_cast<float*>(allocate(scale_bytes, "key scales", k_scale_.get_deleter().mapped)));
+    v_scale_.reset(static_cast<float*>(allocate(scale_bytes, "value scales", v_scale_.get_deleter().mapped)));
   }
   refcount_.assign(static_cast<std::size_t>(c.num_pages), 0);
   free_.resize(static_cast<std::size_t>(c.num_pages));
@@ -93,40 +95,54 @@ int64_t KVCache::create() {
 int64_t KVCache::length(int64_t seq) const { return find(seq).length; }
 std::span<const int32_t> KVCache::pages(int64_t seq) const { return find(seq).pages; }
 
+int32_t KVCache::page_refcount(int64_t page) const {
+  if (page < 0 || page >= config_.num_pages)
+    throw Error(
+        fmt::format("KVCache::page_refcount: page {} is outside the pool of {} pages", page, config_.num_pages));
+  return refcount_[static_cast<std::size_t>(page)];
+}
+
 void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const float> v, const RotaryOptions* rotary) {
   Sequence& s = find(seq);
-  if (rotary != nullptr && k.rank() == 3) {
-    Tensor<float> rotated = to_contiguous<float>(k);
-    const int64_t T = k.dim(0), Hkv = k.dim(1), D = k.dim(2);
-    const std::array<int64_t, 4> shape{1, Hkv, T, D}, strides{0, D, Hkv * D, 1};
-    const std::array<int64_t, 1> offset{s.length};
-    // The caller's values first, then what the rotation made of them: a finite key can rotate
-    // past what the storage holds, and the message should say the rotation did it.
-    check_values(k, config_.dtype, "k");
-    apply_rotary(TensorView<float>(rotated.data(), shape, strides), offset, *rotary);
-    check_values(rotated.cview(), config_.dtype, "rotated k");
-    append(seq, rotated.cview(), v);
-    return;
-  }
   const KVCacheConfig& c = config_;
+  // Shapes first, whatever else was asked: a rotation or a value check of a misshapen k would
+  // report on the wrong argument (or read past it).
   if (k.rank() != 3 || k.dim(1) != c.Hkv || k.dim(2) != c.D)
     throw Error(fmt::format("KVCache::append: k has shape {}, expected [T, Hkv = {}, D = {}]", shape_string(k.shape()),
                             c.Hkv, c.D));
   if (v.rank() != 3 || v.dim(0) != k.dim(0) || v.dim(1) != c.Hkv || v.dim(2) != c.Dv)
     throw Error(fmt::format("KVCache::append: v has shape {}, expected [T = {}, Hkv = {}, Dv = {}]",
                             shape_string(v.shape()), k.dim(0), c.Hkv, c.Dv));
+  checked_numel(k.shape(), sizeof(float), "KVCache::append: k");
+  checked_numel(v.shape(), sizeof(float), "KVCache::append: v");
   const int64_t T = k.dim(0);
+  // The pool's token slots number at most 2^62 (the constructor bounded its bytes), so with T below
+  // them the page count below cannot overflow, even for a T only a stride-0 view could describe.
+  const int64_t slots = c.num_pages * c.page_tokens;
+  if (T > slots)
+    throw Error(fmt::format("KVCache::append: {} tokens exceed the pool's {} token slots ({} pages of {})", T, slots,
+                            c.num_pages, c.page_tokens));
   if (T == 0) return;
-  check_values(k, c.dtype, "k");
-  check_values(v, c.dtype, "v");
   const int64_t have = static_cast<int64_t>(s.pages.size());
-  const int64_t need = (s.length + T + c.page_tokens - 1) / c.page_tokens;
+  const int64_t need = s.length / c.page_tokens + (s.length % c.page_tokens + T - 1) / c.page_tokens + 1;
   // A partly filled last page that another sequence shares is copied before it is written.
   const bool copy_last = s.length % c.page_tokens != 0 && refcount_[s.pages.back()] > 1;
   const int64_t take = need - have + (copy_last ? 1 : 0);
   if (take > free_pages())
     throw Error(fmt::format("KVCache::append: {} tokens need {} free pages, the pool of {} has {} left", T, take,
                             c.num_pages, free_pages()));
+  check_values(k, c.dtype, "k");
+  Tensor<float> rotated;
+  if (rotary != nullptr) {
+    rotated = to_contiguous<float>(k);
+    const std::array<int64_t, 4> shape{1, c.Hkv, T, c.D}, strides{0, c.D, c.Hkv * c.D, 1};
+    const std::array<int64_t, 1> offset{s.length};
+    apply_rotary(TensorView<float>(rotated.data(), shape, strides), offset, *rotary);
+    // A finite key can rotate past what the storage holds: the message says the rotation did it.
+    check_values(rotated.cview(), c.dtype, "rotated k");
+    k = rotated.cview();
+  }
+  check_values(v, c.dtype, "v");
   // From here on nothing can fail.
   const int64_t eb = kv_dtype_bytes(c.dtype);
   const int64_t kpage = c.Hkv * c.page_tokens * c.D * eb, vpage = c.Hkv * c.page_tokens * c.Dv * eb;

@@ -2,6 +2,7 @@
 #include "qkv/rotary.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -10,14 +11,25 @@ namespace qkv {
 
 void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const RotaryOptions& o) {
   if (x.rank() != 4) throw Error(fmt::format("apply_rotary: x must be [B, H, N, D], got {}", shape_string(x.shape())));
+  checked_numel(x.shape(), sizeof(float), "apply_rotary: x");
   const int64_t B = x.dim(0), H = x.dim(1), N = x.dim(2), D = x.dim(3);
   const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > D)
     throw Error(fmt::format("apply_rotary: rotary_dim = {} must be even and in [2, D = {}]", rd, D));
   if (!(o.theta > 0) || !std::isfinite(o.theta))
     throw Error(fmt::format("apply_rotary: theta = {} must be positive", o.theta));
+  if (o.layout != RotaryLayout::interleaved && o.layout != RotaryLayout::half_split)
+    throw Error(fmt::format("apply_rotary: layout = {} is not a RotaryLayout (interleaved or half_split)",
+                            static_cast<int>(o.layout)));
   if (!offsets.empty() && static_cast<int64_t>(offsets.size()) != B)
     throw Error(fmt::format("apply_rotary: {} offsets for B = {} batch rows", offsets.size(), B));
+  // Every offset before any row turns: a refusal leaves x as it was.
+  for (std::size_t b = 0; b < offsets.size(); ++b) {
+    if (offsets[b] < 0) throw Error(fmt::format("apply_rotary: offsets[{}] = {} is negative", b, offsets[b]));
+    if (N > 0 && offsets[b] > std::numeric_limits<int64_t>::max() - (N - 1))
+      throw Error(
+          fmt::format("apply_rotary: offsets[{}] = {} puts token {} past position 2^63 - 1", b, offsets[b], N - 1));
+  }
   const int64_t pairs = rd / 2;
   // The second element of pair p: interleaved 2p + 1, half-split p + rd/2; the first 2p or p.
   const int64_t first_step = o.layout == RotaryLayout::interleaved ? 2 : 1;
@@ -28,7 +40,6 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   std::vector<float> cs(static_cast<std::size_t>(2 * pairs));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t offset = offsets.empty() ? 0 : offsets[b];
-    if (offset < 0) throw Error(fmt::format("apply_rotary: offsets[{}] = {} is negative", b, offset));
     for (int64_t n = 0; n < N; ++n) {
       const double pos = static_cast<double>(offset + n);
       for (int64_t p = 0; p < pairs; ++p) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include <fmt/format.h>
@@ -53,6 +54,11 @@ KVDtype parse_kv_dtype(std::string_view text, std::string_view what) {
   throw Error(fmt::format("{} must be 'f32', 'bf16', 'f16' or 'i8', got '{}'", what, text));
 }
 
+void require_kv_dtype(KVDtype dtype, std::string_view who) {
+  if (std::ranges::find(kAll, dtype) == std::end(kAll))
+    throw Error(fmt::format("{}: dtype = {} is not a KVDtype (f32, bf16, f16 or i8)", who, static_cast<int>(dtype)));
+}
+
 int64_t kv_dtype_bytes(KVDtype dtype) {
   switch (dtype) {
     case KVDtype::f32:
@@ -63,6 +69,8 @@ int64_t kv_dtype_bytes(KVDtype dtype) {
     case KVDtype::i8:
       return 1;
   }
+  // A size of 0 would divide by zero in the size checks of whoever asked.
+  require_kv_dtype(dtype, "kv_dtype_bytes");
   return 0;
 }
 

@@ -1,5 +1,6 @@
 #include "qkv/tensor.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -31,7 +32,7 @@ int64_t checked_numel(std::span<const int64_t> shape, std::size_t element_size, 
       throw Error(fmt::format("{}: shape {} is too large to address", what, shape_string(shape)));
     n *= static_cast<uint64_t>(d);
   }
-  if (n > kMaxBytes / element_size)
+  if (n > kMaxBytes / std::max<std::size_t>(element_size, 1))
     throw Error(fmt::format("{}: shape {} is too large to address", what, shape_string(shape)));
   return static_cast<int64_t>(n);
 }

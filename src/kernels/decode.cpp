@@ -137,9 +137,21 @@ void launch(const DecodePlan& plan, DecodeFn fn, int num_threads) {
   });
 }
 
+// Whether the keep-mask and bias leave row (b, h, i) any key of its band (decode_band).
+bool keeps_a_key(const DecodeParams& p, int64_t b, int64_t h, int64_t i) {
+  const DecodeBand band = decode_band(p, b, i);
+  for (int64_t j = 0; j < band.prefix_end; ++j)
+    if (p.mask->keeps(b, h, i, j)) return true;
+  for (int64_t j = std::max(band.lo, band.prefix_end); j < band.hi; ++j)
+    if (p.mask->keeps(b, h, i, j)) return true;
+  return false;
+}
+
 // Row (b, h, i) combines its chunks c = 0, 1, ... in order, in double. Returns false for a chunk
-// whose l is NaN or m +inf, or an output that is not finite: that can only come from a non-finite
-// q or from scores or P·V sums past fp32 (the cache holds finite values, sinks are checked).
+// whose l is NaN or m +inf, an output that is not finite, or a row that kept none of the keys its
+// mask keeps (every such score -inf): that can only come from a non-finite q or from scores or
+// P·V sums past fp32 (the cache holds finite values, sinks are checked). A row the keep-mask or a
+// -inf bias empties, in one chunk or in all, is no fault: 0 with lse -inf.
 bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out, TensorView<float> lse, int64_t b,
                int64_t h, int64_t i) {
   const DecodeParams& p = plan.p;
@@ -154,10 +166,10 @@ bool merge_row(const DecodePlan& plan, const float* sinks, TensorView<float> out
   }
   float* o = out.data() + b * out.stride(0) + h * out.stride(1) + i * out.stride(2);
   float* l = lse.empty() ? nullptr : lse.data() + b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2);
-  if (mx == -std::numeric_limits<double>::infinity()) {  // no key allowed
+  if (mx == -std::numeric_limits<double>::infinity()) {  // no key kept
     for (int64_t e = 0; e < p.Dv; ++e) o[e * out.stride(3)] = 0.0f;
     if (l != nullptr) *l = -std::numeric_limits<float>::infinity();
-    return finite;
+    return finite && !keeps_a_key(p, b, h, i);  // a key the mask keeps scored below -FLT_MAX
   }
   mx = std::max(mx, sink);
   double acc[512];  // Dv <= 512 per pass

@@ -80,8 +80,19 @@ struct DecodeParams {
   int64_t dvp = 0;
 };
 
+// The keys query i of sequence b sees: the mask's band [lo, hi) and the StreamingLLM prefix
+// [0, prefix_end), which still obeys causality and the length.
+struct DecodeBand {
+  int64_t lo = 0, hi = 0, prefix_end = 0;
+};
+inline DecodeBand decode_band(const DecodeParams& p, int64_t b, int64_t i) {
+  const detail::KeyBand band = p.mask->band(b, i);
+  return {band.lo, band.hi, std::min(p.sink_tokens, band.hi)};
+}
+
 // Keys [j0, j1) of sequence b for KV head g. Writes, for each of the G·N rows, the unnormalized
-// o [dvp] (row stride p.dvp), the running max m and the sum l (l = 0, m = -inf: no key allowed).
+// o [dvp] (row stride p.dvp), the running max m and the sum l (l = 0, m = -inf: no key kept,
+// because none was allowed or every score was -inf).
 struct DecodeTask {
   int64_t b = 0, g = 0, j0 = 0, j1 = 0;
   // The prefetches may run on to here (>= j1, within the sequence): past j1 when the thread's
@@ -113,8 +124,9 @@ void decode_tile_neon(const DecodeParams& p, const DecodeTask& task, Workspace& 
 
 // Runs decode on `num_threads` threads with the given SIMD family and writes out [B,H,N,Dv] and lse
 // [B,H,N] (unless empty). seq_lens: B lengths, checked against the cache; sinks: H logits or null.
-// The driver sets p.dvp and p.prefetch_keys. Returns false when a row came out non-finite (a
-// non-finite q or an fp32 overflow: the caller names the cause); out may then be partly written.
+// The driver sets p.dvp and p.prefetch_keys. Returns false when a row came out non-finite, or
+// kept none of the keys its mask keeps (a non-finite q or an fp32 overflow: the caller names the
+// cause); out may then be partly written.
 [[nodiscard]] bool decode(const DecodeParams& p, const int64_t* seq_lens, const float* sinks, TensorView<float> out,
                           TensorView<float> lse, Simd path, int num_threads);
 

@@ -73,11 +73,9 @@ class DecodeChunk {
       }
       j += nb;
     }
-    // A row that sees keys here but kept none (l = 0) had every allowed score at -inf: from a
-    // finite q and cache that is an fp32 overflow (q = 1e20 against k = -1e20), not a mask, so
-    // m = NaN makes the merge refuse it instead of returning the row as 0.
-    for (int64_t r = 0; r < rows_; ++r)
-      if (t_.l[r] == 0.0f && row_sees(r, t_.j0, t_.j1)) t_.m[r] = std::numeric_limits<float>::quiet_NaN();
+    // A row that sees keys here but kept none (l = 0) stays m = -inf: a keep-mask or -inf bias
+    // may have removed them, and the merge, which sees every chunk, tells that from scores below
+    // -FLT_MAX (decode.cpp's merge_row).
   }
 
  private:
@@ -95,10 +93,10 @@ class DecodeChunk {
 
   bool find_bands() {
     for (int64_t r = 0; r < rows_; ++r) {
-      const detail::KeyBand band = mask_.band(t_.b, query(r));
+      const DecodeBand band = decode_band(p_, t_.b, query(r));
       band_[3 * r] = band.lo;
       band_[3 * r + 1] = band.hi;
-      band_[3 * r + 2] = std::min(p_.sink_tokens, band.hi);
+      band_[3 * r + 2] = band.prefix_end;
     }
     return any_row_sees(t_.j0, t_.j1);
   }

@@ -85,6 +85,10 @@ class MaskEval {
       return T(mask_.softcap) * std::tanh(s / T(mask_.softcap));
   }
 
+  // Whether in-band pair (b, h, i, j) is a key of the row at all: not removed by the keep-mask or
+  // a -inf bias. A weight that merely underflowed to 0 still belongs to such a key.
+  bool keeps(int64_t b, int64_t h, int64_t i, int64_t j) const { return std::isfinite(adjust(0.0, b, h, i, j)); }
+
   // adjust() after softcap: a score already capped (or with softcap off) through the other terms.
   template <class T>
   T add_terms(T s, int64_t b, int64_t h, int64_t i, int64_t j) const {
