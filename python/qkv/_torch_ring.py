@@ -16,6 +16,9 @@ import torch.distributed as dist
 
 from . import _qkv
 from ._ring import as4, options, place_shards, shard_ranges
+# qkv.torch's own checks of tensor arguments and refusals in backward, from the leaf module, which
+# (unlike qkv.torch, which imports this module) can be imported here at the top.
+from ._torch_checks import _check_tensor, _first_order_only, _refuse_lse_gradient, _vector_arg
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -132,7 +135,6 @@ class _RingFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from .torch import _first_order_only, _refuse_lse_gradient
         q, k, v, out, lse = ctx.saved_tensors
         # Before any transfer, on each rank whose loss uses lse.
         _refuse_lse_gradient(dlse, "ring_attention")
@@ -146,7 +148,6 @@ class _RingFunction(torch.autograd.Function):
 def _local(q, k, v, make_options):
     """This rank's (row of the agreement, [B, H, n, D] float32 views, options), or the message of
     its first bad argument (then views and options are None)."""
-    from .torch import _check_tensor  # qkv.torch's own checks of a tensor argument
     try:
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             _check_tensor(t, name)
@@ -182,7 +183,6 @@ def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left"
     """
     if num_threads is None:
         num_threads = torch.get_num_threads()
-    from .torch import _vector_arg  # lengths and slopes given as tensors, as qkv.torch takes them
 
     def make_options():
         return options(causal, causal_align, window, _vector_arg(key_lengths, "key_lengths", True),

@@ -6,10 +6,11 @@ import torch
 
 from . import _qkv
 from .attention import _mask_dict
-# qkv.torch's own rules (torch.py imports this module last): the seed of every call, the checks of
-# q, k, v and tensor arguments, its exception classes and what its autograd functions share.
-from .torch import (SdpaTypeError, SdpaValueError, _check_inputs, _extras, _first_order_only, _raising,
-                    _refuse_lse_gradient, _scalar)
+# qkv.torch's own rules: the checks of q, k, v and tensor arguments and what its autograd functions
+# share (from the leaf module), the seed of every call and its exception classes (torch.py imports
+# this module last, so they are defined by then).
+from ._torch_checks import _check_inputs, _first_order_only, _raising, _refuse_lse_gradient, _scalar
+from .torch import SdpaTypeError, SdpaValueError, _extras
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
