@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from . import _qkv
 from . import torch as _qt
 
 _lib = torch.library.Library("qkv", "DEF")
@@ -104,25 +105,42 @@ def _mha_kernel(query, key, value, key_padding_mask, need_weights, attn_mask, av
 torch.jit._builtins._register_builtin(_qt.scaled_dot_product_attention, "qkv::scaled_dot_product_attention")
 
 
-def _listed(x, convert):
-    """A sequence (or tensor, or one number) as the list the schema takes; None stays None."""
+def _listed(x, name, convert):
+    """A sequence (or one number) as the list the schema takes, each entry through qkv's own check
+    (convert(entry, name), so 3.7 is refused as a length, not truncated); None stays None."""
     if x is None:
         return None
-    if isinstance(x, torch.Tensor):
-        x = x.tolist()
-    return [convert(e) for e in x] if isinstance(x, (list, tuple)) else [convert(x)]
+    if isinstance(x, (list, tuple)):
+        return [convert(e, f"{name}[{i}]") for i, e in enumerate(x)]
+    return [convert(x, name)]
+
+
+def _window_side(w, name):
+    return -1 if w is None else _qkv._index_arg(w, name)
 
 
 def traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, alibi_slopes, softcap,
                 key_lengths, query_lengths, causal_align, return_lse, num_threads):
     """The operator call torch.jit.trace records: the Python forms the eager function accepts (a
-    window side None, slopes and lengths as tensors or tuples) in the schema's types; the kernel
-    then checks every value as the eager call does."""
-    window = _listed(window, lambda w: -1 if w is None else int(w))
-    kwargs = dict(window=window, alibi_slopes=_listed(alibi_slopes, float), softcap=softcap,
-                  key_lengths=_listed(key_lengths, int), query_lengths=_listed(query_lengths, int),
+    window side None, slopes and lengths as tensors or tuples) in the schema's types, by the eager
+    call's checks; the kernel then checks every value as the eager call does."""
+    key_lengths, query_lengths = (_qt._vector_arg(x, name, True) for x, name in
+                                  ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")))
+    if any(x is not None and not isinstance(x, (list, tuple)) for x in (key_lengths, query_lengths)):
+        # One length for every batch row: the schema's list needs one entry per row, for this call.
+        rows = _qt._sdpa_layout(query, key, value, enable_gqa)[2].B
+        key_lengths, query_lengths = (x if x is None or isinstance(x, (list, tuple)) else
+                                      [_qkv._index_arg(x, name)] * rows for x, name in
+                                      ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")))
+    kwargs = dict(window=_listed(window, "window", _window_side),
+                  alibi_slopes=_listed(_qt._vector_arg(alibi_slopes, "alibi_slopes", False), "alibi_slopes",
+                                       _qkv._number_arg),
+                  softcap=softcap,
+                  key_lengths=_listed(key_lengths, "key_lengths", _qkv._index_arg),
+                  query_lengths=_listed(query_lengths, "query_lengths", _qkv._index_arg),
                   causal_align=causal_align, num_threads=num_threads)
-    args = (query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
-    if return_lse:
+    args = (query, key, value, attn_mask, _qkv._dropout_p_arg(_qt._scalar(dropout_p)),
+            _qkv._flag_arg(is_causal, "is_causal"), scale, _qkv._flag_arg(enable_gqa, "enable_gqa"))
+    if _qkv._flag_arg(return_lse, "return_lse"):
         return torch.ops.qkv.scaled_dot_product_attention.lse(*args, return_lse=True, **kwargs)
     return torch.ops.qkv.scaled_dot_product_attention(*args, **kwargs)

@@ -16,6 +16,9 @@ import torch.distributed as dist
 
 from . import _qkv
 from ._ring import as4, options, place_shards, shard_ranges
+# qkv.torch's own checks of tensor arguments and refusals in backward, from the leaf module, which
+# (unlike qkv.torch, which imports this module) can be imported here at the top.
+from ._torch_checks import _check_tensor, _first_order_only, _refuse_lse_gradient, _vector_arg
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -125,23 +128,26 @@ class _RingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ring, opts):
         out, lse = _forward(ring, q, k, v, opts)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         ctx.ring, ctx.opts = ring, opts
         ctx.save_for_backward(q, k, v, out, lse)
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.ring, dout.float().contiguous(), q, k, v, out, lse, ctx.opts)
-        return dq, dk, dv, None, None
+        # Before any transfer, on each rank whose loss uses lse.
+        _refuse_lse_gradient(dlse, "ring_attention")
+        with torch.no_grad():
+            if dout is None:
+                dout = torch.zeros_like(out)
+            dq, dk, dv = _backward(ctx.ring, dout.float().contiguous(), q, k, v, out, lse, ctx.opts)
+        return _first_order_only((dq, dk, dv, None, None), (q, k, v, dout, dlse), "ring_attention")
 
 
 def _local(q, k, v, make_options):
     """This rank's (row of the agreement, [B, H, n, D] float32 views, options), or the message of
     its first bad argument (then views and options are None)."""
-    from .torch import _check_tensor  # qkv.torch's own checks of a tensor argument
     try:
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
             _check_tensor(t, name)
@@ -168,15 +174,22 @@ def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left"
     window, key_lengths, query_lengths, alibi_slopes, softcap, scale, sharding ("zigzag" or
     "contiguous"). num_threads: default torch.get_num_threads().
 
-    Returns out [..., n, Dv], or (out, lse) with lse [..., n] (not differentiable) if return_lse.
+    Returns out [..., n, Dv], or (out, lse) with lse [..., n] if return_lse; a loss term on lse
+    raises RuntimeError in backward (the ring computes no lse gradient: use lse.detach()), as does
+    differentiating the gradients (create_graph=True).
     A bad argument on any rank raises the same ValueError on every rank; a rank that fails or stops
     during the ring makes the others raise RuntimeError naming the transfer, at the latest after the
     group's timeout (init_process_group(timeout=...)).
     """
     if num_threads is None:
         num_threads = torch.get_num_threads()
-    row, views, opts = _local(q, k, v, lambda: options(causal, causal_align, window, key_lengths, query_lengths,
-                                                       alibi_slopes, softcap, scale, num_threads, sharding))
+
+    def make_options():
+        return options(causal, causal_align, window, _vector_arg(key_lengths, "key_lengths", True),
+                       _vector_arg(query_lengths, "query_lengths", True),
+                       _vector_arg(alibi_slopes, "alibi_slopes", False), softcap, scale, num_threads, sharding)
+
+    row, views, opts = _local(q, k, v, make_options)
     ring = _Ring(group, _agree(group, row))
     out, lse = _RingFunction.apply(*views, ring, opts)
     out = out.reshape(*q.shape[:-1], out.size(-1))

@@ -29,7 +29,10 @@ Differences from PyTorch, all deliberate:
   - a query row with no allowed key gives output 0 (and zero gradients), as PyTorch >= 2.5's
     scaled_dot_product_attention does (earlier versions, and nn.MultiheadAttention's weights, NaN);
   - second-order gradients (create_graph=True, then differentiating the gradients) raise
-    RuntimeError when used, instead of being silently 0;
+    RuntimeError when used, instead of being silently 0, on every front end (the function,
+    MultiheadAttention, varlen_attention, ring_attention);
+  - return_lse's lse has no gradient: a loss term on it raises RuntimeError in backward (use
+    lse.detach() for a constant), instead of being silently dropped;
   - dropout runs in qkv's kernels with qkv's own keep-mask (Philox, keyed by a seed drawn from
     torch's default generator, so torch.manual_seed makes runs reproducible; the masks differ from
     PyTorch's bernoulli ones); dropout_p = 1 raises (it must be below 1);
@@ -43,6 +46,7 @@ Differences from PyTorch, all deliberate:
 
 import functools
 import math
+import re
 from typing import Optional, Tuple
 
 import numpy as np
@@ -51,11 +55,12 @@ import torch.nn.functional as F
 
 from . import _qkv
 from .attention import _constant_along_keys, dropout_mask
+from ._torch_checks import (_check_inputs, _check_mask, _check_qkv, _check_tensor, _first_order_only, _raising,
+                            _refuse_lse_gradient, _scalar, _vector_arg)
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -73,61 +78,6 @@ class MhaValueError(ValueError, RuntimeError, AssertionError):
 
 class MhaTypeError(TypeError, RuntimeError, AssertionError):
     """A bad type or dtype given to MultiheadAttention (PyTorch asserts, or raises RuntimeError)."""
-
-
-def _raising(value_error, type_error):
-    """Re-raises the ValueError or TypeError of the decorated function as value_error / type_error
-    (same message and traceback): the checks stay plain ValueError / TypeError in one place."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except (value_error, type_error):
-                raise
-            except ValueError as e:
-                raise value_error(*e.args).with_traceback(e.__traceback__) from None
-            except TypeError as e:
-                raise type_error(*e.args).with_traceback(e.__traceback__) from None
-
-        return call
-
-    return wrap
-
-
-_TORCH_SDPA = "torch.nn.functional.scaled_dot_product_attention (PyTorch >= 2.0)"
-
-
-def _check_tensor(t, name):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} is on device '{t.device}': qkv.torch computes on CPU tensors only; pass "
-                         f"{name}.cpu(), or use {_TORCH_SDPA} for {t.device.type} tensors")
-    if t.layout != torch.strided:
-        raise TypeError(f"{name}: layout {t.layout} is not supported; pass a dense tensor ({name}.to_dense())")
-
-
-def _check_inputs(q, k, v):
-    """Type, device, dtype and rank >= 2 of query, key and value."""
-    for t, name in ((q, "query"), (k, "key"), (v, "value")):
-        _check_tensor(t, name)
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: dtype {t.dtype} is not supported by qkv.torch; use float32, bfloat16, "
-                            f"float16 or float64 ({name}.float()), or {_TORCH_SDPA}")
-        if t.dim() < 2:
-            raise ValueError(f"{name}: expected shape [..., seq, dim] (rank >= 2), got {list(t.shape)}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"query, key and value must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
-
-
-def _check_qkv(q, k, v):
-    _check_inputs(q, k, v)
-    if k.size(-1) != q.size(-1):
-        raise ValueError(f"query {list(q.shape)} and key {list(k.shape)} must have the same last dim E")
-    if k.size(-2) != v.size(-2):
-        raise ValueError(f"key {list(k.shape)} and value {list(v.shape)} must have the same sequence length S")
 
 
 def _numpy(t):
@@ -188,6 +138,17 @@ class _Layout:
         masks = (None if m is None else self.to4(m.expand(*self.lead, L, S), self.lead) for m in (bias, keep))
         return (self.to4(q, self.lead), self.to4(k, self.kv_lead), self.to4(v, self.kv_lead), *masks)
 
+    def source_index(self, index4, shape):
+        """The index, in a caller's mask of `shape` that views() broadcast to lead + (L, S), of element
+        index4 of its [B, H, L, S] view."""
+        b, h, i, j = index4
+        batch = []
+        for n in reversed(self.batch):
+            b, r = divmod(b, n)
+            batch.insert(0, r)
+        full = (*batch, *(() if self.squeeze_heads else (h,)), i, j)
+        return tuple(0 if n == 1 else full[len(full) - len(shape) + d] for d, n in enumerate(shape))
+
     def gradient(self, g4, t, lead):
         """The gradient of caller tensor t from that of its to4(t, lead) view, summed over the dims t
         was broadcast along in g4's dtype: float32 for 16-bit t, rounded to t's dtype once, after."""
@@ -229,7 +190,8 @@ class _AttentionFunction(torch.autograd.Function):
         # caller gets it in the dtype of the scores (float32 for bfloat16 and float16 inputs).
         out, lse64 = torch.from_numpy(out), torch.from_numpy(lse)
         lse = lse64 if q.dtype == torch.float64 else lse64.float()
-        ctx.mark_non_differentiable(lse)
+        # Only the outputs a loss uses get a gradient (None for the other, not zeros to read).
+        ctx.set_materialize_grads(False)
         ctx.layout, ctx.extras, ctx.scale, ctx.num_threads = layout, extras, scale, num_threads
         ctx.save_for_backward(*inputs, out, lse64)
         if q.dtype in (torch.bfloat16, torch.float16):
@@ -237,27 +199,19 @@ class _AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
-        # qkv's backward is not itself differentiable. torch's once_differentiable marks the
-        # gradients only when dout requires grad, so a gradient penalty (grad(out.sum(), q,
-        # create_graph=True), then backward through it) silently lost its term: the gradients are
-        # marked whenever the graph is being built and an input requires grad.
+    def backward(ctx, dout, dlse):
         with torch.no_grad():
-            grads = _AttentionFunction._backward(ctx, dout)
-        q, k, v, bias = ctx.saved_tensors[:4]
-        if not torch.is_grad_enabled() or not any(
-                t is not None and t.requires_grad for t in (q, k, v, bias, dout)):
-            return grads
-        err = torch._C._functions.DelayedError(
-            b"qkv.torch: second-order gradients are not supported (the gradients of scaled_dot_product_attention "
-            b"were built with create_graph=True and are now being differentiated)", 1)
-        return tuple(None if g is None else err(g.detach().requires_grad_()) for g in grads)
+            grads = _AttentionFunction._backward(ctx, dout, dlse)
+        return _first_order_only(grads, (*ctx.saved_tensors[:4], dout, dlse), "scaled_dot_product_attention")
 
     @staticmethod
-    def _backward(ctx, dout):
+    def _backward(ctx, dout, dlse):
         *inputs, out, lse = ctx.saved_tensors
         layout = ctx.layout
         q, k, v, bias, keep = layout.views(*inputs)
+        _refuse_lse_gradient(dlse, "scaled_dot_product_attention")
+        if dout is None:  # only lse was used, and with a zero gradient
+            return (None,) * 9
         want_dbias = ctx.needs_input_grad[3]
         zero_dbias = want_dbias and _constant_along_keys(inputs[3].shape)
         mask = dict(ctx.extras, keep_mask=_mask_numpy(keep, q.dtype), bias=_mask_numpy(bias, q.dtype))
@@ -279,17 +233,14 @@ class _AttentionFunction(torch.autograd.Function):
         return (*grads[:3], grads[3] if want_dbias else None, None, None, None, None, None)
 
 
-def _scalar(x):
-    """A 0-d tensor as its Python number (PyTorch's argument parser takes one for a float)."""
-    return x.item() if isinstance(x, torch.Tensor) and x.dim() == 0 else x
-
-
 def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths, dropout_p=0.0):
     """The options dict of one call; with dropout, the seed of its keep-mask is drawn here from torch's
     default generator (only then, so runs without dropout leave the generator alone), and the
     backward reuses this dict, so it regenerates the same mask."""
     extras = dict(causal=_qkv._flag_arg(is_causal, "is_causal"), causal_align=causal_align, window=window,
-                  alibi_slopes=alibi_slopes, softcap=softcap, key_lengths=key_lengths, query_lengths=query_lengths)
+                  alibi_slopes=_vector_arg(alibi_slopes, "alibi_slopes", False), softcap=softcap,
+                  key_lengths=_vector_arg(key_lengths, "key_lengths", True),
+                  query_lengths=_vector_arg(query_lengths, "query_lengths", True))
     dropout_p = _qkv._dropout_p_arg(_scalar(dropout_p))
     if dropout_p > 0.0:
         extras.update(dropout_p=dropout_p, dropout_seed=int(torch.empty((), dtype=torch.int64).random_()))
@@ -305,30 +256,43 @@ def _dropped(w, extras):
     return w * keep.to(w.dtype) / (1.0 - p)
 
 
-def _check_mask(mask, name, scores_shape):
-    _check_tensor(mask, name)
-    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
-        raise TypeError(f"{name}: dtype {mask.dtype} is not supported; pass a bool mask (True = take part) or a "
-                        f"float mask added to the scores")
-    try:
-        torch.broadcast_shapes(mask.shape, scores_shape)
-        ok = len(mask.shape) <= len(scores_shape)
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name}: shape {list(mask.shape)} does not broadcast to the scores' shape "
-                         f"{list(scores_shape)}")
+_MASK_VALUE = re.compile(r"bias contains (NaN|\+inf) at index \(([0-9, ]*)\)")
 
 
-def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads):
-    """Runs the autograd function on the caller's tensors; returns (out, lse) in the caller's shape."""
+def _attention(q, k, v, layout, keep, bias, extras, scale, num_threads, source=None):
+    """Runs the autograd function on the caller's tensors; returns (out, lse) in the caller's shape.
+    source(index) names the caller's float mask holding element `index` of the [B, H, L, S] bias
+    and gives its index there: (name, index)."""
     # Any real number (numpy's scalars and 0-d tensors too, as PyTorch takes them), as a float.
     if scale is not None:
         scale = _qkv._scale_arg(_scalar(scale))
     if num_threads is None:
         num_threads = torch.get_num_threads()
-    out4, lse4 = _AttentionFunction.apply(q, k, v, bias, keep, layout, extras, scale, num_threads)
+    try:
+        out4, lse4 = _AttentionFunction.apply(q, k, v, bias, keep, layout, extras, scale, num_threads)
+    except ValueError as e:
+        # qkv's rule for a float mask (NaN and +inf refused) names its own bias argument and an
+        # index of the [B, H, L, S] view; the caller passed another tensor, of another shape.
+        bad = _MASK_VALUE.fullmatch(str(e))
+        if bad is None or source is None:
+            raise
+        name, index = source(tuple(int(i) for i in bad.group(2).split(",")))
+        raise ValueError(f"{name} contains {bad.group(1)} at index {index}") from None
     return layout.back(out4, (v.size(-1),)), layout.back(lse4, ())
+
+
+def _sdpa_layout(query, key, value, enable_gqa):
+    """scaled_dot_product_attention's checked q, k, v: (key, value, _Layout)."""
+    _check_qkv(query, key, value)
+    # Flags are True or False, as PyTorch's own argument parser requires of enable_gqa.
+    enable_gqa = _qkv._flag_arg(enable_gqa, "enable_gqa")
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
+        # PyTorch lets key and value have different head counts that both divide the query's:
+        # qkv's kernels take one count, so both are repeated to the query's heads (a copy).
+        hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
+        if hk != hv and hk > 0 and hv > 0 and hq % hk == 0 and hq % hv == 0:
+            key, value = key.repeat_interleave(hq // hk, dim=-3), value.repeat_interleave(hq // hv, dim=-3)
+    return key, value, _Layout(query, key, value, enable_gqa)
 
 
 @_raising(SdpaValueError, SdpaTypeError)
@@ -353,19 +317,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     qkv extras (keyword-only; heads = dim -3 for rank >= 4 or rank 3 with enable_gqa, else 1;
     batch rows = the other leading dims flattened):
       window=(left, right): query i sees keys diag(i) - left <= j <= diag(i) + right (None = unbounded).
-      alibi_slopes: one float per query head, adds -slope * |j - diag(i)|.
+      alibi_slopes: one float per query head (a sequence, or a 1-D floating tensor as FlashAttention
+          passes it; no gradient: one that requires grad is refused), adds -slope * |j - diag(i)|.
       softcap: c > 0 turns scores s into c * tanh(s / c) before the mask is added.
-      key_lengths / query_lengths: an int or one int per batch row; keys j >= key_lengths[b] are
-          masked, query rows i >= query_lengths[b] give 0.
+      key_lengths / query_lengths: an int or one int per batch row (a sequence or a 1-D integer
+          tensor); keys j >= key_lengths[b] are masked, query rows i >= query_lengths[b] give 0.
       causal_align: "top_left" (PyTorch's) or "bottom_right" (diag(i) = i + S_b - L_b).
       return_lse: also return lse [..., L] (float32 for 16-bit inputs), the log-sum-exp of each
-          row's scores; it is not differentiable (backward through it raises).
+          row's scores (empty with no heads; with a value dim of 0, out is empty and lse is not).
+          qkv computes no gradient for lse: a backward that reaches it with a nonzero gradient (a
+          loss term on lse) raises RuntimeError naming lse; lse.detach() is a constant.
       num_threads: threads for this call; default torch.get_num_threads(). Results are bitwise
           identical for any thread count.
 
     A query row with no allowed key returns 0 (as PyTorch >= 2.5). Raises SdpaTypeError (a
     TypeError and RuntimeError) for a wrong type or dtype and SdpaValueError (a ValueError and
-    RuntimeError) for a wrong device, shape, or dropout_p outside [0, 1), naming the argument.
+    RuntimeError) for a wrong device, shape, or dropout_p outside [0, 1), naming the argument (a
+    float attn_mask holding NaN or +inf: "attn_mask contains NaN at index (1, 2)", the index in
+    attn_mask itself).
 
     dropout_p > 0 drops each softmax weight with that probability inside qkv's kernels (forward and
     backward regenerate one keep-mask; qkv.dropout_mask shows it), keyed by a seed drawn from
@@ -380,17 +349,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return _ops.traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                 alibi_slopes, softcap, key_lengths, query_lengths, causal_align, return_lse,
                                 num_threads)
-    _check_qkv(query, key, value)
     extras = _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths, query_lengths, dropout_p)
-    # Flags are True or False, as PyTorch's own argument parser requires of enable_gqa.
-    enable_gqa = _qkv._flag_arg(enable_gqa, "enable_gqa")
-    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
-        # PyTorch lets key and value have different head counts that both divide the query's:
-        # qkv's kernels take one count, so both are repeated to the query's heads (a copy).
-        hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
-        if hk != hv and hk > 0 and hv > 0 and hq % hk == 0 and hq % hv == 0:
-            key, value = key.repeat_interleave(hq // hk, dim=-3), value.repeat_interleave(hq // hv, dim=-3)
-    layout = _Layout(query, key, value, enable_gqa)
+    key, value, layout = _sdpa_layout(query, key, value, enable_gqa)
     return_lse = _qkv._flag_arg(return_lse, "return_lse")
     keep = bias = None
     if attn_mask is not None:
@@ -399,13 +359,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              "attn_mask instead")
         _check_mask(attn_mask, "attn_mask", layout.lead + (query.size(-2), key.size(-2)))
         keep, bias = (attn_mask, None) if attn_mask.dtype == torch.bool else (None, attn_mask)
-    if not return_lse and math.prod(layout.lead) * query.size(-2) * value.size(-1) == 0:
+    rows = math.prod(layout.lead) * query.size(-2)
+    if rows * value.size(-1) == 0 and not (return_lse and rows):
         # An empty result (no heads, value dim 0, ...) is empty, as in PyTorch; qkv's kernels refuse
         # zero heads and Dv = 0. The zero term keeps autograd's view: zero gradients for the inputs.
         out = query.new_zeros(*layout.lead, query.size(-2), value.size(-1))
         inputs = [t for t in (query, key, value, bias) if t is not None and t.requires_grad]
-        return out + sum(t.sum() for t in inputs) * 0 if inputs else out
-    out, lse = _attention(query, key, value, layout, keep, bias, extras, scale, num_threads)
+        out = out + sum(t.sum() for t in inputs) * 0 if inputs else out
+        lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+        return (out, query.new_zeros(*layout.lead, query.size(-2), dtype=lse_dtype)) if return_lse else out
+    source = None
+    if bias is not None:
+        source = lambda index: ("attn_mask", layout.source_index(index, bias.shape))  # noqa: E731
+    if value.size(-1) == 0:
+        # Value dim 0 with return_lse: out is empty, but lse (which v does not enter) is not; qkv's
+        # kernels refuse Dv = 0, so they run on one zero value column, dropped from out after.
+        one = value.new_zeros(()).expand(*value.shape[:-1], 1)
+        out, lse = _attention(query, key, one, layout, keep, bias, extras, scale, num_threads, source)
+        out = out[..., :0]
+        return (out + value.sum() * 0 if value.requires_grad else out), lse
+    out, lse = _attention(query, key, value, layout, keep, bias, extras, scale, num_threads, source)
     return (out, lse) if return_lse else out
 
 
@@ -429,6 +402,16 @@ def _mha_mask(m, name):
     return m
 
 
+def _mha_source(floats, index):
+    """The caller's float mask holding element `index` (n, h, i, j) of the merged bias, and its index
+    there: when both masks are float, the one whose element there qkv's rule refuses."""
+    for name, mask, where in floats:
+        x = float(mask[where(*index)])
+        if math.isnan(x) or x == math.inf or len(floats) == 1:
+            return name, where(*index)
+    return floats[0][0], floats[0][2](*index)
+
+
 class MultiheadAttention(torch.nn.MultiheadAttention):
     """torch.nn.MultiheadAttention whose attention runs in qkv (same constructor, parameters,
     state_dict keys and forward signature; load a torch.nn.MultiheadAttention's state_dict as is).
@@ -444,7 +427,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     are not differentiable; need_weights=False (use it when training) skips that work entirely.
     Dropout: a module with dropout > 0 drops attention weights in training mode, in qkv's kernels
     (see scaled_dot_product_attention); the returned weights are the dropped ones, as in PyTorch.
-    Fully masked rows give zeros where PyTorch gives NaN.
+    Fully masked rows give zeros where PyTorch gives NaN; a float mask holding NaN or +inf raises
+    MhaValueError naming that mask and the index in it ("key_padding_mask contains NaN at index
+    (1, 3)"), where PyTorch returns NaN rows.
 
     Note: torch.nn.TransformerEncoderLayer's inference fast path (eval mode under no_grad) calls
     torch._transformer_encoder_layer_fwd with the layer's weights and never calls self_attn, so an
@@ -522,8 +507,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         is_causal = bool(is_causal) and pad == 0
 
         masks = []
+        floats = []  # (name, the caller's float mask, its index of score (n, h, i, j))
+        H = self.num_heads
         if attn_mask is not None and not is_causal:
             _check_tensor(attn_mask, "attn_mask")
+            if attn_mask.is_floating_point():
+                where = (lambda n, h, i, j: (i, j)) if attn_mask.dim() == 2 else (lambda n, h, i, j: (n * H + h, i, j))
+                floats.append(("attn_mask", attn_mask, where))
             if attn_mask.dim() == 2 and tuple(attn_mask.shape) == (L, S):
                 attn_mask = attn_mask.reshape(1, 1, L, S)
             elif attn_mask.dim() == 3 and tuple(attn_mask.shape) == (N * self.num_heads, L, S):
@@ -537,6 +527,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             if tuple(key_padding_mask.shape) != (N, S):
                 raise ValueError(f"key_padding_mask: shape {list(key_padding_mask.shape)} must be [{N}, {S}] "
                                  f"(batch, source length)")
+            if key_padding_mask.is_floating_point():
+                user = key_padding_mask if batched else key_padding_mask[0]
+                floats.append(("key_padding_mask", user, (lambda n, h, i, j: (n, j)) if batched else
+                               (lambda n, h, i, j: (j,))))
             masks.append(_mha_mask(key_padding_mask.reshape(N, 1, 1, S), "key_padding_mask"))
         if pad:
             masks = [F.pad(m, (0, pad), value=False if m.dtype == torch.bool else 0.0) for m in masks]
@@ -545,7 +539,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         layout = _Layout(q, k, v, False)
         extras = _extras(bool(is_causal), "top_left", None, None, None, None, None,
                          self.dropout if self.training else 0.0)
-        out, lse = _attention(q, k, v, layout, keep, bias, extras, None, None)
+        out, lse = _attention(q, k, v, layout, keep, bias, extras, None, None, functools.partial(_mha_source, floats))
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
         out = F.linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
         weights = self._weights(q, k, keep, bias, extras, lse, average_attn_weights) if need_weights else None
