@@ -2,8 +2,8 @@
 # The kernels on 64-bit ARM (`make test` runs it): cross-builds core, kernels, attention, cache
 # and qkv_kernel_check with Debian's g++-aarch64-linux-gnu (static, Release, ccache; build-arm64)
 # and runs the check under qemu-aarch64 (qemu-user) on the neon and scalar paths: the fused
-# forward and backward property cases, the decode, dropout and packed-sequence tests against the
-# float64 reference, the KV codec's widening loads, every path's exp2, softcap's tanh (NEON's
+# forward and backward property cases, the decode, dropout and packed-sequence tests and the long
+# sums against the float64 reference, the KV codec's widening loads, every path's exp2, softcap's tanh (NEON's
 # vectorized loop against the single call), and bitwise equality for 1, 2, 3 threads.
 # Correctness only: qemu emulates the instructions, so its timings say nothing about ARM speed.
 # Skips, saying why, when the cross compiler or qemu is missing (`make deps` installs both).
@@ -15,7 +15,7 @@ jobs=${JOBS:-2}
 dir=${ARM64_BUILD:-build-arm64}
 cases=${QKV_ARM64_PROPERTY_CASES:-200}
 # FusedMemory (N = 65536) and the finite-difference checks are x86-only work at qemu's speed.
-filter=${ARM64_FILTER:-Property.*:FusedForward.*:FusedThreads.*:Exp2.*:Softcap.*:Dispatch.*:Backward.*:Decode.*:Dropout.*:Varlen.*:KVCodec.*:MicroKernel.*-Backward.ReferenceMatchesFiniteDifferences}
+filter=${ARM64_FILTER:-Property.*:FusedForward.*:FusedThreads.*:Exp2.*:Softcap.*:Dispatch.*:Backward.*:Decode.*:DecodeMask.*:Dropout.*:Varlen.*:KVCodec.*:MicroKernel.*:LongSums.*-Backward.ReferenceMatchesFiniteDifferences}
 
 for tool in aarch64-linux-gnu-g++ qemu-aarch64; do
   if ! command -v "$tool" >/dev/null; then

@@ -196,11 +196,10 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
                  const bool live = row_lse != -std::numeric_limits<double>::infinity();
                  const int64_t i = rows[r];
                  const detail::KeyBand band = mask.band(b, i);
-                 // Allowed keys: the band minus keys the keep-mask or a -inf bias removes (adjust(0) = -inf),
-                 // so a weight that merely underflowed to 0 still counts as allowed.
+                 // A weight that merely underflowed to 0 still counts as allowed (MaskEval::keeps).
                  std::vector<int64_t> keys;
                  for (int64_t j = band.lo; live && j < band.hi; ++j)
-                   if (std::isfinite(mask.adjust(0.0, b, h, i, j))) keys.push_back(j);
+                   if (mask.keeps(b, h, i, j)) keys.push_back(j);
                  const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(keys.size()));
                  detail::order_top_k(keys, n, w);
                  bool finite = true;

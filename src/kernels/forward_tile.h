@@ -433,19 +433,28 @@ class ForwardTile {
     const In* v = v_ + j0 * p_.v_stride.row;
     const bool first = first_block_;
     first_block_ = false;
-    float* const dst = first ? o_ : pv_;  // the first block writes O itself
+    const float* const alpha = first ? nullptr : alpha_;  // the first block writes O itself
+    bool folded = first;
     if (rows_in_band_) {
       accumulate_in_bands(st_, ls_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, rows_, live_.data(), lo_.data(),
-                          hi_.data(), j0, nb, dst);
+                          hi_.data(), j0, nb, first ? o_ : pv_);
     } else if constexpr (Pairs) {
-      if (pairs_pv_)
-        accumulate_pairs(v, nb, dst);
-      else
-        block_product(v, nb, dst);
+      folded = pairs_pv_ ? accumulate_pairs(v, nb, alpha) : block_product(v, nb, alpha);
     } else {
-      block_product(v, nb, dst);
+      folded = block_product(v, nb, alpha);
     }
-    if (!first) fold_block(amx_ && !rows_in_band_ ? qvecs_ * L : rows_);
+    if (!folded) fold_block(amx_ && !rows_in_band_ ? qvecs_ * L : rows_);
+  }
+
+  // Where K runs in one pass the micro-kernel forms alpha ⊙ O + (P·V)_block itself as it stores
+  // (the same FMA as fold_block, without its pass over O); else the block's product goes to pv_.
+  // Returns whether O is done.
+  template <class Dot, class G>
+  bool into_o(G& g, int64_t vecs, const float* alpha) {
+    const bool direct = alpha == nullptr || gemm_chunk<Ops, Dot>(g, vecs) >= g.kdim;
+    g.c = direct ? o_ : pv_;
+    g.alpha = direct ? alpha : nullptr;
+    return direct;
   }
 
   // O = alpha ⊙ O + pv_ over the first `rows` rows.
@@ -458,8 +467,8 @@ class ForwardTile {
     }
   }
 
-  // dst = P · V[j0 : j0+nb] in fp32.
-  void block_product(const In* v, int64_t nb, float* dst) {
+  // P · V[j0 : j0+nb] in fp32, into O or pv_ (into_o).
+  bool block_product(const In* v, int64_t nb, const float* alpha) {
     GemmArgs<float, float> g;
     g.kdim = nb;
     g.a = st_;
@@ -473,15 +482,16 @@ class ForwardTile {
       g.b = vpack_;
       g.ldb = dvp_;
     }
-    g.c = dst;
     g.ldc = dvp_;
+    const bool folded = into_o<FloatDot<Ops>>(g, dvp_ / L, alpha);
     gemm_blocked<Ops>(g, rows_, dvp_ / L);
+    return folded;
   }
 
-  // dst = P · V[j0 : j0+nb] on pairs of keys: ppairs [nb/2 x bq] = P rounded to bf16,
-  // vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key; with AMX, zero keys up
-  // to a multiple of 32, the tile product's depth).
-  void accumulate_pairs(const In* v, int64_t nb, float* dst) {
+  // P · V[j0 : j0+nb] on pairs of keys, into O or pv_ (into_o): ppairs [nb/2 x bq] = P rounded to
+  // bf16, vpairs [nb/2 x dvp] = V's bf16 as given (an odd block gets a zero key; with AMX, zero
+  // keys up to a multiple of 32, the tile product's depth).
+  bool accumulate_pairs(const In* v, int64_t nb, const float* alpha) {
     using Dot = typename Ops::PairDot;
     const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
     if (!p_as_pairs()) {
@@ -508,8 +518,8 @@ class ForwardTile {
       *packed_ = {v, nb};
     }
     if (amx_) {
-      accumulate_tiles(kp, lanes, dst);
-      return;
+      accumulate_tiles(kp, lanes, alpha == nullptr ? o_ : pv_);
+      return alpha == nullptr;
     }
     GemmArgs<uint32_t, uint32_t> g;
     g.kdim = kp;
@@ -518,9 +528,10 @@ class ForwardTile {
     g.a_k = bq_;
     g.b = vpairs_;
     g.ldb = dvp_;
-    g.c = dst;
     g.ldc = dvp_;
+    const bool folded = into_o<Dot>(g, dvp_ / L, alpha);
     gemm_blocked<Ops, Dot>(g, rows_, dvp_ / L);
+    return folded;
   }
 
   // The AMX form of accumulate_pairs' product: prows [lanes x kp] = ppairs transposed (one row

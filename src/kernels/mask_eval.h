@@ -56,9 +56,7 @@ class MaskEval {
   bool row_has_allowed_key(int64_t b, int64_t h, int64_t i) const {
     const KeyBand kb = band(b, i);
     for (int64_t j = kb.lo; j < kb.hi; ++j)
-      if ((mask_.keep.empty() || mask_.keep(b, h, i, j) != 0) &&
-          (mask_.bias.empty() || mask_.bias(b, h, i, j) != -std::numeric_limits<float>::infinity()))
-        return true;
+      if (keeps(b, h, i, j)) return true;
     return false;
   }
 

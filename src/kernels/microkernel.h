@@ -156,6 +156,15 @@ inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t byte
   return panels == 1 && kdim > 64 && kdim * width * bytes > kChunkBytes ? 64 : kdim;
 }
 
+// The K chunk gemm_blocked takes for g (without alpha) over `vecs` vectors of columns: K itself
+// when it runs K in one pass.
+template <class Ops, class Dot = FloatDot<Ops>>
+int64_t gemm_chunk(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t vecs) {
+  const int64_t panels = (vecs + Ops::kVecs - 1) / Ops::kVecs;
+  return std::max<int64_t>(1,
+                           g.split_k ? k_chunk(g.kdim, panels, vecs * Ops::kLanes, sizeof(typename Dot::BT)) : g.kdim);
+}
+
 // C = alpha ⊙ C + A·B for any rows x (vecs * L) by tiling with the micro-kernel, K in chunks
 // (k_chunk, where g.split_k) each of which runs over every strip of rows before the next starts.
 // A later chunk carries on from C as the last one stored it, so the sums and their order, and so
@@ -165,9 +174,7 @@ inline int64_t k_chunk(int64_t kdim, int64_t panels, int64_t width, int64_t byte
 template <class Ops, class Dot = FloatDot<Ops>>
 void gemm_blocked(const GemmArgs<typename Dot::AT, typename Dot::BT>& g, int64_t rows, int64_t vecs) {
   constexpr int L = Ops::kLanes, kR = Ops::kRows, kNV = Ops::kVecs;
-  const int64_t panels = (vecs + kNV - 1) / kNV;
-  const int64_t chunk = std::max<int64_t>(
-      1, g.split_k && g.alpha == nullptr ? k_chunk(g.kdim, panels, vecs * L, sizeof(typename Dot::BT)) : g.kdim);
+  const int64_t chunk = g.alpha == nullptr ? gemm_chunk<Ops, Dot>(g, vecs) : std::max<int64_t>(1, g.kdim);
   int64_t k0 = 0;
   do {  // once at K = 0, which still writes C (0 or alpha ⊙ C)
     const int64_t kc = std::min(chunk, g.kdim - k0);
