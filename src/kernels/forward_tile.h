@@ -443,7 +443,7 @@ class ForwardTile {
     } else {
       folded = block_product(v, nb, alpha);
     }
-    if (!folded) fold_block(amx_ && !rows_in_band_ ? qvecs_ * L : rows_);
+    if (!folded) fold_block<Ops>(o_, pv_, alpha_, amx_ && !rows_in_band_ ? qvecs_ * L : rows_, dvp_);
   }
 
   // Where K runs in one pass the micro-kernel forms alpha ⊙ O + (P·V)_block itself as it stores
@@ -455,16 +455,6 @@ class ForwardTile {
     g.c = direct ? o_ : pv_;
     g.alpha = direct ? alpha : nullptr;
     return direct;
-  }
-
-  // O = alpha ⊙ O + pv_ over the first `rows` rows.
-  void fold_block(int64_t rows) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const V a = Ops::set1(alpha_[r]);
-      float* o = o_ + r * dvp_;
-      const float* pv = pv_ + r * dvp_;
-      for (int64_t e = 0; e < dvp_; e += L) Ops::store(o + e, Ops::fma(a, Ops::load(o + e), Ops::load(pv + e)));
-    }
   }
 
   // P · V[j0 : j0+nb] in fp32, into O or pv_ (into_o).

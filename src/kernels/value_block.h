@@ -16,6 +16,17 @@ void pack_values(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv, 
   }
 }
 
+// o = alpha ⊙ o + pv over `rows` rows of dvp floats (a multiple of the lanes): a key block's P·V,
+// summed on its own in pv, joins the running O in one rounding.
+template <class Ops>
+void fold_block(float* o, const float* pv, const float* alpha, int64_t rows, int64_t dvp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const typename Ops::V a = Ops::set1(alpha[r]);
+    for (int64_t e = r * dvp; e < (r + 1) * dvp; e += Ops::kLanes)
+      Ops::store(o + e, Ops::fma(a, Ops::load(o + e), Ops::load(pv + e)));
+  }
+}
+
 // Whether any of the nb rows of V at v (as pack_values) holds an Inf or a NaN.
 template <class Ops, class In>
 bool has_nonfinite(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv) {
