@@ -19,7 +19,9 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
                                       std::span<const int64_t> v, const AttentionOptions& options);
 
 // Forward attention in fp32 (accumulating in fp32 on the fused path, float64 on the reference).
-// out [B,H,N,Dv] is written; lse [B,H,N] is written unless empty. Any strides are accepted.
+// out [B,H,N,Dv] is written; lse [B,H,N] is written unless empty. Any strides are accepted, but an
+// output needs one place per element and memory of its own: out or lse sharing bytes with q, k, v,
+// a mask or each other is refused with qkv::Error (the kernels read inputs after writing rows).
 // Accuracy (fp32 rule): within 2e-5·(1 + max|ref|) of the float64 reference plus the rounding of
 // scores of size |s| (4·eps32·|s| relative), and within FlashAttention's rule below with x_pt the
 // fp32 composite (tests/large_score_test.cpp). A score whose |q|·|k|·scale exceeds 32 is summed

@@ -7,8 +7,10 @@
 namespace qkv {
 
 // dq [B,H,N,D], dk [B,Hkv,M,D], dv [B,Hkv,M,Dv] are overwritten (for GQA, dk/dv sum over the query
-// heads of each group). dbias, if not empty, must be [B,H,N,M] without stride-0 dims and receives
-// dL/dscores (= dL/dbias); the caller sums it over any dims it broadcast. out and lse are
+// heads of each group). dbias, if not empty, must be [B,H,N,M] and receives dL/dscores (= dL/dbias);
+// the caller sums it over any dims it broadcast. Each gradient needs one place per element (no
+// stride-0 dims) and memory of its own: one that shares bytes with an input or another gradient
+// is refused with qkv::Error. out and lse are
 // attention_forward's results for the same inputs. Fully masked rows contribute zero gradients. Deterministic for any
 // thread count. options.kernel as in the forward: reference runs the float64 oracle
 // (reference_attention_backward, which needs no out or lse, and refuses finite inputs whose scores

@@ -8,6 +8,7 @@ namespace qkv {
 // Computes attention in float64 exactly as defined in attention.h and mask.h, materializing one
 // row of scores at a time. out [B,H,N,Dv] is written; lse [B,H,N] and weights [B,H,N,M] are
 // written unless empty. Fully masked rows: out 0, weights 0, lse -inf. options.kernel is ignored.
+// As in attention_forward, an output sharing memory with an input or another output is refused.
 void reference_attention_forward(TensorView<double> out, TensorView<double> lse, TensorView<double> weights,
                                  TensorView<const double> q, TensorView<const double> k, TensorView<const double> v,
                                  const AttentionOptions& options = {});

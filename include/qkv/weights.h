@@ -21,7 +21,9 @@ namespace qkv {
 // thread besides `weights`. Throws qkv::Error for inconsistent shapes or a row index outside
 // [0, N), and, by attention_backward's rule for lse, for weights past float32's range from finite
 // q, k and bias and an lse without NaN (an lse far below its row's, e.g. -1e30; -inf reads as a
-// fully masked row, as there). Thread-safe for distinct outputs; uses options.num_threads threads.
+// fully masked row, as there), for an output sharing memory with an input or itself, and
+// (qkv::OutOfMemory) when a row of M float64 logits per thread cannot be allocated. Thread-safe for
+// distinct outputs; uses options.num_threads threads.
 void attention_weights_rows(TensorView<float> weights, TensorView<const float> q, TensorView<const float> k,
                             TensorView<const float> lse, std::span<const int64_t> rows,
                             const AttentionOptions& options = {});
