@@ -25,19 +25,19 @@ struct ForwardTask {
 // What each slot of a thread's Workspace holds during a forward task (forward_tile.h, tile_group.h).
 namespace forward_slot {
 enum : int {
-  q_t,      // the group's packed Qᵀ tiles
-  scores,   // Sᵀ, then P, of the current key block
-  out,      // the group's O accumulators
-  v_pack,   // the block's V rows, packed (fp32, or bf16 pairs for vdpbf16ps)
-  stats,    // m, l, alpha, the band bounds and the block max of every row of the group
-  k_pack,   // the block's K rows, packed (fp32, or bf16 pairs)
-  tiles,    // the group's ForwardTile objects
-  p_pairs,  // P as bf16 pairs
-  p_rows,   // P's pairs transposed, one row per query (the AMX tile product's A)
-  k_sizes,  // |k| of each key of the task's kv head (large_scores.h)
-  wide,     // Qᵀ and rows of K widened to double for large_scores.h's second sum
-  s_lo,     // what rounding the second sums to float left, laid out as scores
-  block_pv, // one key block's P·V, before it joins O
+  q_t,       // the group's packed Qᵀ tiles
+  scores,    // Sᵀ, then P, of the current key block
+  out,       // the group's O accumulators
+  v_pack,    // the block's V rows, packed (fp32, or bf16 pairs for vdpbf16ps)
+  stats,     // m, l, alpha, the band bounds and the block max of every row of the group
+  k_pack,    // the block's K rows, packed (fp32, or bf16 pairs)
+  tiles,     // the group's ForwardTile objects
+  p_pairs,   // P as bf16 pairs
+  p_rows,    // P's pairs transposed, one row per query (the AMX tile product's A)
+  k_sizes,   // |k| of each key of the task's kv head (large_scores.h)
+  wide,      // Qᵀ and rows of K widened to double for large_scores.h's second sum
+  s_lo,      // what rounding the second sums to float left, laid out as scores
+  block_pv,  // one key block's P·V, before it joins O
   count,
 };
 }  // namespace forward_slot
