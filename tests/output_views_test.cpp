@@ -64,9 +64,10 @@ TEST(OutputViews, ForwardRefusesAnOutputThatSharesMemoryWithAnInputOrItself) {
   const Tensor<double> q = to_contiguous<double>(p.q.cview()), k = to_contiguous<double>(p.k.cview()),
                        v = to_contiguous<double>(p.v.cview());
   Tensor<double> out64({1, 2, N, D}), weights({1, 2, N, M});
+  // out inside the weights' own buffer (both views within the one allocation).
   expect_error(
       [&] {
-        reference_attention_forward(out64.view(), {}, TensorView<double>(out64.data(), {1, 2, N, M}), q.cview(),
+        reference_attention_forward(TensorView<double>(weights.data() + 3, {1, 2, N, D}), {}, weights.view(), q.cview(),
                                     k.cview(), v.cview());
       },
       {"weights: shares memory with out"});
@@ -113,10 +114,11 @@ TEST(OutputViews, WeightsRefuseAnOutputOverTheirInputs) {
         attention_weights_rows(TensorView<float>(p.k.data(), {1, 2, 2, M}), p.q.cview(), p.k.cview(), {}, rows);
       },
       {"weights: shares memory with k"});
+  // Indices over the values' bytes: a buffer that holds the 12 int64 (so both views stay inside it).
+  Tensor<int64_t> both({1, 2, 2, 3});
   expect_error(
       [&] {
-        attention_weights_topk(values.view(),
-                               TensorView<int64_t>(reinterpret_cast<int64_t*>(values.data()), {1, 2, 2, 3}),
+        attention_weights_topk(TensorView<float>(reinterpret_cast<float*>(both.data()), {1, 2, 2, 3}), both.view(),
                                p.q.cview(), p.k.cview(), {}, rows, 3);
       },
       {"top-k indices: shares memory with top-k values"});
