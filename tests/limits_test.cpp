@@ -443,6 +443,11 @@ TEST(Limits, FindNonFiniteNamesTheFirstBadElementInTheViewsOwnShape) {
 // A row of 2^40 float64 logits per thread cannot be allocated: qkv::OutOfMemory, not
 // std::terminate from inside the threads' region.
 TEST(Limits, WeightsOverKeysPastMemoryAreRefusedNotAborted) {
+#ifdef QKV_TEST_UNDER_ASAN
+  // ASan's operator new reports an 8 TB request as a fatal error whatever allocator_may_return_null
+  // says; the plain build runs the test.
+  GTEST_SKIP() << "under ASan a failed operator new aborts before std::bad_alloc can be thrown";
+#endif
   const int64_t M = int64_t{1} << 40;
   const float one = 1.0f;
   const std::array<int64_t, 4> shape{1, 1, M, 1}, broadcast{0, 0, 0, 0};
