@@ -152,14 +152,9 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
                  TensorView<const T> v, const AttentionOptions& options) {
   const AttentionShape s =
       check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
-  const Mask& m = options.mask;
-  const std::array<detail::NamedSpan, 6> read{{{"q", byte_span(q)},
-                                               {"k", byte_span(k)},
-                                               {"v", byte_span(v)},
-                                               {"the bias", byte_span(m.bias)},
-                                               {"the keep mask", byte_span(m.keep)},
-                                               {"out", byte_span(out)}}};
-  detail::require_output(out, "out", std::span(read).first(5));
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  detail::require_output(out, "out", read);
+  read.push_back({"out", byte_span(out)});
   detail::require_output(lse, "lse", read);
   if (options.kernel == Kernel::reference) {
     reference_forward_narrow(out, lse, q, k, v, options);

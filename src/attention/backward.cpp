@@ -56,15 +56,9 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
   require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
   require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
-  const std::array<detail::NamedSpan, 8> read{{{"q", byte_span(q)},
-                                               {"k", byte_span(k)},
-                                               {"v", byte_span(v)},
-                                               {"dout", byte_span(dout)},
-                                               {"out", byte_span(out)},
-                                               {"lse", byte_span(lse)},
-                                               {"the bias", byte_span(options.mask.bias)},
-                                               {"the keep mask", byte_span(options.mask.keep)}}};
-  detail::require_gradient_outputs(dq, dk, dv, dbias, read);
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  read.insert(read.end(), {{"dout", byte_span(dout)}, {"out", byte_span(out)}, {"lse", byte_span(lse)}});
+  detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   if (options.kernel == Kernel::reference) {
     reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);
     return;

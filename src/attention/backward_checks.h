@@ -28,10 +28,10 @@ void check_backward_outputs(const AttentionShape& s, std::span<const int64_t> dq
 // Each gradient one place per element (a dk shared by a batch through stride 0 took one batch
 // row's gradient, not their sum: sum them from a full buffer), none sharing memory with the
 // inputs or with another gradient (require_output).
+// `seen`: what the call reads (read_spans and its extras).
 template <class T>
 void require_gradient_outputs(const TensorView<T>& dq, const TensorView<T>& dk, const TensorView<T>& dv,
-                              const TensorView<T>& dbias, std::span<const NamedSpan> inputs) {
-  std::vector<NamedSpan> seen(inputs.begin(), inputs.end());
+                              const TensorView<T>& dbias, std::vector<NamedSpan> seen) {
   for (const auto& [grad, name] : {std::pair{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dbias, "dbias"}}) {
     require_output(*grad, name, seen);
     seen.push_back({name, byte_span(*grad)});

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "qkv/error.h"
+#include "qkv/mask.h"
 #include "qkv/tensor.h"
 
 namespace qkv::detail {
@@ -16,6 +18,20 @@ struct NamedSpan {
   const char* name;
   ByteSpan span;
 };
+
+// What an attention call reads: q, k, v (an empty view for none) and the masks' views; a caller
+// appends its own extra inputs, then each output it has checked.
+template <class T>
+std::vector<NamedSpan> read_spans(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
+                                  const Mask& mask) {
+  std::vector<NamedSpan> read{{"q", byte_span(q)},
+                              {"k", byte_span(k)},
+                              {"v", byte_span(v)},
+                              {"the bias", byte_span(mask.bias)},
+                              {"the keep mask", byte_span(mask.keep)}};
+  read.reserve(read.size() + 5);
+  return read;
+}
 
 // Throws qkv::Error "<name>: ..." if two elements of `out` may share memory (a stride-0 dimension
 // of size > 1, or strides that interleave) or if `out` shares memory with one of `others` (the

@@ -17,15 +17,11 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
                                  TensorView<const double> q, TensorView<const double> k, TensorView<const double> v,
                                  const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
-  const std::array<detail::NamedSpan, 7> read{{{"q", byte_span(q)},
-                                               {"k", byte_span(k)},
-                                               {"v", byte_span(v)},
-                                               {"the bias", byte_span(options.mask.bias)},
-                                               {"the keep mask", byte_span(options.mask.keep)},
-                                               {"out", byte_span(out)},
-                                               {"lse", byte_span(lse)}}};
-  detail::require_output(out, "out", std::span(read).first(5));
-  detail::require_output(lse, "lse", std::span(read).first(6));
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  detail::require_output(out, "out", read);
+  read.push_back({"out", byte_span(out)});
+  detail::require_output(lse, "lse", read);
+  read.push_back({"lse", byte_span(lse)});
   detail::require_output(weights, "weights", read);
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);

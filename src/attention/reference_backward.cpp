@@ -23,13 +23,9 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
                                   const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
-  const std::array<detail::NamedSpan, 6> read{{{"q", byte_span(q)},
-                                               {"k", byte_span(k)},
-                                               {"v", byte_span(v)},
-                                               {"dout", byte_span(dout)},
-                                               {"the bias", byte_span(options.mask.bias)},
-                                               {"the keep mask", byte_span(options.mask.keep)}}};
-  detail::require_gradient_outputs(dq, dk, dv, dbias, read);
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  read.push_back({"dout", byte_span(dout)});
+  detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   const double scale = attention_scale(options.scale, s.D);
   const double cap = options.mask.softcap;
   const detail::MaskEval mask(options.mask, s);

@@ -146,13 +146,11 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
 }
 
 // What the weights functions read, which their outputs must not share memory with.
-std::array<detail::NamedSpan, 5> inputs_of(TensorView<const float> q, TensorView<const float> k,
-                                           TensorView<const float> lse, const AttentionOptions& options) {
-  return {{{"q", byte_span(q)},
-           {"k", byte_span(k)},
-           {"lse", byte_span(lse)},
-           {"the bias", byte_span(options.mask.bias)},
-           {"the keep mask", byte_span(options.mask.keep)}}};
+std::vector<detail::NamedSpan> inputs_of(TensorView<const float> q, TensorView<const float> k,
+                                         TensorView<const float> lse, const AttentionOptions& options) {
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, TensorView<const float>(), options.mask);
+  read.push_back({"lse", byte_span(lse)});
+  return read;
 }
 
 }  // namespace
@@ -185,11 +183,10 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   const int64_t R = static_cast<int64_t>(rows.size());
   require_shape(values.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k values");
   require_shape(indices.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k indices");
-  const std::array<detail::NamedSpan, 5> read = inputs_of(q, k, lse, options);
+  std::vector<detail::NamedSpan> read = inputs_of(q, k, lse, options);
   detail::require_output(values, "top-k values", read);
-  const std::array<detail::NamedSpan, 6> with_values{read[0], read[1], read[2],
-                                                     read[3], read[4], {"top-k values", byte_span(values)}};
-  detail::require_output(indices, "top-k indices", with_values);
+  read.push_back({"top-k values", byte_span(values)});
+  detail::require_output(indices, "top-k indices", read);
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,
                [&](int64_t b, int64_t h, int64_t r, const std::vector<double>& w, double row_lse) {
