@@ -143,16 +143,22 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
               int num_threads) {
   const AttentionShape& s = p.shape;
   const BackwardFn fn = kernel_family(path).backward;
-  std::vector<detail::KeyBand> bands(static_cast<std::size_t>(s.B * s.N));
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t i = 0; i < s.N; ++i) bands[b * s.N + i] = p.mask->band(b, i);
+  std::vector<detail::KeyBand> bands(static_cast<std::size_t>(s.B * s.N)), extents(static_cast<std::size_t>(s.B));
+  for (int64_t b = 0; b < s.B; ++b) {
+    detail::KeyBand& seen = extents[b];
+    seen = {s.M, 0};
+    for (int64_t i = 0; i < s.N; ++i) {
+      const detail::KeyBand band = bands[b * s.N + i] = p.mask->band(b, i);
+      if (!band.empty()) seen = {std::min(seen.lo, band.lo), std::max(seen.hi, band.hi)};
+    }
+  }
   if (!dbias.empty()) fill(dbias, 0.0f);  // tile pairs that no query can see are never visited
   if (s.N == 0) {                         // no query: nothing depends on k or v
     fill(dk, 0.0f);
     fill(dv, 0.0f);
     return true;
   }
-  p.bands = bands.data();
+  p.bands = bands.data(), p.key_extents = extents.data();
   p.chunk_rows = plan_chunk_rows(s);
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
   p.key_group = plan_key_group(s);

@@ -17,6 +17,11 @@ namespace qkv::kernels {
 constexpr int64_t kBackwardTile = 64;
 // Padding of the packed rows (the widest family's lanes); scratch is sized with it.
 constexpr int64_t kBackwardPad = 16;
+// |lse| past which the backward rebuilds a row's max and normalizer from its logits
+// (backward_renorm.h) instead of P = exp(logit − lse): there the rounding of lse (half an ulp of
+// |lse|, relative, in every P) passes 2^-14 for an fp32 lse and 2^-24 for a float64 one. An
+// fp32 lse below it carries the error of FlashAttention's own lse; a float64 one, none that shows.
+constexpr double kRenormFloat = 0x1p10, kRenormWide = 0x1p29;
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.
 struct BackwardTask {
@@ -39,6 +44,7 @@ struct BackwardLayout {
     q = take(rows * dp), dout = take(rows * dvp), dq = take(rows * dp), row_dot = take(rows), q_sizes = take(rows);
     dominant = take(2 * rows), dominant_cap = take(rows), others = take(2 * rows);
     row_dot_wide = take(2 * rows), margin = take(rows), separates = take(rows / t + 1);
+    renorm = take(rows / 4 + 1), norm_max = take(rows), norm_log = take(2 * rows);
     k_sizes = take(s.M);
     dk = take(s.M * dp), dv = take(s.M * dvp);
     const bool grouped = s.H > s.Hkv;
@@ -59,6 +65,9 @@ struct BackwardLayout {
   // For large q: near_max_margins' margin per chunk row, and per query tile of the chunk whether
   // its scores separate (int8: 0 not known yet, 1 yes, -1 no), for backward_tile.h's screen.
   int64_t margin = 0, separates = 0;
+  // Per chunk row, for backward_renorm.h: whether it is renormalized (int8), its logits' max
+  // (float) and the log of its normalizer (double).
+  int64_t renorm = 0, norm_max = 0, norm_log = 0;
   // The dk, dv sums of every key over the task (all heads of the group), and of one head of a
   // group (H > Hkv only): each head's sum is added to the group's whole, as PyTorch sums a
   // repeated k, v, so a long running sum over every head does not lose the later heads' bits.

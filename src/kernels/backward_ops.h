@@ -1,7 +1,10 @@
 // The block operations of the fused backward (backward_tile.h) that need no task state: row copies,
-// tile transposes and the micro-kernel's products, for one SIMD family (Ops). Include, as
+// tile transposes, the micro-kernel's products and double dots, for one SIMD family (Ops). Include, as
 // backward_tile.h, after a family's <isa>/ops.h.
 #pragma once
+
+#include <algorithm>
+#include <bit>
 
 #include "kernels/backward.h"
 #include "kernels/microkernel.h"
@@ -56,6 +59,25 @@ struct BackwardOps {
     g.ldc = ldc;
     g.alpha = alpha;
     gemm_blocked<Ops>(g, m, n / L);
+  }
+
+  // Key tile t's part of a group buffer of T · width floats per tile (kᵀ, vᵀ and k rows alike).
+  static float* slot(float* base, int64_t t, int64_t width) { return base + t * width * T; }
+
+  // A float's exponent field: all ones is an inf or NaN (backward_tile.h's worst_).
+  static uint32_t exponent_bits(float x) { return std::bit_cast<uint32_t>(x) & 0x7F800000u; }
+
+  static bool exceeds_half(V x) {
+    alignas(64) float lanes[L];
+    Ops::store(lanes, x);
+    return std::any_of(lanes, lanes + L, [](float p) { return p > 0.5f; });
+  }
+
+  // Σ a[e]·b[e·b_stride] for e < n in double: exact products, one rounding per term.
+  static double wide_dot(const float* a, const float* b, int64_t b_stride, int64_t n) {
+    double d = 0.0;
+    for (int64_t e = 0; e < n; ++e) d += static_cast<double>(a[e]) * b[e * b_stride];
+    return d;
   }
 };
 

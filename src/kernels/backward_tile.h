@@ -16,13 +16,11 @@
 // and "+=" is its per-row alpha set to 1. Lanes run along keys; every sum runs in a fixed order.
 //
 // S is computed bit for bit as the forward computes it (the same micro-kernel and order over D,
-// then rounded times scale), and S − lse is taken before the scaling by log2(e), as the
-// forward takes S − max: for the keys that matter S is near lse, so the subtraction is exact and
-// P carries only lse's own rounding. Folding −lse·log2(e) into one FMA (as before) rounded an
-// exponent of ~150 for scores of ~100, a 1e-5 relative error in every P that PyTorch's softmax
-// (which subtracts its max first) does not have; and a row that sees one key gets P = 1 exactly.
-// lse's own rounding to fp32 (up to 3.8e-6 at |lse| ~ 100) is the last such error: given lse in
-// float64 (BackwardParams::lse_wide), P = 2^(((S − hi) − lo)·log2e) with lse = hi + lo.
+// then rounded times scale), and S − lse is taken before the scaling by log2(e), as the forward
+// takes S − max: S is near lse for the keys that matter, so the subtraction is exact, P carries
+// only lse's rounding (one FMA of −lse·log2e would round an exponent of ~150 at scores of ~100:
+// 1e-5 in every P, which PyTorch's softmax has not) and a row that sees one key gets P = 1. Given
+// lse in float64 (lse_wide), P = 2^(((S − hi) − lo)·log2e) with lse = hi + lo: no fp32 rounding.
 #pragma once
 
 #include "kernels/backward_ops.h"
@@ -35,7 +33,8 @@ namespace {
 template <class Ops>
 class BackwardTile : BackwardOps<Ops> {
   using BackwardOps<Ops>::add_to, BackwardOps<Ops>::copy_row, BackwardOps<Ops>::transpose_tile,
-      BackwardOps<Ops>::product;
+      BackwardOps<Ops>::product, BackwardOps<Ops>::wide_dot, BackwardOps<Ops>::exponent_bits, BackwardOps<Ops>::slot,
+      BackwardOps<Ops>::exceeds_half;
   using V = typename Ops::V;
   static constexpr int L = Ops::kLanes;
   static constexpr int64_t T = kBackwardTile;
@@ -65,11 +64,17 @@ class BackwardTile : BackwardOps<Ops> {
     ones_ = scratch + lay.ones, iota_ = scratch + lay.iota;
     wide_ = reinterpret_cast<double*>(scratch + lay.wide);
     slo_ = scratch + lay.s_lo;
+    renorm_ = reinterpret_cast<int8_t*>(scratch + lay.renorm), norm_max_ = scratch + lay.norm_max;
+    norm_log_ = reinterpret_cast<double*>(scratch + lay.norm_log);
+    renorm_above_ = p.lse_wide != nullptr ? kRenormWide : kRenormFloat;
     for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
   }
 
   void run() {
-    k_bound_ = max_row_norm(p_.kf() + p_.k_stride.at(b_, hk_, 0), p_.k_stride.row, p_.k_stride.col, s_.M, s_.D);
+    seen_ = p_.key_extents[b_];
+    k_bound_ = seen_.empty() ? 0.0f
+                             : max_row_norm(p_.kf() + p_.k_stride.at(b_, hk_, seen_.lo), p_.k_stride.row,
+                                            p_.k_stride.col, seen_.hi - seen_.lo, s_.D);
     k_sizes_ready_ = false;
     std::fill(dk_, dk_ + s_.M * dp_, 0.0f);
     std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
@@ -83,9 +88,10 @@ class BackwardTile : BackwardOps<Ops> {
         std::fill(dv_head_, dv_head_ + s_.M * dvp_, 0.0f);
       }
       pack_chunk(h);
-      for (int64_t j0 = 0; j0 < s_.M; j0 += T * p_.key_group) {
+      if (renorm_any_) renormalize(h);
+      for (int64_t j0 = 0; j0 < seen_.hi; j0 += T * p_.key_group) {
         if (stop_requested(p_.interrupt)) return;
-        key_group(h, j0, std::min(T * p_.key_group, s_.M - j0));
+        key_group(h, j0, std::min(T * p_.key_group, seen_.hi - j0));
       }
       if (defer_) settle_dominant_keys(h);
       write_dq(h);
@@ -99,18 +105,28 @@ class BackwardTile : BackwardOps<Ops> {
   }
 
  private:
-  // q, dout of the chunk's rows of head h packed with zero padding to dp/dvp; D per row; dq
-  // sums zeroed.
+  // q, dout of the chunk's rows of head h packed with zero padding to dp/dvp (a dead row, whose
+  // q, dout and out are never read, as zeros); D per row; dq sums zeroed.
   void pack_chunk(int64_t h) {
     for (int64_t i = r0_; i < r1_; ++i) {
       const int64_t row = i - r0_;
-      copy_row(q_ + row * dp_, p_.qf() + p_.q_stride.at(b_, h, i), p_.q_stride.col, s_.D, dp_);
-      copy_row(dout_ + row * dvp_, p_.dout + p_.dout_stride.at(b_, h, i), p_.dout_stride.col, s_.Dv, dvp_);
+      const bool read = live(h, i);  // copies of width 0: rows of zeros
+      copy_row(q_ + row * dp_, p_.qf() + p_.q_stride.at(b_, h, i), p_.q_stride.col, read ? s_.D : 0, dp_);
+      copy_row(dout_ + row * dvp_, p_.dout + p_.dout_stride.at(b_, h, i), p_.dout_stride.col, read ? s_.Dv : 0, dvp_);
       std::fill(dq_ + row * dp_, dq_ + (row + 1) * dp_, 0.0f);
     }
     sizes_for_refining();
     row_dots(h);
     if (refine_) wide_row_dots(h);
+    renorm_any_ = false;
+    for (int64_t i = r0_; i < r1_; ++i) {
+      const int64_t row = i - r0_;
+      const double lse = row_lse(h, i);
+      if (!live(h, i)) row_dot_[row] = 0.0f, row_dot_wide_[row] = 0.0;
+      // Renormalized (a row of the whole) where lse's own rounding would pass into every P.
+      renorm_[row] = p_.whole_rows && live(h, i) && std::isfinite(lse) && std::abs(lse) > renorm_above_;
+      renorm_any_ |= renorm_[row] != 0;
+    }
     defer_ = refine_ && p_.whole_rows;
     if (defer_) {
       std::fill(dominant_, dominant_ + (r1_ - r0_), int64_t{-1});
@@ -128,8 +144,9 @@ class BackwardTile : BackwardOps<Ops> {
     near_max_margins(q_sizes_, rows, k_bound_, p_.scale, s_.D, s_.M, margin_);
     std::fill(separates_, separates_ + (rows + T - 1) / T, int8_t{0});
     if (k_sizes_ready_) return;
-    for (int64_t j = 0; j < s_.M; ++j)
-      k_sizes_[j] = l2_norm(p_.kf() + p_.k_stride.at(b_, hk_, j), p_.k_stride.col, s_.D);
+    for (int64_t j = 0; j < s_.M; ++j)  // a key no row reads has no size
+      k_sizes_[j] =
+          j >= seen_.lo && j < seen_.hi ? l2_norm(p_.kf() + p_.k_stride.at(b_, hk_, j), p_.k_stride.col, s_.D) : 0.0f;
     k_sizes_ready_ = true;
   }
 
@@ -169,13 +186,6 @@ class BackwardTile : BackwardOps<Ops> {
           wide_dot(dout_ + (i - r0_) * dvp_, p_.out + p_.out_stride.at(b_, h, i), p_.out_stride.col, s_.Dv);
   }
 
-  // Σ a[e]·b[e·b_stride] for e < n in double: exact products, one rounding per term.
-  static double wide_dot(const float* a, const float* b, int64_t b_stride, int64_t n) {
-    double d = 0.0;
-    for (int64_t e = 0; e < n; ++e) d += static_cast<double>(a[e]) * b[e * b_stride];
-    return d;
-  }
-
   // dst[d * stride] = scale · src[d] for d < width, noting in worst_ an inf or NaN written.
   void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
     uint32_t worst = 0;
@@ -191,26 +201,35 @@ class BackwardTile : BackwardOps<Ops> {
   // largest exponent field they wrote: all ones is an inf or NaN, which run() reports through
   // p_.nonfinite so the caller can tell an fp32 overflow from non-finite inputs (overflow.h).
   // An integer max, so the loops stay vectorized, and no pass of its own over the gradients.
-  static uint32_t exponent_bits(float x) { return std::bit_cast<uint32_t>(x) & 0x7F800000u; }
   void report_nonfinite() const {
     if (worst_ == 0x7F800000u && p_.nonfinite != nullptr) p_.nonfinite->store(true, std::memory_order_relaxed);
   }
 
-  // Keys [j0, j0 + keys): packs kᵀ, vᵀ and k of each of its key tiles (tile t in slot t), then
-  // visits the chunk's query tiles of head h, each against the group's key tiles in order.
+  // Keys [j0, j0 + keys): packs them (pack_keys), then visits the chunk's query tiles of head h,
+  // each against the group's key tiles in order.
   void key_group(int64_t h, int64_t j0, int64_t keys) {
+    pack_keys(j0, keys);
+    for (int64_t i0 = r0_; i0 < r1_; i0 += T)
+      for (int64_t t = 0; t * T < keys; ++t)
+        pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
+  }
+
+  // kᵀ, vᵀ and k of each key tile of keys [j0, j0 + keys) (tile t in slot t).
+  void pack_keys(int64_t j0, int64_t keys) {
     for (int64_t t = 0; t * T < keys; ++t) {
       const int64_t jt = j0 + t * T, cols = std::min(T, keys - t * T);
       float* kr = slot(k_, t, dp_);
       const float* k = p_.kf() + p_.k_stride.at(b_, hk_, jt);
       const float* v = p_.vf() + p_.v_stride.at(b_, hk_, jt);
-      for (int64_t c = 0; c < cols; ++c) copy_row(kr + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, s_.D, dp_);
+      // Keys before any row's band (the run ends at the last one's) are zeros: never read.
+      const int64_t unseen = std::clamp<int64_t>(seen_.lo - jt, 0, cols);
+      for (int64_t c = 0; c < cols; ++c)
+        copy_row(kr + c * dp_, k + c * p_.k_stride.row, p_.k_stride.col, c < unseen ? 0 : s_.D, dp_);
       transpose_tile(slot(kt_, t, dp_), kr, dp_, 1, s_.D, cols);  // kᵀ from the packed rows, which sit in L1
-      transpose_tile(slot(vt_, t, dvp_), v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
+      float* vt = slot(vt_, t, dvp_);
+      transpose_tile(vt, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, cols);
+      for (int64_t e = 0; unseen > 0 && e < s_.Dv; ++e) std::fill(vt + e * T, vt + e * T + unseen, 0.0f);
     }
-    for (int64_t i0 = r0_; i0 < r1_; i0 += T)
-      for (int64_t t = 0; t * T < keys; ++t)
-        pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
   }
 
   // Per-row bands of one query tile against keys [j0, j0 + cols); returns false if no row sees
@@ -218,18 +237,23 @@ class BackwardTile : BackwardOps<Ops> {
   bool tile_bands(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     bool any = false;
     interior_ = true;
+    renorm_tile_ = false;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
-      const int64_t at = p_.lse_stride.at(b_, h, i);
-      const double lse = p_.lse_wide != nullptr ? p_.lse_wide[at] : p_.lse[at];
-      const bool live = !band.empty() && lse != -std::numeric_limits<double>::infinity();
+      const double lse = row_lse(h, i);
+      const bool live = this->live(h, i);
       lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
       hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
       // lse as hi + lo floats (lo = 0 for an fp32 lse): S − hi is exact for the keys that matter,
       // then − lo restores lse's bits below fp32 (dead rows: every logit is -inf, so P = 0).
       lse_[r] = live ? static_cast<float>(lse) : 0.0f;
       lse_lo_[r] = live ? static_cast<float>(lse - static_cast<double>(lse_[r])) : 0.0f;
+      if (renorm_any_ && renorm_[i - r0_]) {  // renormalize's max and log of the sum instead
+        renorm_tile_ = true;
+        lse_[r] = norm_max_[i - r0_];
+        lse_lo_[r] = static_cast<float>(norm_log_[i - r0_]);
+      }
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
       single_[r] = p_.whole_rows && live && band.hi - band.lo == 1;
@@ -239,13 +263,22 @@ class BackwardTile : BackwardOps<Ops> {
     return any;
   }
 
-  // Key tile t's part of a group buffer of T · width floats per tile (kᵀ, vᵀ and k rows alike).
-  static float* slot(float* base, int64_t t, int64_t width) { return base + t * width * T; }
+  double row_lse(int64_t h, int64_t i) const {
+    const int64_t at = p_.lse_stride.at(b_, h, i);
+    return p_.lse_wide != nullptr ? p_.lse_wide[at] : p_.lse[at];
+  }
+  // Whether row i of head h read a key in the forward: a band, and lse not -inf (every key masked).
+  bool live(int64_t h, int64_t i) const {
+    return !p_.bands[b_ * s_.N + i].empty() && row_lse(h, i) != -std::numeric_limits<double>::infinity();
+  }
 
   // Query tile [i0, i0 + rows) against key tile [j0, j0 + cols), packed in slot t of the group.
-  void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
+  // noinline and scores always_inline: the layout GCC gave the pair when it was one function
+  // (inlined into the key loop and calling scores, it ran 2-3% slower on S2-S4).
+  __attribute__((noinline)) void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
     if (!tile_bands(h, i0, rows, j0, cols)) return;
-    const float* kt = slot(kt_, t, dp_);
+    scores(h, i0, rows, j0, cols, t);
+    probabilities(rows);
     const float* vt = slot(vt_, t, dvp_);
     const float* kr = slot(k_, t, dp_);
     const int64_t row = i0 - r0_;
@@ -254,13 +287,34 @@ class BackwardTile : BackwardOps<Ops> {
     float* dv = dv_sum_ + j0 * dvp_;
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
+    // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
+    product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
+    if (p_.dropout.active()) drop_grads(h, i0, rows, j0, cols);
+    logit_grads(row, h, i0, rows, j0, cols);
+    if (p_.dropout.active()) drop_weights(rows);
+    // dv += Pᵀ · dout: [cols, rows] · [rows, Dv]
+    product(dv, dvp_, st_, 1, T, dop, dvp_, ones_, rows, cols, dvp_);
+    // dk += dSᵀ · q: [cols, rows] · [rows, D]
+    product(dk, dp_, ds_, 1, T, qp, dp_, ones_, rows, cols, dp_);
+    // dq += dS · k: [rows, cols] · [cols, D]
+    product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
+  }
+
+  // st = the logits of query tile [i0, i0 + rows) against key tile t ([j0, j0 + cols)) after
+  // tile_bands: scale·(q·kᵀ), refined where large, through the elementwise masks (logits).
+  __attribute__((always_inline)) void scores(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
+    const float* kt = slot(kt_, t, dp_);
+    const float* kr = slot(k_, t, dp_);
+    const int64_t row = i0 - r0_;
+    const float* qp = q_ + row * dp_;
     // st = q · kᵀ: [rows, D] · [D, T], the fp32 product skipped when every score is summed again
     // densely; the screen (near_lse) needs it. A query tile takes the screen once a pair summed the
     // dense way showed that its scores separate (q·4's and q·8's do not: they would pay it for
-    // nothing), or from its first pair where the chunk's tile before it did.
+    // nothing), or from its first pair where the chunk's tile before it did. A tile with a
+    // renormalized row is summed the dense way in both passes, so its scores have the same bits.
     const Refine extent =
         refine_ ? refine_extent(q_sizes_ + row, rows, k_sizes_ + j0, cols, large_score_limit(p_.scale)) : Refine::none;
-    const bool may_screen = extent != Refine::none && !elementwise_ && interior_;
+    const bool may_screen = extent != Refine::none && !elementwise_ && interior_ && !renorm_tile_;
     int8_t& separates = separates_[row / T];  // set for the head only when refine_, as may_screen needs
     if (may_screen && separates == 0 && row >= T && separates_[row / T - 1] > 0) separates = 1;
     const bool screen = may_screen && separates > 0;
@@ -277,18 +331,7 @@ class BackwardTile : BackwardOps<Ops> {
       else if (screen)
         separates = -1;  // a pair it did not separate: the tile sums the dense way
     }
-    probabilities(h, i0, rows, j0);
-    // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
-    product(ds_, T, dop, dvp_, 1, vt, T, nullptr, s_.Dv, rows, T);
-    if (p_.dropout.active()) drop_grads(h, i0, rows, j0, cols);
-    logit_grads(row, h, i0, rows, j0, cols);
-    if (p_.dropout.active()) drop_weights(rows);
-    // dv += Pᵀ · dout: [cols, rows] · [rows, Dv]
-    product(dv, dvp_, st_, 1, T, dop, dvp_, ones_, rows, cols, dvp_);
-    // dk += dSᵀ · q: [cols, rows] · [rows, D]
-    product(dk, dp_, ds_, 1, T, qp, dp_, ones_, rows, cols, dp_);
-    // dq += dS · k: [rows, cols] · [cols, D]
-    product(dq_ + row * dp_, dp_, ds_, T, 1, kr, dp_, ones_, cols, rows, dp_);
+    if (elementwise_) logits(h, i0, rows, j0);
   }
 
   // The scores of large |q|·|k| summed again and scaled in double (written scaled), as the forward
@@ -330,40 +373,43 @@ class BackwardTile : BackwardOps<Ops> {
       for (int64_t c = 0; c < T; ++c) st_[r * T + c] = keep_[r * T + c] ? st_[r * T + c] * scale : 0.0f;
   }
 
-  // st: scale·(q·kᵀ) on entry, P = exp(logit − lse) on exit, 0 outside the band (and past the keys).
-  // Keep-mask, bias, ALiBi and softcap go through MaskEval::adjust itself, in band only.
-  // The refined scores go through the elementwise terms with their low parts (adjust_refined), as
-  // in the forward. Softcap alone and its derivative take the row at once (softcap.h, or with
-  // refined scores softcap_refined_run: the forward's bits).
-  void probabilities(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
-    if (elementwise_) {
-      const float limit = large_score_limit(p_.scale);
-      const bool terms = mask_.has_terms_after_softcap();
-      for (int64_t r = 0; r < rows; ++r) {
-        float* st = st_ + r * T;
-        float* slo = slo_ + r * T;
-        float* dcap = dcap_ + r * T;
-        const float q_size = lo_pair_ ? q_sizes_[i0 - r0_ + r] : 0.0f;
-        const bool row_cap = cap_ > 0 && (!lo_pair_ || !terms);
-        if (row_cap && lo_pair_)
-          softcap_refined_run(st, slo, dcap, ka_.data(), q_size, limit, T, cap_);
-        else if (row_cap)
-          detail::softcap_scores(st, dcap, T, cap_);
-        for (int64_t c = 0; c < T; ++c) {
-          if (c < lo_[r] || c >= hi_[r]) {
-            st[c] = kNegInf;
-            dcap[c] = 1.0f;
-          } else if (row_cap) {
-            if (terms) st[c] = mask_.add_terms(st[c], b_, h, i0 + r, j0 + c);
-          } else if (lo_pair_ && refined(q_size, ka_[c], limit)) {
-            adjust_refined(mask_, st[c], slo[c], b_, h, i0 + r, j0 + c, dcap + c);
-          } else {
-            if (cap_ > 0) dcap[c] = detail::softcap_slope(st[c], cap_);
-            st[c] = mask_.adjust(st[c], b_, h, i0 + r, j0 + c);
-          }
+  // st: scale·(q·kᵀ) on entry, the logits on exit (-inf outside the band). Keep-mask, bias, ALiBi
+  // and softcap go through MaskEval::adjust itself, in band only. The refined scores go through
+  // the elementwise terms with their low parts (adjust_refined), as in the forward. Softcap alone
+  // and its derivative take the row at once (softcap.h, or with refined scores
+  // softcap_refined_run: the forward's bits).
+  void logits(int64_t h, int64_t i0, int64_t rows, int64_t j0) {
+    const float limit = large_score_limit(p_.scale);
+    const bool terms = mask_.has_terms_after_softcap();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* st = st_ + r * T;
+      float* slo = slo_ + r * T;
+      float* dcap = dcap_ + r * T;
+      const float q_size = lo_pair_ ? q_sizes_[i0 - r0_ + r] : 0.0f;
+      const bool row_cap = cap_ > 0 && (!lo_pair_ || !terms);
+      if (row_cap && lo_pair_)
+        softcap_refined_run(st, slo, dcap, ka_.data(), q_size, limit, T, cap_);
+      else if (row_cap)
+        detail::softcap_scores(st, dcap, T, cap_);
+      for (int64_t c = 0; c < T; ++c) {
+        if (c < lo_[r] || c >= hi_[r]) {
+          st[c] = kNegInf;
+          dcap[c] = 1.0f;
+        } else if (row_cap) {
+          if (terms) st[c] = mask_.add_terms(st[c], b_, h, i0 + r, j0 + c);
+        } else if (lo_pair_ && refined(q_size, ka_[c], limit)) {
+          adjust_refined(mask_, st[c], slo[c], b_, h, i0 + r, j0 + c, dcap + c);
+        } else {
+          if (cap_ > 0) dcap[c] = detail::softcap_slope(st[c], cap_);
+          st[c] = mask_.adjust(st[c], b_, h, i0 + r, j0 + c);
         }
       }
     }
+  }
+
+  // st: the logits on entry (scale·(q·kᵀ) without elementwise masks), P = exp(logit − lse) on exit,
+  // 0 outside the band (and past the keys).
+  void probabilities(int64_t rows) {
     const V log2e = Ops::set1(kLog2e);
     for (int64_t r = 0; r < rows; ++r) {
       float* st = st_ + r * T;
@@ -428,108 +474,13 @@ class BackwardTile : BackwardOps<Ops> {
           Ops::store(ds_ + r * T + c, Ops::mul(Ops::load(ds_ + r * T + c), Ops::load(dcap_ + r * T + c)));
   }
 
-  static bool exceeds_half(V x) {
-    alignas(64) float lanes[L];
-    Ops::store(lanes, x);
-    return std::any_of(lanes, lanes + L, [](float p) { return p > 0.5f; });
-  }
-
-  // With large q (refine_), the keys of a row's weight of at least 1/16 (at most 16 per row) take
-  // dP − D summed in double: dk = dSᵀ·q multiplies its rounding by that large q, and the fp32
-  // chains over Dv round at the size of their partial sums (~5x PyTorch's small matmuls, which sum
-  // in lanes): with keys sharing a row's weight that took dk to 2.5x PyTorch's error at q·50
-  // (docs/accuracy.md). Lighter keys pass on a rounding below 1/16 of it.
-  void heavy_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
-    constexpr float kHeavy = 0.0625f;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!(row_pmax_[r] >= kHeavy) || single_[r]) continue;  // most tiles of a peaked row
-      const float* pr = st_ + r * T;
-      const float* dop = dout_ + (row + r) * dvp_;
-      for (int64_t c = 0; c < cols; ++c) {
-        if (!(pr[c] >= kHeavy)) continue;
-        double dp = wide_dot(dop, p_.vf() + p_.v_stride.at(b_, hk_, j0 + c), p_.v_stride.col, s_.Dv);
-        if (p_.dropout.active()) dp = keep_[r * T + c] ? dp * dropout_scale(p_.dropout) : 0.0;
-        ds_[r * T + c] = pr[c] * static_cast<float>(dp - row_dot_wide_[row + r]);
-      }
-    }
-  }
-
-  // With large q (refine_) and whole rows, a row's dominant key (its first key of P > 1/2; two
-  // keys of weight 1/2 can both round past it) takes its dS only once every key of the row is
-  // seen: dS_dom = −Σ of the other keys' dS (the logits' gradients sum to 0, as ΣP = 1 and
-  // D = ΣP·dP). Each of those carries D's rounding times its own P, so the dominant key gets it
-  // times 1 − P_dom, where P_dom·(dP − D) or dout·(v − out) gets all of out's rounding: with a
-  // near-one-hot row and q scaled by 50, one ulp of out took dk to 2.6x PyTorch's error (whose
-  // Σ P·dP cancels the same way; docs/accuracy.md). Here: the dominant key's dS leaves the tile's
-  // products (0) and the others' dS, before softcap's factor, join the row's sum in double, in key
-  // order. The sum runs in 8 double lanes (one serial chain of double adds cost 15% of q·50's
-  // backward), in a fixed order; columns past cols hold dS = 0.
-  void defer_dominant_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols) {
-    static_assert(T % 8 == 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* ds = ds_ + r * T;
-      const float* pr = st_ + r * T;
-      if (row_pmax_[r] > 0.5f && dominant_[row + r] < 0)
-        for (int64_t c = 0; c < cols; ++c)
-          if (pr[c] > 0.5f) {
-            dominant_[row + r] = j0 + c;
-            dominant_cap_[row + r] = cap_ > 0 ? dcap_[r * T + c] : 1.0f;
-            ds[c] = 0.0f;
-            break;
-          }
-      Wide sum{};
-      for (int64_t c = 0; c < T; c += 8) {
-        Narrow x;
-        std::memcpy(&x, ds + c, sizeof x);
-        sum += __builtin_convertvector(x, Wide);
-      }
-      others_[row + r] += ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
-    }
-  }
-
-  // The deferred dominant keys of head h's chunk (defer_dominant_keys): dS = −(the others' sum),
-  // written to dbias when asked, times softcap's factor, then dk += dS·q and dq += dS·k.
-  void settle_dominant_keys(int64_t h) {
-    for (int64_t row = 0; row < r1_ - r0_; ++row) {
-      const int64_t j = dominant_[row];
-      if (j < 0) continue;
-      const float logit_grad = static_cast<float>(-others_[row]);
-      if (p_.dbias != nullptr) {
-        p_.dbias[p_.dbias_stride.at(b_, h, r0_ + row) + j * p_.dbias_stride.col] = logit_grad;
-        worst_ = std::max(worst_, exponent_bits(logit_grad));
-      }
-      const float ds = logit_grad * dominant_cap_[row];
-      const float* q = q_ + row * dp_;
-      const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j);
-      float* dk = dk_sum_ + j * dp_;
-      float* dq = dq_ + row * dp_;
-      for (int64_t d = 0; d < s_.D; ++d) {
-        dk[d] = std::fma(ds, q[d], dk[d]);
-        dq[d] = std::fma(ds, k[d * p_.k_stride.col], dq[d]);
-      }
-    }
-  }
-
-  // Otherwise each key of P > 1/2 in a row (one, or two of weight ~1/2) gets dP − D as dout · (v − out), which
-  // is the same quantity in exact arithmetic: with a near-one-hot softmax dP and D are nearly
-  // equal, their difference cancels and keeps only the two dot products' rounding, while
-  // v − out is exact (Sterbenz) and small. That rounding, amplified by large q through dk, was the
-  // error that kept dk behind PyTorch's composite (whose sum(P·dP) cancels dP's own rounding).
-  void dominant_key(int64_t row, int64_t h, int64_t i, int64_t j0, int64_t cols, const float* pr, float* ds) {
-    const float* out = p_.out + p_.out_stride.at(b_, h, i);
-    const float* dop = dout_ + row * dvp_;
-    for (int64_t c = 0; c < cols; ++c) {
-      if (!(pr[c] > 0.5f)) continue;
-      const float* v = p_.vf() + p_.v_stride.at(b_, hk_, j0 + c);
-      // With dropout, dP − D = dout · (v·Z / (1 − p) − out): the difference is no longer exact.
-      // z is 1 without dropout (dropout_scale 1), and v·1 is exact.
-      const float z = !p_.dropout.active() || keep_[row_in_tile(row) * T + c] ? p_.dropout_scale : 0.0f;
-      float x = 0.0f;
-      for (int64_t e = 0; e < s_.Dv; ++e)
-        x = std::fma(dop[e], v[e * p_.v_stride.col] * z - out[e * p_.out_stride.col], x);
-      ds[c] = pr[c] * x;
-    }
-  }
+  // A whole row's max and normalizer when its lse cannot carry them (backward_renorm.h).
+  void renormalize(int64_t h);
+  // The keys that large q or a near-one-hot row make heavy or dominant (backward_dominant.h).
+  void heavy_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols);
+  void defer_dominant_keys(int64_t row, int64_t rows, int64_t j0, int64_t cols);
+  void settle_dominant_keys(int64_t h);
+  void dominant_key(int64_t row, int64_t h, int64_t i, int64_t j0, int64_t cols, const float* pr, float* ds);
 
   // scale · dk and dv sums: into dk, dv for chunk 0, else into this chunk's partials.
   void write_key_sums() {
@@ -563,7 +514,15 @@ class BackwardTile : BackwardOps<Ops> {
   uint32_t worst_ = 0;          // the largest exponent field of a gradient written (exponent_bits)
   bool refine_ = false;         // whether a score of the head's chunk may pass large_scores.h's bound
   bool k_sizes_ready_ = false;  // k_sizes_ holds this task's |k| of each key
-  float k_bound_ = 0.0f;        // an upper bound of |k| over the task's kv head
+  float k_bound_ = 0.0f;        // an upper bound of |k| over the keys of seen_
+  // Per chunk row of the head: whether renormalize takes it, and its logits' max and the log of
+  // Σ exp(logit − max) from there (running sum while it runs). renorm_tile_: the current tile has one.
+  int8_t* renorm_;
+  float* norm_max_;
+  double* norm_log_;
+  bool renorm_any_ = false, renorm_tile_ = false;
+  double renorm_above_;   // |lse| past which a row is renormalized, by lse's type
+  detail::KeyBand seen_;  // the keys some row of the batch row reads (key_extents)
   float cap_ = 0.0f;
   float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
       *iota_;
@@ -589,6 +548,15 @@ class BackwardTile : BackwardOps<Ops> {
   int64_t tile_row0_ = 0;           // the chunk row of the current pair's first row
   int64_t row_in_tile(int64_t chunk_row) const { return chunk_row - tile_row0_; }
 };
+
+}  // namespace
+}  // namespace qkv::kernels
+
+#include "kernels/backward_dominant.h"
+#include "kernels/backward_renorm.h"
+
+namespace qkv::kernels {
+namespace {
 
 template <class Ops>
 void backward_tile(const BackwardParams& p, const BackwardTask& task, float* scratch) {

@@ -105,6 +105,9 @@ struct BackwardParams : ForwardParams {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr, *dbias = nullptr;
   float *dk_part = nullptr, *dv_part = nullptr;
   const detail::KeyBand* bands = nullptr;  // [B, N], from mask->band
+  // [B]: the keys some row of batch row b reads (the union of its rows' bands). As in the forward,
+  // a key past it and a row whose band is empty are never read, so padding may hold anything.
+  const detail::KeyBand* key_extents = nullptr;
   int64_t chunk_rows = 0, chunks = 1;
   int64_t key_group = 1;  // key tiles packed at once, each query tile visiting them in turn
   // Whether each task sees every key of its rows (off for detail::BackwardRows::partial, where the
