@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
@@ -219,6 +220,30 @@ TEST(DecodeMask, TopKCountsAnUnderflowedWeightAsAllowed) {
     EXPECT_EQ(indices, expected[variant]) << "variant " << variant;
     EXPECT_EQ(indices, want_indices) << "variant " << variant;
     for (int t = 0; t < 4; ++t) EXPECT_NEAR(values[t], want_values[t], 1e-6) << "variant " << variant << " " << t;
+  }
+}
+
+// A NaN or +inf in the bias makes the row NaN: decode names the bias element (it was reported as
+// an fp32 overflow "although q and the cache are finite"), on every cache type and thread count.
+TEST(DecodeMask, ANaNOrInfiniteBiasIsNamed) {
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
+    KVCache cache({1, 8, 1, 2, 2, dtype});
+    const std::vector<int64_t> ids{cache.create()};
+    const std::vector<float> k{0.5f, 1, 2, 0, 1, 1, 0, 2}, v{1, 2, 3, 4, 5, 6, 7, 8}, q{1.0f, 0.5f};
+    cache.append(ids[0], TensorView<const float>(k.data(), {4, 1, 2}), TensorView<const float>(v.data(), {4, 1, 2}));
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      for (int threads : {1, 2}) {
+        std::vector<float> bias{0.0f, -1.0f, bad, 0.25f}, out(2), lse(1);
+        DecodeOptions o;
+        o.attention.num_threads = threads;
+        o.attention.mask.bias = TensorView<const float>(bias.data(), {1, 1, 1, 4});
+        test::expect_error(
+            [&] {
+              decode_attention(TensorView<float>(out.data(), {1, 1, 1, 2}), TensorView<float>(lse.data(), {1, 1, 1}),
+                               TensorView<const float>(q.data(), {1, 1, 1, 2}), cache, ids, o);
+            },
+            {fmt::format("decode_attention: bias[0, 0, 0, 2] = {} must be a number below +inf (-inf masks)", bad)});
+      }
   }
 }
 

@@ -117,6 +117,20 @@ TEST(LayerBackward, RefusesBadShapesAndEmptyCache) {
   layer.forward(x.cview(), {}, {}, &cache);
   expect([&] { layer.backward(cache, bad.cview(), {}, &grads); },
          "dy has shape [2, 3, 5] but the forward's output is [2, 3, 4]");
+  // Caches of other layers: the same E and H·Dv with 4 heads of 1 once reached attention_backward
+  // ("lse: shape ... must be ..."); the others differ in a projection's width or in having one.
+  const std::pair<LayerConfig, const char*> others[] = {
+      {LayerConfig{.embed_dim = 4, .num_heads = 4, .seed = 3}, "(lse has shape [2, 4, 3], this layer needs [2, 2, 3])"},
+      {LayerConfig{.embed_dim = 4, .num_heads = 2, .value_dim = 3, .seed = 3},
+       "(v has shape [2, 3, 6], this layer needs [2, 3, 4])"},
+      {LayerConfig{.embed_dim = 4, .num_heads = 1, .parameter_free = true},
+       "(q has shape [], this layer needs [2, 3, 4])"}};
+  for (const auto& [config, message] : others) {
+    LayerCache theirs;
+    MultiHeadAttention(config).forward(x.cview(), {}, {}, &theirs);
+    expect([&] { layer.backward(theirs, x.cview(), {}, &grads); },
+           std::string("the cache was filled by a layer with a different config ") + message);
+  }
 }
 
 // A cache refilled from its own tensors: forward again on cache.x (and, cross, on cache.kv) reads

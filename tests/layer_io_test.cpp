@@ -151,6 +151,21 @@ TEST(LayerIo, LoadRefusesMissingAndMisshapenTensors) {
   meta["qkv.num_heads"] = "two";
   write_without("", nullptr);
   expect_error([&] { MultiHeadAttention::load(bad); }, "qkv.num_heads = 'two' is not an integer");
+  meta["qkv.num_heads"] = "2";
+  // The seed once went through strtoull unchecked: "banana" loaded as 0, "-1" as 2^64 - 1.
+  const std::pair<const char*, const char*> seeds[] = {
+      {"banana", "qkv.seed = 'banana' is not an integer"},
+      {"-1", "qkv.seed = '-1' is not an integer"},
+      {"7x", "qkv.seed = '7x' is not an integer"},
+      {"18446744073709551616", "qkv.seed = '18446744073709551616' is out of range [0, 18446744073709551615]"}};
+  for (const auto& [seed, message] : seeds) {
+    meta["qkv.seed"] = seed;
+    write_without("", nullptr);
+    expect_error([&] { MultiHeadAttention::load(bad); }, message);
+  }
+  meta["qkv.seed"] = "18446744073709551615";
+  write_without("", nullptr);
+  EXPECT_EQ(MultiHeadAttention::load(bad).config().seed, UINT64_MAX);
   std::filesystem::remove(good);
   std::filesystem::remove(bad);
 }

@@ -128,5 +128,43 @@ TEST(Optim, RefusesMissingOrMisshapenGradientsAndBadConfig) {
   EXPECT_EQ(opt.step_count(), 0);
 }
 
+// A finite learning rate or gradient whose step passes float32's range once wrote -inf weights
+// (and a moment of inf from a gradient near 3.4e38, squared): refused, nothing changed, by both
+// optimizers; the same step at a small rate still goes through.
+TEST(Optim, RefusesAStepPastFloat32sRange) {
+  for (OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    Tensor<float> p = vec({1.0f, 2.0f});
+    Optimizer opt(OptimizerConfig{.kind = kind}, {{"w", &p}});
+    TensorMap grads;
+    grads["w"] = vec({0.5f, 1.0f});
+    const struct {
+      double lr;
+      float g;
+      const char* what;
+    } cases[] = {{1e308, 1.0f, "learning rate 1e+308 takes w past float32's range at flat index 0"},
+                 {1e39, 1.0f, "learning rate 1e+39 takes w past float32's range at flat index 0"},
+                 {2.0, 3e38f, "takes w past float32's range at flat index 1"}};
+    for (const auto& c : cases) {
+      grads["w"][1] = c.g;
+      try {
+        opt.step(grads, c.lr);
+        ADD_FAILURE() << "accepted lr " << c.lr;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(c.what), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("nothing was updated"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(p[0], 1.0f);
+      EXPECT_EQ(p[1], 2.0f);
+      EXPECT_EQ(opt.step_count(), 0);
+      for (const auto& [name, view] : opt.state())
+        for (int64_t i = 0; i < view.numel(); ++i) EXPECT_EQ(view.data()[i], 0.0f) << name;
+    }
+    grads["w"][1] = 1.0f;
+    opt.step(grads, 1e-3);
+    EXPECT_EQ(opt.step_count(), 1);
+    EXPECT_LT(p[0], 1.0f);
+  }
+}
+
 }  // namespace
 }  // namespace qkv

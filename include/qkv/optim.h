@@ -37,7 +37,8 @@ class Optimizer {
   Optimizer(const OptimizerConfig& config, ParameterList params);
 
   // One update with learning rate lr. grads must hold every parameter's name with its shape
-  // (extra names are ignored), all finite; throws qkv::Error otherwise, before changing anything.
+  // (extra names are ignored), all finite; throws qkv::Error otherwise, or when the update would
+  // take a weight or a moment past float32's range, before changing anything.
   void step(const TensorMap& grads, double lr);
 
   // Updates done so far (AdamW's t).

@@ -100,12 +100,19 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
   return s;
 }
 
-// Names the cause of a non-finite decode result: a value of q, else an fp32 overflow.
-void refuse_nonfinite_result(TensorView<const float> q) {
+// Names the cause of a non-finite decode result: a value of q, a NaN or +inf in the bias, else an
+// fp32 overflow.
+void refuse_nonfinite_result(TensorView<const float> q, const Mask& mask) {
   for_each_element(q, [&](const float& x, const std::array<int64_t, 4>& i) {
     if (!std::isfinite(x))
       throw Error(fmt::format("decode_attention: q[{}, {}, {}, {}] = {} must be finite", i[0], i[1], i[2], i[3], x));
   });
+  if (!mask.bias.empty())
+    for_each_element(mask.bias, [&](const float& x, const std::array<int64_t, 4>& i) {
+      if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
+        throw Error(fmt::format("decode_attention: bias[{}, {}, {}, {}] = {} must be a number below +inf (-inf masks)",
+                                i[0], i[1], i[2], i[3], x));
+    });
   throw Error(
       "decode_attention: the output overflowed float32 although q and the cache are finite (scores or P·V sums "
       "beyond 3.4e38); scale q or the cached values down");
@@ -144,7 +151,7 @@ void decode_attention(TensorView<float> out, TensorView<float> lse, TensorView<c
   const detail::MaskEval eval(mask, s);
   const DecodeParams p = decode_params(q, kv, s, attention_scale(ao.scale, s.D), eval, options.sink_tokens);
   const float* sinks = options.sinks.empty() ? nullptr : options.sinks.data();
-  if (!kernels::decode(p, kv.seq_lens.data(), sinks, out, lse, path, ao.num_threads)) refuse_nonfinite_result(q);
+  if (!kernels::decode(p, kv.seq_lens.data(), sinks, out, lse, path, ao.num_threads)) refuse_nonfinite_result(q, mask);
 }
 
 }  // namespace qkv

@@ -1,6 +1,10 @@
 // MultiHeadAttention::backward: the layer's forward run in reverse. Projection gradients are
 // sgemm products over all B·N (or B·M) rows; the attention part is attention_backward on the same
 // strided head views the forward used.
+#include <algorithm>
+#include <array>
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "core/blas.h"
@@ -50,8 +54,32 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     throw Error("layer backward: the cache is empty; run forward(x, kv, options, &cache) first");
   const int64_t B = c.batch, N = c.queries, M = c.keys, E = cf.embed_dim, out_dim = output_dim();
   const int64_t H = cf.num_heads, Hkv = cf.num_kv_heads, D = cf.head_dim, Dv = cf.value_dim;
-  if (c.ctx.dim(2) != H * Dv || c.x.dim(2) != E)
-    throw Error("layer backward: the cache was filled by a layer with a different config");
+  // Every tensor the cache holds, against this layer's config: one filled by a layer of another
+  // head split (the same E and H·Dv) once reached attention_backward and failed there.
+  const std::pair<const char*, const Tensor<float>*> held[] = {
+      {"x", &c.x}, {"kv", &c.kv}, {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"attention output", &c.ctx}};
+  const int64_t widths[] = {E,
+                            c.cross ? E : 0,
+                            cf.parameter_free ? 0 : H * D,
+                            cf.parameter_free ? 0 : Hkv * D,
+                            cf.parameter_free ? 0 : Hkv * Dv,
+                            H * Dv};
+  const int64_t lengths[] = {N, M, N, M, M, N};
+  for (int i = 0; i < 6; ++i) {
+    const std::array<int64_t, 3> shape{B, lengths[i], widths[i]};
+    const Tensor<float>& t = *held[i].second;
+    const bool fits = widths[i] == 0 ? t.numel() == 0 : std::ranges::equal(t.shape(), shape);
+    if (!fits)
+      throw Error(fmt::format(
+          "layer backward: the cache was filled by a layer with a different config ({} has shape {}, this layer "
+          "needs {})",
+          held[i].first, shape_string(t.shape()), widths[i] == 0 ? "none" : shape_string(shape)));
+  }
+  if (!std::ranges::equal(c.lse.shape(), std::array<int64_t, 3>{B, H, N}))
+    throw Error(fmt::format(
+        "layer backward: the cache was filled by a layer with a different config (lse has shape {}, this layer "
+        "needs [{}, {}, {}])",
+        shape_string(c.lse.shape()), B, H, N));
   const std::array<int64_t, 3> want3{B, N, out_dim};
   const std::span<const int64_t> want(c.batched ? want3.data() : want3.data() + 1, c.batched ? 3 : 2);
   if (!std::equal(dy.shape().begin(), dy.shape().end(), want.begin(), want.end()))

@@ -2,9 +2,10 @@
 // .npy files (one per tensor) with the same config as qkv_layer.json.
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -22,15 +23,24 @@ namespace {
 constexpr const char* kFormatKey = "qkv.format";
 constexpr const char* kFormat = "qkv.MultiHeadAttention/1";
 
-int64_t read_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
+// Metadata key qkv.<key> as an integer of type T: all of the value, in T's range.
+template <class T>
+T read_integer(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
   const auto it = meta.find("qkv." + key);
   if (it == meta.end()) throw Error(fmt::format("{}: layer metadata has no qkv.{}", path, key));
-  int64_t value = 0;
+  T value = 0;
   const char* end = it->second.data() + it->second.size();
   const auto [ptr, ec] = std::from_chars(it->second.data(), end, value);
+  if (ec == std::errc::result_out_of_range && ptr == end)
+    throw Error(fmt::format("{}: layer metadata qkv.{} = '{}' is out of range [{}, {}]", path, key, it->second,
+                            std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
   if (ec != std::errc() || ptr != end)
     throw Error(fmt::format("{}: layer metadata qkv.{} = '{}' is not an integer", path, key, it->second));
   return value;
+}
+
+int64_t read_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
+  return read_integer<int64_t>(meta, key, path);
 }
 
 bool read_bool(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
@@ -171,8 +181,7 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   c.bias = read_bool(meta, "bias", path);
   c.output_projection = read_bool(meta, "output_projection", path);
   c.parameter_free = read_bool(meta, "parameter_free", path);
-  if (const auto seed = meta.find("qkv.seed"); seed != meta.end())
-    c.seed = std::strtoull(seed->second.c_str(), nullptr, 10);
+  if (meta.count("qkv.seed") > 0) c.seed = read_integer<decltype(c.seed)>(meta, "seed", path);
   // Files written before these keys existed are residual-free and have no note.
   if (meta.count("qkv.residual") > 0) c.residual = read_bool(meta, "residual", path);
   if (const auto note = meta.find("qkv.note"); note != meta.end()) c.note = note->second;

@@ -48,48 +48,59 @@ void Optimizer::step(const TensorMap& grads, double lr) {
   if (!std::isfinite(lr * config_.weight_decay))
     throw Error(
         fmt::format("optimizer: learning rate {} times weight decay {} is not finite", lr, config_.weight_decay));
-  std::vector<const Tensor<float>*> g;
-  for (const auto& [name, p] : params_) g.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
+  std::vector<const Tensor<float>*> g_of;
+  for (const auto& [name, p] : params_) g_of.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
   // A non-finite gradient (training diverged, or bad input) would turn every weight it touches
   // into NaN for good: refused before anything changes.
   for (std::size_t k = 0; k < params_.size(); ++k)
-    for (int64_t i = 0; i < g[k]->numel(); ++i)
-      if (!std::isfinite((*g[k])[i]))
+    for (int64_t i = 0; i < g_of[k]->numel(); ++i)
+      if (!std::isfinite((*g_of[k])[i]))
         throw Error(
             fmt::format("optimizer step: gradient {} has a non-finite value ({}) at flat index {}; nothing "
                         "was updated (if training diverged, lower the learning rate)",
-                        params_[k].first, (*g[k])[i], i));
-  ++steps_;
+                        params_[k].first, (*g_of[k])[i], i));
   const OptimizerConfig& c = config_;
   const double wd = c.weight_decay;
-  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(steps_));
-  for (std::size_t k = 0; k < params_.size(); ++k) {
-    float* p = params_[k].second->data();
-    float* m = first_[k].data();
-    const float* grad = g[k]->data();
-    const int64_t n = first_[k].numel();
+  const int64_t t = steps_ + 1;
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
+  struct Next {
+    double p, m, v;  // v: AdamW only
+  };
+  // Element i of parameter k after the step, in float64 (rounded to fp32 as it is stored).
+  auto next = [&](std::size_t k, int64_t i) -> Next {
+    const double p = (*params_[k].second)[i], m = first_[k][i], g = (*g_of[k])[i];
     if (c.kind == OptimizerKind::sgd) {
-      for (int64_t i = 0; i < n; ++i) {
-        const double gi = double(grad[i]) + wd * p[i];
-        const double buf = c.momentum == 0 ? gi : (steps_ == 1 ? gi : c.momentum * m[i] + gi);
-        m[i] = static_cast<float>(buf);
-        p[i] = static_cast<float>(p[i] - lr * buf);
-      }
-      continue;
+      const double gi = g + wd * p;
+      const double buf = c.momentum == 0 ? gi : (t == 1 ? gi : c.momentum * m + gi);
+      return {p - lr * buf, buf, 0.0};
     }
-    float* v = second_[k].data();
-    for (int64_t i = 0; i < n; ++i) {
-      const double gi = grad[i];
-      const double mi = c.beta1 * m[i] + (1.0 - c.beta1) * gi;
-      const double vi = c.beta2 * v[i] + (1.0 - c.beta2) * gi * gi;
-      m[i] = static_cast<float>(mi);
-      v[i] = static_cast<float>(vi);
-      double pi = p[i] - lr * wd * p[i];
-      pi -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
-      p[i] = static_cast<float>(pi);
+    const double mi = c.beta1 * m + (1.0 - c.beta1) * g;
+    const double vi = c.beta2 * second_[k][i] + (1.0 - c.beta2) * g * g;
+    double pi = p - lr * wd * p;
+    pi -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
+    return {pi, mi, vi};
+  };
+  // A finite learning rate or gradient can still take a weight or a moment past float32's range:
+  // it would be stored as inf for good. The whole step is computed once to check, before anything changes.
+  auto fits = [](double x) { return std::isfinite(x) && !overflows_float32(x); };
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    for (int64_t i = 0; i < first_[k].numel(); ++i) {
+      const Next x = next(k, i);
+      if (!fits(x.p) || !fits(x.m) || !fits(x.v))
+        throw Error(
+            fmt::format("optimizer step: learning rate {} takes {} past float32's range at flat index {} (weight {}, "
+                        "moments {} and {}); nothing was updated (lower the learning rate)",
+                        lr, params_[k].first, i, x.p, x.m, x.v));
     }
-  }
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    for (int64_t i = 0; i < first_[k].numel(); ++i) {
+      const Next x = next(k, i);
+      (*params_[k].second)[i] = static_cast<float>(x.p);
+      first_[k][i] = static_cast<float>(x.m);
+      if (c.kind == OptimizerKind::adamw) second_[k][i] = static_cast<float>(x.v);
+    }
+  steps_ = t;
 }
 
 std::vector<std::pair<std::string, TensorView<const float>>> Optimizer::state() const {

@@ -148,6 +148,10 @@ def test_optimizer_values_that_would_make_nan_weights_are_refused():
         opt.load_state(state, (1 << 63) - 1)
     with pytest.raises(TypeError, match="step_count must be an integer, got 1.5"):
         opt.load_state(state, 1.5)
+    for kind in ("sgd", "adamw"):  # finite, yet the step passes float32: it wrote -inf weights
+        with pytest.raises(ValueError, match=r"learning rate 1e\+308 takes w_\w past float32's range at flat index "
+                                             r"\d+ .*; nothing was updated"):
+            qkv.Optimizer(layer, kind=kind, lr=1e308).step(grads)
     assert np.array_equal(layer.w_q, before), "refused calls change nothing"
     layer(np.ones((3, 4), np.float32))
     layer.backward(np.ones((3, 4), np.float32))
