@@ -178,3 +178,36 @@ def test_bf16_within_flash_attention_rule(case):
         got = as4(qkv.scaled_dot_product_attention(qb, kb, vb, simd=simd, **mask)).double().numpy()
         err = float(np.max(np.abs(got - want), initial=0.0))
         assert err <= bound, f"bf16 out error {err:.3g} > {bound:.3g} ({simd}); {seed_note(case)} {desc}"
+
+
+@pytest.mark.parametrize("case", range(5000, 5004))
+def test_rows_masked_with_finfo_min_meet_the_rule_through_qkv_torch(case):
+    """Hugging Face models mask with torch.finfo(dtype).min added to the scores. A row whose every
+    key gets it attends uniformly (its scores are all -3.4e38 in fp32, and in float64 the scores
+    are absorbed too), and its lse, -3.4e38 + log(M), cannot hold log(M) even in float64: the
+    backward gave such rows' gradients M times too large until it rebuilt their normalizer
+    (src/kernels/backward_renorm.h)."""
+    import qkv.torch as qt
+    rng = rng_for(case)
+    B, H, Hkv, N, M, D = 2, 6, 2, int(rng.integers(1, 40)), int(rng.integers(1, 90)), int(rng.choice(DIMS))
+    q, k, v = (rng.standard_normal(s) for s in ((B, H, N, D), (B, Hkv, M, D), (B, Hkv, M, D)))
+    dout = rng.standard_normal((B, H, N, D))
+    mask = np.where(rng.random((B, 1, N, M)) < 0.2, np.finfo(np.float32).min, 0.0)
+    mask[:, :, ::3, :] = np.finfo(np.float32).min  # every third row: all keys
+    group = H // Hkv
+
+    def grads(fn, dtype):
+        x = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v)]
+        fn(*x, torch.tensor(mask, dtype=dtype)).backward(torch.tensor(dout, dtype=dtype))
+        return [t.grad.double().numpy() for t in x]
+
+    def comp(qt_, kt, vt, m):
+        s = qt_ @ kt.repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(D) + m
+        return torch.softmax(s, -1) @ vt.repeat_interleave(group, 1)
+
+    ref, pt = grads(comp, torch.float64), grads(comp, torch.float32)
+    ours = grads(lambda a, b, c, m: qt.scaled_dot_product_attention(a, b, c, attn_mask=m, enable_gqa=True),
+                 torch.float32)
+    for name, r, p, o in zip(("dq", "dk", "dv"), ref, pt, ours):
+        err, bound = np.abs(o - r).max(), 2 * np.abs(p - r).max() + 1e-5
+        assert err <= bound, f"{name}: {err:.3g} above the rule's {bound:.3g} ({seed_note(case)}, N={N} M={M} D={D})"
