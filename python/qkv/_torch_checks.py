@@ -133,6 +133,15 @@ def _refuse_lse_gradient(dlse, what):
     one qkv's backward kernels take: the fused kernel sets the logit gradient of a row whose mask
     leaves it one key to exactly 0 (right for out alone, not with an lse term), and the float64
     reference recomputes the forward. A zero gradient is no term."""
-    if dlse is not None and dlse.any():
-        raise RuntimeError(f"qkv.torch.{what}: a loss term uses lse, whose gradient qkv does not compute; detach "
-                           f"lse (lse.detach()) to use it as a constant")
+    if _uses_lse(dlse):
+        raise RuntimeError(_lse_gradient_message(what))
+
+
+def _uses_lse(dlse):
+    """Whether a loss term reached lse (a zero gradient is no term)."""
+    return dlse is not None and bool(dlse.any())
+
+
+def _lse_gradient_message(what):
+    return (f"qkv.torch.{what}: a loss term uses lse, whose gradient qkv does not compute; detach lse "
+            f"(lse.detach()) to use it as a constant")

@@ -18,7 +18,7 @@ from . import _qkv
 from ._ring import as4, options, place_shards, shard_ranges
 # qkv.torch's own checks of tensor arguments and refusals in backward, from the leaf module, which
 # (unlike qkv.torch, which imports this module) can be imported here at the top.
-from ._torch_checks import _check_tensor, _first_order_only, _refuse_lse_gradient, _vector_arg
+from ._torch_checks import _check_tensor, _first_order_only, _lse_gradient_message, _uses_lse, _vector_arg
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -88,6 +88,21 @@ def _agree(group, local):
     return [int(x) for row in rows for x in row]
 
 
+def _refuse_lse_gradient_together(ring, dlse):
+    """A loss term on lse on any rank raises on every rank, before any transfer: the backward is a
+    collective, and refused on that rank alone it left the others waiting until the group's timeout."""
+    uses = [torch.zeros(1, dtype=torch.int32) for _ in range(ring.ranks)]
+    try:
+        dist.all_gather(uses, torch.tensor([int(_uses_lse(dlse))], dtype=torch.int32), group=ring.group)
+    except RuntimeError as e:
+        raise RuntimeError(f"qkv.torch.ring_attention: rank {ring.rank}: the ranks could not agree on the backward (a "
+                           f"rank of the group failed, did not call backward, or exceeded the group's timeout): "
+                           f"{e}") from e
+    users = [r for r, u in enumerate(uses) if u.item()]
+    if users:
+        raise RuntimeError(_lse_gradient_message(f"ring_attention: rank {', '.join(map(str, users))}"))
+
+
 def _forward(ring, q, k, v, opts):
     steps = _qkv._RingForward.start(ring.table, ring.ranks, ring.rank, q.detach().numpy(), opts)
     kv = (k.detach(), v.detach())
@@ -136,8 +151,7 @@ class _RingFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        # Before any transfer, on each rank whose loss uses lse.
-        _refuse_lse_gradient(dlse, "ring_attention")
+        _refuse_lse_gradient_together(ctx.ring, dlse)
         with torch.no_grad():
             if dout is None:
                 dout = torch.zeros_like(out)

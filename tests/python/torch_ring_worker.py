@@ -109,6 +109,13 @@ def main():
             qt.ring_attention(q, q, q, window=(1, 2) if dist.get_rank() == 0 else (1, 2.5))
         except ValueError as e:
             print(f"rank {dist.get_rank()} error: {e}", flush=True)
+    elif mode == "lse_on_one_rank":  # rank 1's loss has a term on lse, rank 0's not
+        x = torch.zeros(8, 4, requires_grad=True)
+        out, lse = qt.ring_attention(x, x, x, return_lse=True)
+        try:
+            (out.sum() + (lse.sum() if dist.get_rank() == 1 else 0)).backward()
+        except RuntimeError as e:
+            print(f"rank {dist.get_rank()} error: {e}", flush=True)
     elif mode in ("fail", "hang", "fail_in_backward"):
         if dist.get_rank() == 1 and mode == "fail":
             raise SystemExit("rank 1 fails before the ring")
