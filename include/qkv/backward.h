@@ -17,7 +17,11 @@ namespace qkv {
 // or gradients overflow float64) and rounds each gradient once. Throws qkv::Error, as the forward
 // does, when q, k, v, dout and out hold no NaN or inf (nor lse a NaN, nor the bias a NaN or +inf)
 // but a gradient came out inf or NaN (dout·v or a gradient's sum past 3.4e38, or on the reference
-// kernel a gradient past float32's range); the gradients are then unspecified.
+// kernel a gradient past float32's range); the gradients are then unspecified. What no row reads
+// (keys past key_lengths or before every row's window, rows past query_lengths) may hold anything,
+// inf and NaN included: it gets zero gradients and changes no other. A row whose lse is too large
+// to hold its normalizer (|lse| past 2^10 here, past 2^29 in float64: every key under a bias of
+// finfo.min) has its max and normalizer rebuilt from its own logits when they give that lse.
 void attention_backward(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                         TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                         TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
