@@ -20,20 +20,6 @@
 namespace qkv {
 namespace {
 
-// Within 2e-5·(1 + max|ref|); the message names the worst element.
-::testing::AssertionResult within_rule(const Tensor<float>& got, const Tensor<double>& want) {
-  double err = 0.0, size = 0.0;
-  int64_t worst = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double e = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(e <= err)) err = e, worst = i;
-    size = std::max(size, std::fabs(want[i]));
-  }
-  if (err <= 2e-5 * (1.0 + size)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max error " << err << " at element " << worst << " (" << got[worst]
-                                       << " against " << want[worst] << "), bound " << 2e-5 * (1.0 + size);
-}
-
 // Entries ±1/4, ±1/2 or 0 times 2^shift: every score and every score plus bias is exact in fp32.
 Tensor<float> coarse(test::Rng& rng, std::initializer_list<int64_t> shape, int shift) {
   Tensor<float> t(shape);
@@ -96,10 +82,10 @@ TEST(Backward, RowsUnderHugeBiasesGetTheirOwnNormalizer) {
           attention_backward(dq.view(), dk.view(), dv.view(), dbias.view(), dout.cview(), q.cview(), k.cview(),
                              v.cview(), out.cview(), lse.cview(), o);
         }
-        EXPECT_TRUE(within_rule(dq, dq64)) << "dq";
-        EXPECT_TRUE(within_rule(dk, dk64)) << "dk";
-        EXPECT_TRUE(within_rule(dv, dv64)) << "dv";
-        EXPECT_TRUE(within_rule(dbias, dbias64)) << "dbias";
+        EXPECT_TRUE(test::within_fp32_rule(dq.data(), dq64.data(), dq.numel())) << "dq";
+        EXPECT_TRUE(test::within_fp32_rule(dk.data(), dk64.data(), dk.numel())) << "dk";
+        EXPECT_TRUE(test::within_fp32_rule(dv.data(), dv64.data(), dv.numel())) << "dv";
+        EXPECT_TRUE(test::within_fp32_rule(dbias.data(), dbias64.data(), dbias.numel())) << "dbias";
         Tensor<float>* got[4] = {&dq, &dk, &dv, &dbias};
         for (int g = 0; g < 4; ++g) {
           if (threads == 1) {

@@ -21,18 +21,6 @@
 namespace qkv {
 namespace {
 
-// max |got - ref| against the fp32 rule's bound; "" when within it.
-std::string within_rule(const float* got, const double* ref, int64_t n, const std::string& what) {
-  double err = 0.0, size = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    err = std::max(err, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    size = std::max(size, std::fabs(ref[i]));
-  }
-  const double bound = 2e-5 * (1.0 + size);
-  if (err <= bound) return "";
-  return what + ": max error " + std::to_string(err) + " above " + std::to_string(bound);
-}
-
 // Keys all alike (flat weights) and values all alike, away from 0: every term of a column's sum
 // is the same number, so a running total's roundings all lean one way (random terms would let
 // them cancel and hide the drift).
@@ -67,7 +55,8 @@ TEST(LongSums, ForwardOverSixteenThousandFlatKeysOnEveryPath) {
       options.simd = simd;
       options.num_threads = threads;
       attention_forward(out.view(), {}, row.q.cview(), row.k.cview(), row.v.cview(), options);
-      EXPECT_EQ(within_rule(out.data(), want.data(), out.numel(), simd_path_name(simd)), "") << threads << " threads";
+      EXPECT_TRUE(test::within_fp32_rule(out.data(), want.data(), out.numel()))
+          << simd_path_name(simd) << ", " << threads << " threads";
     }
 }
 
@@ -87,7 +76,7 @@ TEST(LongSums, DecodeOverAHundredThousandFlatKeysOnEveryPath) {
     options.attention.num_threads = 1;  // one task runs the whole row (the merge of chunks is another sum)
     const std::vector<int64_t> ids{seq};
     decode_attention(out.view(), {}, row.q.cview(), cache, ids, options);
-    EXPECT_EQ(within_rule(out.data(), want.data(), out.numel(), simd_path_name(simd)), "");
+    EXPECT_TRUE(test::within_fp32_rule(out.data(), want.data(), out.numel())) << simd_path_name(simd);
   }
 }
 
@@ -112,8 +101,8 @@ TEST(LongSums, BackwardOverSixteenThousandQueriesOnEveryPath) {
     Tensor<float> gq({1, 1, N, D}), gk({1, 1, M, D}), gv({1, 1, M, D});
     attention_backward(gq.view(), gk.view(), gv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(), out.cview(),
                        lse.cview(), options);
-    EXPECT_EQ(within_rule(gv.data(), dv.data(), gv.numel(), std::string("dv ") + simd_path_name(simd)), "");
-    EXPECT_EQ(within_rule(gk.data(), dk.data(), gk.numel(), std::string("dk ") + simd_path_name(simd)), "");
+    EXPECT_TRUE(test::within_fp32_rule(gv.data(), dv.data(), gv.numel())) << "dv " << simd_path_name(simd);
+    EXPECT_TRUE(test::within_fp32_rule(gk.data(), dk.data(), gk.numel())) << "dk " << simd_path_name(simd);
   }
 }
 

@@ -90,4 +90,20 @@ double max_abs(const Tensor<T>& t) {
   return max_abs(t.cview());
 }
 
+// The fp32 rule: max|got − ref| within 2e-5·(1 + max|ref|) over n elements; on failure the message
+// names the worst element.
+inline ::testing::AssertionResult within_fp32_rule(const float* got, const double* ref, int64_t n) {
+  double err = 0.0, size = 0.0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(e <= err)) err = e, worst = i;
+    size = std::max(size, std::fabs(ref[i]));
+  }
+  const double bound = 2e-5 * (1.0 + size);
+  if (err <= bound) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max error " << err << " at element " << worst << " (" << got[worst]
+                                       << " against " << ref[worst] << "), bound " << bound;
+}
+
 }  // namespace qkv::test

@@ -27,13 +27,8 @@ bool all_finite(TensorView<const T> t) {
 // or +inf in the bias.
 template <class T>
 bool inputs_explain_overflow(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
-  if (!all_finite(q) || !all_finite(k) || !all_finite(v)) return true;
-  bool bias_ok = true;
-  if (!mask.bias.empty())
-    for_each_element(mask.bias, [&](const float& x, const auto&) {
-      bias_ok = bias_ok && !std::isnan(x) && x != std::numeric_limits<float>::infinity();
-    });
-  return !bias_ok;
+  return !all_finite(q) || !all_finite(k) || !all_finite(v) ||
+         (!mask.bias.empty() && find_non_finite(mask.bias, true).has_value());
 }
 
 // What a caller of an fp32 kernel can do about an overflow: the float64 reference computes the

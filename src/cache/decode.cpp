@@ -103,16 +103,11 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
 // Names the cause of a non-finite decode result: a value of q, a NaN or +inf in the bias, else an
 // fp32 overflow.
 void refuse_nonfinite_result(TensorView<const float> q, const Mask& mask) {
-  for_each_element(q, [&](const float& x, const std::array<int64_t, 4>& i) {
-    if (!std::isfinite(x))
-      throw Error(fmt::format("decode_attention: q[{}, {}, {}, {}] = {} must be finite", i[0], i[1], i[2], i[3], x));
-  });
-  if (!mask.bias.empty())
-    for_each_element(mask.bias, [&](const float& x, const std::array<int64_t, 4>& i) {
-      if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
-        throw Error(fmt::format("decode_attention: bias[{}, {}, {}, {}] = {} must be a number below +inf (-inf masks)",
-                                i[0], i[1], i[2], i[3], x));
-    });
+  if (const auto bad = find_non_finite(q))
+    throw Error(fmt::format("decode_attention: q{} = {} must be finite", shape_string(bad->index), bad->value));
+  if (const auto bad = mask.bias.empty() ? std::nullopt : find_non_finite(mask.bias, true))
+    throw Error(fmt::format("decode_attention: bias{} = {} must be a number below +inf (-inf masks)",
+                            shape_string(bad->index), bad->value));
   throw Error(
       "decode_attention: the output overflowed float32 although q and the cache are finite (scores or P·V sums "
       "beyond 3.4e38); scale q or the cached values down");

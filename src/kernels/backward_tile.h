@@ -122,9 +122,10 @@ class BackwardTile : BackwardOps<Ops> {
     for (int64_t i = r0_; i < r1_; ++i) {
       const int64_t row = i - r0_;
       const double lse = row_lse(h, i);
-      if (!live(h, i)) row_dot_[row] = 0.0f, row_dot_wide_[row] = 0.0;
+      const bool read = live(h, i);
+      if (!read) row_dot_[row] = 0.0f, row_dot_wide_[row] = 0.0;
       // Renormalized (a row of the whole) where lse's own rounding would pass into every P.
-      renorm_[row] = p_.whole_rows && live(h, i) && std::isfinite(lse) && std::abs(lse) > renorm_above_;
+      renorm_[row] = p_.whole_rows && read && std::isfinite(lse) && std::abs(lse) > renorm_above_;
       renorm_any_ |= renorm_[row] != 0;
     }
     defer_ = refine_ && p_.whole_rows;

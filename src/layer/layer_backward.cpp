@@ -3,7 +3,8 @@
 // strided head views the forward used.
 #include <algorithm>
 #include <array>
-#include <utility>
+#include <optional>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -54,32 +55,25 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     throw Error("layer backward: the cache is empty; run forward(x, kv, options, &cache) first");
   const int64_t B = c.batch, N = c.queries, M = c.keys, E = cf.embed_dim, out_dim = output_dim();
   const int64_t H = cf.num_heads, Hkv = cf.num_kv_heads, D = cf.head_dim, Dv = cf.value_dim;
-  // Every tensor the cache holds, against this layer's config: one filled by a layer of another
-  // head split (the same E and H·Dv) once reached attention_backward and failed there.
-  const std::pair<const char*, const Tensor<float>*> held[] = {
-      {"x", &c.x}, {"kv", &c.kv}, {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"attention output", &c.ctx}};
-  const int64_t widths[] = {E,
-                            c.cross ? E : 0,
-                            cf.parameter_free ? 0 : H * D,
-                            cf.parameter_free ? 0 : Hkv * D,
-                            cf.parameter_free ? 0 : Hkv * Dv,
-                            H * Dv};
-  const int64_t lengths[] = {N, M, N, M, M, N};
-  for (int i = 0; i < 6; ++i) {
-    const std::array<int64_t, 3> shape{B, lengths[i], widths[i]};
-    const Tensor<float>& t = *held[i].second;
-    const bool fits = widths[i] == 0 ? t.numel() == 0 : std::ranges::equal(t.shape(), shape);
-    if (!fits)
-      throw Error(fmt::format(
-          "layer backward: the cache was filled by a layer with a different config ({} has shape {}, this layer "
-          "needs {})",
-          held[i].first, shape_string(t.shape()), widths[i] == 0 ? "none" : shape_string(shape)));
-  }
-  if (!std::ranges::equal(c.lse.shape(), std::array<int64_t, 3>{B, H, N}))
+  // Every tensor the cache holds, against this layer's config (none where it holds none): one
+  // filled by a layer of another head split (the same E and H·Dv) once reached attention_backward
+  // and failed there.
+  using Want = std::optional<std::array<int64_t, 3>>;
+  auto check = [](const char* name, std::span<const int64_t> got, const Want& want) {
+    if (want ? std::ranges::equal(got, *want) : got.empty()) return;
     throw Error(fmt::format(
-        "layer backward: the cache was filled by a layer with a different config (lse has shape {}, this layer "
-        "needs [{}, {}, {}])",
-        shape_string(c.lse.shape()), B, H, N));
+        "layer backward: the cache was filled by a layer with a different config ({} has shape {}, this layer needs "
+        "{})",
+        name, shape_string(got), want ? shape_string(*want) : "none"));
+  };
+  const bool projected = !cf.parameter_free;
+  check("x", c.x.shape(), Want({B, N, E}));
+  check("kv", c.kv.shape(), c.cross ? Want({B, M, E}) : std::nullopt);
+  check("q", c.q.shape(), projected ? Want({B, N, H * D}) : std::nullopt);
+  check("k", c.k.shape(), projected ? Want({B, M, Hkv * D}) : std::nullopt);
+  check("v", c.v.shape(), projected ? Want({B, M, Hkv * Dv}) : std::nullopt);
+  check("attention output", c.ctx.shape(), Want({B, N, H * Dv}));
+  check("lse", c.lse.shape(), Want({B, H, N}));
   const std::array<int64_t, 3> want3{B, N, out_dim};
   const std::span<const int64_t> want(c.batched ? want3.data() : want3.data() + 1, c.batched ? 3 : 2);
   if (!std::equal(dy.shape().begin(), dy.shape().end(), want.begin(), want.end()))

@@ -39,12 +39,8 @@ T read_integer(const std::map<std::string, std::string>& meta, const std::string
   return value;
 }
 
-int64_t read_int(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
-  return read_integer<int64_t>(meta, key, path);
-}
-
 bool read_bool(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& path) {
-  const int64_t v = read_int(meta, key, path);
+  const int64_t v = read_integer<int64_t>(meta, key, path);
   if (v != 0 && v != 1) throw Error(fmt::format("{}: layer metadata qkv.{} = {} must be 0 or 1", path, key, v));
   return v == 1;
 }
@@ -173,11 +169,11 @@ MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   if (format->second != kFormat)
     throw Error(fmt::format("{}: unsupported layer format '{}' (expected '{}')", path, format->second, kFormat));
   LayerConfig c;
-  c.embed_dim = read_int(meta, "embed_dim", path);
-  c.num_heads = read_int(meta, "num_heads", path);
-  c.num_kv_heads = read_int(meta, "num_kv_heads", path);
-  c.head_dim = read_int(meta, "head_dim", path);
-  c.value_dim = read_int(meta, "value_dim", path);
+  c.embed_dim = read_integer<int64_t>(meta, "embed_dim", path);
+  c.num_heads = read_integer<int64_t>(meta, "num_heads", path);
+  c.num_kv_heads = read_integer<int64_t>(meta, "num_kv_heads", path);
+  c.head_dim = read_integer<int64_t>(meta, "head_dim", path);
+  c.value_dim = read_integer<int64_t>(meta, "value_dim", path);
   c.bias = read_bool(meta, "bias", path);
   c.output_projection = read_bool(meta, "output_projection", path);
   c.parameter_free = read_bool(meta, "parameter_free", path);

@@ -83,7 +83,7 @@ void Optimizer::step(const TensorMap& grads, double lr) {
   };
   // A finite learning rate or gradient can still take a weight or a moment past float32's range:
   // it would be stored as inf for good. The whole step is computed once to check, before anything changes.
-  auto fits = [](double x) { return std::isfinite(x) && !overflows_float32(x); };
+  auto fits = [](double x) { return std::isfinite(static_cast<float>(x)); };
   for (std::size_t k = 0; k < params_.size(); ++k)
     for (int64_t i = 0; i < first_[k].numel(); ++i) {
       const Next x = next(k, i);
