@@ -44,11 +44,11 @@ target_link_libraries(qkv_check_gtest PUBLIC Threads::Threads)
 # The fused forward's and backward's property cases, the decode kernel's tests (masks that hide
 # whole chunks among them) and their thread-count tests, dropout, packed sequences, the KV codec's
 # widening loads, the micro-kernel's column max, the sums over tens of thousands of keys, and the
-# backward's unread padding and renormalized rows, as in qkv_tests.
+# backward's unread padding and renormalized rows, and the lse's vector log, as in qkv_tests.
 add_executable(qkv_kernel_check tests/kernel_check/main.cpp tests/property_test.cpp tests/fused_test.cpp
   tests/fused_threads_test.cpp tests/backward_test.cpp tests/decode_test.cpp tests/decode_mask_test.cpp
   tests/dropout_test.cpp tests/varlen_test.cpp tests/kv_codec_test.cpp tests/microkernel_test.cpp
-  tests/long_sum_test.cpp tests/backward_unread_test.cpp tests/backward_renorm_test.cpp)
+  tests/long_sum_test.cpp tests/backward_unread_test.cpp tests/backward_renorm_test.cpp tests/row_log_test.cpp)
 target_include_directories(qkv_kernel_check PRIVATE tests)
 target_link_libraries(qkv_kernel_check PRIVATE qkv_cache qkv_attention qkv_kernels qkv_core qkv_check_gtest fmt::fmt
   OpenMP::OpenMP_CXX Threads::Threads ${CMAKE_DL_LIBS})

@@ -20,6 +20,7 @@
 #include "kernels/forward_pairs.h"
 #include "kernels/large_scores_screen.h"
 #include "kernels/microkernel.h"
+#include "kernels/row_log.h"
 #include "kernels/softmax_columns.h"
 #include "kernels/transpose_blocks.h"
 #include "kernels/value_block.h"
@@ -439,6 +440,8 @@ class ForwardTile {
     uint32_t nonfinite = 0;
     bool emptied = false;
     auto flag = [&](float x) { nonfinite |= (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u; };
+    std::array<double, kMaxTileRows> log_l;
+    log_rows<std::clamp(Ops::kLanes / 2, 1, 8)>(l_, log_l.data(), rows_);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
@@ -461,7 +464,7 @@ class ForwardTile {
       }
       // m + log(l) in float64, then rounded once for an fp32 lse: both forms say the same number.
       const double lse = masked ? -std::numeric_limits<double>::infinity()
-                                : static_cast<double>(m_[r]) + std::log(static_cast<double>(l_[r]));
+                                : static_cast<double>(m_[r]) + log_l[r];
       if (p_.lse != nullptr) p_.lse[p_.lse_stride.at(b_, h_, i)] = static_cast<float>(lse);
       if (p_.lse_wide != nullptr) p_.lse_wide[p_.lse_stride.at(b_, h_, i)] = lse;
       nonfinite |= !masked && !std::isfinite(lse);
