@@ -463,8 +463,7 @@ class ForwardTile {
         }
       }
       // m + log(l) in float64, then rounded once for an fp32 lse: both forms say the same number.
-      const double lse = masked ? -std::numeric_limits<double>::infinity()
-                                : static_cast<double>(m_[r]) + log_l[r];
+      const double lse = masked ? -std::numeric_limits<double>::infinity() : static_cast<double>(m_[r]) + log_l[r];
       if (p_.lse != nullptr) p_.lse[p_.lse_stride.at(b_, h_, i)] = static_cast<float>(lse);
       if (p_.lse_wide != nullptr) p_.lse_wide[p_.lse_stride.at(b_, h_, i)] = lse;
       nonfinite |= !masked && !std::isfinite(lse);
