@@ -3,9 +3,10 @@
 // Written with GCC vectors of any width (the family's), so every family builds it.
 #pragma once
 
-#include <bit>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace qkv::kernels {
 namespace {  // each family's translation unit keeps its own copy, built for its instruction set
@@ -14,6 +15,8 @@ template <int Lanes>
 struct LogLanes {
   typedef double D __attribute__((vector_size(Lanes * sizeof(double))));
   typedef int64_t I __attribute__((vector_size(Lanes * sizeof(double))));
+  typedef float F __attribute__((vector_size(Lanes * sizeof(float))));
+  static_assert(sizeof(D) == Lanes * sizeof(double) && sizeof(F) == Lanes * sizeof(float));
 };
 
 // x = log(x) for positive normal x, within 2 ulp of float64 (tests/row_log_test.cpp): x = 2^k · f with
@@ -41,15 +44,25 @@ template <int Lanes>
 template <int Lanes>
 void log_rows(const float* x, double* out, int64_t n) {
   using D = typename LogLanes<Lanes>::D;
+  using F = typename LogLanes<Lanes>::F;
   for (int64_t r0 = 0; r0 < n; r0 += Lanes) {
-    D v;
-    for (int j = 0; j < Lanes; ++j) v[j] = r0 + j < n ? static_cast<double>(x[r0 + j]) : 1.0;
+    F xf;
+    if (r0 + Lanes <= n) {
+      std::memcpy(&xf, x + r0, sizeof xf);
+    } else {
+      for (int j = 0; j < Lanes; ++j) xf[j] = r0 + j < n ? x[r0 + j] : 1.0f;
+    }
+    const D v = __builtin_convertvector(xf, D);
     D y = v;
     log_normal<Lanes>(y);
-    for (int j = 0; j < Lanes && r0 + j < n; ++j) {
-      const double xj = v[j];
-      out[r0 + j] = xj >= 0x1p-1022 && xj <= 0x1p1023 ? y[j] : std::log(xj);
-    }
+    const auto normal = (v >= 0x1p-1022) & (v <= 0x1p1023);  // false for NaN
+    int64_t all = -1;
+    for (int j = 0; j < Lanes; ++j) all &= normal[j];
+    if (all == 0)
+      for (int j = 0; j < Lanes; ++j)
+        if (!normal[j]) y[j] = std::log(v[j]);
+    const int64_t m = std::min<int64_t>(Lanes, n - r0);
+    std::memcpy(out + r0, &y, static_cast<std::size_t>(m) * sizeof(double));
   }
 }
 
