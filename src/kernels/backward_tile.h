@@ -319,10 +319,15 @@ class BackwardTile : BackwardOps<Ops> {
     int8_t& separates = separates_[row / T];  // set for the head only when refine_, as may_screen needs
     if (may_screen && separates == 0 && row >= T && separates_[row / T - 1] > 0) separates = 1;
     const bool screen = may_screen && separates > 0;
+    // The scale is a rounding of its own, as in the forward: never fused with lse. Where nothing
+    // reads the scores before their weights (renormalize() reads their max), probabilities()
+    // applies it as it loads them.
+    scale_pending_ = extent == Refine::none && !elementwise_ && !renorm_tile_;
     if (extent != Refine::every || screen) {
       product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
-      const V scale = Ops::set1(p_.scale);  // a pass of its own, as in the forward: never fused
-      for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
+      const V scale = Ops::set1(p_.scale);
+      if (!scale_pending_)
+        for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
     }
     lo_pair_ = extent != Refine::none;  // then slo_ holds the refined scores' low parts
     if (lo_pair_ && !(screen && near_lse(row, rows, j0, qp, kr))) {
@@ -411,7 +416,7 @@ class BackwardTile : BackwardOps<Ops> {
   // st: the logits on entry (scale·(q·kᵀ) without elementwise masks), P = exp(logit − lse) on exit,
   // 0 outside the band (and past the keys).
   void probabilities(int64_t rows) {
-    const V log2e = Ops::set1(kLog2e);
+    const V log2e = Ops::set1(kLog2e), scale = Ops::set1(scale_pending_ ? p_.scale : 1.0f);  // 1: exact
     for (int64_t r = 0; r < rows; ++r) {
       float* st = st_ + r * T;
       const V lse = Ops::set1(lse_[r]), lse_lo = Ops::set1(lse_lo_[r]);
@@ -419,7 +424,7 @@ class BackwardTile : BackwardOps<Ops> {
       const bool banded = !elementwise_ && !interior_;
       const float* slo = slo_ + r * T;
       for (int64_t c = 0; c < T; c += L) {
-        V arg = Ops::sub(Ops::load(st + c), lse);
+        V arg = Ops::sub(Ops::mul(Ops::load(st + c), scale), lse);
         if (lo_pair_) arg = Ops::add(arg, Ops::load(slo + c));  // the score's low part, as the forward
         V x = Ops::mul(Ops::sub(arg, lse_lo), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
@@ -512,6 +517,7 @@ class BackwardTile : BackwardOps<Ops> {
   int64_t b_, hk_, chunk_, group_;
   int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
   bool elementwise_ = false, interior_ = false;
+  bool scale_pending_ = false;  // st_ holds the pair's products unscaled (scores(), probabilities())
   uint32_t worst_ = 0;          // the largest exponent field of a gradient written (exponent_bits)
   bool refine_ = false;         // whether a score of the head's chunk may pass large_scores.h's bound
   bool k_sizes_ready_ = false;  // k_sizes_ holds this task's |k| of each key
