@@ -325,9 +325,10 @@ class BackwardTile : BackwardOps<Ops> {
     scale_pending_ = extent == Refine::none && !elementwise_ && !renorm_tile_;
     if (extent != Refine::every || screen) {
       product(st_, T, qp, dp_, 1, kt, T, nullptr, s_.D, rows, T);
-      const V scale = Ops::set1(p_.scale);
-      if (!scale_pending_)
+      if (!scale_pending_) {
+        const V scale = Ops::set1(p_.scale);
         for (int64_t x = 0; x < rows * T; x += L) Ops::store(st_ + x, Ops::mul(Ops::load(st_ + x), scale));
+      }
     }
     lo_pair_ = extent != Refine::none;  // then slo_ holds the refined scores' low parts
     if (lo_pair_ && !(screen && near_lse(row, rows, j0, qp, kr))) {

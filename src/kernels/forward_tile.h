@@ -441,7 +441,7 @@ class ForwardTile {
     bool emptied = false;
     auto flag = [&](float x) { nonfinite |= (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u; };
     std::array<double, kMaxTileRows> log_l;
-    log_rows<std::clamp(Ops::kLanes / 2, 1, 8)>(l_, log_l.data(), rows_);
+    log_rows<kDoubleLanes<Ops>>(l_, log_l.data(), rows_);
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "kernels/large_scores_room.h"
+#include "kernels/register_vectors.h"
 
 namespace qkv::kernels {
 namespace {
@@ -171,20 +172,12 @@ inline Refine refine_extent(const float* size_a, int64_t rows, const float* size
 
 constexpr float kLowPartLimit = 65536.0f;  // refine_scores keeps low parts of scores below this
 
-// Doubles in one of a family's vector registers (Ops::kLanes floats; at least one double), as a
-// GCC vector type. Wide itself is 64 bytes: where that is wider than a register, GCC lowered its
-// arithmetic element by element through the stack, and S3 with q·50 ran 15x slower than with
-// ordinary scores on AVX2 (Zen 3, measured). The sums run in this type instead. A typedef, not
-// `using`: g++ 12 drops a dependent vector_size from an alias declaration and leaves a plain
-// double, which summed one element at a time (S3 with q·50 10x slower on a Zen 5); the
-// static_assert keeps that from passing silently.
-template <int Bytes>
-struct RegisterDoubles {
-  typedef double type __attribute__((vector_size(Bytes)));
-  static_assert(sizeof(type) == Bytes);
-};
+// Doubles in one of a family's vector registers, as a GCC vector type. Wide itself is 64 bytes:
+// where that is wider than a register, GCC lowered its arithmetic element by element through the
+// stack, and S3 with q·50 ran 15x slower than with ordinary scores on AVX2 (Zen 3, measured). The
+// sums run in this type instead.
 template <class Ops>
-using DoubleReg = typename RegisterDoubles<std::clamp(4 * Ops::kLanes, 8, 64)>::type;
+using DoubleReg = typename RegisterVector<double, kDoubleLanes<Ops>>::type;
 
 // Registers of doubles one pass of wide_dots sums per row: as many as kRefineRows rows of them
 // keep in the registers a family's micro-tile keeps its accumulators in (Ops::kRows x Ops::kVecs).

@@ -30,13 +30,6 @@ inline void near_max_margins(const float* q_sizes, int64_t lanes, float k_bound,
   }
 }
 
-// Floats in the lanes of DoubleReg<Ops>, to widen into it.
-template <int Lanes>
-struct RegisterFloats {
-  typedef float type __attribute__((vector_size(4 * Lanes)));
-  static_assert(sizeof(type) == 4 * Lanes);
-};
-
 // Σ_d a[d]·b[d] for d < n in double (exact products): eight partial sums, d mod 8, added in one
 // fixed tree, then the last n mod 8 terms in order. The same bits in every family, whatever the
 // width of its registers (each holds a run of the eight).
@@ -44,7 +37,7 @@ template <class Ops>
 double near_max_dot(const float* a, const float* b, int64_t n) {
   using D = DoubleReg<Ops>;
   constexpr int W = sizeof(D) / sizeof(double), R = 8 / W;
-  using F = typename RegisterFloats<W>::type;
+  using F = typename RegisterVector<float, W>::type;  // to widen into D
   D sum[R];
   for (int v = 0; v < R; ++v) sum[v] = D{};
   int64_t d = 0;

@@ -8,24 +8,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/register_vectors.h"
+
 namespace qkv::kernels {
 namespace {  // each family's translation unit keeps its own copy, built for its instruction set
-
-template <int Lanes>
-struct LogLanes {
-  typedef double D __attribute__((vector_size(Lanes * sizeof(double))));
-  typedef int64_t I __attribute__((vector_size(Lanes * sizeof(double))));
-  typedef float F __attribute__((vector_size(Lanes * sizeof(float))));
-  static_assert(sizeof(D) == Lanes * sizeof(double) && sizeof(F) == Lanes * sizeof(float));
-};
 
 // x = log(x) for positive normal x, within 2 ulp of float64 (tests/row_log_test.cpp): x = 2^k · f with
 // f in [√½, √2), log f = 2·atanh(s) with s = (f − 1)/(f + 1), |s| ≤ 0.1716, whose series to s^21
 // leaves under 2^-54. k·ln2 is split so that its high part is exact for any k of a double.
 template <int Lanes>
-[[gnu::always_inline]] inline void log_normal(typename LogLanes<Lanes>::D& x) {
-  using D = typename LogLanes<Lanes>::D;
-  using I = typename LogLanes<Lanes>::I;
+[[gnu::always_inline]] inline void log_normal(typename RegisterVector<double, Lanes>::type& x) {
+  using D = typename RegisterVector<double, Lanes>::type;
+  using I = typename RegisterVector<int64_t, Lanes>::type;
   constexpr int64_t kSqrtHalf = 0x3fe6a09e667f3bcd;  // the bits of √½
   const I bits = reinterpret_cast<I>(x);
   const I k = (bits - kSqrtHalf) >> 52;  // x's binary exponent, one more where f would pass √2
@@ -43,8 +37,8 @@ template <int Lanes>
 // out[r] = log(x[r]) for r < n; NaN, infinities, zeros, negatives and subnormals get std::log's.
 template <int Lanes>
 void log_rows(const float* x, double* out, int64_t n) {
-  using D = typename LogLanes<Lanes>::D;
-  using F = typename LogLanes<Lanes>::F;
+  using D = typename RegisterVector<double, Lanes>::type;
+  using F = typename RegisterVector<float, Lanes>::type;
   for (int64_t r0 = 0; r0 < n; r0 += Lanes) {
     F xf;
     if (r0 + Lanes <= n) {
@@ -55,14 +49,9 @@ void log_rows(const float* x, double* out, int64_t n) {
     const D v = __builtin_convertvector(xf, D);
     D y = v;
     log_normal<Lanes>(y);
-    const auto normal = (v >= 0x1p-1022) & (v <= 0x1p1023);  // false for NaN
-    int64_t all = -1;
-    for (int j = 0; j < Lanes; ++j) all &= normal[j];
-    if (all == 0)
-      for (int j = 0; j < Lanes; ++j)
-        if (!normal[j]) y[j] = std::log(v[j]);
-    const int64_t m = std::min<int64_t>(Lanes, n - r0);
-    std::memcpy(out + r0, &y, static_cast<std::size_t>(m) * sizeof(double));
+    for (int j = 0; j < Lanes; ++j)
+      if (!(v[j] >= 0x1p-1022 && v[j] <= 0x1p1023)) y[j] = std::log(v[j]);  // NaN fails both tests
+    std::memcpy(out + r0, &y, static_cast<std::size_t>(std::min<int64_t>(Lanes, n - r0)) * sizeof(double));
   }
 }
 
