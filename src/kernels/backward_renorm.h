@@ -30,9 +30,10 @@ void BackwardTile<Ops>::renormalize(int64_t h) {
     for (int64_t i0 = r0_; i0 < r1_; i0 += T) {
       const int64_t row = i0 - r0_, rows = std::min(T, r1_ - i0);
       if (std::none_of(renorm_ + row, renorm_ + row + rows, [](int8_t x) { return x != 0; })) continue;
+      tile_rows(h, i0, rows);
       for (int64_t t = 0; t * T < keys; ++t) {
         const int64_t jt = j0 + t * T, cols = std::min(T, keys - t * T);
-        if (!tile_bands(h, i0, rows, jt, cols)) continue;
+        if (!tile_bands(rows, jt, cols)) continue;
         scores(h, i0, rows, jt, cols, t);
         // Each renormalized row's running max takes the tile's, its sum rescaled to it; then the
         // tile's exp(logit − max) through probabilities() itself, summed in double.

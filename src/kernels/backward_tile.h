@@ -210,9 +210,11 @@ class BackwardTile : BackwardOps<Ops> {
   // each against the group's key tiles in order.
   void key_group(int64_t h, int64_t j0, int64_t keys) {
     pack_keys(j0, keys);
-    for (int64_t i0 = r0_; i0 < r1_; i0 += T)
+    for (int64_t i0 = r0_; i0 < r1_; i0 += T) {
+      tile_rows(h, i0, std::min(T, r1_ - i0));
       for (int64_t t = 0; t * T < keys; ++t)
         pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
+    }
   }
 
   // kᵀ, vᵀ and k of each key tile of keys [j0, j0 + keys) (tile t in slot t).
@@ -233,19 +235,18 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // Per-row bands of one query tile against keys [j0, j0 + cols); returns false if no row sees
-  // any of them. A row with lse = -inf had no allowed key in the forward: it is treated as dead.
-  bool tile_bands(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    bool any = false;
-    interior_ = true;
+  // What the rows of query tile [i0, i0 + rows) of head h keep for every key tile: whether each
+  // is live, its band, lse and whether it sees a single key. A row with lse = -inf had no allowed
+  // key in the forward: it is treated as dead.
+  void tile_rows(int64_t h, int64_t i0, int64_t rows) {
     renorm_tile_ = false;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
       const double lse = row_lse(h, i);
       const bool live = this->live(h, i);
-      lo_[r] = live ? std::clamp<int64_t>(band.lo - j0, -1, T + 1) : 0;
-      hi_[r] = live ? std::clamp<int64_t>(band.hi - j0, -1, cols) : 0;
+      live_[r] = live;
+      band_lo_[r] = band.lo, band_hi_[r] = band.hi;
       // lse as hi + lo floats (lo = 0 for an fp32 lse): S − hi is exact for the keys that matter,
       // then − lo restores lse's bits below fp32 (dead rows: every logit is -inf, so P = 0).
       lse_[r] = live ? static_cast<float>(lse) : 0.0f;
@@ -258,6 +259,17 @@ class BackwardTile : BackwardOps<Ops> {
       // A softmax over one key is the constant 1: its logit's gradient is exactly 0, which the
       // rounding of out and lse would otherwise leave as noise in dq and dk.
       single_[r] = p_.whole_rows && live && band.hi - band.lo == 1;
+    }
+  }
+
+  // Per-row bands of the query tile of tile_rows against keys [j0, j0 + cols); returns false if
+  // no row sees any of them.
+  bool tile_bands(int64_t rows, int64_t j0, int64_t cols) {
+    bool any = false;
+    interior_ = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      lo_[r] = live_[r] ? std::clamp<int64_t>(band_lo_[r] - j0, -1, T + 1) : 0;
+      hi_[r] = live_[r] ? std::clamp<int64_t>(band_hi_[r] - j0, -1, cols) : 0;
       any |= lo_[r] < hi_[r];
       interior_ &= lo_[r] <= 0 && hi_[r] >= T;
     }
@@ -277,9 +289,8 @@ class BackwardTile : BackwardOps<Ops> {
   // noinline and scores always_inline: the layout GCC gave the pair when it was one function
   // (inlined into the key loop and calling scores, it ran 2-3% slower on S2-S4).
   __attribute__((noinline)) void pair(int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t t) {
-    if (!tile_bands(h, i0, rows, j0, cols)) return;
+    if (!tile_bands(rows, j0, cols)) return;
     scores(h, i0, rows, j0, cols, t);
-    probabilities(rows);
     const float* vt = slot(vt_, t, dvp_);
     const float* kr = slot(k_, t, dp_);
     const int64_t row = i0 - r0_;
@@ -414,12 +425,13 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // st: the logits on entry (scale·(q·kᵀ) without elementwise masks), P = exp(logit − lse) on exit,
-  // 0 outside the band (and past the keys).
-  void probabilities(int64_t rows) {
+  // P = exp(logit − lse) of each vector of st's rows (the logits: scale·(q·kᵀ) without
+  // elementwise masks), 0 outside the band (and past the keys), given to f(r, c, P).
+  template <class F>
+  __attribute__((always_inline)) void for_each_weight(int64_t rows, F&& f) {
     const V log2e = Ops::set1(kLog2e), scale = Ops::set1(scale_pending_ ? p_.scale : 1.0f);  // 1: exact
     for (int64_t r = 0; r < rows; ++r) {
-      float* st = st_ + r * T;
+      const float* st = st_ + r * T;
       const V lse = Ops::set1(lse_[r]), lse_lo = Ops::set1(lse_lo_[r]);
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
       const bool banded = !elementwise_ && !interior_;
@@ -429,25 +441,27 @@ class BackwardTile : BackwardOps<Ops> {
         if (lo_pair_) arg = Ops::add(arg, Ops::load(slo + c));  // the score's low part, as the forward
         V x = Ops::mul(Ops::sub(arg, lse_lo), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
-        Ops::store(st + c, Ops::exp2(x));
+        f(r, c, Ops::exp2(x));
       }
     }
   }
 
-  // ds: dout·vᵀ on entry, dL/d(scaled score) on exit: dS = P ∘ (dP − D), written to dbias
-  // (= dL/dlogit) when asked, then times softcap's derivative.
+  // st: the logits on entry, P on exit (for_each_weight).
+  void probabilities(int64_t rows) {
+    for_each_weight(rows, [this](int64_t r, int64_t c, V pv) { Ops::store(st_ + r * T + c, pv); });
+  }
+
+  // st: the logits on entry, P on exit, as probabilities() leaves them; ds: dout·vᵀ on entry,
+  // dL/d(scaled score) on exit: dS = P ∘ (dP − D), written to dbias (= dL/dlogit) when asked,
+  // then times softcap's derivative. P and dS in one pass, while P is in registers.
   void logit_grads(int64_t row, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     V pmax = Ops::zero();
-    for (int64_t r = 0; r < rows; ++r) {
-      float* ds = ds_ + r * T;
-      const float* pr = st_ + r * T;
-      const V dot = Ops::set1(row_dot_[row + r]);
-      for (int64_t c = 0; c < T; c += L) {
-        const V pv = Ops::load(pr + c);
-        pmax = Ops::max(pmax, pv);
-        Ops::store(ds + c, Ops::mul(pv, Ops::sub(Ops::load(ds + c), dot)));
-      }
-    }
+    for_each_weight(rows, [&](int64_t r, int64_t c, V pv) {
+      Ops::store(st_ + r * T + c, pv);
+      pmax = Ops::max(pmax, pv);
+      float* ds = ds_ + r * T + c;
+      Ops::store(ds, Ops::mul(pv, Ops::sub(Ops::load(ds), Ops::set1(row_dot_[row + r]))));
+    });
     // Each row's largest P, when a row may hold a heavy or dominant key (rare unless the softmax is
     // near one-hot or q is large).
     const bool any_dominant = exceeds_half(pmax);
@@ -535,8 +549,10 @@ class BackwardTile : BackwardOps<Ops> {
   float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
       *iota_;
   float *dk_head_, *dv_head_, *dk_sum_ = nullptr, *dv_sum_ = nullptr;  // dk_sum_, dv_sum_: the current head's
-  // Band of each row of the current query tile relative to j0 (clamped), and its lse.
-  std::array<int64_t, T> lo_{}, hi_{};
+  // Per row of the current query tile (tile_rows): whether it is live and its band of keys; then
+  // the band relative to the current key tile's j0 (clamped, tile_bands), and its lse.
+  std::array<bool, T> live_{};
+  std::array<int64_t, T> band_lo_{}, band_hi_{}, lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
   std::array<float, T> ka_{};        // |k| of the current key tile's keys (0 past them), for refine_large
   double* wide_;                     // refine_large's kᵀ and q rows in double (refine_room(D))
