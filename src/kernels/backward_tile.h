@@ -430,15 +430,17 @@ class BackwardTile : BackwardOps<Ops> {
   template <class F>
   __attribute__((always_inline)) void for_each_weight(int64_t rows, F&& f) {
     const V log2e = Ops::set1(kLog2e), scale = Ops::set1(scale_pending_ ? p_.scale : 1.0f);  // 1: exact
+    const bool banded = !elementwise_ && !interior_, lo_pair = lo_pair_;
+    const float* const st0 = st_;
+    const float* const slo0 = slo_;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* st = st_ + r * T;
+      const float* st = st0 + r * T;
       const V lse = Ops::set1(lse_[r]), lse_lo = Ops::set1(lse_lo_[r]);
       const V lo = Ops::set1(static_cast<float>(lo_[r])), hi = Ops::set1(static_cast<float>(hi_[r]));
-      const bool banded = !elementwise_ && !interior_;
-      const float* slo = slo_ + r * T;
+      const float* slo = slo0 + r * T;
       for (int64_t c = 0; c < T; c += L) {
         V arg = Ops::sub(Ops::mul(Ops::load(st + c), scale), lse);
-        if (lo_pair_) arg = Ops::add(arg, Ops::load(slo + c));  // the score's low part, as the forward
+        if (lo_pair) arg = Ops::add(arg, Ops::load(slo + c));  // the score's low part, as the forward
         V x = Ops::mul(Ops::sub(arg, lse_lo), log2e);
         if (banded) x = Ops::band_mask(x, Ops::load(iota_ + c), lo, hi);
         f(r, c, Ops::exp2(x));
@@ -446,9 +448,11 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // st: the logits on entry, P on exit (for_each_weight).
+  // st: the logits on entry, P on exit (for_each_weight). The callers' buffers are locals: each
+  // vector store may alias the members, which were reloaded at every one.
   void probabilities(int64_t rows) {
-    for_each_weight(rows, [this](int64_t r, int64_t c, V pv) { Ops::store(st_ + r * T + c, pv); });
+    float* const st = st_;
+    for_each_weight(rows, [st](int64_t r, int64_t c, V pv) { Ops::store(st + r * T + c, pv); });
   }
 
   // st: the logits on entry, P on exit, as probabilities() leaves them; ds: dout·vᵀ on entry,
@@ -456,11 +460,14 @@ class BackwardTile : BackwardOps<Ops> {
   // then times softcap's derivative. P and dS in one pass, while P is in registers.
   void logit_grads(int64_t row, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     V pmax = Ops::zero();
-    for_each_weight(rows, [&](int64_t r, int64_t c, V pv) {
-      Ops::store(st_ + r * T + c, pv);
+    float* const st = st_;
+    float* const ds = ds_;
+    const float* const dots = row_dot_ + row;
+    for_each_weight(rows, [&pmax, st, ds, dots](int64_t r, int64_t c, V pv) {
+      Ops::store(st + r * T + c, pv);
       pmax = Ops::max(pmax, pv);
-      float* ds = ds_ + r * T + c;
-      Ops::store(ds, Ops::mul(pv, Ops::sub(Ops::load(ds), Ops::set1(row_dot_[row + r]))));
+      float* d = ds + r * T + c;
+      Ops::store(d, Ops::mul(pv, Ops::sub(Ops::load(d), Ops::set1(dots[r]))));
     });
     // Each row's largest P, when a row may hold a heavy or dominant key (rare unless the softmax is
     // near one-hot or q is large).
