@@ -235,9 +235,9 @@ class BackwardTile : BackwardOps<Ops> {
     }
   }
 
-  // What the rows of query tile [i0, i0 + rows) of head h keep for every key tile: whether each
-  // is live, its band, lse and whether it sees a single key. A row with lse = -inf had no allowed
-  // key in the forward: it is treated as dead.
+  // What the rows of query tile [i0, i0 + rows) of head h keep for every key tile: the band, lse
+  // and whether the row sees a single key. A row with lse = -inf had no allowed key in the
+  // forward: it is treated as dead, with no band.
   void tile_rows(int64_t h, int64_t i0, int64_t rows) {
     renorm_tile_ = false;
     for (int64_t r = 0; r < rows; ++r) {
@@ -245,8 +245,7 @@ class BackwardTile : BackwardOps<Ops> {
       const detail::KeyBand& band = p_.bands[b_ * s_.N + i];
       const double lse = row_lse(h, i);
       const bool live = this->live(h, i);
-      live_[r] = live;
-      band_lo_[r] = band.lo, band_hi_[r] = band.hi;
+      band_lo_[r] = live ? band.lo : 0, band_hi_[r] = live ? band.hi : 0;
       // lse as hi + lo floats (lo = 0 for an fp32 lse): S − hi is exact for the keys that matter,
       // then − lo restores lse's bits below fp32 (dead rows: every logit is -inf, so P = 0).
       lse_[r] = live ? static_cast<float>(lse) : 0.0f;
@@ -268,8 +267,8 @@ class BackwardTile : BackwardOps<Ops> {
     bool any = false;
     interior_ = true;
     for (int64_t r = 0; r < rows; ++r) {
-      lo_[r] = live_[r] ? std::clamp<int64_t>(band_lo_[r] - j0, -1, T + 1) : 0;
-      hi_[r] = live_[r] ? std::clamp<int64_t>(band_hi_[r] - j0, -1, cols) : 0;
+      lo_[r] = std::clamp<int64_t>(band_lo_[r] - j0, -1, T + 1);
+      hi_[r] = std::clamp<int64_t>(band_hi_[r] - j0, -1, cols);
       any |= lo_[r] < hi_[r];
       interior_ &= lo_[r] <= 0 && hi_[r] >= T;
     }
@@ -556,9 +555,9 @@ class BackwardTile : BackwardOps<Ops> {
   float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
       *iota_;
   float *dk_head_, *dv_head_, *dk_sum_ = nullptr, *dv_sum_ = nullptr;  // dk_sum_, dv_sum_: the current head's
-  // Per row of the current query tile (tile_rows): whether it is live and its band of keys; then
-  // the band relative to the current key tile's j0 (clamped, tile_bands), and its lse.
-  std::array<bool, T> live_{};
+  // Per row of the current query tile (tile_rows): its band of keys (empty for a dead row); then
+  // the band relative to the current key tile's j0 (clamped, tile_bands: empty when lo >= hi),
+  // and its lse.
   std::array<int64_t, T> band_lo_{}, band_hi_{}, lo_{}, hi_{};
   std::array<float, T> lse_{}, lse_lo_{};
   std::array<float, T> ka_{};        // |k| of the current key tile's keys (0 past them), for refine_large
