@@ -1,6 +1,7 @@
 // train_lookup: the training loop of the lookup task, its checkpoints and its evaluation.
 // Everything that shapes the trajectory (weights, AdamW state, step, the sampler's RNG state) goes
 // into the checkpoint, so a resumed run repeats the uninterrupted one bit for bit.
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -106,8 +107,13 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
           fmt::format("checkpoint {} was written with {}={} but this run has {}={}; resume with the same settings",
                       c.checkpoint, key.substr(6), theirs, key.substr(6), value));
   }
+  // All of train.step, a whole number in [0, steps].
   int64_t step = -1;
-  if (meta.count("train.step")) step = std::strtoll(meta.at("train.step").c_str(), nullptr, 10);
+  if (const auto it = meta.find("train.step"); it != meta.end()) {
+    const char* end = it->second.data() + it->second.size();
+    const auto [ptr, ec] = std::from_chars(it->second.data(), end, step);
+    if (ec != std::errc() || ptr != end || it->second.empty()) step = -1;
+  }
   if (step < 0 || step > c.steps || !meta.count("train.rng"))
     throw Error(fmt::format("checkpoint {} has no valid train.step / train.rng entries", c.checkpoint));
   for (const auto& [name, t] : s.layer.parameters()) {
@@ -115,6 +121,10 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
     if (it == ck.tensors.end() ||
         !std::equal(t->shape().begin(), t->shape().end(), it->second.shape().begin(), it->second.shape().end()))
       throw Error(fmt::format("checkpoint {}: weight {} is missing or has the wrong shape", c.checkpoint, name));
+    // Training never writes one (a step refuses non-finite gradients), so the file was changed.
+    if (const auto bad = find_non_finite(it->second.cview()))
+      throw Error(fmt::format("checkpoint {}: weight {}{} = {} must be finite", c.checkpoint, name,
+                              shape_string(bad->index), bad->value));
   }
   s.optimizer.load_state(ck.tensors, step);
   for (const auto& [name, t] : s.layer.parameters()) *t = std::move(ck.tensors.at(name));
