@@ -164,7 +164,9 @@ TEST(Embeddings, LookupIsExactThenLowercaseAndDuplicatesKeepTheFirst) {
 
 TEST(Embeddings, GloveWordsWithSpacesAndOtherTextVariants) {
   TempDir dir;
-  write_raw(dir.file("g.txt"), ". . . 0.5 -1e-3\nat\tname@domain.com +2 1E2\r\nx 1e-50 3\n");
+  // Underflow however long the number: 1e-50, and 1e-200 written out in full.
+  write_raw(dir.file("g.txt"),
+            ". . . 0.5 -1e-3\nat\tname@domain.com +2 1E2\r\nx 1e-50 3\ny 1 0." + std::string(199, '0') + "1\n");
   Embeddings emb = Embeddings::load(dir.file("g.txt"));
   ASSERT_EQ(emb.dim(), 2);
   EXPECT_EQ(emb.word(0), ". . .");
@@ -173,6 +175,7 @@ TEST(Embeddings, GloveWordsWithSpacesAndOtherTextVariants) {
   EXPECT_EQ(emb.vector(1)[0], 2.0f);
   EXPECT_EQ(emb.vector(1)[1], 100.0f);
   EXPECT_EQ(emb.vector(2)[0], 0.0f);  // underflow to zero is not an error
+  EXPECT_EQ(emb.vector(3)[1], 0.0f);
 }
 
 TEST(Embeddings, ConstructorChecksShapeAndValues) {
@@ -210,7 +213,12 @@ TEST(Embeddings, MalformedTextIsRefusedWithFileAndLine) {
       {"w2v_ragged", "2 3\na 1 2 3\nb 1 2\n", {"line 3: expected 3 values, found 2"}},
       {"w2v_huge_rows", "1000000000000 3\na 1 2 3\n", {"declares 1000000000000 words but the file has 1 rows"}},
       {"w2v_huge_dim", "1 1000000000\na 1 2 3\n", {"1 rows of 1000000000 values need at least 2000000001 bytes"}},
-      {"w2v_overflow", "99999999999999999999999 3\na 1 2 3\n", {"declares 9223372036854775807 words"}},
+      {"w2v_overflow",
+       "99999999999999999999999 3\na 1 2 3\n",
+       {"line 1: the header declares 99999999999999999999999 words of 3 dimensions, more than any file holds"}},
+      {"w2v_overflow_dim", "2 9223372036854775807\na 1 2 3\n", {"declares 2 words of 9223372036854775807 dimensions"}},
+      // Underflow reads as zero however the number is written; only overflow is out of range.
+      {"range_long", "a 1 2 1" + std::string(200, '0') + "\n", {"line 1: value 3 of \"a\" (\"1000"}},
       {"not_w2v", "a 1 2 3\n", {"line 1: expected a word2vec header"}, EmbeddingFormat::word2vec_text},
   };
   for (const BadFile& c : cases) {

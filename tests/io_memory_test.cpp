@@ -47,7 +47,8 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
   const uint64_t ram = physical_memory();
   const uint64_t n = ram / 4 + (uint64_t{1} << 28);  // float32 values: RAM + 1 GiB
   const uint64_t bytes_n = ram / 2;                  // uint8 values read as float32: 2x RAM
-  const uint64_t words = ram / 32 + 1;               // one-float word2vec words: 36 bytes each
+  // One-float word2vec words: 180 bytes each (the value, a std::string, two lookup-table entries).
+  const uint64_t words = ram / 160 + 1;
   const std::vector<Case> cases = {
       {"f4.npy", test::npy_header("<f4", fmt::format("({},)", n)), 4 * n,
        [](const std::string& p) { load_npy<float>(p); }, 4 * n},
@@ -58,7 +59,7 @@ TEST(IoMemory, SparseFilesDeclaringMoreThanPhysicalMemoryAreRefusedClearly) {
       {"u8.safetensors", safetensors_header("U8", bytes_n, bytes_n), bytes_n,
        [](const std::string& p) { load_safetensors(p); }, 4 * bytes_n},
       {"w2v.bin", fmt::format("{} 1\n", words), 6 * words, [](const std::string& p) { Embeddings::load(p); },
-       words * (4 + sizeof(std::string))},
+       words * 180},
   };
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (const Case& c : cases) {

@@ -79,12 +79,8 @@ NumberStatus parse_float(std::string_view token, float* out) {
   if (token.size() > 1 && token[0] == '+' && token[1] != '-' && token[1] != '+') token.remove_prefix(1);
   auto [ptr, ec] = std::from_chars(token.data(), token.data() + token.size(), *out);
   if (ptr != token.data() + token.size() || ec == std::errc::invalid_argument) return NumberStatus::not_a_number;
-  if (ec == std::errc::result_out_of_range) {
-    char buf[128];
-    if (token.size() >= sizeof buf) return NumberStatus::out_of_range;
-    std::memcpy(buf, token.data(), token.size());
-    buf[token.size()] = '\0';
-    double v = std::strtod(buf, nullptr);
+  if (ec == std::errc::result_out_of_range) {  // rare: the copy for strtod costs nothing overall
+    const double v = std::strtod(std::string(token).c_str(), nullptr);
     if (std::fabs(v) > std::numeric_limits<float>::max()) return NumberStatus::out_of_range;
     *out = static_cast<float>(v);
   }
@@ -162,10 +158,14 @@ struct Loaded {
   Tensor<float> matrix;
 };
 
-// What Loaded takes for `rows` words of `dim` floats (the words' own characters aside).
+// What the vocabulary takes for `rows` words of `dim` floats, the words' own characters aside:
+// the matrix, a std::string per word, and the word's entry in each of Embeddings' two lookup
+// tables (a hash node of about 64 bytes with the allocator's header, and a bucket). Short words
+// make the tables most of it: 4 million one-float rows took 624 MB.
 unsigned __int128 matrix_and_words_bytes(int64_t rows, int64_t dim) {
+  constexpr std::size_t kLookupBytesPerWord = 2 * (64 + sizeof(void*));
   return static_cast<unsigned __int128>(rows) *
-         (static_cast<unsigned __int128>(dim) * sizeof(float) + sizeof(std::string));
+         (static_cast<unsigned __int128>(dim) * sizeof(float) + sizeof(std::string) + kLookupBytesPerWord);
 }
 
 // Refuses a row count and width the file cannot hold before the matrix is allocated: a text row
@@ -314,7 +314,7 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
 bool parse_count(std::string_view token, int64_t* out) {
   if (token.empty() || !std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return false;
-  // A count too large for int64 is still a header; the size checks then refuse it.
+  // A count too large for int64 is still a header, read as int64's max (load refuses it).
   auto [ptr, ec] = std::from_chars(token.data(), token.data() + token.size(), *out);
   if (ec == std::errc::result_out_of_range) *out = std::numeric_limits<int64_t>::max();
   return ptr == token.data() + token.size();
@@ -389,6 +389,10 @@ Embeddings Embeddings::load(const std::string& path, EmbeddingFormat format, Inv
     if (!has_header)
       throw Error(fmt::format("{}: line 1: expected a word2vec header \"<words> <dimensions>\", found {}", path,
                               quoted(first.text)));
+    constexpr int64_t kTooLarge = std::numeric_limits<int64_t>::max();
+    if (rows == kTooLarge || dim == kTooLarge)
+      throw Error(fmt::format("{}: line 1: the header declares {} words of {} dimensions, more than any file holds",
+                              path, head[0], head[1]));
     if (rows == 0) throw Error(fmt::format("{}: line 1: the header declares an empty vocabulary (0 words)", path));
     if (dim == 0) throw Error(fmt::format("{}: line 1: the header declares vectors of 0 dimensions", path));
   }

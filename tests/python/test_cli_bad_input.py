@@ -434,7 +434,8 @@ def _asan_binary(path):
 def test_declared_size_beyond_physical_memory_is_refused(qkv_bin, tmp_path, seed, kind):
     """A sparse file consistent with its header that declares more than the machine's RAM: one line
     stating both sizes, not an allocation failure or the OOM killer. The word2vec case is a file
-    smaller than RAM whose 36 bytes per one-float word (string + value) exceed it."""
+    smaller than RAM whose 180 bytes per one-float word (value, string, two lookup-table entries)
+    exceed it."""
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
     rng = np.random.default_rng(seed)
     for name, shape in (("q", (3, 4)), ("k", (5, 4)), ("v", (5, 2))):
@@ -448,8 +449,8 @@ def test_declared_size_beyond_physical_memory_is_refused(qkv_bin, tmp_path, seed
         args = ["attend", "--q", tmp_path / "q.npy", "--k", tmp_path / name, "--v", tmp_path / "v.npy",
                 "--out", tmp_path / "out.npy"]
     else:
-        words = ram // 32 + 1
-        head, size, need = f"{words} 1\n".encode(), 6 * words, 36 * words
+        words = ram // 160 + 1
+        head, size, need = f"{words} 1\n".encode(), 6 * words, 180 * words
         name = "huge.bin"
         args = ["context", "--embeddings", tmp_path / name, "--random-weights", "0", "--format", "npy", "--out", tmp_path / "out.npy", "bank"]
     with open(tmp_path / name, "wb") as f:
