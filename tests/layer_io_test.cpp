@@ -89,6 +89,19 @@ TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
   std::filesystem::remove(dir / "w_v.npy");
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "missing tensor w_v");
   save_npy<float>((dir / "w_v.npy").string(), layer.w_v.cview());
+  // Names that do not resolve (links to themselves) are named in a qkv::Error.
+  std::filesystem::remove(dir / "b_q.npy");
+  std::filesystem::create_symlink("b_q.npy", dir / "b_q.npy");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); },
+               "cannot open " + (dir / "b_q.npy").string() + ": Too many levels of symbolic links");
+  std::filesystem::remove(dir / "b_q.npy");
+  save_npy<float>((dir / "b_q.npy").string(), layer.b_q.cview());
+  const std::filesystem::path loop = dir / "loop";
+  std::filesystem::create_symlink("loop", loop);
+  expect_error([&] { MultiHeadAttention::load(loop.string()); },
+               "cannot open " + loop.string() + ": Too many levels of symbolic links");
+  expect_error([&] { layer.save(loop.string()); }, "loop");
+  std::filesystem::remove(loop);
   // The config is read by the same strict JSON rule as safetensors headers (it kept the last of
   // two copies of a key, and read "{...}\0garbage" as "{...}").
   auto write_config = [&](const std::string& text) {

@@ -89,7 +89,10 @@ TensorMap read_npy_tensors(const std::string& dir) {
   TensorMap tensors;
   for (const char* name : kParameterNames) {
     const std::filesystem::path file = std::filesystem::path(dir) / (std::string(name) + ".npy");
-    if (std::filesystem::exists(file)) tensors.emplace(name, load_npy<float>(file.string()));
+    // Any entry by that name is read, so a broken link or an unreadable file gets load_npy's error.
+    std::error_code ec;
+    if (std::filesystem::symlink_status(file, ec).type() != std::filesystem::file_type::not_found)
+      tensors.emplace(name, load_npy<float>(file.string()));
   }
   return tensors;
 }
@@ -141,7 +144,8 @@ void MultiHeadAttention::save(const std::string& path) const {
         throw Error(fmt::format("{}: not saved: weight {} has a non-finite value ({}) at flat index {}", path, name,
                                 (*t)[i], i));
   const std::map<std::string, std::string> meta = config_metadata(config_);
-  if (std::filesystem::is_directory(path)) {
+  std::error_code ec;  // not a directory, or no status at all: the file's writer names the fault
+  if (std::filesystem::is_directory(path, ec)) {
     // One .npy per tensor, each written atomically; the config goes last so a directory with a
     // config always has its tensors.
     for (const auto& [name, t] : parameters())
@@ -157,7 +161,8 @@ void MultiHeadAttention::save(const std::string& path) const {
 MultiHeadAttention MultiHeadAttention::load(const std::string& path) {
   std::map<std::string, std::string> meta;
   TensorMap tensors;
-  if (std::filesystem::is_directory(path)) {
+  std::error_code ec;  // not a directory, or no status at all: the file's reader names the fault
+  if (std::filesystem::is_directory(path, ec)) {
     meta = read_npy_config(path);
     tensors = read_npy_tensors(path);
   } else {

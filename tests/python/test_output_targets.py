@@ -151,6 +151,18 @@ def test_dangling_symlink_into_a_missing_directory_is_refused(output):
     assert entries(output.dir) == ["link.bin"] and link.is_symlink()
 
 
+def test_symlink_to_itself_is_refused(output):
+    """A name whose status cannot be read (a link to itself) is refused with the output rule's one
+    line; `train --save`, which first asks whether the name is a directory, once ended with a raw
+    "filesystem error"."""
+    link = output.dir / "link.bin"
+    link.symlink_to("link.bin")
+    r = output.run(link)
+    one_line_failure(r, "link.bin", "symbolic links")
+    assert b"filesystem error" not in r.stderr
+    assert entries(output.dir) == ["link.bin"] and link.is_symlink()
+
+
 def test_directory_is_refused(output):
     target = output.dir / "d"
     target.mkdir()

@@ -220,7 +220,8 @@ int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& 
   // --save may name an existing directory, which MultiHeadAttention::save fills with a file per
   // tensor and its config: each of those is an output the others must not name.
   std::vector<std::pair<std::string, std::string>> outputs;
-  if (!c.save.empty() && std::filesystem::is_directory(c.save)) {
+  std::error_code ec;  // a path with no status is an output file, whose writer names the fault
+  if (!c.save.empty() && std::filesystem::is_directory(c.save, ec)) {
     if (::access(c.save.c_str(), W_OK) != 0)
       throw Error(fmt::format("--save {}: the directory is not writable ({})", c.save, std::strerror(errno)));
     for (const std::string& file : MultiHeadAttention::directory_files())
