@@ -1,6 +1,8 @@
 // qkv.KVCache and qkv.decode_attention (include/qkv/kv_cache.h, decode.h) on numpy arrays.
 // Arrays in are float32 (float64 is rounded once); the cache's pools are exposed as read-only
 // numpy views that keep the cache alive.
+#include <optional>
+
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
@@ -122,53 +124,63 @@ const qkv::KVCache& cache_arg(const py::object& obj) {
 }
 
 // What decode_attention and its weights share: q as float32 [B, H, N, D], the sequences' pages,
-// and the options (causal bottom-right unless the mask dict says otherwise).
+// the options (causal bottom-right unless the mask dict says otherwise), and the read of the cache
+// that keeps those pages from being freed until the call ends.
 struct DecodeCall {
   py::array owner;
   qkv::TensorView<const float> q;
+  std::optional<CacheReaders::Reading> reading;
   qkv::PagedKV kv;
   qkv::DecodeOptions options;
 };
 
-// The caller's arguments as given (the Python wrapper passes them unconverted, so a float id or a
-// truthy string is refused here, not rounded or taken as True).
-DecodeCall decode_call(const py::object& q_obj, const py::object& cache_obj, const py::object& seq_ids,
-                       const py::dict& mask, const py::object& scale, const py::object& sinks,
-                       const py::object& sink_tokens, int num_threads, const std::string& simd) {
-  DecodeCall c;
+// Fills `c` from the caller's arguments as given (the Python wrapper passes them unconverted, so a
+// float id or a truthy string is refused here, not rounded or taken as True). The read starts
+// before the page tables are copied: a free() waiting for another call's read would otherwise
+// run between the copy and this call's read, and an append could refill the pages it copied.
+void decode_call(DecodeCall& c, const py::object& q_obj, const py::object& cache_obj, const py::object& seq_ids,
+                 const py::dict& mask, const py::object& scale, const py::object& sinks, const py::object& sink_tokens,
+                 int num_threads, const std::string& simd) {
   c.q = float32_view(q_obj, "q", c.owner);
   if (c.q.rank() != 4)
     throw py::value_error(fmt::format("q must be [B, H, N, D], got {}", qkv::shape_string(c.q.shape())));
-  c.kv = cache_arg(cache_obj).paged(index_list_arg(seq_ids, "seq_ids"));
-  int64_t M = 0;
-  for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
-  py::dict m = mask;
-  if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
-  c.options.attention.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
+  const std::vector<int64_t> ids = index_list_arg(seq_ids, "seq_ids");
   c.options.attention.scale = scale_arg(scale);
   if (!sinks.is_none()) {
     if (!is_list_arg(sinks))
       throw py::type_error(
           fmt::format("sinks must be None or a sequence of numbers, got {}", std::string(py::repr(sinks))));
-    for (const py::handle s : sinks)
-      c.options.sinks.push_back(static_cast<float>(number_arg(s, fmt::format("sinks[{}]", c.options.sinks.size()))));
+    for (const py::handle s : sinks) {
+      const std::size_t h = c.options.sinks.size();
+      const double sink = number_arg(s, fmt::format("sinks[{}]", h));
+      if (qkv::overflows_float32(sink))
+        throw py::value_error(fmt::format("sinks[{}] = {} is beyond float32's range (FLT_MAX, 3.4e38)", h, sink));
+      c.options.sinks.push_back(static_cast<float>(sink));
+    }
   }
   c.options.sink_tokens = index_arg(sink_tokens, "sink_tokens");
   c.options.attention.num_threads = num_threads;
   c.options.attention.simd = qkv::parse_simd(simd);
-  return c;
+  const qkv::KVCache& cache = cache_arg(cache_obj);
+  c.reading.emplace(&cache);
+  c.kv = cache.paged(ids);
+  int64_t M = 0;
+  for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
+  py::dict m = mask;
+  if (!m.contains("causal_align")) m["causal_align"] = "bottom_right";
+  c.options.attention.mask = parse_mask(m, c.q.dim(0), c.q.dim(1), c.q.dim(2), M).mask;
 }
 
 py::object decode(const py::object& q_obj, const py::object& cache, const py::object& seq_ids, const py::dict& mask,
                   const py::object& scale, const py::object& sinks, const py::object& sink_tokens,
                   const py::object& return_lse_obj, const py::object& num_threads, const py::object& simd) {
-  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, threads_arg(num_threads),
-                                   string_arg(simd, "simd"));
   const bool return_lse = flag_arg(return_lse_obj, "return_lse");
+  DecodeCall c;
+  decode_call(c, q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, threads_arg(num_threads),
+              string_arg(simd, "simd"));
   py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), c.kv.Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
-    const CacheReaders::Reading reading(&cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), c.q, c.kv, c.options);
   }
@@ -180,14 +192,14 @@ py::object decode(const py::object& q_obj, const py::object& cache, const py::ob
 py::object decode_weights(const py::object& q_obj, const py::object& cache, const py::object& seq_ids,
                           const py::dict& mask, const py::object& scale, const py::object& sinks,
                           const py::object& sink_tokens, const py::object& top_k) {
-  const DecodeCall c = decode_call(q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, 1, "auto");
+  DecodeCall c;
+  decode_call(c, q_obj, cache, seq_ids, mask, scale, sinks, sink_tokens, 1, "auto");
   const int64_t B = c.q.dim(0), H = c.q.dim(1), N = c.q.dim(2);
   if (top_k.is_none()) {
     int64_t M = 0;
     for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
     py::array w = new_array<float>({B, H, N, M});
     {
-      const CacheReaders::Reading reading(&cache_arg(cache));
       py::gil_scoped_release release;
       qkv::decode_attention_weights(mutable_view<float>(w, "weights"), c.q, c.kv, {}, c.options);
     }
@@ -197,7 +209,6 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
   // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
   auto [values, indices] = new_top_k({B, H, N, std::max<int64_t>(k, 0)});
   {
-    const CacheReaders::Reading reading(&cache_arg(cache));
     py::gil_scoped_release release;
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
                                 c.kv, {}, k, c.options);

@@ -278,3 +278,6 @@ def test_decode_weights_and_top_k_match_the_reference(seed):
             qkv.decode_attention_weights(q, cache, ids, top_k=bad)
     with pytest.raises(ValueError, match=r"sinks\[1\] = nan must be a finite logit or -inf"):
         qkv.decode_attention(q, cache, ids, sinks=[0.0, float("nan")] + [0.0] * (q.shape[1] - 2))
+    # A finite logit float32 cannot hold is named as given, not as the inf it would round to.
+    with pytest.raises(ValueError, match=r"sinks\[1\] = 1e\+39 is beyond float32's range"):
+        qkv.decode_attention(q, cache, ids, sinks=[0.0, 1e39] + [0.0] * (q.shape[1] - 2))

@@ -529,3 +529,58 @@ def test_cache_free_waits_for_a_decode_reading_its_pages():
     print(f"{overlapped} of {rounds} frees were called while a decode read the pages")
     assert not wrong, f"decode outputs changed under a concurrent free + append: max errors {wrong}"
     assert overlapped >= 6, f"only {overlapped} of {rounds} frees overlapped a decode: the race was not exercised"
+
+
+def test_decode_called_while_a_free_waits_never_reads_reused_pages():
+    """A free() waiting for one decode, and a second decode of the freed sequence called during that
+    wait: the second call once copied the page table before it waited, then read the pages after
+    free() and an append had refilled them (another sequence's data). It now waits before it copies
+    the table, so it finds the sequence gone; rounds whose calls did not overlap so are counted."""
+    rng = rng_for(173)
+    Hkv, D, T_big, T = 2, 64, 65536, 256
+    cache = qkv.KVCache(num_pages=T_big // 64 + 2 * T // 64 + 2, page_tokens=64, kv_heads=Hkv, head_dim=D)
+    big = cache.create()
+    cache.append(big, rng.standard_normal((T_big, Hkv, D), dtype=np.float32),
+                 rng.standard_normal((T_big, Hkv, D), dtype=np.float32))
+    q_big = rng.standard_normal((8, 16, 16, D), dtype=np.float32)
+    q = rng.standard_normal((1, 2, 4, D)).astype(np.float32)
+    k1 = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    v1 = rng.standard_normal((T, Hkv, D)).astype(np.float32)
+    wrong, exercised = [], 0
+    for _ in range(3):
+        seq = cache.create()
+        cache.append(seq, k1, v1)
+        expected = qkv.decode_attention(q, cache, [seq], num_threads=1)
+        got, times = {}, {}
+
+        def long_reader():  # keeps free() waiting
+            qkv.decode_attention(q_big, cache, [big] * 8, num_threads=1)
+
+        def freer(seq=seq):
+            times["free"] = time.monotonic()
+            cache.free(seq)
+            times["freed"] = time.monotonic()
+            got["other"] = cache.create()
+            cache.append(got["other"], -k1, v1 + 100.0)
+
+        def victim(seq=seq):
+            times["call"] = time.monotonic()
+            try:
+                got["out"] = qkv.decode_attention(q, cache, [seq], num_threads=1)
+            except ValueError as e:
+                got["error"] = str(e)
+
+        threads = [threading.Thread(target=f) for f in (long_reader, freer, victim)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+        if "out" in got and not np.array_equal(got["out"], expected):
+            wrong.append(float(np.max(np.abs(got["out"] - expected))))
+        if times["free"] < times["call"] < times["freed"]:
+            exercised += 1
+            assert "unknown sequence id" in got.get("error", ""), got
+        cache.free(got["other"])
+    assert not wrong, f"a decode returned another sequence's data: max errors {wrong}"
+    assert exercised >= 1, "no decode was called while a free waited: the race was not exercised"
