@@ -224,8 +224,8 @@ def varlen_attention_backward(q, k, v, dout, out, lse, cu_seqlens_q, cu_seqlens_
                               causal_align="top_left", window=None, alibi_slopes=None, softcap=None, scale=None,
                               num_threads=0, dropout_p=0.0, seed=None, dropout_offset=0):
     """Gradients (dq, dk, dv) of varlen_attention given dout [total_q, H, Dv] and that call's out and
-    float64 lse; every other argument as the forward was given it (dropout: the same seed and offset
-    regenerate the mask)."""
+    float64 lse (a float32 one is widened; other dtypes raise TypeError); every other argument as the
+    forward was given it (dropout: the same seed and offset regenerate the mask)."""
     mask = _mask_dict(causal, causal_align, None, None, window, None, None, alibi_slopes, softcap, dropout_p, seed,
                       dropout_offset)
     return _qkv.varlen_backward(q, k, v, dout, out, lse, cu_seqlens_q, cu_seqlens_k, mask, scale, num_threads)

@@ -91,6 +91,28 @@ def test_offsets_of_rank_2_are_refused_by_name():
         qkv.varlen_attention(x, x, x, np.array([0, 3]), np.array([[0, 3]]))
 
 
+def test_backward_takes_float64_or_float32_lse_only(seed):
+    """lse was force-cast to float64: strings, complex (its imaginary part dropped), ints and lists
+    were taken."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((7, 2, 4)).astype(np.float32) for _ in range(3))
+    cu = [0, 3, 7]
+    out, lse = qkv.varlen_attention(q, k, v, cu, cu, causal=True, return_lse=True)
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    want = qkv.varlen_attention_backward(q, k, v, dout, out, lse, cu, cu, causal=True)
+    got = qkv.varlen_attention_backward(q, k, v, dout, out, lse.astype(np.float32), cu, cu, causal=True)
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * (1 + np.abs(a).max()), err_msg=f"seed {seed}")
+    for bad, message in [(lse.astype(str), r"lse: dtype <U\d+ is not supported"),
+                         (lse.astype(np.complex128), "lse: dtype complex128 is not supported"),
+                         (lse.astype(np.int64), "lse: dtype int64 is not supported"),
+                         (lse.astype(np.uint16), r"lse must be float64 \(or float32\)"),
+                         (lse.tolist(), "lse must be a numpy array, got list"),
+                         (None, "lse must be a numpy array, got NoneType")]:
+        with pytest.raises(TypeError, match=message):
+            qkv.varlen_attention_backward(q, k, v, dout, out, bad, cu, cu, causal=True)
+
+
 @pytest.mark.parametrize("cu_q, cu_k, message", [
     ([1, 5], [0, 5], r"cu_seqlens_q\[0\] must be 0, got 1"),
     ([0, 3, 2, 5], [0, 1, 2, 5], r"cu_seqlens_q must not decrease"),
