@@ -261,7 +261,7 @@ std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, co
 
 uint64_t seed_arg(const py::handle& obj, const std::string& name) {
   const std::string shown = py::repr(obj).cast<std::string>();
-  PyObject* index = py::isinstance<py::bool_>(obj) ? nullptr : PyNumber_Index(obj.ptr());
+  PyObject* index = is_bool(obj) ? nullptr : PyNumber_Index(obj.ptr());
   if (index == nullptr) {
     PyErr_Clear();
     throw py::type_error(fmt::format("{} must be an integer, got {}", name, shown));
@@ -314,15 +314,27 @@ qkv::TensorView<const float> float32_view(const py::handle& obj, const char* nam
   if (t == DType::f32) {
     owner = aligned(obj);
   } else {
-    // numpy's cast would turn a finite 1e300 into inf: refused as loading such a .npy is.
+    // Only the distinct elements are rounded: a broadcast dimension (stride 0, as np.broadcast_to
+    // makes) is cut to one entry, and the float32 copy is broadcast back, so a float64 input
+    // costs what its float32 form would.
     const py::array wide = aligned(obj);
-    const qkv::TensorView<const double> w = array_view<double>(wide, name);
+    py::tuple cut(wide.ndim());
+    bool broadcast = false;
+    for (py::ssize_t d = 0; d < wide.ndim(); ++d) {
+      const bool b = wide.strides(d) == 0 && wide.shape(d) > 1;
+      broadcast |= b;
+      cut[static_cast<std::size_t>(d)] = b ? py::slice(0, 1, 1) : py::slice(py::none(), py::none(), py::none());
+    }
+    const py::array distinct = broadcast ? py::array(wide[cut]) : wide;
+    // numpy's cast would turn a finite 1e300 into inf: refused as loading such a .npy is.
+    const qkv::TensorView<const double> w = array_view<double>(distinct, name);
     qkv::for_each_element(w, [&](const double& x, const std::array<int64_t, 4>& idx) {
       if (qkv::overflows_float32(x))
         throw py::value_error(fmt::format("{}: element {} at index {} overflows float32", name, x,
                                           index_text(std::span(idx).last(static_cast<std::size_t>(w.rank())))));
     });
-    owner = py::array_t<float>::ensure(obj);
+    owner = py::array_t<float>::ensure(distinct);
+    if (broadcast) owner = py::module_::import("numpy").attr("broadcast_to")(owner, wide.attr("shape"));
   }
   return array_view<float>(owner, name);
 }

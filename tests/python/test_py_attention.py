@@ -138,6 +138,27 @@ def test_broadcast_view_of_k_and_v():
     assert_close(out, ref.numpy()[0], FP32_TOL, seed_note(2300))
 
 
+def test_float64_broadcast_inputs_are_rounded_once_per_distinct_element():
+    """Arrays taken as float32 (a bias, varlen's q, k, v) round float64 into a copy; a broadcast
+    view (stride 0) was copied at its full size, so a 16 KB bias broadcast over 2048 x 2048 took
+    16 MB, and a view over 2**36 rows hung. Only the distinct elements are rounded now, and the
+    results equal those of the same view in float32."""
+    import tracemalloc
+    rng = rng_for(2310)
+    q, k = (rng.standard_normal((2048, 8)).astype(np.float32) for _ in range(2))
+    bias_row = rng.standard_normal((1, 2048))
+    want = qkv.scaled_dot_product_attention(q, k, k, bias=np.broadcast_to(bias_row.astype(np.float32), (2048, 2048)))
+    tracemalloc.start()
+    out = qkv.scaled_dot_product_attention(q, k, k, bias=np.broadcast_to(bias_row, (2048, 2048)))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(out, want), seed_note(2310)
+    assert peak < 2 << 20, f"{peak} bytes allocated: the broadcast float64 bias was copied whole"
+    huge = np.broadcast_to(np.ones((1, 4, 8)), (2**36, 4, 8))
+    with pytest.raises(MemoryError):
+        qkv.varlen_attention(huge, huge, huge, [0, 2**36], [0, 2**36])
+
+
 def _to_bf16_bits(x):
     bits = x.astype(np.float32).view(np.uint32)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)  # round to nearest even

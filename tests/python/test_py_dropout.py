@@ -171,6 +171,8 @@ def test_traced_calls_draw_their_mask_at_run_time(seed):
     (dict(dropout_p=0.1, seed=2**64), ValueError, r"seed must be in \[0, 2\*\*64\)"),
     (dict(dropout_p=0.1, seed=1.5), TypeError, r"seed must be an integer, got 1.5"),
     (dict(dropout_p=0.1, seed=True), TypeError, r"seed must be an integer, got True"),
+    (dict(dropout_p=0.1, seed=np.True_), TypeError, r"seed must be an integer, got True"),
+    (dict(dropout_p=0.1, seed=1, dropout_offset=np.True_), TypeError, r"dropout_offset must be an integer"),
     (dict(dropout_p="x", seed=1), TypeError, r"dropout_p"),
 ])
 def test_bad_dropout_arguments(kw, error, message):
