@@ -167,7 +167,9 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     e = build(args);
   } catch (const std::bad_alloc&) {
     // The explanation keeps scores, scaled scores and weights, N x N float64 each, per head.
-    const uint64_t n = x.is_none() ? 0 : static_cast<uint64_t>(py::len(x));
+    // N: the rows of x, or of q on the (q, k, v) path.
+    const py::object& rows = x.is_none() ? q : x;
+    const uint64_t n = rows.is_none() ? 0 : static_cast<uint64_t>(py::len(rows));
     throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, num_heads),
                            3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(num_heads, 1)));
   }

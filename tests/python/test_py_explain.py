@@ -97,6 +97,11 @@ def test_explain_bad_arguments():
         qkv.explain(x=np.ones((2, 2)), tokens=5)
     with pytest.raises(TypeError, match="x: dtype int64 is not supported"):
         qkv.explain(x=np.ones((2, 2), np.int64))
+    # Too many rows for the N x N tables: the count is q's (it once read x, absent here, as 0).
+    big = np.ones((10**6, 2), np.float32)
+    with pytest.raises(MemoryError, match="explain: the N x N steps of 1000000 tokens and 1 heads: cannot allocate "
+                                          "24000000000000 bytes"):
+        qkv.explain(q=big, k=big, v=big)
     # Refused by name (these leaked pybind11's "Unable to cast" or its signature of explain()).
     x = np.ones((2, 4), np.float32)
     for kwargs, exc, message in [
