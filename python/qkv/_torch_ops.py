@@ -90,6 +90,8 @@ class _MhaParams:
         self._qkv_same_embed_dim = in_proj_weight is not None
         self.embed_dim = out_proj_weight.size(0)
         self.head_dim = self.embed_dim // num_heads
+        self.kdim = self.embed_dim if self._qkv_same_embed_dim else k_proj_weight.size(1)
+        self.vdim = self.embed_dim if self._qkv_same_embed_dim else v_proj_weight.size(1)
 
 
 @_kernel("multihead_attention")

@@ -420,7 +420,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             average_attn_weights=True, is_causal=False) -> (attn_output, attn_weights or None)
     with PyTorch's meaning: masks True = NOT allowed (bool) or added (float); attn_mask [L, S] or
     [N * num_heads, L, S]; is_causal is a hint that attn_mask is the causal mask (attn_mask is then
-    required, as in PyTorch, and qkv applies its causal mask instead of reading attn_mask).
+    required, as in PyTorch, and checked as always, and qkv applies its causal mask instead of
+    reading it).
 
     need_weights=True returns the exact softmax weights (recomputed by qkv's attention_weights
     from the forward's log-sum-exp, in float32; float64 modules use the float64 composite), which
@@ -484,10 +485,14 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         N, L, S = query.size(bd), query.size(sd), key.size(sd)
         if query.size(-1) != self.embed_dim:
             raise ValueError(f"query: last dim {query.size(-1)} must be embed_dim={self.embed_dim}")
+        for name, t, dim_name, dim in (("key", key, "kdim", self.kdim), ("value", value, "vdim", self.vdim)):
+            if t.size(-1) != dim:
+                raise ValueError(f"{name}: last dim {t.size(-1)} must be {dim_name}={dim}")
         if key.size(bd) != N or value.size(bd) != N or value.size(sd) != S:
             raise ValueError(f"key {list(key.shape)} and value {list(value.shape)} must match query's batch size and "
                              f"each other's sequence length")
 
+        is_causal = _qkv._flag_arg(is_causal, "is_causal")
         if is_causal and attn_mask is None:
             raise ValueError("is_causal=True is a hint that attn_mask is the causal mask and needs attn_mask (as in "
                              "PyTorch); pass attn_mask=torch.nn.Transformer.generate_square_subsequent_mask(L)")
@@ -504,14 +509,15 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         pad = k.size(2) - S
         # The is_causal hint lets qkv skip reading attn_mask, unless bias_k / add_zero_attn appended
         # keys that the (padded) mask allows but a causal mask would not.
-        is_causal = bool(is_causal) and pad == 0
+        is_causal = is_causal and pad == 0
 
         masks = []
         floats = []  # (name, the caller's float mask, its index of score (n, h, i, j))
         H = self.num_heads
-        if attn_mask is not None and not is_causal:
+        if attn_mask is not None:  # checked even when the is_causal hint means it is not read
             _check_tensor(attn_mask, "attn_mask")
-            if attn_mask.is_floating_point():
+            _mha_mask(attn_mask, "attn_mask")
+            if attn_mask.is_floating_point() and not is_causal:
                 where = (lambda n, h, i, j: (i, j)) if attn_mask.dim() == 2 else (lambda n, h, i, j: (n * H + h, i, j))
                 floats.append(("attn_mask", attn_mask, where))
             if attn_mask.dim() == 2 and tuple(attn_mask.shape) == (L, S):
@@ -521,7 +527,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             else:
                 raise ValueError(f"attn_mask: shape {list(attn_mask.shape)} must be [{L}, {S}] or "
                                  f"[{N * self.num_heads}, {L}, {S}] (batch * num_heads, L, S)")
-            masks.append(_mha_mask(attn_mask, "attn_mask"))
+            if not is_causal:
+                masks.append(attn_mask)
         if key_padding_mask is not None:
             _check_tensor(key_padding_mask, "key_padding_mask")
             if tuple(key_padding_mask.shape) != (N, S):
