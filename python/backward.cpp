@@ -69,16 +69,9 @@ py::tuple backward_as(const std::array<py::array, 3>& qkv_in, const py::array& d
     if (have_forward) {
       if (dtype_of(out_obj, "out") != DType::f32) throw py::type_error("out must be float32 like the forward's result");
       out4 = given<float>(out_obj, "out", call.out_shape, out_owner).as_rank4();
-      // lse: the forward's float64 (exact P), or a float32 one from elsewhere, widened.
-      const DType lse_type = dtype_of(lse_obj, "lse");
-      if (lse_type == DType::f64) {
-        lse3 = lse_view(given<double>(lse_obj, "lse", call.lse_shape, lse_owner));
-      } else if (lse_type == DType::f32) {
-        lse_buf = qkv::to_contiguous<double>(given<float>(lse_obj, "lse", call.lse_shape, lse_owner));
-        lse3 = lse_view(lse_buf.cview());
-      } else {
-        throw py::type_error("lse must be float64 (or float32) like the forward's result");
-      }
+      const qkv::TensorView<const double> lse = lse_arg(lse_obj, lse_owner, lse_buf);
+      qkv::require_shape(lse.shape(), call.lse_shape, "lse");
+      lse3 = lse_view(lse);
     } else {
       out_buf = qkv::Tensor<float>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2), v4.dim(3)}, "out");
       lse_buf = qkv::Tensor<double>(std::vector<int64_t>{q4.dim(0), q4.dim(1), q4.dim(2)}, "lse");

@@ -339,6 +339,15 @@ qkv::TensorView<const float> float32_view(const py::handle& obj, const char* nam
   return array_view<float>(owner, name);
 }
 
+qkv::TensorView<const double> lse_arg(const py::handle& obj, py::array& owner, qkv::Tensor<double>& widened) {
+  const DType t = dtype_of(obj, "lse");
+  if (t == DType::bf16) throw py::type_error("lse must be float64 (or float32) like the forward's result");
+  owner = aligned(obj);
+  if (t == DType::f64) return array_view<double>(owner, "lse");
+  widened = qkv::to_contiguous<double>(array_view<float>(owner, "lse"));
+  return widened.cview();
+}
+
 CallOptions split_kwargs(const py::kwargs& kwargs, const char* function) {
   static const char* const kMaskKeys[] = {"causal",    "causal_align", "key_lengths",  "query_lengths", "window",
                                           "keep_mask", "bias",         "alibi_slopes", "softcap"};

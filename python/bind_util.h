@@ -59,6 +59,11 @@ py::array_t<T> tensor_to_numpy(qkv::Tensor<T>&& t);
 // beyond float32's range ("<name>: element 1e+300 at index (0, 2) overflows float32").
 qkv::TensorView<const float> float32_view(const py::handle& obj, const char* name, py::array& owner);
 
+// A forward's lse given back to a backward: float64 as is (the kernel's normalizer before its
+// rounding, so P is recomputed exactly), float32 (from elsewhere) widened into `widened`. The view
+// keeps the given shape; `owner` holds the array. TypeError for any other dtype or a non-array.
+qkv::TensorView<const double> lse_arg(const py::handle& obj, py::array& owner, qkv::Tensor<double>& widened);
+
 // Splits **kwargs of a layer-style call into the mask dictionary and the options scale, kernel,
 // num_threads, simd and check_finite. TypeError for an unknown keyword.
 struct CallOptions {

@@ -65,15 +65,9 @@ py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::o
   py::array qo, ko, vo, doo, oo;
   const auto q = float32_view(q_obj, "q", qo), k = float32_view(k_obj, "k", ko), v = float32_view(v_obj, "v", vo);
   const auto dout = float32_view(dout_obj, "dout", doo), out = float32_view(out_obj, "out", oo);
-  // lse: the forward's float64 (exact P), or a float32 one from elsewhere, widened; as
-  // attention_backward takes it.
-  const DType lse_type = dtype_of(lse_obj, "lse");
-  if (lse_type == DType::bf16) throw py::type_error("lse must be float64 (or float32) like the forward's result");
-  const py::array lse_owner = aligned(lse_obj);
+  py::array lse_owner;
   qkv::Tensor<double> lse_buf;
-  if (lse_type == DType::f32) lse_buf = qkv::to_contiguous<double>(array_view<float>(lse_owner, "lse"));
-  const qkv::TensorView<const double> lse =
-      lse_type == DType::f64 ? array_view<double>(lse_owner, "lse") : lse_buf.cview();
+  const qkv::TensorView<const double> lse = lse_arg(lse_obj, lse_owner, lse_buf);
   const VarlenCall c = varlen_call(qo, cu_q, cu_k, mask, scale, num_threads);
   if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3)
     throw py::value_error("q, k, v must be packed [total, heads, dim]");

@@ -15,7 +15,8 @@ using nlohmann::json;
 
 // The checks run as a SAX pass before the tree is built: nlohmann's parse callback rescans the
 // parent container each time an object closes (time quadratic in the entries), and checking the
-// finished tree would build it first, whatever its size.
+// finished tree would build it first, whatever its size. The tree then comes from a second, plain
+// parse (linear too): nlohmann's SAX tree builder is in its detail namespace, not its API.
 class StrictChecks {
  public:
   StrictChecks(const std::string& path, std::string_view what) : path_(path), what_(what) {}
