@@ -412,6 +412,14 @@ def _mha_source(floats, index):
     return floats[0][0], floats[0][2](*index)
 
 
+def _linear(x, weight, bias):
+    """F.linear; float16 runs in float32 and rounds once, as qkv's float16 attention does (PyTorch's
+    CPU matmul has no float16 kernel before 2.0, and rounding once is the more accurate anyway)."""
+    if x.dtype != torch.float16:
+        return F.linear(x, weight, bias)
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).half()
+
+
 class MultiheadAttention(torch.nn.MultiheadAttention):
     """torch.nn.MultiheadAttention whose attention runs in qkv (same constructor, parameters,
     state_dict keys and forward signature; load a torch.nn.MultiheadAttention's state_dict as is).
@@ -426,6 +434,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     need_weights=True returns the exact softmax weights (recomputed by qkv's attention_weights
     from the forward's log-sum-exp, in float32; float64 modules use the float64 composite), which
     are not differentiable; need_weights=False (use it when training) skips that work entirely.
+    A float16 module runs its projections in float32 and rounds each result once (as its attention
+    does), so it runs on a torch without a float16 CPU matmul.
     Dropout: a module with dropout > 0 drops attention weights in training mode, in qkv's kernels
     (see scaled_dot_product_attention); the returned weights are the dropped ones, as in PyTorch.
     Fully masked rows give zeros where PyTorch gives NaN; a float mask holding NaN or +inf raises
@@ -548,7 +558,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                          self.dropout if self.training else 0.0)
         out, lse = _attention(q, k, v, layout, keep, bias, extras, None, None, functools.partial(_mha_source, floats))
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
-        out = F.linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
+        out = _linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
         weights = self._weights(q, k, keep, bias, extras, lse, average_attn_weights) if need_weights else None
         if not batched:
             out = out.squeeze(bd)
@@ -558,12 +568,12 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     def _project(self, query, key, value):
         if self._qkv_same_embed_dim:
             if query is key and key is value:
-                return F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+                return _linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
             w = self.in_proj_weight.chunk(3)
         else:
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
         b = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
-        return F.linear(query, w[0], b[0]), F.linear(key, w[1], b[1]), F.linear(value, w[2], b[2])
+        return _linear(query, w[0], b[0]), _linear(key, w[1], b[1]), _linear(value, w[2], b[2])
 
     @torch.no_grad()
     def _weights(self, q, k, keep, bias, extras, lse, average):

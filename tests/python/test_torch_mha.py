@@ -277,6 +277,29 @@ def test_bfloat16_module_matches_float32():
     assert torch.isfinite(ours.in_proj_weight.grad).all()
 
 
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_float16_module_trains_within_half_precision_of_float64(seed):
+    """module.to(torch.float16) runs forward and backward (projections in float32, rounded once) and
+    stays within a few float16 roundings of torch's float64 module on the same weights and inputs."""
+    print("seed", seed)
+    torch.manual_seed(seed)
+    ours = qt.MultiheadAttention(16, 2, batch_first=True, add_bias_kv=True).to(torch.float16)
+    ref = torch.nn.MultiheadAttention(16, 2, batch_first=True, add_bias_kv=True).double()
+    ref.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    x, mask = torch.randn(2, 9, 16).half().requires_grad_(), torch.randn(9, 9).half()
+    out, w = ours(x, x, x, attn_mask=mask)
+    out.float().square().sum().backward()
+    xd = x.detach().double().requires_grad_()
+    want, want_w = ref(xd, xd, xd, attn_mask=mask.double())
+    want.square().sum().backward()
+    assert out.dtype == w.dtype == x.grad.dtype == ours.in_proj_weight.grad.dtype == torch.float16
+    ulp = 2.0 ** -11  # float16's relative rounding step
+    for got, ref_t in ((out, want), (w, want_w), (x.grad, xd.grad), (ours.in_proj_weight.grad, ref.in_proj_weight.grad),
+                       (ours.bias_k.grad, ref.bias_k.grad), (ours.out_proj.weight.grad, ref.out_proj.weight.grad)):
+        err = float((got.double() - ref_t).abs().max())
+        assert err <= 4 * ulp * (1 + float(ref_t.abs().max())), (err, float(ref_t.abs().max()))
+
+
 def test_training_example_runs():
     """examples/torch_train.py end to end at a tiny size (its figures are in docs/benchmarks.md)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "torch_train.py"
