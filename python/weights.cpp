@@ -42,7 +42,10 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
   const CallOptions options{.mask = mask, .scale = scale, .num_threads = threads_arg(num_threads)};
   const AttentionCall call = prepare_call(q_owner, k_owner, k_owner, options);
   const int64_t N = q.dim(q.rank() - 2), M = k.dim(k.rank() - 2);
-  const std::vector<int64_t> rows = parse_rows(rows_obj, N);
+  // With no keys and no top_k the result is empty: rows=None then lists no rows, since N may be a
+  // broadcast q's billions.
+  const bool no_weights = top_k.is_none() && M == 0;
+  const std::vector<int64_t> rows = no_weights && rows_obj.is_none() ? std::vector<int64_t>{} : parse_rows(rows_obj, N);
   qkv::TensorView<const float> lse3;
   if (!lse_obj.is_none()) {
     // float32 or float64 only, as the forward returns it (ensure() cast strings and complex too).
@@ -51,10 +54,11 @@ py::object weights(const py::object& q_obj, const py::object& k_obj, const py::o
     lse3 = lse_view(lse);
   }
   std::vector<int64_t> shape = call.lse_shape;  // q.shape[:-1], whose last entry N becomes R
-  shape.back() = static_cast<int64_t>(rows.size());
+  shape.back() = no_weights && rows_obj.is_none() ? N : static_cast<int64_t>(rows.size());
   if (top_k.is_none()) {
     shape.push_back(M);
     py::array out = new_array<float>(shape);
+    if (no_weights) return out;
     const qkv::TensorView<float> w = mutable_view<float>(out, "weights").as_rank4();
     InterruptibleRelease release;  // Ctrl-C stops it
     qkv::attention_weights_rows(w, q.as_rank4(), k.as_rank4(), lse3, rows, call.options);

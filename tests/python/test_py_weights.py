@@ -84,6 +84,19 @@ def test_fully_masked_rows_are_zero():
     assert np.all(values == 0) and np.all(indices == -1)
 
 
+def test_no_keys_give_empty_weights_without_listing_broadcast_rows():
+    """M = 0: every row's weights are empty; a q broadcast over 2^30 rows costs nothing (rows=None
+    listed all of them once, 8 GiB here), and given rows are still checked."""
+    q = np.broadcast_to(np.ones((1, 8), np.float32), (2 ** 30, 8))
+    none = np.zeros((0, 8), np.float32)
+    assert qkv.attention_weights(q, none).shape == (2 ** 30, 0)
+    assert qkv.attention_weights(q[:3], none, rows=[0, -1]).shape == (2, 0)
+    with pytest.raises(ValueError, match=r"rows: index 5 is outside \[-3, 3\)"):
+        qkv.attention_weights(q[:3], none, rows=[5])
+    values, indices = qkv.attention_weights(q[:3], none, top_k=2)
+    assert values.shape == (3, 2) and np.all(values == 0) and np.all(indices == -1)
+
+
 @pytest.mark.parametrize("top_k", [None, 2])
 def test_an_lse_that_makes_weights_overflow_is_refused_as_the_backward_refuses_it(top_k):
     rng = rng_for(10900)
