@@ -101,8 +101,10 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
 }
 
 uint64_t get_unsigned(const json& v, const std::string& where, const char* what) {
+  // The parser keeps non-negative integers unsigned, so a signed 0 was written "-0" (dump() drops the sign).
   if (!v.is_number_unsigned())
-    throw Error(fmt::format("{}: {} must be non-negative integers, got {}", where, what, v.dump()));
+    throw Error(fmt::format("{}: {} must be non-negative integers, got {}", where, what,
+                            v.is_number_integer() && v.get<int64_t>() == 0 ? "-0" : v.dump()));
   return v.get<uint64_t>();
 }
 
