@@ -428,6 +428,72 @@ TEST(Decode, RefusesBadInputByName) {
   expect_error(good, q.cview(), o, "decode_attention: scale must be finite and at most FLT_MAX (3.4e38)");
 }
 
+// Outputs the decode functions write while they still read their inputs: each must have places
+// of its own (an out over lse took three values of lse, one over the bias called masked rows an
+// overflow), a null data pointer is named rather than read, and the weights' lse must be [B, H, N]
+// (a [1, 1, 1] lse was read past its end).
+TEST(Decode, RefusesOutputsOverTheirInputsNullDataAndAMisshapenLse) {
+  test::Rng rng("Decode.Outputs");
+  Case c;
+  c.Hkv = 2, c.G = 2, c.N = 1, c.D = 8, c.Dv = 8, c.page_tokens = 4;
+  c.lens = {10};
+  const Filled f = fill(rng, c);
+  const PagedKV kv = f.cache.paged(f.ids);
+  Tensor<float> q = rng.normal32({1, 4, 1, 8}), out({1, 4, 1, 8}), lse({1, 4, 1}), big({64});
+  Tensor<float> bias({1, 4, 1, 10}), weights({1, 4, 1, 10}), values({1, 4, 1, 3});
+  Tensor<int64_t> indices({1, 4, 1, 3});
+  const std::array<int64_t, 4> shape{1, 4, 1, 8}, shared{0, 0, 0, 1};
+  auto decode = [&](TensorView<float> o, TensorView<float> l, TensorView<const float> qv, const DecodeOptions& opt) {
+    decode_attention(o, l, qv, kv, opt);
+  };
+  using test::expect_error;
+  expect_error(
+      [&] {
+        decode(TensorView<float>(big.data(), shape), TensorView<float>(big.data() + 30, {1, 4, 1}), q.cview(), {});
+      },
+      {"decode_attention: lse: shares memory with out"});
+  expect_error([&] { decode(TensorView<float>(out.data(), shape, shared), {}, q.cview(), {}); },
+               {"decode_attention: out: its strides make elements share memory"});
+  expect_error([&] { decode(q.view(), {}, q.cview(), {}); }, {"decode_attention: out: shares memory with q"});
+  DecodeOptions masked;
+  masked.attention.mask.bias = bias.cview();
+  expect_error([&] { decode(TensorView<float>(bias.data(), shape), {}, q.cview(), masked); },
+               {"decode_attention: out: shares memory with the bias"});
+  float* pool = static_cast<float*>(const_cast<void*>(kv.k));
+  expect_error([&] { decode(TensorView<float>(pool, shape), {}, q.cview(), {}); },
+               {"decode_attention: out: shares memory with the cache's key pool"});
+  expect_error([&] { decode(out.view(), {}, TensorView<const float>(nullptr, shape), {}); },
+               {"q: a null data pointer for shape [1, 4, 1, 8]"});
+  expect_error([&] { decode(TensorView<float>(nullptr, shape), {}, q.cview(), {}); },
+               {"decode_attention: out: a null data pointer"});
+  expect_error(
+      [&] {
+        decode_attention_weights(TensorView<float>(q.data(), {1, 4, 1, 2}), q.cview(), kv, {});
+      },
+      {"output has shape [1, 4, 1, 2], expected [1, 4, 1, 10]"});
+  expect_error(
+      [&] {
+        decode_attention_weights(TensorView<float>(big.data(), {1, 4, 1, 10}),
+                                 TensorView<const float>(big.data(), shape), kv, {});
+      },
+      {"decode_attention_weights: weights: shares memory with q"});
+  expect_error(
+      [&] {
+        decode_attention_top_k(TensorView<float>(reinterpret_cast<float*>(indices.data()), {1, 4, 1, 3}),
+                               indices.view(), q.cview(), kv, {}, 3);
+      },
+      {"decode_attention_top_k: indices: shares memory with decode_attention_top_k: values"});
+  const Tensor<float> small_lse({1, 1, 1});
+  expect_error([&] { decode_attention_weights(weights.view(), q.cview(), kv, small_lse.cview()); },
+               {"decode_attention_weights: lse: shape [1, 1, 1] must be [1, 4, 1]"});
+  expect_error([&] { decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, small_lse.cview(), 3); },
+               {"decode_attention_top_k: lse: shape [1, 1, 1] must be [1, 4, 1]"});
+  // Separate buffers pass, the forward's lse among them.
+  decode(out.view(), lse.view(), q.cview(), {});
+  decode_attention_weights(weights.view(), q.cview(), kv, lse.cview());
+  decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, lse.cview(), 3);
+}
+
 // A hand-made PagedKV whose size products wrap int64 (B · max_blocks = 4 · 2^62 wrapped to 0, the
 // empty table's size, and the kernel read block_table[0]), an integer cast to KVDtype (its
 // outputs silently 0) and a q with a negative dimension are refused by name, by decode_attention

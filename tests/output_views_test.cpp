@@ -150,6 +150,57 @@ TEST(OutputViews, NegativeSizesAndHeadDimsAreNamed) {
   }
 }
 
+// A view with a shape but no data passed every shape check and was read at address 0; an enum
+// set from an integer ran as some other value; a shape past int64 overflowed the view's own
+// stride arithmetic before any check could refuse it.
+TEST(OutputViews, NullDataUnknownEnumsAndShapesPastInt64AreRefused) {
+  test::Rng rng("OutputViews.Null");
+  Problem p(rng);
+  Tensor<float> out({1, 2, N, D}), lse({1, 2, N});
+  const TensorView<const float> no_q(nullptr, {1, 2, N, D});
+  expect_error([&] { attention_forward(out.view(), {}, no_q, p.k.cview(), p.v.cview()); },
+               {"q: a null data pointer for shape [1, 2, 5, 4]"});
+  AttentionOptions reference;
+  reference.kernel = Kernel::reference;
+  expect_error(
+      [&] {
+        attention_forward(TensorView<float>(nullptr, {1, 2, N, D}), {}, p.q.cview(), p.k.cview(), p.v.cview(),
+                          reference);
+      },
+      {"out: a null data pointer"});
+  attention_forward(out.view(), lse.view(), p.q.cview(), p.k.cview(), p.v.cview());
+  Tensor<float> dq({1, 2, N, D}), dk({1, 2, M, D}), dv({1, 2, M, D});
+  expect_error(
+      [&] {
+        attention_backward(dq.view(), dk.view(), dv.view(), {}, out.cview(), p.q.cview(), p.k.cview(), p.v.cview(),
+                           out.cview(), TensorView<const float>(nullptr, {1, 2, N}));
+      },
+      {"lse: a null data pointer for shape [1, 2, 5]"});
+  const std::vector<int64_t> rows{0};
+  Tensor<float> weights({1, 2, 1, M});
+  expect_error(
+      [&] {
+        attention_weights_rows(weights.view(), p.q.cview(), TensorView<const float>(nullptr, {1, 2, M, D}), {}, rows);
+      },
+      {"k: a null data pointer"});
+  AttentionOptions bad;
+  bad.kernel = static_cast<Kernel>(9);
+  expect_error([&] { attention_forward(out.view(), {}, p.q.cview(), p.k.cview(), p.v.cview(), bad); },
+               {"kernel = 9 is not a Kernel (automatic, reference or fused)"});
+  bad = {};
+  bad.mask.causal = static_cast<CausalAlign>(77);
+  expect_error([&] { attention_forward(out.view(), {}, p.q.cview(), p.k.cview(), p.v.cview(), bad); },
+               {"mask.causal = 77 is not a CausalAlign (top_left or bottom_right)"});
+  bad = {};
+  bad.mask.diagonal = static_cast<CausalAlign>(-1);
+  expect_error([&] { attention_forward(out.view(), {}, p.q.cview(), p.k.cview(), p.v.cview(), bad); },
+               {"mask.diagonal = -1 is not a CausalAlign"});
+  const int64_t huge = int64_t{1} << 40;
+  const TensorView<const float> wide(p.q.data(), {huge, huge, 3, D});
+  EXPECT_EQ(wide.numel(), std::numeric_limits<int64_t>::max());
+  expect_error([&] { attention_forward(out.view(), {}, wide, wide, wide); }, {"too large"});
+}
+
 TEST(OutputViews, DiagonalOffsetsPastTwoToTheSixtyAreRefused) {
   test::Rng rng("OutputViews.Offsets");
   Problem p(rng);

@@ -151,6 +151,20 @@ TEST(Rotary, RefusesBadArgumentsBeforeRotatingAnything) {
         apply_rotary(TensorView<float>(x.data(), {1, 1, -2, 4}), {});
       },
       {"apply_rotary: x: negative dimension in shape [1, 1, -2, 4]"});
+  // A row shared by every head turned once per head; a subnormal theta made every angle infinite.
+  const std::array<int64_t, 4> shape{2, 3, 3, 4}, shared{12, 0, 4, 1};
+  test::expect_error([&] { apply_rotary(TensorView<float>(x.data(), shape, shared), {}); },
+                     {"apply_rotary: x: its strides make elements share memory"});
+  o = {};
+  o.theta = 5e-324;  // the last pair's frequency of 64 elements passes 1e308
+  Tensor<float> wide({1, 1, 2, 64});
+  test::expect_error([&] { apply_rotary(wide.view(), {}, o); },
+                     {"apply_rotary: theta = 5e-324 gives an infinite angle"});
+  test::expect_error(
+      [&] {
+        apply_rotary(TensorView<float>(nullptr, {1, 1, 3, 4}), {});
+      },
+      {"apply_rotary: x: a null data pointer for shape [1, 1, 3, 4]"});
   apply_rotary(x.view(), std::vector<int64_t>{0, max - 2});  // the last token at 2^63 - 1 itself
   for (int64_t e = 0; e < x.numel(); ++e) EXPECT_TRUE(std::isfinite(x[e]));
 
@@ -160,6 +174,11 @@ TEST(Rotary, RefusesBadArgumentsBeforeRotatingAnything) {
   const RotaryOptions rope;
   test::expect_error([&] { cache.append(s, k.cview(), v.cview(), &rope); },
                      {"KVCache::append: k has shape [1, 1, 7], expected [T, Hkv = 1, D = 8]"});
+  test::expect_error(
+      [&] {
+        cache.append(s, TensorView<const float>(nullptr, {1, 1, 8}), v.cview());
+      },
+      {"KVCache::append: k: a null data pointer for shape [1, 1, 8]"});
   EXPECT_EQ(cache.length(s), 0);
 }
 

@@ -196,6 +196,52 @@ TEST(Varlen, RefusesBadOffsetsAndPerRowMasks) {
   EXPECT_NE(error_of({0, 5}, {0, 5}, o).find("key_lengths, query_lengths, keep and bias masks are not supported"),
             std::string::npos);
   EXPECT_EQ(error_of({0, 2, 5}, {0, 5, 5}), "accepted");  // the second sequence has queries and no key
+  // The options and heads are checked when no sequence has a key (then no kernel call checks them).
+  AttentionOptions nan_scale;
+  nan_scale.scale = std::numeric_limits<double>::quiet_NaN();
+  const Tensor<float> none({0, 2, 4});
+  const std::vector<int64_t> cu_q{0, 5}, cu_k{0, 0};
+  test::expect_error(
+      [&] { varlen_attention_forward(out.view(), {}, q.cview(), none.cview(), none.cview(), cu_q, cu_k, nan_scale); },
+      {"scale must be finite"});
+  const Tensor<float> three_heads({0, 3, 4});
+  test::expect_error(
+      [&] {
+        varlen_attention_forward(out.view(), {}, q.cview(), three_heads.cview(), three_heads.cview(), cu_q, cu_k);
+      },
+      {"H = 2 query heads is not a positive multiple of Hkv = 3"});
+}
+
+// Outputs are checked whole before any sequence is written: sequence 0's rows of out over
+// sequence 1's q took it, out over q with no key zeroed q, and the backward wrote dk into q before
+// refusing a later sequence.
+TEST(Varlen, RefusesOutputsOverAnySequencesInputs) {
+  test::Rng rng("Varlen.Outputs");
+  Tensor<float> qo = rng.normal32({8, 2, 4}), k = rng.normal32({5, 2, 4}), lse({2, 4});
+  const Tensor<float> keep = to_contiguous<float>(qo.cview());
+  const TensorView<const float> q(qo.data() + 4 * 8, {4, 2, 4});  // rows 4-7; out takes rows 0-3 and 4
+  const TensorView<float> out(qo.data() + 8, {4, 2, 4});          // rows 1-4 of the buffer
+  const std::vector<int64_t> cu_q{0, 1, 4}, cu_k{0, 2, 5};
+  test::expect_error([&] { varlen_attention_forward(out, {}, q, k.cview(), k.cview(), cu_q, cu_k); },
+                     {"varlen: out: shares memory with q"});
+  const std::vector<int64_t> no_keys{0, 0, 0};
+  const Tensor<float> none({0, 2, 4});
+  test::expect_error(
+      [&] {
+        varlen_attention_forward(TensorView<float>(qo.data() + 32, {4, 2, 4}), {}, q, none.cview(), none.cview(), cu_q,
+                                 no_keys);
+      },
+      {"varlen: out: shares memory with q"});
+  for (int64_t e = 0; e < qo.numel(); ++e) ASSERT_EQ(qo[e], keep[e]) << "element " << e << " was written";
+  Tensor<float> dq({4, 2, 4}), dv({5, 2, 4}), o({4, 2, 4}), dout = rng.normal32({4, 2, 4});
+  Tensor<double> lse64({2, 4});
+  test::expect_error(
+      [&] {
+        varlen_attention_backward(dq.view(), TensorView<float>(qo.data(), {5, 2, 4}), dv.view(), dout.cview(), q,
+                                  k.cview(), k.cview(), o.cview(), lse64.cview(), cu_q, cu_k);
+      },
+      {"dk: shares memory with q"});
+  for (int64_t e = 0; e < qo.numel(); ++e) ASSERT_EQ(qo[e], keep[e]) << "element " << e << " was written";
 }
 
 }  // namespace

@@ -54,11 +54,12 @@ class TensorView {
   // A contiguous row-major view of `shape`.
   TensorView(T* data, std::span<const int64_t> shape) : data_(data), rank_(static_cast<int>(shape.size())) {
     check_rank();
-    int64_t stride = 1;
+    // Unsigned, so a shape past int64 (refused later by checked_numel) wraps instead of overflowing.
+    uint64_t stride = 1;
     for (int i = rank_ - 1; i >= 0; --i) {
       shape_[i] = shape[i];
-      strides_[i] = stride;
-      stride *= shape[i];
+      strides_[i] = static_cast<int64_t>(stride);
+      stride *= static_cast<uint64_t>(shape[i]);
     }
   }
   TensorView(T* data, std::initializer_list<int64_t> shape)
@@ -88,9 +89,11 @@ class TensorView {
   int64_t stride(int i) const { return strides_[i]; }
   std::span<const int64_t> shape() const { return {shape_.data(), static_cast<std::size_t>(rank_)}; }
   std::span<const int64_t> strides() const { return {strides_.data(), static_cast<std::size_t>(rank_)}; }
+  // Saturates at INT64_MAX for a shape past int64 (whose size checked_numel refuses).
   int64_t numel() const {
     int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= shape_[i];
+    for (int i = 0; i < rank_; ++i)
+      if (__builtin_mul_overflow(n, shape_[i], &n)) n = std::numeric_limits<int64_t>::max();
     return n;
   }
   bool is_contiguous() const {

@@ -46,8 +46,17 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   require_head_groups(s.H, s.Hkv, "attention");
   require_scale(options.scale, "attention");
   check_dropout(options.dropout, "attention");
+  // Enums set from integers (a C caller, a cast): a value outside them would run as some other.
+  if (options.kernel != Kernel::automatic && options.kernel != Kernel::reference && options.kernel != Kernel::fused)
+    throw Error(fmt::format("kernel = {} is not a Kernel (automatic, reference or fused)",
+                            static_cast<int>(options.kernel)));
 
   const Mask& m = options.mask;
+  for (const auto& [align, name] : {std::pair{m.causal.value_or(CausalAlign::top_left), "causal"},
+                                    std::pair{m.diagonal, "diagonal"}})
+    if (align != CausalAlign::top_left && align != CausalAlign::bottom_right)
+      throw Error(fmt::format("mask.{} = {} is not a CausalAlign (top_left or bottom_right)", name,
+                              static_cast<int>(align)));
   if (!m.key_lengths.empty()) check_lengths(m.key_lengths, s.B, s.M, "key_lengths");
   if (!m.query_lengths.empty()) check_lengths(m.query_lengths, s.B, s.N, "query_lengths");
   if (!m.diagonal_offsets.empty() && static_cast<int64_t>(m.diagonal_offsets.size()) != s.B)
@@ -154,7 +163,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
       check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
   detail::require_output(out, "out", read);
-  read.push_back({"out", byte_span(out)});
+  read.push_back(detail::named_span("out", out));
   detail::require_output(lse, "lse", read);
   if (options.kernel == Kernel::reference) {
     reference_forward_narrow(out, lse, q, k, v, options);

@@ -57,7 +57,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
   require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  read.insert(read.end(), {{"dout", byte_span(dout)}, {"out", byte_span(out)}, {"lse", byte_span(lse)}});
+  read.insert(read.end(), {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
   detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   if (options.kernel == Kernel::reference) {
     reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);

@@ -3,7 +3,9 @@
 // (out over k or v came back wrong, lse inside out too). Internal.
 #pragma once
 
+#include <algorithm>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,16 +21,29 @@ struct NamedSpan {
   ByteSpan span;
 };
 
+// Throws qkv::Error "<name>: ..." for a view with a shape of elements but no data, which every
+// check of shapes alone passes. The default view (rank 0, no data) stands for "none" and passes.
+template <class T>
+void require_data(const TensorView<T>& view, std::string_view name) {
+  const auto shape = view.shape();
+  if (view.data() == nullptr && view.rank() > 0 && std::find(shape.begin(), shape.end(), 0) == shape.end())
+    throw Error(fmt::format("{}: a null data pointer for shape {}", name, shape_string(shape)));
+}
+
+// An input's bytes under its name, after require_data.
+template <class T>
+NamedSpan named_span(const char* name, const TensorView<T>& view) {
+  require_data(view, name);
+  return {name, byte_span(view)};
+}
+
 // What an attention call reads: q, k, v (an empty view for none) and the masks' views; a caller
-// appends its own extra inputs, then each output it has checked.
+// appends its own extra inputs (named_span), then each output it has checked.
 template <class T>
 std::vector<NamedSpan> read_spans(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
                                   const Mask& mask) {
-  std::vector<NamedSpan> read{{"q", byte_span(q)},
-                              {"k", byte_span(k)},
-                              {"v", byte_span(v)},
-                              {"the bias", byte_span(mask.bias)},
-                              {"the keep mask", byte_span(mask.keep)}};
+  std::vector<NamedSpan> read{named_span("q", q), named_span("k", k), named_span("v", v),
+                              named_span("the bias", mask.bias), named_span("the keep mask", mask.keep)};
   read.reserve(read.size() + 5);
   return read;
 }
@@ -38,6 +53,7 @@ std::vector<NamedSpan> read_spans(const TensorView<T>& q, const TensorView<T>& k
 // inputs, and the outputs checked before it). An empty view passes.
 template <class T>
 void require_output(const TensorView<T>& out, const char* name, std::span<const NamedSpan> others) {
+  require_data(out, name);
   if (out.numel() == 0) return;
   if (may_self_overlap(out))
     throw Error(

@@ -24,7 +24,7 @@ void reference_attention_backward(TensorView<double> dq, TensorView<double> dk, 
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   detail::check_backward_outputs(s, dq.shape(), dk.shape(), dv.shape(), dbias, dout.shape());
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  read.push_back({"dout", byte_span(dout)});
+  read.push_back(detail::named_span("dout", dout));
   detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   const double scale = attention_scale(options.scale, s.D);
   const double cap = options.mask.softcap;

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "attention/backward_checks.h"
+#include "attention/output_checks.h"
 #include "qkv/backward.h"
 #include "qkv/error.h"
 
@@ -65,6 +67,10 @@ Packed check_packed(std::span<const int64_t> q, std::span<const int64_t> k, std:
     throw Error(
         "varlen: key_lengths, query_lengths, keep and bias masks are not supported (each sequence has its "
         "own lengths; mask a sequence's keys by leaving them out of it)");
+  // Heads, head dims and options once for all sequences, since a sequence without keys makes no
+  // call that would check them.
+  check_attention_shapes(std::array<int64_t, 4>{1, p.H, 1, p.D}, std::array<int64_t, 4>{1, p.Hkv, 1, p.D},
+                         std::array<int64_t, 4>{1, p.Hkv, 1, p.Dv}, options);
   return p;
 }
 
@@ -87,6 +93,11 @@ void varlen_attention_forward(TensorView<float> out, TensorView<double> lse, Ten
   const Packed p = check_packed(q.shape(), k.shape(), v.shape(), cu_q, cu_k, options);
   require_shape(out.shape(), {p.total_q, p.H, p.Dv}, "out");
   if (!lse.empty()) require_shape(lse.shape(), {p.H, p.total_q}, "lse");
+  // Whole tensors, before any sequence is written: one sequence's rows may overlap another's inputs.
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  detail::require_output(out, "varlen: out", read);
+  read.push_back({"out", byte_span(out)});
+  detail::require_output(lse, "varlen: lse", read);
   AttentionOptions o = options;
   for (int64_t s = 0; s < p.sequences; ++s) {
     const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];
@@ -117,6 +128,10 @@ void varlen_attention_backward(TensorView<float> dq, TensorView<float> dk, Tenso
   require_shape(dout.shape(), {p.total_q, p.H, p.Dv}, "dout");
   require_shape(out.shape(), {p.total_q, p.H, p.Dv}, "out");
   require_shape(lse.shape(), {p.H, p.total_q}, "lse");
+  std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
+  read.insert(read.end(), {detail::named_span("dout", dout), detail::named_span("out", out),
+                           detail::named_span("lse", lse)});
+  detail::require_gradient_outputs(dq, dk, dv, TensorView<float>(), std::move(read));
   AttentionOptions o = options;
   for (int64_t s = 0; s < p.sequences; ++s) {
     const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];

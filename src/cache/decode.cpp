@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cache/decode_reads.h"
 #include "kernels/decode.h"
 #include "kernels/dispatch.h"
 
@@ -97,6 +98,11 @@ AttentionShape check_decode(TensorView<float> out, TensorView<float> lse, Tensor
       throw Error(
           fmt::format("decode_attention: sinks[{}] = {} must be a finite logit or -inf (no sink)", h, o.sinks[h]));
   if (o.sink_tokens < 0) throw Error(fmt::format("decode_attention: sink_tokens = {} is negative", o.sink_tokens));
+  // The kernel writes rows of out and lse while it still reads q, the mask and the pools.
+  std::vector<detail::NamedSpan> read = detail::decode_read_spans(q, kv, ao.mask);
+  detail::require_output(out, "decode_attention: out", read);
+  read.push_back({"out", byte_span(out)});
+  if (!lse.empty()) detail::require_output(lse, "decode_attention: lse", read);
   return s;
 }
 

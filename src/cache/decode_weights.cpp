@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "attention/top_k.h"
+#include "cache/decode_reads.h"
 #include "core/kv_codec.h"
 #include "kernels/mask_eval.h"
 #include "qkv/decode.h"
@@ -36,6 +37,7 @@ class DecodeRows {
     if (!std::ranges::equal(out_shape, want))
       throw Error(
           fmt::format("{}: output has shape {}, expected {}", who, shape_string(out_shape), shape_string(want)));
+    if (!lse.empty()) require_shape(lse.shape(), std::array<int64_t, 3>{B, H, N}, fmt::format("{}: lse", who));
     // decode_attention's own checks, by running it once into scratch: one decode step's cost,
     // small next to the float64 scores below.
     DecodeOptions check = options;
@@ -43,6 +45,8 @@ class DecodeRows {
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
     Tensor<float> scratch(oshape, fmt::format("{}: scratch", who));
     decode_attention(scratch.view(), TensorView<float>(), q, kv, check);
+    read_ = detail::decode_read_spans(q, kv, options.attention.mask);
+    read_.push_back(detail::named_span("lse", lse));
     mask_ = options.attention.mask;
     mask_.key_lengths = kv.seq_lens;
     eval_.emplace(mask_, AttentionShape{B, H, kv.Hkv, N, M, kv.D, kv.Dv});  // keeps a reference to mask_
@@ -51,6 +55,13 @@ class DecodeRows {
   }
 
   int64_t B = 0, H = 0, N = 0, M = 0;
+
+  // Throws unless `out` has places of its own, apart from every input and the outputs before it.
+  template <class T>
+  void require_output(const TensorView<T>& out, const char* name) {
+    detail::require_output(out, name, read_);
+    read_.push_back({name, byte_span(out)});
+  }
 
   // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M. Also sets
   // allowed(): the row's allowed keys in increasing order.
@@ -103,6 +114,7 @@ class DecodeRows {
   double scale_ = 1.0;
   std::vector<double> score_;
   std::vector<int64_t> allowed_;
+  std::vector<detail::NamedSpan> read_;
 };
 
 }  // namespace
@@ -110,6 +122,7 @@ class DecodeRows {
 void decode_attention_weights(TensorView<float> weights, TensorView<const float> q, const PagedKV& kv,
                               TensorView<const float> lse, const DecodeOptions& options) {
   DecodeRows rows("decode_attention_weights", weights.shape(), -1, q, kv, lse, options);
+  rows.require_output(weights, "decode_attention_weights: weights");
   for (int64_t b = 0; b < rows.B; ++b)
     for (int64_t h = 0; h < rows.H; ++h)
       for (int64_t i = 0; i < rows.N; ++i) {
@@ -126,6 +139,8 @@ void decode_attention_top_k(TensorView<float> values, TensorView<int64_t> indice
     throw Error(fmt::format("decode_attention_top_k: values {} and indices {} must have one shape",
                             shape_string(values.shape()), shape_string(indices.shape())));
   DecodeRows rows("decode_attention_top_k", values.shape(), top_k, q, kv, lse, options);
+  rows.require_output(values, "decode_attention_top_k: values");
+  rows.require_output(indices, "decode_attention_top_k: indices");
   std::vector<int64_t> order;
   for (int64_t b = 0; b < rows.B; ++b)
     for (int64_t h = 0; h < rows.H; ++h)

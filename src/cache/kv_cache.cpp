@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
 #include "core/kv_codec.h"
 #include "core/huge_pages.h"
 
@@ -115,6 +116,8 @@ void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const fl
                             shape_string(v.shape()), k.dim(0), c.Hkv, c.Dv));
   checked_numel(k.shape(), sizeof(float), "KVCache::append: k");
   checked_numel(v.shape(), sizeof(float), "KVCache::append: v");
+  detail::require_data(k, "KVCache::append: k");
+  detail::require_data(v, "KVCache::append: v");
   const int64_t T = k.dim(0);
   // The pool's token slots number at most 2^62 (the constructor bounded its bytes), so with T below
   // them the page count below cannot overflow, even for a T only a stride-0 view could describe.

@@ -1,17 +1,25 @@
 // RoPE: one table of (cos, sin) per (batch row, token), shared by every head.
 #include "qkv/rotary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
+
 namespace qkv {
 
 void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const RotaryOptions& o) {
   if (x.rank() != 4) throw Error(fmt::format("apply_rotary: x must be [B, H, N, D], got {}", shape_string(x.shape())));
   checked_numel(x.shape(), sizeof(float), "apply_rotary: x");
+  detail::require_data(x, "apply_rotary: x");
+  // A row shared by several (b, h, n) would turn once for each of them.
+  if (may_self_overlap(x))
+    throw Error("apply_rotary: x: its strides make elements share memory (a stride-0 dimension, or strides that "
+                "interleave); rotate a buffer with one place per element");
   const int64_t B = x.dim(0), H = x.dim(1), N = x.dim(2), D = x.dim(3);
   const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > D)
@@ -37,6 +45,14 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   std::vector<double> inv_freq(static_cast<std::size_t>(pairs));
   for (int64_t p = 0; p < pairs; ++p)
     inv_freq[p] = std::pow(o.theta, -2.0 * static_cast<double>(p) / static_cast<double>(rd));
+  // A theta below 1 makes the last pair's frequency the largest; a tiny one makes angles infinite.
+  int64_t last = N - 1;
+  for (int64_t offset : offsets) last = std::max(last, offset + N - 1);
+  const double widest = std::max(inv_freq.front(), inv_freq.back()) * static_cast<double>(std::max<int64_t>(last, 1));
+  if (!std::isfinite(widest))
+    throw Error(fmt::format("apply_rotary: theta = {} gives an infinite angle (the frequency theta^(-2p / "
+                            "rotary_dim) times position {}); pass a larger theta",
+                            o.theta, std::max<int64_t>(last, 1)));
   std::vector<float> cs(static_cast<std::size_t>(2 * pairs));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t offset = offsets.empty() ? 0 : offsets[b];
