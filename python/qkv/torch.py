@@ -431,9 +431,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     required, as in PyTorch, and checked as always, and qkv applies its causal mask instead of
     reading it).
 
-    need_weights=True returns the exact softmax weights (recomputed by qkv's attention_weights
-    from the forward's log-sum-exp, in float32; float64 modules use the float64 composite), which
-    are not differentiable; need_weights=False (use it when training) skips that work entirely.
+    need_weights=True returns the exact softmax weights (recomputed in float64 by qkv's
+    attention_weights and rounded to the module's dtype; float64 modules use the float64
+    composite), which are not differentiable; need_weights=False (use it when training) skips that work entirely.
     A float16 module runs its projections in float32 and rounds each result once (as its attention
     does), so it runs on a torch without a float16 CPU matmul.
     Dropout: a module with dropout > 0 drops attention weights in training mode, in qkv's kernels
@@ -556,10 +556,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         layout = _Layout(q, k, v, False)
         extras = _extras(bool(is_causal), "top_left", None, None, None, None, None,
                          self.dropout if self.training else 0.0)
-        out, lse = _attention(q, k, v, layout, keep, bias, extras, None, None, functools.partial(_mha_source, floats))
+        out, _ = _attention(q, k, v, layout, keep, bias, extras, None, None, functools.partial(_mha_source, floats))
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
         out = _linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
-        weights = self._weights(q, k, keep, bias, extras, lse, average_attn_weights) if need_weights else None
+        weights = self._weights(q, k, keep, bias, extras, average_attn_weights) if need_weights else None
         if not batched:
             out = out.squeeze(bd)
             weights = None if weights is None else weights.squeeze(0)
@@ -576,8 +576,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         return _linear(query, w[0], b[0]), _linear(key, w[1], b[1]), _linear(value, w[2], b[2])
 
     @torch.no_grad()
-    def _weights(self, q, k, keep, bias, extras, lse, average):
-        """The exact [N, H, L, S] softmax weights (averaged over heads if `average`), not differentiable."""
+    def _weights(self, q, k, keep, bias, extras, average):
+        """The exact [N, H, L, S] softmax weights (averaged over heads if `average`), not differentiable.
+        Each row's normalizer is recomputed in float64: the forward's float32 lse is off by half an
+        ulp of |lse|, in every weight (a -1e9 mask on a row puts that at 32)."""
         if q.dtype == torch.float64:
             s = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
             if bias is not None:
@@ -593,8 +595,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             mask = dict(extras, keep_mask=None if keep is None else _numpy(keep.expand(shape)),
                         bias=None if bias is None else _mask_numpy(bias.expand(shape), q.dtype))
             widen = (lambda t: _numpy(t.float())) if q.dtype in (torch.bfloat16, torch.float16) else _numpy
-            lse_np = None if q.dtype == torch.bfloat16 else _numpy(lse)  # float16's lse is the fp32 forward's
-            w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, lse_np, mask, None,
+            w = torch.from_numpy(_qkv.attention_weights(widen(q), widen(k), None, None, None, mask, None,
                                                         torch.get_num_threads())).to(q.dtype)
         w = _dropped(w, extras)
         return w.mean(dim=1) if average else w

@@ -12,6 +12,7 @@
 #include "attention/output_checks.h"
 #include "attention/overflow.h"
 #include "attention/top_k.h"
+#include "kernels/backward.h"
 #include "kernels/mask_eval.h"
 #include "qkv/interrupt.h"
 #include "qkv/out_of_memory.h"
@@ -59,7 +60,9 @@ double dot_row(const float* q, const float* k, int64_t D, int64_t q_step, int64_
 
 // Fills w[j] (j in [0, M)) with the masked, scaled logits of query row i of (b, h) and returns
 // the row's log-sum-exp (the given lse, else computed); -inf if the row is fully masked (then w
-// is all 0). Weights are exp(w[j] - lse): callers exponentiate only the entries they keep.
+// is all 0). A computed lse and the logits are both taken relative to the row's max, so a huge
+// bias (finfo.min) does not swallow log(sum). Weights are exp(w[j] - lse): callers exponentiate
+// only the entries they keep.
 double row_logits(std::vector<double>& w, const RowProblem& p, const detail::MaskEval& mask, TensorView<const float> q,
                   TensorView<const float> k, TensorView<const float> lse, int64_t b, int64_t h, int64_t i) {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -80,10 +83,15 @@ double row_logits(std::vector<double>& w, const RowProblem& p, const detail::Mas
     std::fill(w.begin(), w.end(), 0.0);
     return kNegInf;
   }
-  if (!lse.empty()) return lse(b, h, i);
+  // A given lse past kRenormFloat carries more than 2^-14 of rounding into every weight (32 at a
+  // -1e9 mask): the row's own replaces it where it is that row's (the backward's rule).
+  const bool given = !lse.empty();
+  if (given && std::abs(lse(b, h, i)) <= kernels::kRenormFloat) return lse(b, h, i);
   double sum = 0.0;
   for (int64_t j = band.lo; j < band.hi; ++j) sum += std::exp(w[j] - row_max);
-  return row_max + std::log(sum);
+  if (given && !kernels::same_row_lse(row_max + std::log(sum), lse(b, h, i), false)) return lse(b, h, i);
+  for (int64_t j = band.lo; j < band.hi; ++j) w[j] -= row_max;
+  return std::log(sum);
 }
 
 // What a caller can do about weights past float32: only an lse below the row's own (the forward's
@@ -149,7 +157,7 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
 std::vector<detail::NamedSpan> inputs_of(TensorView<const float> q, TensorView<const float> k,
                                          TensorView<const float> lse, const AttentionOptions& options) {
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, TensorView<const float>(), options.mask);
-  read.push_back({"lse", byte_span(lse)});
+  read.push_back(detail::named_span("lse", lse));
   return read;
 }
 
@@ -185,7 +193,7 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   require_shape(indices.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k indices");
   std::vector<detail::NamedSpan> read = inputs_of(q, k, lse, options);
   detail::require_output(values, "top-k values", read);
-  read.push_back({"top-k values", byte_span(values)});
+  read.push_back(detail::named_span("top-k values", values));
   detail::require_output(indices, "top-k indices", read);
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,

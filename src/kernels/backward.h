@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/large_scores_room.h"
@@ -22,6 +23,15 @@ constexpr int64_t kBackwardPad = 16;
 // |lse|, relative, in every P) passes 2^-14 for an fp32 lse and 2^-24 for a float64 one. An
 // fp32 lse below it carries the error of FlashAttention's own lse; a float64 one, none that shows.
 constexpr double kRenormFloat = 0x1p10, kRenormWide = 0x1p29;
+
+// Whether a row's own lse (its max + the log of its sum, in double) is the `given` one, to that
+// lse's precision (4 ulps of its type: double if `wide`, else float) and the forward's fp32 sums
+// (0.01). An lse from elsewhere (-1e30 for a row whose own is 0.5) is not, and stays the caller's.
+inline bool same_row_lse(double own, double given, bool wide) {
+  const double a = std::abs(given);
+  const double ulp = wide ? std::nextafter(a, INFINITY) - a : double{std::nextafter(static_cast<float>(a), INFINITY)} - a;
+  return std::abs(own - given) <= 0.01 + 4.0 * ulp;
+}
 
 // Query rows [chunk * chunk_rows, ...) of every query head of kv head hk of batch row b.
 struct BackwardTask {

@@ -56,18 +56,14 @@ void BackwardTile<Ops>::renormalize(int64_t h) {
       }
     }
   }
-  // The row's own max + log(sum) must be the lse given, to that lse's precision (4 ulps of its
-  // type) and the forward's fp32 sums (0.01): an lse from elsewhere (-1e30 for a row whose own is
-  // 0.5) is kept, and what it gives refused as ever (overflow.h). So is a row left without a finite
+  // The row's own max + log(sum) must be the lse given (same_row_lse): an lse from elsewhere is
+  // kept, and what it gives refused as ever (overflow.h). So is a row left without a finite
   // normalizer.
   for (int64_t row = 0; row < r1_ - r0_; ++row)
     if (renorm_[row]) {
       const double sum = norm_log_[row], given = row_lse(h, r0_ + row);
       const double own = static_cast<double>(norm_max_[row]) + std::log(sum);
-      const double ulp = p_.lse_wide != nullptr
-                             ? std::nextafter(std::abs(given), INFINITY) - std::abs(given)
-                             : double{std::nextafter(static_cast<float>(std::abs(given)), INFINITY)} - std::abs(given);
-      renorm_[row] = sum > 0.0 && std::isfinite(sum) && std::abs(own - given) <= 0.01 + 4.0 * ulp;
+      renorm_[row] = sum > 0.0 && std::isfinite(sum) && same_row_lse(own, given, p_.lse_wide != nullptr);
       norm_log_[row] = renorm_[row] ? std::log(sum) : 0.0;
     }
 }

@@ -75,6 +75,33 @@ def test_given_lse_and_defaults():
     assert np.array_equal(last, qkv.attention_weights(q[0, 0], k[0, 0], rows=[16]))
 
 
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_a_given_lse_too_large_for_float32_is_replaced_by_the_rows_own(top_k):
+    """A row under a -1e9 bias has lse about -1e9, which float32 holds to 64: exp(score - lse) put
+    weights of 0.9-1.4 on 5 keys. Past 2^10 the row's own lse replaces a given one that is that
+    row's (the backward's rule); one that is not is still refused."""
+    rng = rng_for(10250)
+    print(seed_note(10250))
+    q = rng.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    bias = np.zeros((1, 2, 6, 5), np.float32)
+    bias[0, :, 1] = -1e9          # a whole row
+    bias[0, 1, 3] = -3000.0       # past 2^10 by less
+    bias[0, 0, 4, :2] = -1e9      # a part of a row: its lse stays ordinary
+    _, lse = qkv.scaled_dot_product_attention(q, k, k, bias=bias, return_lse=True)
+    assert np.abs(lse).max() > 1e8
+    got = qkv.attention_weights(q, k, lse=lse, bias=bias, top_k=top_k)
+    want = qkv.attention_weights(q, k, bias=bias, top_k=top_k)
+    if top_k is None:
+        assert_close(got, want, 2e-6, seed_note(10250))
+        np.testing.assert_allclose(got.sum(axis=-1), 1.0, atol=1e-6)
+    else:
+        assert_close(got[0], want[0], 2e-6, seed_note(10250))
+        assert np.array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match="attention_weights: the output overflowed float32"):
+        qkv.attention_weights(q, k, lse=lse - 5000, bias=bias, top_k=top_k)
+
+
 def test_fully_masked_rows_are_zero():
     rng = rng_for(10300)
     q = rng.standard_normal((3, 5)).astype(np.float32)

@@ -300,6 +300,27 @@ def test_float16_module_trains_within_half_precision_of_float64(seed):
         assert err <= 4 * ulp * (1 + float(ref_t.abs().max())), (err, float(ref_t.abs().max()))
 
 
+def test_weights_under_huge_float_masks_are_exact():
+    """A float32 module's weights for rows under a -1e9 mask (HuggingFace's style, or finfo.min) are
+    the float64 softmax of the scores (they summed to 5-7 from the forward's float32 lse)."""
+    torch.manual_seed(10)
+    ours = qt.MultiheadAttention(16, 2, batch_first=True)
+    ref = torch.nn.MultiheadAttention(16, 2, batch_first=True).double()
+    ref.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+    x = torch.randn(2, 5, 16)
+    mask = torch.zeros(5, 5)
+    mask[1] = -1e9
+    mask[3] = torch.finfo(torch.float32).min
+    pad = torch.zeros(2, 5)
+    pad[1] = -1e9
+    for average in (True, False):
+        _, w = ours(x, x, x, attn_mask=mask, key_padding_mask=pad, average_attn_weights=average)
+        _, want = ref(x.double(), x.double(), x.double(), attn_mask=mask.double(), key_padding_mask=pad.double(),
+                      average_attn_weights=average)
+        assert float((w.double() - want).abs().max()) <= 1e-5
+        assert torch.allclose(w.sum(-1), torch.ones(()), atol=1e-5)
+
+
 def test_training_example_runs():
     """examples/torch_train.py end to end at a tiny size (its figures are in docs/benchmarks.md)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "torch_train.py"
