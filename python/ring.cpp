@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bare_new.h"
+#include "bind_mask.h"
 #include "bindings.h"
 #include "distributed/ring_plan.h"
 #include "qkv/options_parse.h"
@@ -38,12 +39,14 @@ qkv::Sharding sharding_of(const std::string& name) {
 }
 
 // Mask and options from the keyword arguments the Python wrappers forward (global positions),
-// by the rules every front end shares (qkv/options_parse.h).
+// by the rules every front end shares (qkv/options_parse.h); `dropout` holds the keys dropout_p,
+// dropout_seed and dropout_offset of the main module's options dict.
 qkv::RingOptions ring_options(bool causal, const std::string& align, std::optional<std::pair<int64_t, int64_t>> window,
                               std::vector<int64_t> key_lengths, std::vector<int64_t> query_lengths,
                               const std::vector<double>& alibi_slopes, double softcap, std::optional<double> scale,
-                              int num_threads, const std::string& sharding) {
+                              int num_threads, const std::string& sharding, const py::dict& dropout) {
   qkv::RingOptions o;
+  o.attention.dropout = qkvpy::dropout_arg(dropout);
   const qkv::CausalAlign a = qkv::parse_causal_align(align);
   o.sharding = sharding_of(sharding);
   if (causal) o.attention.mask.causal = a;

@@ -20,6 +20,10 @@ struct Dropout {
   // The batch index of the call's batch row 0: calls that each run one part of a larger batch
   // (the sequences of a packed varlen batch) give each part its own mask.
   int64_t first_batch = 0;
+  // The index of the call's query row 0 and key 0 in a larger call it is one block of (ring
+  // attention's blocks of a sharded sequence), so each block drops what the larger call drops.
+  int64_t first_row = 0;
+  int64_t first_key = 0;
   bool active() const { return p > 0.0; }
 };
 
@@ -35,6 +39,7 @@ class DropoutRow {
   DropoutRow(const Dropout& d, int64_t H, int64_t b, int64_t h, int64_t i);
   // Whether weight (i, j) of the row is kept.
   bool keep(int64_t j) const {
+    j += first_key_;
     const uint64_t group = static_cast<uint64_t>(j) >> 2;
     if (group != group_) {
       group_ = group;
@@ -44,6 +49,7 @@ class DropoutRow {
   }
 
  private:
+  int64_t first_key_;
   std::array<uint32_t, 2> key_;
   uint32_t row_, head_, offset_, threshold_;
   mutable uint64_t group_ = ~uint64_t{0};

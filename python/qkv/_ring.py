@@ -34,7 +34,7 @@ def as4(x, name):
 
 
 def options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap, scale, num_threads,
-            sharding):
+            sharding, dropout_p=0.0, seed=None, dropout_offset=0):
     """The RingOptions of a call; ValueError / TypeError name a bad argument."""
     # The main module's checks, so nothing is truncated or taken as truthy (1.5 as 1, "no" as True).
     def ints(x, name):
@@ -46,4 +46,5 @@ def options(causal, causal_align, window, key_lengths, query_lengths, alibi_slop
     return _qkv._ring_options(_qkv._flag_arg(causal, "causal"), causal_align, window,
                               ints(key_lengths, "key_lengths"), ints(query_lengths, "query_lengths"), slopes,
                               0.0 if softcap is None else _qkv._number_arg(softcap, "softcap"), _qkv._scale_arg(scale),
-                              _qkv._threads_arg(num_threads), sharding)
+                              _qkv._threads_arg(num_threads), sharding,
+                              dict(dropout_p=dropout_p, dropout_seed=seed, dropout_offset=dropout_offset))

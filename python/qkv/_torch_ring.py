@@ -18,7 +18,7 @@ from . import _qkv
 from ._ring import as4, options, place_shards, shard_ranges
 # qkv.torch's own checks of tensor arguments and refusals in backward, from the leaf module, which
 # (unlike qkv.torch, which imports this module) can be imported here at the top.
-from ._torch_checks import _check_tensor, _first_order_only, _lse_gradient_message, _uses_lse, _vector_arg
+from ._torch_checks import _check_tensor, _first_order_only, _lse_gradient_message, _scalar, _uses_lse, _vector_arg
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -72,12 +72,12 @@ class _Pending:
         return self.got
 
 
-def _agree(group, local):
-    """Every rank's row of the agreement, or the same ValueError on every rank when any rank's
-    arguments were bad (`local` is this rank's row or its error message)."""
+def _agree(group, local, seed):
+    """(every rank's row of the agreement, rank 0's dropout seed), or the same ValueError on every
+    rank when any rank's arguments were bad (`local` is this rank's row or its error message)."""
     rows = [None] * dist.get_world_size(group)
     try:
-        dist.all_gather_object(rows, local, group=group)
+        dist.all_gather_object(rows, local if isinstance(local, str) else (local, seed), group=group)
     except RuntimeError as e:
         raise RuntimeError(f"qkv.torch.ring_attention: rank {dist.get_rank(group)}: the ranks could not agree on the "
                            f"call (a rank of the group failed, did not call ring_attention, or exceeded the group's "
@@ -85,7 +85,7 @@ def _agree(group, local):
     for r, row in enumerate(rows):
         if isinstance(row, str):
             raise ValueError(f"qkv.torch.ring_attention: rank {r}: {row}")
-    return [int(x) for row in rows for x in row]
+    return [int(x) for row, _ in rows for x in row], rows[0][1]
 
 
 def _refuse_lse_gradient_together(ring, dlse):
@@ -177,7 +177,7 @@ def _local(q, k, v, make_options):
 
 def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left", window=None, key_lengths=None,
                    query_lengths=None, alibi_slopes=None, softcap=None, scale=None, sharding="zigzag",
-                   num_threads=None, return_lse=False):
+                   num_threads=None, return_lse=False, dropout_p=0.0):
     """Attention of this rank's queries over the whole (sharded) key sequence of the ranks of
     `group` (default: the world), with autograd. A collective: every rank of the group calls it,
     and later calls backward through its result, together.
@@ -187,6 +187,10 @@ def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left"
     options as in qkv.distributed.ring_attention, in GLOBAL positions: causal (causal_align),
     window, key_lengths, query_lengths, alibi_slopes, softcap, scale, sharding ("zigzag" or
     "contiguous"). num_threads: default torch.get_num_threads().
+    dropout_p: attention dropout in qkv's kernels, the keep-mask of qkv.torch's
+    scaled_dot_product_attention on the whole sequence. Every rank draws a seed from torch's default
+    generator and the ring uses rank 0's, so ranks seeded alike or not drop one mask, and
+    torch.manual_seed(s) on rank 0 replays it. Pass 0.0 at eval.
 
     Returns out [..., n, Dv], or (out, lse) with lse [..., n] if return_lse; a loss term on lse
     raises RuntimeError in backward (the ring computes no lse gradient: use lse.detach()), as does
@@ -198,14 +202,23 @@ def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left"
     if num_threads is None:
         num_threads = torch.get_num_threads()
 
-    def make_options():
+    def p():
+        return _qkv._dropout_p_arg(_scalar(dropout_p))
+
+    def make_options(seed=0):
         return options(causal, causal_align, window, _vector_arg(key_lengths, "key_lengths", True),
                        _vector_arg(query_lengths, "query_lengths", True),
-                       _vector_arg(alibi_slopes, "alibi_slopes", False), softcap, scale, num_threads, sharding)
+                       _vector_arg(alibi_slopes, "alibi_slopes", False), softcap, scale, num_threads, sharding,
+                       p(), seed if p() > 0.0 else None)
 
+    # The rows agree on dropout_p with a stand-in seed; the call then takes rank 0's draw (drawn, as
+    # by qkv.torch's other front ends, only when dropout drops anything).
     row, views, opts = _local(q, k, v, make_options)
-    ring = _Ring(group, _agree(group, row))
-    out, lse = _RingFunction.apply(*views, ring, opts)
+    dropping = opts is not None and p() > 0.0
+    table, seed = _agree(group, row, int(torch.empty((), dtype=torch.int64).random_()) if dropping else 0)
+    if dropping:
+        opts = make_options(seed)
+    out, lse = _RingFunction.apply(*views, _Ring(group, table), opts)
     out = out.reshape(*q.shape[:-1], out.size(-1))
     return (out, lse.reshape(q.shape[:-1])) if return_lse else out
 

@@ -12,7 +12,8 @@ Every rank calls each function together (collective). Arrays are this rank's sha
 float64, rounded; a value past float32's range is refused), shaped [..., n, D] with rank 2, 3 or 4 like qkv.scaled_dot_product_attention;
 the sequence is cut by `sharding`: "zigzag" (default; rank r holds chunks r and 2P-1-r of 2P, which
 balances a causal mask) or "contiguous". Masks use GLOBAL positions: causal (with causal_align),
-window, key_lengths, query_lengths, alibi_slopes, softcap. keep_mask and bias are not supported.
+window, key_lengths, query_lengths, alibi_slopes, softcap, and so does dropout's keep-mask (dropout_p,
+seed, dropout_offset). keep_mask and bias are not supported.
 A bad argument on any rank raises the same error on every rank, "rank r: ..." naming the first rank
 that refused its arguments (ValueError; TypeError for an argument of the wrong type), so no rank is
 left waiting: the ranks agree on their checks before any other message of the call.
@@ -83,14 +84,16 @@ def _f32(x, name):
 
 def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", window=None, key_lengths=None,
                    query_lengths=None, alibi_slopes=None, softcap=None, scale=None, sharding="zigzag", num_threads=0,
-                   return_lse=False):
+                   return_lse=False, dropout_p=0.0, seed=None, dropout_offset=0):
     """Attention of this rank's queries over the whole (sharded) key sequence.
 
+    Dropout (dropout_p, seed, dropout_offset) drops the weights that scaled_dot_product_attention
+    with the same three values drops on the whole sequence; every rank passes the same seed.
     Returns out [..., n, Dv] (float32), or (out, lse) with lse [..., n] if return_lse."""
     def check():
         arrays = _f32(q, "q"), _f32(k, "k"), _f32(v, "v")
         return arrays, _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap,
-                                scale, num_threads, sharding)
+                                scale, num_threads, sharding, dropout_p, seed, dropout_offset)
     (q4, k4, v4), opts = _agree(comm, check)
     out, lse = _d.forward(_comm_address(comm), q4, k4, v4, opts)
     lead = np.shape(q)[:-1]
@@ -100,8 +103,9 @@ def ring_attention(comm, q, k, v, *, causal=False, causal_align="top_left", wind
 
 def ring_attention_backward(comm, dout, q, k, v, out, lse, *, causal=False, causal_align="top_left", window=None,
                             key_lengths=None, query_lengths=None, alibi_slopes=None, softcap=None, scale=None,
-                            sharding="zigzag", num_threads=0):
-    """Gradients (dq, dk, dv) of this rank's shards, given dout and the forward's out and lse."""
+                            sharding="zigzag", num_threads=0, dropout_p=0.0, seed=None, dropout_offset=0):
+    """Gradients (dq, dk, dv) of this rank's shards, given dout and the forward's out and lse (and
+    the forward's dropout_p, seed and dropout_offset, whose mask it regenerates)."""
     def check():
         q4 = _f32(q, "q")
         lse3 = _qkv._float32_array(np.asarray(lse), "lse")
@@ -109,7 +113,7 @@ def ring_attention_backward(comm, dout, q, k, v, out, lse, *, causal=False, caus
             raise ValueError(f"lse: expected q's shape without D, {np.shape(q)[:-1]}, got shape {lse3.shape}")
         arrays = _f32(dout, "dout"), q4, _f32(k, "k"), _f32(v, "v"), _f32(out, "out"), lse3.reshape(q4.shape[:3])
         return arrays, _options(causal, causal_align, window, key_lengths, query_lengths, alibi_slopes, softcap,
-                                scale, num_threads, sharding)
+                                scale, num_threads, sharding, dropout_p, seed, dropout_offset)
     (dout4, q4, k4, v4, out4, lse3), opts = _agree(comm, check)
     dq, dk, dv = _d.backward(_comm_address(comm), dout4, q4, k4, v4, out4, lse3, opts)
     return dq.reshape(np.shape(q)), dk.reshape(np.shape(k)), dv.reshape(np.shape(v))

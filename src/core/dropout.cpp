@@ -32,8 +32,9 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_
 }
 
 DropoutRow::DropoutRow(const Dropout& d, int64_t H, int64_t b, int64_t h, int64_t i)
-    : key_{static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32) ^ static_cast<uint32_t>(d.offset >> 32)},
-      row_(static_cast<uint32_t>(i)),
+    : first_key_(d.first_key),
+      key_{static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32) ^ static_cast<uint32_t>(d.offset >> 32)},
+      row_(static_cast<uint32_t>(d.first_row + i)),
       head_(static_cast<uint32_t>((d.first_batch + b) * H + h)),
       offset_(static_cast<uint32_t>(d.offset)),
       // keep iff a uniform 32-bit word >= p·2^32: P(keep) = 1 − p to within 2^-32.

@@ -122,6 +122,9 @@ AttentionOptions block_options(const Plan& plan, const RingOptions& options, con
     if (!g.query_lengths.empty())
       m.query_lengths.push_back(std::clamp<int64_t>(valid_queries - qc.global.begin, 0, qc.global.size()));
   }
+  // Dropout keys each weight by its global row and key, so a block drops what one call would.
+  o.dropout.first_row += qc.global.begin;
+  o.dropout.first_key += kc.global.begin;
   // The block's scale must be the global default 1/sqrt(D), which it is: D is the same.
   return o;
 }
@@ -145,8 +148,10 @@ std::vector<BlockCall> step_calls(const Plan& plan, const RingOptions& options, 
       calls.push_back(
           {qi, qi + 1, ki, ki + 1, qc.offset, qc.global.size(), kc.offset, kc.global.size(), block.options});
     }
-  // ALiBi depends on the distance to the diagonal, which rectangle positions do not keep.
-  if (calls.size() < 2 || !options.attention.mask.alibi_slopes.empty()) return calls;
+  // ALiBi depends on the distance to the diagonal and dropout on global positions, which rectangle
+  // positions do not keep (a zigzag shard's chunks are not adjacent in the sequence).
+  if (calls.size() < 2 || !options.attention.mask.alibi_slopes.empty() || options.attention.dropout.active())
+    return calls;
   const std::pair<int, int> q = consecutive(q_used), k = consecutive(k_used);
   if (q.first == q.second || k.first == k.second) return calls;
   const std::optional<std::vector<KeyBand>> want = rectangle_bands(blocks, plan, qcs, kcs, q, k);

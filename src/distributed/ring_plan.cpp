@@ -49,6 +49,13 @@ int64_t options_fingerprint(const RingOptions& o) {
   f.add_all(m.query_lengths);
   f.add_all(m.alibi_slopes);
   f.add(m.softcap);
+  const Dropout& d = o.attention.dropout;
+  f.add(d.p);
+  f.add(d.seed);
+  f.add(d.offset);
+  f.add(d.first_batch);
+  f.add(d.first_row);
+  f.add(d.first_key);
   f.add(static_cast<int>(o.attention.kernel));
   f.add(static_cast<int>(o.sharding));
   return f.value();
@@ -78,8 +85,8 @@ void check_table(std::span<const int64_t> table, int ranks, const RingOptions& o
                                     fmt::join(row(r), row(r) + 5, ", "), fmt::join(row(0), row(0) + 5, ", ")));
     if (row(r)[7] != row(0)[7])
       throw AgreedError(
-          fmt::format("ring attention: rank {} was called with other options (mask, scale, kernel or "
-                      "sharding) than rank 0",
+          fmt::format("ring attention: rank {} was called with other options (mask, scale, dropout and its "
+                      "seed, kernel or sharding) than rank 0",
                       r));
   }
   for (int r = 0; r < ranks; ++r) plan.N += row(r)[5], plan.M += row(r)[6];
@@ -117,9 +124,6 @@ PlanRow plan_row(TensorView<const float> q, TensorView<const float> k, TensorVie
   if (!m.keep.empty() || !m.bias.empty())
     throw Error("ring attention: keep and bias masks are not supported (they are N×M on every rank)");
   if (!m.diagonal_offsets.empty()) throw Error("ring attention: diagonal_offsets is set by the ring itself");
-  // The keep-mask is keyed by a row's and a key's index in one call; the ring's block calls index
-  // their shards, so each would drop another mask than the single-process call.
-  if (options.attention.dropout.active()) throw Error("ring attention: dropout is not supported");
   // Lengths are global; they are checked against the global N and M after the agreement.
   AttentionOptions local = options.attention;
   local.mask.key_lengths.clear();

@@ -3,8 +3,9 @@
 // builds the same random problem from one seed (printed by rank 0; replay with QKV_TEST_SEED),
 // computes the ring forward and backward on its shard with 1, 2 and 3 threads, and checks:
 // bitwise equality across the thread counts, out, lse, dq, dk, dv within 2e-5·(1 + max|ref|) of
-// the fused kernel and of the float64 reference, and zeros for fully masked rows. It checks which
-// blocks of a step the ring joins into one call (ring::step_calls) and which it must not. Then every
+// the fused kernel and of the float64 reference (with dropout, the same keep-mask: it is keyed by
+// global positions), and zeros for fully masked rows. It checks which blocks of a step the ring
+// joins into one call (ring::step_calls) and which it must not. Then every
 // failure mode a user can hit must raise the same clear qkv::Error on every rank (no hang).
 // Exit status: 0 if every check passed on every rank.
 #include <mpi.h>
@@ -46,6 +47,7 @@ struct Case {
   int64_t B, H, Hkv, N, M, D, Dv;
   qkv::Sharding sharding;
   std::function<void(qkv::Mask&)> mask;
+  double dropout = 0.0;  // p, with a seed from the test's
 };
 
 Tensor<float> random_tensor(std::mt19937_64& rng, std::initializer_list<int64_t> shape) {
@@ -157,6 +159,9 @@ void run_case(const Case& c, uint64_t seed) {
   Tensor<float> dout = random_tensor(rng, {c.B, c.H, c.N, c.Dv});
   qkv::AttentionOptions single;
   c.mask(single.mask);
+  // The same keep-mask for the ring, the single call and the float64 reference: it is keyed by
+  // global positions.
+  single.dropout = {.p = c.dropout, .seed = seed, .offset = 3};
   single.kernel = qkv::Kernel::fused;
   single.num_threads = 1;
 
@@ -288,6 +293,14 @@ std::vector<Case> cases() {
       {"key length inside a chunk (not joined)", 1, 2, 2, 40, 40, 16, 16, Sharding::zigzag,
        [](qkv::Mask& m) { m.key_lengths = {37}; }},
       {"N = 1", 1, 1, 1, 1, 1, 40, 40, Sharding::contiguous, none},
+      {"dropout causal zigzag", 2, 2, 1, 37, 37, 16, 24, Sharding::zigzag, causal, 0.3},
+      {"dropout plain contiguous", 1, 2, 2, 29, 29, 40, 40, Sharding::contiguous, none, 0.2},
+      {"dropout window, lengths", 2, 2, 2, 27, 27, 16, 16, Sharding::zigzag,
+       [](qkv::Mask& m) {
+         m.window = qkv::Window{4, 2};
+         m.key_lengths = {20, 25};
+       },
+       0.5},
   };
 }
 
@@ -320,6 +333,13 @@ void run_error_cases() {
   expect_error("options differ", fmt::format("rank {} was called with other options", last),
                [&] { call(16, n, 8, g_rank == last && last > 0); });
   expect_error("shard sizes off the layout", "layout of N =", [&] { call(16, g_rank == 0 ? n + 2 : n, 8, false); });
+  expect_error("dropout seeds differ", fmt::format("rank {} was called with other options (mask, scale, dropout", last),
+               [&] {
+                 Tensor<float> t({1, 1, n, 8});
+                 qkv::RingOptions o;
+                 o.attention.dropout = {.p = 0.1, .seed = g_rank == last && last > 0 ? 2u : 1u};
+                 qkv::ring_attention_forward(MPI_COMM_WORLD, t.view(), {}, t.cview(), t.cview(), t.cview(), o);
+               });
   expect_error("bias refused", "keep and bias masks are not supported", [&] {
     Tensor<float> t({1, 1, n, 8}), bias({1, 1, 1, 1});
     qkv::RingOptions o;

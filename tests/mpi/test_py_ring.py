@@ -39,6 +39,9 @@ CASES = [
     dict(name="window + key lengths", shape=(2, 2, 2, 31, 31, 24, 24),
          mask=dict(window=(4, 2), key_lengths=[25, 0])),
     dict(name="contiguous causal", shape=(1, 1, 1, 20, 20, 59, 59), mask=dict(causal=True), sharding="contiguous"),
+    # The keep-mask is keyed by global positions: the ring drops what the single call drops.
+    dict(name="dropout causal", shape=(2, 2, 1, 33, 33, 16, 16),
+         mask=dict(causal=True, dropout_p=0.25, seed=11, dropout_offset=2)),
 ]
 
 

@@ -104,8 +104,11 @@ def test_torch(kwargs, extra, code, message):
     assert message in str(e.value)
 
 
-# Dropout has no ring and no command option: numpy and qkv.torch.
-@pytest.mark.parametrize("p, shown", [(1.0, "1"), (-0.5, "-0.5"), (math.nan, "nan")])
+# Dropout has no command option: numpy and qkv.torch here, the rings below (DROPOUT).
+DROPOUT = [(1.0, "1"), (-0.5, "-0.5"), (math.nan, "nan")]
+
+
+@pytest.mark.parametrize("p, shown", DROPOUT)
 def test_dropout_p_numpy_and_torch(p, shown):
     message = f"dropout_p must be in [0, 1), got {shown}"
     q, k, v = arrays()
@@ -118,8 +121,10 @@ def test_dropout_p_numpy_and_torch(p, shown):
 
 
 def ring_messages(tmp_path, launcher, mode):
+    """Each ring's messages for CASES, then for DROPOUT (qkv.distributed takes a seed too)."""
     out = tmp_path / f"{mode}.json"
-    cases = json.dumps([c[1] for c in CASES])
+    seed = {} if mode == "torch" else dict(seed=1)
+    cases = json.dumps([c[1] for c in CASES] + [dict(dropout_p=p, **seed) for p, _ in DROPOUT])
     done = subprocess.run([*launcher, sys.executable, str(WORKER), mode, cases, str(out)], capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -127,8 +132,11 @@ def ring_messages(tmp_path, launcher, mode):
 
 
 def check_ring(got):
+    assert len(got) == len(CASES) + len(DROPOUT)
     for (name, _, _, _, message), text in zip(CASES, got):
         assert text is not None and message in text, (name, text)
+    for (_, shown), text in zip(DROPOUT, got[len(CASES):]):
+        assert text is not None and f"dropout_p must be in [0, 1), got {shown}" in text, (shown, text)
 
 
 def test_torch_ring(tmp_path):

@@ -65,6 +65,19 @@ def test_ring_matches_the_float64_reference_and_is_bitwise_for_any_thread_count(
             assert g["err"] <= 2 * g["pt_err"] + 1e-5, (case, name, g)
 
 
+def test_dropout_drops_the_single_calls_mask_whatever_each_rank_seeded():
+    done, _ = torchrun("dropout")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split("dropout result ", 1)[1] for line in done.stdout.splitlines() if "dropout result " in line]
+    assert len(lines) == 2 and lines[0] == lines[1], done.stdout  # every rank's view of the whole sequence
+    got = json.loads(lines[0])
+    print(got)
+    assert got["bitwise"], "1 and 3 threads differ"
+    assert got["dropped"] > 0.1, "dropout changed nothing"
+    for name, err, max_ref in zip(("out", "dq", "dk", "dv"), got["err"], got["max"]):
+        assert err <= 2e-5 * (1 + max_ref), (name, err, max_ref)
+
+
 def test_a_bad_argument_on_one_rank_raises_the_same_error_on_every_rank():
     done, _ = torchrun("bad")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -5,6 +5,8 @@
         on its shards for 1, 2 and 3 threads (forward, then backward through autograd), and rank 0
         writes the errors against the float64 reference and PyTorch's fp32 composite, and whether
         the thread counts agreed bitwise (one process start for all cases: it takes seconds).
+    torchrun ... torch_ring_worker.py dropout -> ranks seeded apart run the ring with dropout: rank 0
+        prints its errors against the single-process call seeded as rank 0 was
     torchrun ... torch_ring_worker.py bad    -> rank 1 passes a bad window: every rank prints its error
     torchrun ... torch_ring_worker.py fail   -> rank 1 raises before the ring: rank 0 must report it
     torchrun ... torch_ring_worker.py hang   -> rank 1 never calls the ring: rank 0 must time out
@@ -94,6 +96,32 @@ def check(case):
     return result
 
 
+def dropout():
+    """The ring with dropout on ranks seeded apart, for 1 and 3 threads, against the single-process
+    qkv.torch call seeded as rank 0 was: the ring takes rank 0's draw, and its keep-mask is keyed
+    by global positions."""
+    rank = dist.get_rank()
+    rng = np.random.default_rng(8)
+    q, k, v, dout = (torch.from_numpy(rng.standard_normal((2, 2, 29, 8), dtype=np.float32)) for _ in range(4))
+    runs = []
+    for threads in (1, 3):
+        torch.manual_seed(100 + rank)
+        leaves = [qt.shard(t).requires_grad_() for t in (q, k, v)]
+        out = qt.ring_attention(*leaves, causal=True, dropout_p=0.3, num_threads=threads)
+        out.backward(qt.shard(dout))
+        runs.append([qt.unshard(t) for t in [out.detach()] + [x.grad for x in leaves]])
+    torch.manual_seed(100)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    single = qt.scaled_dot_product_attention(*leaves, is_causal=True, dropout_p=0.3)
+    single.backward(dout)
+    want = [single.detach()] + [x.grad for x in leaves]
+    no_drop = qt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return {"bitwise": all(torch.equal(a, b) for a, b in zip(*runs)),
+            "err": [(g - w).abs().max().item() for g, w in zip(runs[0], want)],
+            "max": [w.abs().max().item() for w in want],
+            "dropped": (runs[0][0] - no_drop).abs().max().item()}
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_SECONDS))
@@ -103,6 +131,8 @@ def main():
         if dist.get_rank() == 0:
             with open(sys.argv[3], "w") as f:
                 json.dump(results, f)
+    elif mode == "dropout":
+        print(f"dropout result {json.dumps(dropout())}", flush=True)
     elif mode == "bad":
         q = torch.zeros(8, 4)
         try:
