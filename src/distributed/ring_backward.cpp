@@ -7,7 +7,9 @@
 // depend on threads or timing. A first contribution is written in place (adding it to 0 copies it).
 #include <fmt/format.h>
 
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "attention/backward_checks.h"
 #include "distributed/ring_common.h"
@@ -42,19 +44,27 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
   const int64_t Mr = plan.kv_tokens(r);
 
   const int64_t shard = plan.max_kv_floats();
-  const ring::Scratch kv[2] = {{shard, "ring attention K/V buffer"}, {shard, "ring attention K/V buffer"}};
-  // Gradient sums: `local` is this step's contribution, `in` the sum arriving from the left,
-  // `sending` the sum on its way to the right; they rotate so no buffer is reused in flight.
-  const char* const grad_what = "ring attention dK/dV buffer";
-  const ring::Scratch grad_storage[3] = {{shard, grad_what}, {shard, grad_what}, {shard, grad_what}};
+  // Every rank's buffers before the first transfer (ring::LocalFault, as in the forward).
+  ring::LocalFault fault;
+  // kv: this step's K/V shard and the next. Gradient sums: `local` is this step's contribution,
+  // `in` the sum arriving from the left, `sending` the sum on its way to the right; they rotate so
+  // no buffer is reused in flight.
+  std::vector<ring::Scratch> kv, grad_storage;
+  ring::ShardAt own{};
+  std::optional<ring::BackwardSteps> steps;
+  fault.run([&] {
+    for (int b = 0; b < 2; ++b) kv.emplace_back(shard, "ring attention K/V buffer");
+    for (int b = 0; b < 3; ++b) grad_storage.emplace_back(shard, "ring attention dK/dV buffer");
+    own = ring::own_shard(plan, k, v, kv[0].data(), threads);
+    steps.emplace(plan, options, dq, dout, q, out, lse);
+  });
+  fault.settle(comm.get());
   float* local = grad_storage[0].data();
   float* in = grad_storage[1].data();
   float* sending = grad_storage[2].data();
-  const ring::ShardAt own = ring::own_shard(plan, k, v, kv[0].data(), threads);
   // The last hop brings this rank's finished dK/dV: straight into dk and dv when they are
   // contiguous, else into a buffer copied out at the end.
   const bool grads_in_place = P > 1 && dk.is_contiguous() && dv.is_contiguous();
-  ring::BackwardSteps steps(plan, options, dq, dout, q, out, lse);
 
   ring::Transfers kv_transfers, grad_in, grad_out;
   for (int s = 0; s < P; ++s) {
@@ -68,7 +78,7 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
       kv_transfers.send_shard(plan, src, current, right, kTagKV, comm.get());
       kv_transfers.poll(ring::kPollSeconds);
     }
-    steps.step(src, current, local, local + plan.k_floats(src));
+    fault.run([&] { steps->step(src, current, local, local + plan.k_floats(src)); });
     if (P > 1) {
       // The sum for src so far (ranks src .. r-1) plus this rank's part, always in that order.
       if (s > 0) {
@@ -87,9 +97,10 @@ void ring_attention_backward(MPI_Comm user_comm, TensorView<float> dq, TensorVie
     }
     kv_transfers.wait();
   }
-  steps.finish();
+  fault.run([&] { steps->finish(); });
   grad_in.wait();
   grad_out.wait();
+  fault.settle(comm.get());
   if (grads_in_place) return;
   float* finished = P > 1 ? in : local;
   ring::copy_into(dk, ring::packed_k(plan, finished, r, 0, Mr), threads);

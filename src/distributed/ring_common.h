@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 #include "distributed/ring_plan.h"
 #include "qkv/distributed.h"
 
@@ -40,6 +42,27 @@ class Transfers {
 
 // Throws qkv::Error naming `what` if an MPI call failed.
 void check_mpi(int rc, const char* what);
+
+// A rank's first failure after the agreement (no memory for a buffer, an instruction set this
+// host lacks, an output past float32): the rank goes on with its part of every transfer, so no
+// neighbour waits for it forever, and skips the rest of its work; settle() then throws it as an
+// AgreedError on every rank, naming the rank.
+class LocalFault {
+ public:
+  template <class F>
+  void run(F&& f) {
+    if (!error_.empty()) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  void settle(MPI_Comm comm) const { agree_or_throw(comm, error_); }
+
+ private:
+  std::string error_;
+};
 
 // A duplicate of the caller's communicator for the length of one call, so the ring's messages
 // cannot match the caller's own traffic.

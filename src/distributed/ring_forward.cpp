@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "distributed/ring_common.h"
 
@@ -31,10 +33,17 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
   ring::CommDup comm(user_comm);
   const int P = plan.ranks, r = plan.rank;
   const int threads = resolve_num_threads(options.attention.num_threads);
-  const ring::Scratch buffers[2] = {{plan.max_kv_floats(), "ring attention K/V buffer"},
-                                    {plan.max_kv_floats(), "ring attention K/V buffer"}};
-  const ring::ShardAt own = ring::own_shard(plan, k, v, buffers[0].data(), threads);
-  ring::ForwardSteps steps(plan, options, out, q);
+  // Every rank's buffers before the first transfer: a rank without them could not take its part.
+  ring::LocalFault fault;
+  std::vector<ring::Scratch> buffers;
+  ring::ShardAt own{};
+  std::optional<ring::ForwardSteps> steps;
+  fault.run([&] {
+    for (int b = 0; b < 2; ++b) buffers.emplace_back(plan.max_kv_floats(), "ring attention K/V buffer");
+    own = ring::own_shard(plan, k, v, buffers[0].data(), threads);
+    steps.emplace(plan, options, out, q);
+  });
+  fault.settle(comm.get());
   ring::Transfers transfers;
   for (int s = 0; s < P; ++s) {
     const int src = (r - s + P) % P;
@@ -47,10 +56,11 @@ void ring_attention_forward(MPI_Comm user_comm, TensorView<float> out, TensorVie
       transfers.send_shard(plan, src, current, (r + 1) % P, kTagKV, comm.get());
       transfers.poll(ring::kPollSeconds);
     }
-    steps.step(src, current);
+    fault.run([&] { steps->step(src, current); });
     transfers.wait();
   }
-  steps.finish(lse);
+  fault.run([&] { steps->finish(lse); });
+  fault.settle(comm.get());
 }
 
 }  // namespace qkv

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iterator>
 
 #include "distributed/ring_plan.h"
 #include "qkv/options_parse.h"
@@ -35,30 +36,37 @@ class Fingerprint {
   uint64_t hash_ = 14695981039346656037ull;
 };
 
-int64_t options_fingerprint(const RingOptions& o) {
+// The groups of options every rank must share, in the order of their fingerprints in a row.
+constexpr const char* kOptionGroups[] = {"scale", "mask (causal, window, lengths, ALiBi, softcap)",
+                                         "dropout (p, seed, offset)", "kernel", "sharding"};
+constexpr int kFirstFingerprint = kPlanFields - static_cast<int>(std::size(kOptionGroups));
+
+// Each group's fingerprint, written into row[kFirstFingerprint...]; the scale as resolved for head
+// dim D, so a default and the same value given agree.
+void options_fingerprints(const RingOptions& o, int64_t D, int64_t* row) {
   const Mask& m = o.attention.mask;
-  Fingerprint f;
-  f.add(o.attention.scale.has_value());
-  f.add(o.attention.scale.value_or(0.0));
-  f.add(m.causal.has_value());
-  f.add(static_cast<int>(m.align()));
-  f.add(m.window.has_value());
-  f.add(m.window.value_or(Window{}).left);
-  f.add(m.window.value_or(Window{}).right);
-  f.add_all(m.key_lengths);
-  f.add_all(m.query_lengths);
-  f.add_all(m.alibi_slopes);
-  f.add(m.softcap);
+  Fingerprint scale, mask, dropout, kernel, sharding;
+  scale.add(attention_scale(o.attention.scale, D));
+  mask.add(m.causal.has_value());
+  mask.add(static_cast<int>(m.align()));
+  mask.add(m.window.has_value());
+  mask.add(m.window.value_or(Window{}).left);
+  mask.add(m.window.value_or(Window{}).right);
+  mask.add_all(m.key_lengths);
+  mask.add_all(m.query_lengths);
+  mask.add_all(m.alibi_slopes);
+  mask.add(m.softcap);
   const Dropout& d = o.attention.dropout;
-  f.add(d.p);
-  f.add(d.seed);
-  f.add(d.offset);
-  f.add(d.first_batch);
-  f.add(d.first_row);
-  f.add(d.first_key);
-  f.add(static_cast<int>(o.attention.kernel));
-  f.add(static_cast<int>(o.sharding));
-  return f.value();
+  dropout.add(d.p);
+  dropout.add(d.seed);
+  dropout.add(d.offset);
+  dropout.add(d.first_batch);
+  dropout.add(d.first_row);
+  dropout.add(d.first_key);
+  kernel.add(static_cast<int>(o.attention.kernel));
+  sharding.add(static_cast<int>(o.sharding));
+  int i = kFirstFingerprint;
+  for (const Fingerprint& f : {scale, mask, dropout, kernel, sharding}) row[i++] = f.value();
 }
 
 std::vector<Chunk> chunks_of(int64_t length, int ranks, int rank, Sharding sharding) {
@@ -83,23 +91,27 @@ void check_table(std::span<const int64_t> table, int ranks, const RingOptions& o
     if (!std::equal(row(r), row(r) + 5, row(0)))
       throw AgreedError(fmt::format("ring attention: rank {} has [B, H, Hkv, D, Dv] = [{}] but rank 0 has [{}]", r,
                                     fmt::join(row(r), row(r) + 5, ", "), fmt::join(row(0), row(0) + 5, ", ")));
-    if (row(r)[7] != row(0)[7])
-      throw AgreedError(
-          fmt::format("ring attention: rank {} was called with other options (mask, scale, dropout and its "
-                      "seed, kernel or sharding) than rank 0",
-                      r));
+    for (int g = kFirstFingerprint; g < kPlanFields; ++g)
+      if (row(r)[g] != row(0)[g])
+        throw AgreedError(fmt::format("ring attention: rank {} was called with another {} than rank 0", r,
+                                      kOptionGroups[g - kFirstFingerprint]));
   }
   for (int r = 0; r < ranks; ++r) plan.N += row(r)[5], plan.M += row(r)[6];
-  const char* name = options.sharding == Sharding::zigzag ? "zigzag" : "contiguous";
+  // Every rank's count against the layout's: N and M are the sums, so the rank that is off may
+  // not be the first whose count differs.
+  std::vector<int64_t> held_q, held_k, want_q, want_k;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t nr = shard_length(plan.N, ranks, r, options.sharding);
-    const int64_t mr = shard_length(plan.M, ranks, r, options.sharding);
-    if (row(r)[5] != nr || row(r)[6] != mr)
-      throw AgreedError(
-          fmt::format("ring attention: rank {} holds {} query and {} key tokens, but the {} layout of N = {} "
-                      "and M = {} over {} ranks gives it {} and {} (see shard_ranges)",
-                      r, row(r)[5], row(r)[6], name, plan.N, plan.M, ranks, nr, mr));
+    held_q.push_back(row(r)[5]), held_k.push_back(row(r)[6]);
+    want_q.push_back(shard_length(plan.N, ranks, r, options.sharding));
+    want_k.push_back(shard_length(plan.M, ranks, r, options.sharding));
   }
+  if (held_q != want_q || held_k != want_k)
+    throw AgreedError(fmt::format(
+        "ring attention: ranks 0 to {} hold [{}] query and [{}] key tokens, but the {} layout of N = {} and M = {} "
+        "gives them [{}] and [{}] (see shard_ranges)",
+        ranks - 1, fmt::join(held_q, ", "), fmt::join(held_k, ", "),
+        options.sharding == Sharding::zigzag ? "zigzag" : "contiguous", plan.N, plan.M, fmt::join(want_q, ", "),
+        fmt::join(want_k, ", ")));
   // The rule of every front end (qkv/options_parse.h), against the global lengths.
   auto check_global = [&](const std::vector<int64_t>& lengths, int64_t limit, const char* what) {
     if (lengths.empty()) return;
@@ -130,7 +142,9 @@ PlanRow plan_row(TensorView<const float> q, TensorView<const float> k, TensorVie
   local.mask.query_lengths.clear();
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), local);
   local_checks(s);
-  return {s.B, s.H, s.Hkv, s.D, s.Dv, s.N, s.M, options_fingerprint(options)};
+  PlanRow row{s.B, s.H, s.Hkv, s.D, s.Dv, s.N, s.M};
+  options_fingerprints(options, s.D, row.data());
+  return row;
 }
 
 Plan plan_from_table(std::span<const int64_t> table, int ranks, int rank, const RingOptions& options) {

@@ -42,9 +42,10 @@ struct Plan {
   int64_t max_kv_floats() const { return B * Hkv * max_kv_tokens * (D + Dv); }
 };
 
-// What each rank contributes to the agreement: B, H, Hkv, D, Dv, Nr, Mr and a fingerprint of the
-// options every rank must share.
-constexpr int kPlanFields = 8;
+// What each rank contributes to the agreement: B, H, Hkv, D, Dv, Nr, Mr and a fingerprint of each
+// group of options every rank must share (kOptionGroups in ring_plan.cpp: scale, mask, dropout,
+// kernel, sharding), so a mismatch names its group.
+constexpr int kPlanFields = 12;
 using PlanRow = std::array<int64_t, kPlanFields>;
 // This rank's row after its local checks (local_checks throws qkv::Error on a bad output shape,
 // etc.); throws qkv::Error if an argument is bad.

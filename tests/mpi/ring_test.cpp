@@ -10,6 +10,7 @@
 // Exit status: 0 if every check passed on every rank.
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -330,16 +331,42 @@ void run_error_cases() {
                [&] { call(g_rank == last ? 9 : 16, n, 8, false); });
   expect_error("bad out shape on one rank", fmt::format("rank {}: ring attention: out", last),
                [&] { call(16, n, g_rank == last ? 7 : 8, false); });
-  expect_error("options differ", fmt::format("rank {} was called with other options", last),
+  expect_error("options differ", fmt::format("rank {} was called with another mask (causal", last),
                [&] { call(16, n, 8, g_rank == last && last > 0); });
-  expect_error("shard sizes off the layout", "layout of N =", [&] { call(16, g_rank == 0 ? n + 2 : n, 8, false); });
-  expect_error("dropout seeds differ", fmt::format("rank {} was called with other options (mask, scale, dropout", last),
+  // Every rank's count is listed: the sums make the layout wrong for ranks that hold the right count.
+  expect_error("shard sizes off the layout",
+               fmt::format("ranks 0 to {} hold [{}", last, qkv::shard_length(N, g_ranks, 0, zig) + 2),
+               [&] { call(16, g_rank == 0 ? n + 2 : n, 8, false); });
+  expect_error("dropout seeds differ", fmt::format("rank {} was called with another dropout (p, seed, offset)", last),
                [&] {
                  Tensor<float> t({1, 1, n, 8});
                  qkv::RingOptions o;
                  o.attention.dropout = {.p = 0.1, .seed = g_rank == last && last > 0 ? 2u : 1u};
                  qkv::ring_attention_forward(MPI_COMM_WORLD, t.view(), {}, t.cview(), t.cview(), t.cview(), o);
                });
+  // A fault in one rank's steps, after the agreement (finite inputs whose scores pass float32 in
+  // its rows only; an lse that makes its gradients overflow): every rank raises it at the end of
+  // the call instead of waiting for that rank forever.
+  auto filled = [&](float x) {
+    Tensor<float> t({1, 1, n, 8});
+    std::fill(t.data(), t.data() + t.numel(), x);
+    return t;
+  };
+  const Tensor<float> ones = filled(1.0f), big_k = filled(1e19f);
+  expect_error(
+      "overflow in one rank's steps", fmt::format("rank {}: attention_forward: the output overflowed", last), [&] {
+        Tensor<float> out = filled(0.0f);
+        const Tensor<float> q = filled(g_rank == last ? 1e20f : 1.0f);
+        qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), {}, q.cview(), big_k.cview(), ones.cview(), {});
+      });
+  expect_error("overflow in one rank's backward", fmt::format("rank {}: ", last), [&] {
+    Tensor<float> out = filled(0.0f), lse({1, 1, n}), dq = filled(0.0f), dk = filled(0.0f), dv = filled(0.0f);
+    qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), lse.view(), ones.cview(), ones.cview(), ones.cview(), {});
+    if (g_rank == last)
+      for (int64_t i = 0; i < lse.numel(); ++i) lse[i] -= 1000.0f;
+    qkv::ring_attention_backward(MPI_COMM_WORLD, dq.view(), dk.view(), dv.view(), ones.cview(), ones.cview(),
+                                 ones.cview(), ones.cview(), out.cview(), lse.cview(), {});
+  });
   expect_error("bias refused", "keep and bias masks are not supported", [&] {
     Tensor<float> t({1, 1, n, 8}), bias({1, 1, 1, 1});
     qkv::RingOptions o;

@@ -77,6 +77,20 @@ def test_bad_value_in_one_ranks_shard_fails_every_rank(tmp_path):
     assert "qkv: error: rank 1: --q" in proc.stderr and "rank 0: --q" not in proc.stderr, proc.stderr
 
 
+def test_a_fault_in_one_ranks_steps_fails_every_rank(tmp_path):
+    """Finite inputs whose scores pass float32 in rank 1's rows only: the fault comes from the
+    kernel mid-ring, after the ranks agreed on the call, and the others waited for rank 1 forever."""
+    rng = np.random.default_rng(seed())
+    q = rng.standard_normal((1, 1, 12, 8), dtype=np.float32)
+    k = rng.standard_normal((1, 1, 12, 8), dtype=np.float32) * np.float32(1e19)
+    v = rng.standard_normal((1, 1, 12, 8), dtype=np.float32)
+    q[0, 0, 3:9] *= np.float32(1e20)  # zigzag over 2 ranks: chunks [3, 6) and [6, 9) are rank 1's
+    start = time.monotonic()
+    proc, out, _ = attend(tmp_path, 2, [], q=q, k=k, v=v)
+    check_failure(proc, out, "qkv: error: rank 1: attention_forward: the output overflowed float32")
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("shape, where", [((1, 2, 256, 8), (0, 1, 200, 3)), ((256, 8), (200, 3))], ids=["4d", "2d"])
 def test_nan_is_named_by_its_place_in_the_file_once(tmp_path, ranks, shape, where):

@@ -69,6 +69,15 @@ def test_ring_matches_single_process(case):
     close(qd.unshard(out_s, COMM, sharding), out, "unsharded out")
 
 
+def test_a_default_scale_and_the_same_scale_given_agree():
+    rng = np.random.default_rng(_seed())
+    x = rng.standard_normal((2, 30, 16), dtype=np.float32)
+    xs = qd.shard(x, COMM)
+    scale = None if COMM.Get_rank() == 0 else 1 / np.sqrt(16)
+    got = qd.ring_attention(COMM, xs[0], xs[1], xs[1], scale=scale)
+    close(got, qd.shard(qkv.scaled_dot_product_attention(x[0], x[1], x[1]), COMM), "out")
+
+
 def test_rank_2d_inputs_and_threads_bitwise():
     rng = np.random.default_rng(_seed())
     x = rng.standard_normal((3, 50, 32), dtype=np.float32)
@@ -123,7 +132,11 @@ ONE_RANK_BAD = [  # (name, forward or backward, what rank 1 alone changes, the e
     ("sharding", "forward", dict(sharding="striped"), ValueError, "sharding must be 'zigzag' or 'contiguous'"),
     # Checked by the compiled ring's own agreement, after this one.
     ("v one row short", "forward", dict(v=lambda v: v[..., 1:, :]), ValueError, "^rank 1: "),
-    ("options differ", "forward", dict(key_lengths=[2]), ValueError, "rank 1 was called with other options"),
+    ("options differ", "forward", dict(key_lengths=[2]), ValueError,
+     r"rank 1 was called with another mask \(causal, window, lengths, ALiBi, softcap\) than rank 0"),
+    ("scale differs", "forward", dict(scale=0.25), ValueError, "rank 1 was called with another scale than rank 0"),
+    ("dropout seed differs", "forward", dict(dropout_p=0.1, seed=5), ValueError,
+     r"rank 1 was called with another dropout \(p, seed, offset\)"),
     ("1-D dout", "backward", dict(dout=lambda d: d[0, 0, 0]), ValueError, r"dout: expected \[n, D\]"),
     ("lse size", "backward", dict(lse=lambda lse: lse[..., 1:]), ValueError, "lse: expected q's shape without D"),
     ("backward num_threads", "backward", dict(num_threads=-1), ValueError, "num_threads must be >= 0"),

@@ -207,6 +207,7 @@ std::string differs_from_rank0(MPI_Comm comm, int rank, const std::vector<std::p
 void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, MaskArgs& mask_args) {
   Shard q, k, v;
   RingOptions options;
+  Tensor<float> out, lse;  // allocated before the agreement, which a rank without them joins
   std::string error;
   try {
     check_output_paths({{"--out", a.out}, {"--lse", a.lse}});
@@ -223,6 +224,8 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
     options.attention.scale = a.scale;
     options.attention.num_threads = a.threads;
     options.sharding = kSharding;
+    out = Tensor<float>({q.data.dim(0), q.data.dim(1), q.data.dim(2), v.data.dim(3)}, "out");
+    lse = Tensor<float>({q.data.dim(0), q.data.dim(1), q.data.dim(2), 1}, "lse");
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -238,8 +241,6 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
                                            {"--out", a.out},
                                            {"--lse", a.lse.empty() ? "no --lse" : a.lse}}));
 
-  Tensor<float> out({q.data.dim(0), q.data.dim(1), q.data.dim(2), v.data.dim(3)}, "out");
-  Tensor<float> lse({q.data.dim(0), q.data.dim(1), q.data.dim(2), 1}, "lse");
   const TensorView<float> lse3(lse.data(), {lse.dim(0), lse.dim(1), lse.dim(2)});
   ring_attention_forward(comm, out.view(), lse3, q.data.cview(), k.data.cview(), v.data.cview(), options);
   error.clear();
@@ -260,7 +261,8 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
 
 // An error all ranks agreed on is printed once, by rank 0, and every rank exits 1 only after that:
 // mpirun ends the whole job as soon as one rank exits non-zero, which could cut rank 0 off before
-// it had printed.
+// it had printed. Any other error is one rank's alone, with the others waiting on it in a
+// collective: that rank prints it and aborts the job (MPI_Finalize would wait for them forever).
 int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
   MpiSession session;
   MPI_Comm comm = MPI_COMM_WORLD;
@@ -273,6 +275,9 @@ int run_attend_ring(const RingAttendArgs& a, MaskArgs& mask_args) {
     if (rank == 0) print_error(e.what());
     MPI_Barrier(comm);
     return 1;
+  } catch (const std::exception& e) {
+    print_error(fmt::format("rank {}: {}", rank, e.what()));
+    MPI_Abort(comm, 1);
   }
   return 0;
 }
