@@ -420,6 +420,25 @@ def _linear(x, weight, bias):
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).half()
 
 
+class _WeightsWithoutGradient(torch.autograd.Function):
+    """MultiheadAttention's returned weights, differentiable only so that a loss term on them is
+    refused instead of being taken as a constant (PyTorch's are differentiable; an entropy penalty
+    on them would silently do nothing). `anchor` is any input that requires grad."""
+
+    @staticmethod
+    def forward(ctx, weights, anchor):
+        ctx.set_materialize_grads(False)
+        return weights.clone()
+
+    @staticmethod
+    def backward(ctx, dweights):
+        if dweights is not None and bool(dweights.any()):
+            raise RuntimeError("qkv.torch.MultiheadAttention: a loss term uses the returned attention weights, which "
+                               "qkv computes without a gradient; detach them (weights.detach()) to use them as "
+                               "constants")
+        return None, None
+
+
 class MultiheadAttention(torch.nn.MultiheadAttention):
     """torch.nn.MultiheadAttention whose attention runs in qkv (same constructor, parameters,
     state_dict keys and forward signature; load a torch.nn.MultiheadAttention's state_dict as is).
@@ -433,7 +452,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 
     need_weights=True returns the exact softmax weights (recomputed in float64 by qkv's
     attention_weights and rounded to the module's dtype; float64 modules use the float64
-    composite), which are not differentiable; need_weights=False (use it when training) skips that work entirely.
+    composite). They have no gradient: a loss term on them raises RuntimeError in backward (use
+    weights.detach() for constants); need_weights=False (use it when training) skips that work.
     A float16 module runs its projections in float32 and rounds each result once (as its attention
     does), so it runs on a torch without a float16 CPU matmul.
     Dropout: a module with dropout > 0 drops attention weights in training mode, in qkv's kernels
@@ -487,10 +507,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         batched = query.dim() == 3
         bd = 0 if self.batch_first else 1  # batch dim, and 1 - bd is the sequence dim
         if not batched:
-            query, key, value = (t.unsqueeze(bd) for t in (query, key, value))
             if key_padding_mask is not None:
                 _check_tensor(key_padding_mask, "key_padding_mask")
+                if tuple(key_padding_mask.shape) != (key.size(0),):
+                    raise ValueError(f"key_padding_mask: shape {list(key_padding_mask.shape)} must be [{key.size(0)}] "
+                                     f"(source length) for unbatched inputs")
                 key_padding_mask = key_padding_mask.unsqueeze(0)
+            query, key, value = (t.unsqueeze(bd) for t in (query, key, value))
         sd = 1 - bd
         N, L, S = query.size(bd), query.size(sd), key.size(sd)
         if query.size(-1) != self.embed_dim:
@@ -560,6 +583,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
         out = _linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
         weights = self._weights(q, k, keep, bias, extras, average_attn_weights) if need_weights else None
+        if weights is not None and torch.is_grad_enabled() and q.requires_grad:
+            weights = _WeightsWithoutGradient.apply(weights, q)
         if not batched:
             out = out.squeeze(bd)
             weights = None if weights is None else weights.squeeze(0)
@@ -577,7 +602,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
 
     @torch.no_grad()
     def _weights(self, q, k, keep, bias, extras, average):
-        """The exact [N, H, L, S] softmax weights (averaged over heads if `average`), not differentiable.
+        """The exact [N, H, L, S] softmax weights (averaged over heads if `average`), with no gradient.
         Each row's normalizer is recomputed in float64: the forward's float32 lse is off by half an
         ulp of |lse|, in every weight (a -1e9 mask on a row puts that at 32)."""
         if q.dtype == torch.float64:

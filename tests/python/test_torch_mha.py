@@ -226,6 +226,8 @@ ERRORS = [
      "attn_mask: dtype torch.int64"),
     ("kpm shape", lambda: mha()(x, x, x, key_padding_mask=torch.zeros(3, 2, dtype=torch.bool)), ValueError,
      "key_padding_mask: shape \\[3, 2\\] must be \\[2, 3\\]"),
+    ("unbatched kpm shape", lambda: mha()(x[:, 0], x[:, 0], x[:, 0], key_padding_mask=torch.zeros(1, 3, dtype=torch.bool)),
+     ValueError, "key_padding_mask: shape \\[1, 3\\] must be \\[3\\] \\(source length\\) for unbatched inputs"),
     ("kpm dtype", lambda: mha()(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.int32)), TypeError,
      "key_padding_mask: dtype torch.int32"),
     ("is_causal", lambda: mha()(x, x, x, is_causal=True), ValueError, "is_causal=True is a hint"),
@@ -319,6 +321,22 @@ def test_weights_under_huge_float_masks_are_exact():
                       average_attn_weights=average)
         assert float((w.double() - want).abs().max()) <= 1e-5
         assert torch.allclose(w.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_a_loss_term_on_the_weights_raises_instead_of_being_dropped():
+    """PyTorch's weights are differentiable; qkv's are computed without a gradient, so a loss term
+    on them (an entropy penalty) raises in backward rather than silently doing nothing."""
+    torch.manual_seed(11)
+    m = qt.MultiheadAttention(8, 2)
+    x = torch.randn(4, 2, 8)
+    out, w = m(x, x, x)
+    with pytest.raises(RuntimeError, match="a loss term uses the returned attention weights"):
+        (out.sum() + 0.1 * (w * w.clamp_min(1e-9).log()).sum()).backward()
+    out, w = m(x, x, x)
+    (out.sum() + w.detach().sum()).backward()  # constants are fine, as is a loss on out alone
+    assert m.in_proj_weight.grad is not None
+    with torch.no_grad():
+        assert not m(x, x, x)[1].requires_grad
 
 
 def test_training_example_runs():
