@@ -30,6 +30,12 @@ _SDPA = ("Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float 
          "str causal_align=\"top_left\", int? num_threads=None")
 _lib.define(f"scaled_dot_product_attention({_SDPA}) -> Tensor")
 _lib.define(f"scaled_dot_product_attention.lse({_SDPA}, bool return_lse) -> (Tensor, Tensor)")
+_VARLEN = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q=None, "
+           "int? max_seqlen_k=None, float dropout_p=0.0, float? softmax_scale=None, bool causal=False, "
+           "int[] window_size=[-1, -1], float softcap=0.0, float[]? alibi_slopes=None, bool deterministic=True, "
+           "bool return_attn_probs=False, *, int? num_threads=None")
+_lib.define(f"varlen_attention({_VARLEN}) -> Tensor")
+_lib.define(f"varlen_attention.lse({_VARLEN}, bool return_lse) -> (Tensor, Tensor)")
 _lib.define("multihead_attention(Tensor query, Tensor key, Tensor value, Tensor? key_padding_mask, bool need_weights, "
             "Tensor? attn_mask, bool average_attn_weights, bool is_causal, int num_heads, bool batch_first, "
             "bool add_zero_attn, float dropout, bool training, Tensor? in_proj_weight, Tensor? in_proj_bias, "
@@ -72,6 +78,19 @@ def _sdpa_lse_kernel(*args, return_lse, **kwargs):
     return _qt.scaled_dot_product_attention(*args, return_lse=True, **kwargs)
 
 
+@_kernel("varlen_attention")
+def _varlen_kernel(*args, **kwargs):
+    return _qt.varlen_attention(*args, **kwargs)
+
+
+@_kernel("varlen_attention.lse")
+def _varlen_lse_kernel(*args, return_lse, **kwargs):
+    if not return_lse:
+        raise _qt.SdpaValueError("qkv::varlen_attention.lse is the return_lse=True form; call "
+                                 "qkv.torch.varlen_attention without return_lse for the output alone")
+    return _qt.varlen_attention(*args, return_lse=True, **kwargs)
+
+
 class _MhaParams:
     """What MultiheadAttention._forward reads of its module, rebuilt from the operator's arguments."""
 
@@ -105,6 +124,12 @@ def _mha_kernel(query, key, value, key_padding_mask, need_weights, attn_mask, av
 # TorchScript compiles a call of the Python function as a call of the operator (as it does for
 # torch.nn.functional's functions and their aten:: operators).
 torch.jit._builtins._register_builtin(_qt.scaled_dot_product_attention, "qkv::scaled_dot_product_attention")
+torch.jit._builtins._register_builtin(_qt.varlen_attention, "qkv::varlen_attention")
+
+
+def _plain(x):
+    """A numpy array or scalar (which the eager call takes) as a Python list or number."""
+    return x.tolist() if hasattr(x, "tolist") and not isinstance(x, torch.Tensor) else x
 
 
 def _listed(x, name, convert):
@@ -112,6 +137,7 @@ def _listed(x, name, convert):
     (convert(entry, name), so 3.7 is refused as a length, not truncated); None stays None."""
     if x is None:
         return None
+    x = _plain(x)
     if isinstance(x, (list, tuple)):
         return [convert(e, f"{name}[{i}]") for i, e in enumerate(x)]
     return [convert(x, name)]
@@ -126,7 +152,7 @@ def traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
     """The operator call torch.jit.trace records: the Python forms the eager function accepts (a
     window side None, slopes and lengths as tensors or tuples) in the schema's types, by the eager
     call's checks; the kernel then checks every value as the eager call does."""
-    key_lengths, query_lengths = (_qt._vector_arg(x, name, True) for x, name in
+    key_lengths, query_lengths = (_plain(_qt._vector_arg(x, name, True)) for x, name in
                                   ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")))
     if any(x is not None and not isinstance(x, (list, tuple)) for x in (key_lengths, query_lengths)):
         # One length for every batch row: the schema's list needs one entry per row, for this call.
@@ -146,3 +172,25 @@ def traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
     if _qkv._flag_arg(return_lse, "return_lse"):
         return torch.ops.qkv.scaled_dot_product_attention.lse(*args, return_lse=True, **kwargs)
     return torch.ops.qkv.scaled_dot_product_attention(*args, **kwargs)
+
+
+def traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, deterministic, return_attn_probs, num_threads, return_lse):
+    """The operator call torch.jit.trace records for varlen_attention: cu_seqlens as tensors, so a
+    traced model takes other sequence lengths as inputs (offsets given as lists become constants
+    of the graph), and the dropout seed drawn by the kernel at each call; the kernel then checks
+    every value as the eager call does."""
+    cu = [c if isinstance(c, torch.Tensor) else torch.tensor(list(c), dtype=torch.int64)
+          for c in (cu_seqlens_q, cu_seqlens_k)]
+    window = [-1, -1] if window_size is None else _listed(list(window_size), "window_size", _window_side)
+    args = (q, k, v, *cu,
+            None if max_seqlen_q is None else _qkv._index_arg(_qt._scalar(max_seqlen_q), "max_seqlen_q"),
+            None if max_seqlen_k is None else _qkv._index_arg(_qt._scalar(max_seqlen_k), "max_seqlen_k"),
+            _qkv._dropout_p_arg(_qt._scalar(dropout_p)),
+            None if softmax_scale is None else _qkv._number_arg(_qt._scalar(softmax_scale), "softmax_scale"),
+            _qkv._flag_arg(causal, "causal"), window, _qkv._number_arg(_qt._scalar(softcap), "softcap"),
+            _listed(_qt._vector_arg(alibi_slopes, "alibi_slopes", False), "alibi_slopes", _qkv._number_arg),
+            _qkv._flag_arg(deterministic, "deterministic"), _qkv._flag_arg(return_attn_probs, "return_attn_probs"))
+    if _qkv._flag_arg(return_lse, "return_lse"):
+        return torch.ops.qkv.varlen_attention.lse(*args, num_threads=num_threads, return_lse=True)
+    return torch.ops.qkv.varlen_attention(*args, num_threads=num_threads)

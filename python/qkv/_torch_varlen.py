@@ -88,7 +88,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
     Raises SdpaTypeError / SdpaValueError (TypeError / ValueError and RuntimeError) naming the
     argument, as scaled_dot_product_attention does.
+
+    torch.jit.trace records a call as one qkv::varlen_attention node (qkv::varlen_attention.lse with
+    return_lse=True) whose cu_seqlens are graph inputs when given as tensors, and torch.jit.script
+    compiles it to that operator.
     """
+    if torch.jit.is_tracing():
+        from ._torch_ops import traced_varlen
+        return traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                             return_attn_probs, num_threads, return_lse)
     if _qkv._flag_arg(return_attn_probs, "return_attn_probs"):
         raise ValueError("return_attn_probs is not supported: sequence s's dropout mask is "
                          "qkv.dropout_mask((s + 1, H, n_q, n_k), dropout_p, seed)[s] with n_q, n_k its lengths (the "

@@ -583,8 +583,9 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         out = out.permute(bd, 2, sd, 3) if bd == 0 else out.permute(2, 0, 1, 3)
         out = _linear(out.reshape(*out.shape[:2], self.embed_dim), self.out_proj.weight, self.out_proj.bias)
         weights = self._weights(q, k, keep, bias, extras, average_attn_weights) if need_weights else None
-        if weights is not None and torch.is_grad_enabled() and q.requires_grad:
-            weights = _WeightsWithoutGradient.apply(weights, q)
+        anchor = next((t for t in (q, k, v, bias) if t is not None and t.requires_grad), None)
+        if weights is not None and torch.is_grad_enabled() and anchor is not None:
+            weights = _WeightsWithoutGradient.apply(weights, anchor)
         if not batched:
             out = out.squeeze(bd)
             weights = None if weights is None else weights.squeeze(0)
@@ -626,6 +627,6 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         return w.mean(dim=1) if average else w
 
 
+from ._torch_varlen import varlen_attention  # noqa: E402,F401
 from . import _torch_ops as _ops  # noqa: E402 (registers the qkv:: operators, which call the functions above)
 from ._torch_ring import ring_attention, shard, shard_ranges, unshard  # noqa: E402,F401
-from ._torch_varlen import varlen_attention  # noqa: E402,F401

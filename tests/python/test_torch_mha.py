@@ -337,6 +337,12 @@ def test_a_loss_term_on_the_weights_raises_instead_of_being_dropped():
     assert m.in_proj_weight.grad is not None
     with torch.no_grad():
         assert not m(x, x, x)[1].requires_grad
+    # A frozen module fed by a trainable encoder: only key (or a float mask) requires grad.
+    m.requires_grad_(False)
+    key = x.clone().requires_grad_()
+    out, w = m(x, key, key)
+    with pytest.raises(RuntimeError, match="a loss term uses the returned attention weights"):
+        (out.sum() + (w ** 2).sum()).backward()
 
 
 def test_training_example_runs():

@@ -1,7 +1,7 @@
 """qkv.torch as PyTorch operators: torch.jit.trace and torch.jit.script of models using
-scaled_dot_product_attention and MultiheadAttention give graphs that call qkv:: operators, run
-bitwise like eager mode, save and load, and differentiate: gradcheck in float64 (qkv's float64
-reference kernels) for every option through the scripted and the traced call.
+scaled_dot_product_attention, MultiheadAttention and varlen_attention give graphs that call qkv::
+operators, run bitwise like eager mode, save and load, and differentiate: gradcheck in float64
+(qkv's float64 reference kernels) for every option through the scripted and the traced call.
 """
 
 import io
@@ -172,3 +172,48 @@ def test_errors_inside_a_scripted_call_name_the_argument():
             SCRIPTED(q, q, q, **dict(NO_OPTIONS, alibi_slopes=[1.0]))
     with pytest.raises(qt.SdpaValueError, match="alibi_slopes: expected 2 entries"):
         torch.jit.trace(lambda q: qt.scaled_dot_product_attention(q, q, q, alibi_slopes=[1.0]), (q,))
+
+
+def test_a_traced_call_takes_numpy_slopes_and_lengths_as_eager_does():
+    import numpy as np
+    q = torch.randn(2, 2, 5, 4)
+    call = dict(alibi_slopes=np.array([0.5, 0.25]), key_lengths=np.array([3, 5]), is_causal=True)
+    traced = torch.jit.trace(lambda q: qt.scaled_dot_product_attention(q, q, q, **call), (q,))
+    assert torch.equal(traced(q), qt.scaled_dot_product_attention(q, q, q, **call))
+
+
+def varlen(q, k, v, cu_q, cu_k):
+    return qt.varlen_attention(q, k, v, cu_q, cu_k, causal=True, window_size=(5, -1), softcap=3.0)
+
+
+@pytest.mark.parametrize("compile", ["trace", "script"])
+def test_varlen_is_an_operator_whose_offsets_and_seed_are_not_frozen(compile):
+    """A traced varlen_attention recorded a Python node with cu_seqlens and the dropout seed as
+    constants: other offsets of the same total gave silently wrong outputs (by up to 1.9) and every
+    call dropped one mask; such a graph could not be saved. Now one qkv::varlen_attention node."""
+    q, k, v = (torch.randn(10, 2, 8, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    compiled = torch.jit.trace(varlen, (q, k, v, cu, cu)) if compile == "trace" else torch.jit.script(varlen)
+    assert "qkv::varlen_attention" in str(compiled.graph)
+    buf = io.BytesIO()
+    torch.jit.save(compiled, buf)
+    buf.seek(0)
+    loaded = torch.jit.load(buf)
+    other = torch.tensor([0, 7, 10], dtype=torch.int64)
+    want = varlen(q, k, v, other, other)
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    for fn in (compiled, loaded):
+        got = fn(q, k, v, other, other)
+        assert torch.equal(got, want)
+        grads = torch.autograd.grad(got.sum(), (q, k, v))
+        assert all(torch.equal(a, b) for a, b in zip(grads, want_grads))
+
+    def dropped(q, k, v, cu_q, cu_k):
+        return qt.varlen_attention(q, k, v, cu_q, cu_k, dropout_p=0.5)
+    x = q.detach()
+    traced = torch.jit.trace(dropped, (x, x, x, cu, cu), check_trace=False)
+    assert not torch.equal(traced(x, x, x, cu, cu), traced(x, x, x, cu, cu))  # a seed drawn per call
+    torch.manual_seed(5)
+    first = traced(x, x, x, cu, cu)
+    torch.manual_seed(5)
+    assert torch.equal(first, dropped(x, x, x, cu, cu))
