@@ -13,19 +13,19 @@
 namespace qkv {
 
 // weights [B,H,R,M] = softmax weights of query rows `rows` (indices into N; any order, repeats
-// allowed): weights(b,h,r,j) = exp(score(b,h,rows[r],j) - lse(b,h,rows[r])) for allowed keys, 0
-// for masked ones and for fully masked rows, with the masks and scale of `options` (the same
-// semantics as attention_forward). Scores are computed in float64 from the fp32 inputs. lse
-// [B,H,N] is attention_forward's; if empty, each row's lse is recomputed here in float64 (then a
-// row sums to 1 within 1e-12). A given lse past 2^10 in magnitude, whose float32 rounding would
-// move every weight by more than 2^-14 (a row under a -1e9 mask: by 32), is replaced by the row's
-// own where it is that row's to its precision, as attention_backward does. A NaN score makes its row's allowed weights NaN. Memory: O(M) per
-// thread besides `weights`. Throws qkv::Error for inconsistent shapes or a row index outside
-// [0, N), and, by attention_backward's rule for lse, for weights past float32's range from finite
-// q, k and bias and an lse without NaN (an lse far below its row's, e.g. -1e30; -inf reads as a
-// fully masked row, as there), for an output sharing memory with an input or itself, and
-// (qkv::OutOfMemory) when a row of M float64 logits per thread cannot be allocated. Thread-safe for
-// distinct outputs; uses options.num_threads threads.
+// allowed): weights(b,h,r,j) = exp(score(b,h,rows[r],j) - lse(b,h,rows[r])) for allowed keys, 0 for
+// masked ones and for fully masked rows, with the masks and scale of `options` (the same semantics
+// as attention_forward). Scores are computed in float64 from the fp32 inputs. lse [B,H,N] is
+// attention_forward's; if empty, each row's lse is recomputed here in float64 (then a row sums to 1
+// within 1e-12). A given lse past 2^10 in magnitude, whose float32 rounding would move every weight
+// by more than 2^-14 (a row under a -1e9 mask: by 32), is replaced by the row's own where it is
+// that row's to its precision, as attention_backward does. A NaN score makes its row's allowed
+// weights NaN. Memory: O(M) per thread besides `weights`. Throws qkv::Error for inconsistent shapes
+// or a row index outside [0, N), and, by attention_backward's rule for lse, for weights past
+// float32's range from finite q, k and bias and an lse without NaN (an lse far below its row's,
+// e.g. -1e30; -inf reads as a fully masked row, as there), for an output sharing memory with an
+// input or itself, and (qkv::OutOfMemory) when a row of M float64 logits per thread cannot be
+// allocated. Thread-safe for distinct outputs; uses options.num_threads threads.
 void attention_weights_rows(TensorView<float> weights, TensorView<const float> q, TensorView<const float> k,
                             TensorView<const float> lse, std::span<const int64_t> rows,
                             const AttentionOptions& options = {});

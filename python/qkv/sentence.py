@@ -75,14 +75,17 @@ def load_layer(weights=None, *, embeddings=None, random_weights=None, parameter_
     weights: a layer file (MultiHeadAttention.save, `qkv train --save`); default: the trained layer
     data_file("context-layer.safetensors"), with the words.txt beside it. random_weights=SEED: a
     random layer of num_heads heads (no output projection) instead; parameter_free=True: Q = K = V = X.
-    embeddings: word vectors (GloVe / word2vec file); default $QKV_EMBEDDINGS, else data_file("words.txt").
+    embeddings: word vectors (GloVe / word2vec file); default $QKV_EMBEDDINGS, else data_file("words.txt")
+    (QKV_EMBEDDINGS set but empty: no default).
     Raises FileNotFoundError saying how to get the data when it is missing, ValueError when the trained
     layer and the word vectors do not belong together or the options conflict."""
     chosen = (weights is not None) + (random_weights is not None) + bool(parameter_free)
     if chosen > 1:
         raise ValueError("load_layer: give at most one of weights, random_weights, parameter_free")
     if embeddings is None:
-        embeddings = os.environ.get("QKV_EMBEDDINGS") or data_file(DEFAULT_WORDS)
+        env = os.environ.get("QKV_EMBEDDINGS")
+        # Set but empty turns the default off, as it does for the command.
+        embeddings = env if env else (None if env == "" else data_file(DEFAULT_WORDS))
         if embeddings is None:
             raise FileNotFoundError(f"no word vectors: pass embeddings=F, set QKV_EMBEDDINGS=F, or build the default "
                                     f"{DEFAULT_WORDS} with `make demo` (searched: {_searched()})")

@@ -48,15 +48,15 @@ AttentionShape check_attention_shapes(std::span<const int64_t> q, std::span<cons
   check_dropout(options.dropout, "attention");
   // Enums set from integers (a C caller, a cast): a value outside them would run as some other.
   if (options.kernel != Kernel::automatic && options.kernel != Kernel::reference && options.kernel != Kernel::fused)
-    throw Error(fmt::format("kernel = {} is not a Kernel (automatic, reference or fused)",
-                            static_cast<int>(options.kernel)));
+    throw Error(
+        fmt::format("kernel = {} is not a Kernel (automatic, reference or fused)", static_cast<int>(options.kernel)));
 
   const Mask& m = options.mask;
-  for (const auto& [align, name] : {std::pair{m.causal.value_or(CausalAlign::top_left), "causal"},
-                                    std::pair{m.diagonal, "diagonal"}})
+  for (const auto& [align, name] :
+       {std::pair{m.causal.value_or(CausalAlign::top_left), "causal"}, std::pair{m.diagonal, "diagonal"}})
     if (align != CausalAlign::top_left && align != CausalAlign::bottom_right)
-      throw Error(fmt::format("mask.{} = {} is not a CausalAlign (top_left or bottom_right)", name,
-                              static_cast<int>(align)));
+      throw Error(
+          fmt::format("mask.{} = {} is not a CausalAlign (top_left or bottom_right)", name, static_cast<int>(align)));
   if (!m.key_lengths.empty()) check_lengths(m.key_lengths, s.B, s.M, "key_lengths");
   if (!m.query_lengths.empty()) check_lengths(m.query_lengths, s.B, s.N, "query_lengths");
   if (!m.diagonal_offsets.empty() && static_cast<int64_t>(m.diagonal_offsets.size()) != s.B)

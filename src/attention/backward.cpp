@@ -2,6 +2,7 @@
 // kernel's params (its driver is kernels/backward.cpp), and the diagnosis of a non-finite
 // gradient. Masks go through MaskEval, exactly as in the forward.
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "attention/backward_checks.h"
@@ -57,7 +58,8 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   require_shape(out.shape(), std::array<int64_t, 4>{s.B, s.H, s.N, s.Dv}, "out");
   require_shape(lse.shape(), std::array<int64_t, 3>{s.B, s.H, s.N}, "lse");
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  read.insert(read.end(), {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
+  read.insert(read.end(),
+              {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
   detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   if (options.kernel == Kernel::reference) {
     reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);
@@ -79,11 +81,14 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   p.dbias = dbias.empty() ? nullptr : dbias.data(), p.dbias_stride = kernels::strides_of(dbias);
   p.whole_rows = !rows.partial;
   if (kernels::backward(p, dk, dv, dbias, path, options.num_threads)) return;
-  // The kernel flags an inf or NaN gradient as it writes it. Non-finite inputs, out, or a NaN in
-  // lse explain it; otherwise it is an fp32 overflow (dout·v or a sum past the range).
-  bool lse_nan = false;
-  for_each_element(lse, [&](const L& x, const auto&) { lse_nan = lse_nan || std::isnan(x); });
-  detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout, !detail::all_finite(out) || lse_nan);
+  // The kernel flags an inf or NaN gradient as it writes it. Non-finite inputs, out, or a NaN or
+  // +inf in lse (no forward's: a row's lse is finite, or -inf when it has no key) explain it;
+  // otherwise it is an fp32 overflow (dout·v or a sum past the range).
+  bool lse_bad = false;
+  for_each_element(lse, [&](const L& x, const auto&) {
+    lse_bad = lse_bad || std::isnan(x) || x == std::numeric_limits<L>::infinity();
+  });
+  detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout, !detail::all_finite(out) || lse_bad);
 }
 
 }  // namespace

@@ -129,8 +129,8 @@ void varlen_attention_backward(TensorView<float> dq, TensorView<float> dk, Tenso
   require_shape(out.shape(), {p.total_q, p.H, p.Dv}, "out");
   require_shape(lse.shape(), {p.H, p.total_q}, "lse");
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  read.insert(read.end(), {detail::named_span("dout", dout), detail::named_span("out", out),
-                           detail::named_span("lse", lse)});
+  read.insert(read.end(),
+              {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
   detail::require_gradient_outputs(dq, dk, dv, TensorView<float>(), std::move(read));
   AttentionOptions o = options;
   for (int64_t s = 0; s < p.sequences; ++s) {

@@ -18,8 +18,9 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   detail::require_data(x, "apply_rotary: x");
   // A row shared by several (b, h, n) would turn once for each of them.
   if (may_self_overlap(x))
-    throw Error("apply_rotary: x: its strides make elements share memory (a stride-0 dimension, or strides that "
-                "interleave); rotate a buffer with one place per element");
+    throw Error(
+        "apply_rotary: x: its strides make elements share memory (a stride-0 dimension, or strides that "
+        "interleave); rotate a buffer with one place per element");
   const int64_t B = x.dim(0), H = x.dim(1), N = x.dim(2), D = x.dim(3);
   const int64_t rd = o.rotary_dim == 0 ? D : o.rotary_dim;
   if (rd <= 0 || rd % 2 != 0 || rd > D)
@@ -50,9 +51,10 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
   for (int64_t offset : offsets) last = std::max(last, offset + N - 1);
   const double widest = std::max(inv_freq.front(), inv_freq.back()) * static_cast<double>(std::max<int64_t>(last, 1));
   if (!std::isfinite(widest))
-    throw Error(fmt::format("apply_rotary: theta = {} gives an infinite angle (the frequency theta^(-2p / "
-                            "rotary_dim) times position {}); pass a larger theta",
-                            o.theta, std::max<int64_t>(last, 1)));
+    throw Error(
+        fmt::format("apply_rotary: theta = {} gives an infinite angle (the frequency theta^(-2p / "
+                    "rotary_dim) times position {}); pass a larger theta",
+                    o.theta, std::max<int64_t>(last, 1)));
   std::vector<float> cs(static_cast<std::size_t>(2 * pairs));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t offset = offsets.empty() ? 0 : offsets[b];

@@ -101,7 +101,8 @@ float element_to_float(const char* p, StType type, const std::string& where, uin
 }
 
 uint64_t get_unsigned(const json& v, const std::string& where, const char* what) {
-  // The parser keeps non-negative integers unsigned, so a signed 0 was written "-0" (dump() drops the sign).
+  // The parser keeps non-negative integers unsigned, so a signed 0 was written "-0" (which dump()
+  // prints as 0).
   if (!v.is_number_unsigned())
     throw Error(fmt::format("{}: {} must be non-negative integers, got {}", where, what,
                             v.is_number_integer() && v.get<int64_t>() == 0 ? "-0" : v.dump()));

@@ -29,7 +29,8 @@ constexpr double kRenormFloat = 0x1p10, kRenormWide = 0x1p29;
 // (0.01). An lse from elsewhere (-1e30 for a row whose own is 0.5) is not, and stays the caller's.
 inline bool same_row_lse(double own, double given, bool wide) {
   const double a = std::abs(given);
-  const double ulp = wide ? std::nextafter(a, INFINITY) - a : double{std::nextafter(static_cast<float>(a), INFINITY)} - a;
+  const double ulp =
+      wide ? std::nextafter(a, INFINITY) - a : double{std::nextafter(static_cast<float>(a), INFINITY)} - a;
   return std::abs(own - given) <= 0.01 + 4.0 * ulp;
 }
 

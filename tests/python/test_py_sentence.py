@@ -86,6 +86,12 @@ def test_missing_layer_says_how_to_get_it(tmp_path, monkeypatch, data_dir):
         qkv.compare("bank", RIVER, MONEY)
 
 
+def test_an_empty_qkv_embeddings_turns_the_default_off_as_for_the_command(monkeypatch):
+    monkeypatch.setenv("QKV_EMBEDDINGS", "")
+    with pytest.raises(FileNotFoundError, match=r"no word vectors: pass embeddings=F, set QKV_EMBEDDINGS=F"):
+        qkv.context(RIVER)
+
+
 def test_the_search_order(data_dir, monkeypatch, tmp_path):
     assert qkv.data_file("words.txt") == str(data_dir / "words.txt")
     assert qkv.sentence.data_dirs()[0] == data_dir
