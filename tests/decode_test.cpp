@@ -33,6 +33,15 @@ using test::Result;
 using test::run_decode;
 using test::run_prefill;
 
+// One sequence of `len` tokens in pages of 4, with Hkv key heads of G query heads each and head
+// dims D: the cache of the tests of refused input.
+Filled small_cache(test::Rng& rng, int64_t Hkv, int64_t G, int64_t D, int64_t len) {
+  Case c;
+  c.Hkv = Hkv, c.G = G, c.N = 1, c.D = D, c.Dv = D, c.page_tokens = 4;
+  c.lens = {len};
+  return fill(rng, c);
+}
+
 TEST(Decode, MatchesFloat64ReferenceAndPrefillOnStoredValues) {
   test::Rng rng("Decode.Matches");
   for (int idx = 0; idx < 48; ++idx) {
@@ -339,10 +348,7 @@ TEST(Decode, TopKWeightsAreTheLargestOfTheFullRow) {
 
 TEST(Decode, RefusesBadInputByName) {
   test::Rng rng("Decode.Errors");
-  Case c;
-  c.Hkv = 2, c.G = 2, c.N = 1, c.D = 8, c.Dv = 8, c.page_tokens = 4;
-  c.lens = {10};
-  const Filled f = fill(rng, c);
+  const Filled f = small_cache(rng, 2, 2, 8, 10);
   const Tensor<float> q = rng.normal32({1, 4, 1, 8});
   Tensor<float> out({1, 4, 1, 8});
   auto expect_error = [&](const PagedKV& kv, TensorView<const float> qv, const DecodeOptions& o,
@@ -434,10 +440,7 @@ TEST(Decode, RefusesBadInputByName) {
 // (a [1, 1, 1] lse was read past its end).
 TEST(Decode, RefusesOutputsOverTheirInputsNullDataAndAMisshapenLse) {
   test::Rng rng("Decode.Outputs");
-  Case c;
-  c.Hkv = 2, c.G = 2, c.N = 1, c.D = 8, c.Dv = 8, c.page_tokens = 4;
-  c.lens = {10};
-  const Filled f = fill(rng, c);
+  const Filled f = small_cache(rng, 2, 2, 8, 10);
   const PagedKV kv = f.cache.paged(f.ids);
   Tensor<float> q = rng.normal32({1, 4, 1, 8}), out({1, 4, 1, 8}), lse({1, 4, 1}), big({64});
   Tensor<float> bias({1, 4, 1, 10}), weights({1, 4, 1, 10}), values({1, 4, 1, 3});
@@ -500,10 +503,7 @@ TEST(Decode, RefusesOutputsOverTheirInputsNullDataAndAMisshapenLse) {
 // and by the weight functions that run its checks.
 TEST(Decode, RefusesWrappingSizesUnknownDtypesAndNegativeDims) {
   test::Rng rng("Decode.Hostile");
-  Case c;
-  c.Hkv = 1, c.G = 1, c.N = 1, c.D = 4, c.Dv = 4, c.page_tokens = 4;
-  c.lens = {6};
-  const Filled f = fill(rng, c);
+  const Filled f = small_cache(rng, 1, 1, 4, 6);
   const PagedKV good = f.cache.paged(f.ids);
   const Tensor<float> q = rng.normal32({1, 1, 1, 4});
   Tensor<float> out({1, 1, 1, 4}), weights({1, 1, 1, 6}), values({1, 1, 1, 2});

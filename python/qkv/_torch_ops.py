@@ -65,30 +65,23 @@ def _kernel(name):
     return wrap
 
 
-@_kernel("scaled_dot_product_attention")
-def _sdpa_kernel(*args, **kwargs):
-    return _qt.scaled_dot_product_attention(*args, **kwargs)
+def _kernels(name, fn):
+    """The kernels of qkv::name (fn's output) and of its overload qkv::name.lse (fn's output and lse)."""
+
+    @_kernel(name)
+    def plain(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    @_kernel(f"{name}.lse")
+    def with_lse(*args, return_lse, **kwargs):
+        if not return_lse:
+            raise _qt.SdpaValueError(f"qkv::{name}.lse is the return_lse=True form; call qkv.torch.{name} without "
+                                     "return_lse for the output alone")
+        return fn(*args, return_lse=True, **kwargs)
 
 
-@_kernel("scaled_dot_product_attention.lse")
-def _sdpa_lse_kernel(*args, return_lse, **kwargs):
-    if not return_lse:
-        raise _qt.SdpaValueError("qkv::scaled_dot_product_attention.lse is the return_lse=True form; call "
-                                 "qkv.torch.scaled_dot_product_attention without return_lse for the output alone")
-    return _qt.scaled_dot_product_attention(*args, return_lse=True, **kwargs)
-
-
-@_kernel("varlen_attention")
-def _varlen_kernel(*args, **kwargs):
-    return _qt.varlen_attention(*args, **kwargs)
-
-
-@_kernel("varlen_attention.lse")
-def _varlen_lse_kernel(*args, return_lse, **kwargs):
-    if not return_lse:
-        raise _qt.SdpaValueError("qkv::varlen_attention.lse is the return_lse=True form; call "
-                                 "qkv.torch.varlen_attention without return_lse for the output alone")
-    return _qt.varlen_attention(*args, return_lse=True, **kwargs)
+_kernels("scaled_dot_product_attention", _qt.scaled_dot_product_attention)
+_kernels("varlen_attention", _qt.varlen_attention)
 
 
 class _MhaParams:
