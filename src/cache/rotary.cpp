@@ -48,7 +48,7 @@ void apply_rotary(TensorView<float> x, std::span<const int64_t> offsets, const R
     inv_freq[p] = std::pow(o.theta, -2.0 * static_cast<double>(p) / static_cast<double>(rd));
   // A theta below 1 makes the last pair's frequency the largest; a tiny one makes angles infinite.
   int64_t last = N - 1;
-  for (int64_t offset : offsets) last = std::max(last, offset + N - 1);
+  for (int64_t offset : offsets) last = std::max(last, offset + (N - 1));
   const double widest = std::max(inv_freq.front(), inv_freq.back()) * static_cast<double>(std::max<int64_t>(last, 1));
   if (!std::isfinite(widest))
     throw Error(
