@@ -162,8 +162,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   const AttentionShape s =
       check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  detail::require_output(out, "out", read);
-  read.push_back(detail::named_span("out", out));
+  detail::add_output(read, out, "out");
   detail::require_output(lse, "lse", read);
   if (options.kernel == Kernel::reference) {
     reference_forward_narrow(out, lse, q, k, v, options);

@@ -32,10 +32,8 @@ void check_backward_outputs(const AttentionShape& s, std::span<const int64_t> dq
 template <class T>
 void require_gradient_outputs(const TensorView<T>& dq, const TensorView<T>& dk, const TensorView<T>& dv,
                               const TensorView<T>& dbias, std::vector<NamedSpan> seen) {
-  for (const auto& [grad, name] : {std::pair{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dbias, "dbias"}}) {
-    require_output(*grad, name, seen);
-    seen.push_back({name, byte_span(*grad)});
-  }
+  for (const auto& [grad, name] : {std::pair{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dbias, "dbias"}})
+    add_output(seen, *grad, name);
 }
 
 }  // namespace qkv::detail

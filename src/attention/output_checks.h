@@ -66,4 +66,11 @@ void require_output(const TensorView<T>& out, const char* name, std::span<const 
       throw Error(fmt::format("{}: shares memory with {}; the output needs a buffer of its own", name, other.name));
 }
 
+// require_output, then `out` joins `seen`, so the outputs checked after it keep off it too.
+template <class T>
+void add_output(std::vector<NamedSpan>& seen, const TensorView<T>& out, const char* name) {
+  require_output(out, name, seen);
+  seen.push_back({name, byte_span(out)});
+}
+
 }  // namespace qkv::detail

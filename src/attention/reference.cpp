@@ -18,10 +18,8 @@ void reference_attention_forward(TensorView<double> out, TensorView<double> lse,
                                  const AttentionOptions& options) {
   const AttentionShape s = check_attention_shapes(q.shape(), k.shape(), v.shape(), options);
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  detail::require_output(out, "out", read);
-  read.push_back(detail::named_span("out", out));
-  detail::require_output(lse, "lse", read);
-  read.push_back(detail::named_span("lse", lse));
+  detail::add_output(read, out, "out");
+  detail::add_output(read, lse, "lse");
   detail::require_output(weights, "weights", read);
   const double scale = attention_scale(options.scale, s.D);
   const detail::MaskEval mask(options.mask, s);

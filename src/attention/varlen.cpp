@@ -95,8 +95,7 @@ void varlen_attention_forward(TensorView<float> out, TensorView<double> lse, Ten
   if (!lse.empty()) require_shape(lse.shape(), {p.H, p.total_q}, "lse");
   // Whole tensors, before any sequence is written: one sequence's rows may overlap another's inputs.
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
-  detail::require_output(out, "varlen: out", read);
-  read.push_back({"out", byte_span(out)});
+  detail::add_output(read, out, "varlen: out");
   detail::require_output(lse, "varlen: lse", read);
   AttentionOptions o = options;
   for (int64_t s = 0; s < p.sequences; ++s) {

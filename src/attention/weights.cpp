@@ -192,8 +192,7 @@ void attention_weights_topk(TensorView<float> values, TensorView<int64_t> indice
   require_shape(values.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k values");
   require_shape(indices.shape(), std::array<int64_t, 4>{p.s.B, p.s.H, R, topk}, "top-k indices");
   std::vector<detail::NamedSpan> read = inputs_of(q, k, lse, options);
-  detail::require_output(values, "top-k values", read);
-  read.push_back(detail::named_span("top-k values", values));
+  detail::add_output(read, values, "top-k values");
   detail::require_output(indices, "top-k indices", read);
   const detail::MaskEval mask(options.mask, p.s);
   for_each_row(p, rows, options, q, k, lse,

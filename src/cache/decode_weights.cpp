@@ -59,8 +59,7 @@ class DecodeRows {
   // Throws unless `out` has places of its own, apart from every input and the outputs before it.
   template <class T>
   void require_output(const TensorView<T>& out, const char* name) {
-    detail::require_output(out, name, read_);
-    read_.push_back({name, byte_span(out)});
+    detail::add_output(read_, out, name);
   }
 
   // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M. Also sets
