@@ -9,6 +9,12 @@ import torch
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
+def _dropout_seed():
+    """The seed of one call's keep-mask, drawn from torch's default generator: every front end draws
+    it here, so torch.manual_seed(s) replays a run whichever front end (or ring rank 0) drew it."""
+    return int(torch.empty((), dtype=torch.int64).random_())
+
+
 def _raising(value_error, type_error):
     """Re-raises the ValueError or TypeError of the decorated function as value_error / type_error
     (same message and traceback): the checks stay plain ValueError / TypeError in one place."""

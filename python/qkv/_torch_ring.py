@@ -18,7 +18,8 @@ from . import _qkv
 from ._ring import as4, options, place_shards, shard_ranges
 # qkv.torch's own checks of tensor arguments and refusals in backward, from the leaf module, which
 # (unlike qkv.torch, which imports this module) can be imported here at the top.
-from ._torch_checks import _check_tensor, _first_order_only, _lse_gradient_message, _scalar, _uses_lse, _vector_arg
+from ._torch_checks import (_check_tensor, _dropout_seed, _first_order_only, _lse_gradient_message, _scalar, _uses_lse,
+                            _vector_arg)
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0x4b56, 0x4b57, 0x6447, 0x6448
 
@@ -215,7 +216,7 @@ def ring_attention(q, k, v, group=None, *, causal=False, causal_align="top_left"
     # by qkv.torch's other front ends, only when dropout drops anything).
     row, views, opts = _local(q, k, v, make_options)
     dropping = opts is not None and p() > 0.0
-    table, seed = _agree(group, row, int(torch.empty((), dtype=torch.int64).random_()) if dropping else 0)
+    table, seed = _agree(group, row, _dropout_seed() if dropping else 0)
     if dropping:
         opts = make_options(seed)
     out, lse = _RingFunction.apply(*views, _Ring(group, table), opts)

@@ -52,8 +52,8 @@ import torch
 
 from . import _qkv
 from .attention import _constant_along_keys, dropout_mask
-from ._torch_checks import (_check_mask, _check_qkv, _first_order_only, _raising, _refuse_lse_gradient, _scalar,
-                            _vector_arg)
+from ._torch_checks import (_check_mask, _check_qkv, _dropout_seed, _first_order_only, _raising, _refuse_lse_gradient,
+                            _scalar, _vector_arg)
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
@@ -240,7 +240,7 @@ def _extras(is_causal, causal_align, window, alibi_slopes, softcap, key_lengths,
                   query_lengths=_vector_arg(query_lengths, "query_lengths", True))
     dropout_p = _qkv._dropout_p_arg(_scalar(dropout_p))
     if dropout_p > 0.0:
-        extras.update(dropout_p=dropout_p, dropout_seed=int(torch.empty((), dtype=torch.int64).random_()))
+        extras.update(dropout_p=dropout_p, dropout_seed=_dropout_seed())
     return extras
 
 
