@@ -27,7 +27,7 @@ _lib = torch.library.Library("qkv", "DEF")
 _SDPA = ("Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, "
          "float? scale=None, bool enable_gqa=False, *, int[]? window=None, float[]? alibi_slopes=None, "
          "float? softcap=None, int[]? key_lengths=None, int[]? query_lengths=None, "
-         "str causal_align=\"top_left\", int? num_threads=None")
+         "str causal_align=\"top_left\", int? num_threads=None, int? key_length=None, int? query_length=None")
 _lib.define(f"scaled_dot_product_attention({_SDPA}) -> Tensor")
 _lib.define(f"scaled_dot_product_attention.lse({_SDPA}, bool return_lse) -> (Tensor, Tensor)")
 _VARLEN = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q=None, "
@@ -80,7 +80,18 @@ def _kernels(name, fn):
         return fn(*args, return_lse=True, **kwargs)
 
 
-_kernels("scaled_dot_product_attention", _qt.scaled_dot_product_attention)
+def _sdpa(*args, key_length=None, query_length=None, **kwargs):
+    """scaled_dot_product_attention with key_length / query_length, the schema's form of one length
+    for every batch row (the eager call's int), so a traced graph takes other batch sizes."""
+    for one, name in ((key_length, "key_lengths"), (query_length, "query_lengths")):
+        if one is not None:
+            if kwargs.get(name) is not None:
+                raise _qt.SdpaValueError(f"qkv::scaled_dot_product_attention: give {name} or {name[:-1]}, not both")
+            kwargs[name] = one
+    return _qt.scaled_dot_product_attention(*args, **kwargs)
+
+
+_kernels("scaled_dot_product_attention", _sdpa)
 _kernels("varlen_attention", _qt.varlen_attention)
 
 
@@ -145,21 +156,19 @@ def traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
     """The operator call torch.jit.trace records: the Python forms the eager function accepts (a
     window side None, slopes and lengths as tensors or tuples) in the schema's types, by the eager
     call's checks; the kernel then checks every value as the eager call does."""
-    key_lengths, query_lengths = (_plain(_qt._vector_arg(x, name, True)) for x, name in
-                                  ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")))
-    if any(x is not None and not isinstance(x, (list, tuple)) for x in (key_lengths, query_lengths)):
-        # One length for every batch row: the schema's list needs one entry per row, for this call.
-        rows = _qt._sdpa_layout(query, key, value, enable_gqa)[2].B
-        key_lengths, query_lengths = (x if x is None or isinstance(x, (list, tuple)) else
-                                      [_qkv._index_arg(x, name)] * rows for x, name in
-                                      ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")))
+    lengths = {}
+    for x, name in ((key_lengths, "key_lengths"), (query_lengths, "query_lengths")):
+        x = _plain(_qt._vector_arg(x, name, True))
+        if x is None or isinstance(x, (list, tuple)):
+            lengths[name] = _listed(x, name, _qkv._index_arg)
+        else:
+            # One length for every batch row, as key_length / query_length: a list of B entries
+            # would freeze the traced batch size into the graph.
+            lengths[name[:-1]] = _qkv._index_arg(x, name)
     kwargs = dict(window=_listed(window, "window", _window_side),
                   alibi_slopes=_listed(_qt._vector_arg(alibi_slopes, "alibi_slopes", False), "alibi_slopes",
                                        _qkv._number_arg),
-                  softcap=softcap,
-                  key_lengths=_listed(key_lengths, "key_lengths", _qkv._index_arg),
-                  query_lengths=_listed(query_lengths, "query_lengths", _qkv._index_arg),
-                  causal_align=causal_align, num_threads=num_threads)
+                  softcap=softcap, causal_align=causal_align, num_threads=num_threads, **lengths)
     args = (query, key, value, attn_mask, _qkv._dropout_p_arg(_qt._scalar(dropout_p)),
             _qkv._flag_arg(is_causal, "is_causal"), scale, _qkv._flag_arg(enable_gqa, "enable_gqa"))
     if _qkv._flag_arg(return_lse, "return_lse"):

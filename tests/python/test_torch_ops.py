@@ -182,6 +182,24 @@ def test_a_traced_call_takes_numpy_slopes_and_lengths_as_eager_does():
     assert torch.equal(traced(q), qt.scaled_dot_product_attention(q, q, q, **call))
 
 
+def test_one_length_for_every_row_does_not_freeze_the_traced_batch_size():
+    """One int as key_lengths / query_lengths was recorded as a list of the traced batch's B entries,
+    so the graph refused any other batch size; it goes in as the schema's key_length / query_length."""
+    def call(q):
+        return qt.scaled_dot_product_attention(q, q, q, is_causal=True, key_lengths=3, query_lengths=4)
+    traced = torch.jit.trace(call, (torch.randn(2, 2, 5, 4),))
+    buf = io.BytesIO()
+    torch.jit.save(traced, buf)
+    buf.seek(0)
+    for fn in (traced, torch.jit.load(buf)):
+        for B in (1, 3):
+            q = torch.randn(B, 2, 5, 4)
+            assert torch.equal(fn(q), call(q))
+    q = torch.randn(3, 2, 5, 4)
+    with pytest.raises(qt.SdpaValueError, match="give key_lengths or key_length, not both"):
+        torch.ops.qkv.scaled_dot_product_attention(q, q, q, key_lengths=[3, 3, 3], key_length=3)
+
+
 def varlen(q, k, v, cu_q, cu_k):
     return qt.varlen_attention(q, k, v, cu_q, cu_k, causal=True, window_size=(5, -1), softcap=3.0)
 
