@@ -53,6 +53,36 @@ def _linear(x, weight, bias):
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).half()
 
 
+def _check_parameters(m):
+    """The module's parameters agree with each other (a module built by its constructor always does;
+    the qkv::multihead_attention operator takes them as arguments, and attributes can be reassigned)."""
+    E, H = m.embed_dim, m.num_heads
+    if not isinstance(H, int) or H < 1 or E % H:
+        raise ValueError(f"num_heads: {H} must be a positive divisor of embed_dim={E}")
+    if (m.bias_k is None) != (m.bias_v is None):
+        raise ValueError("bias_k and bias_v: give both (add_bias_kv=True) or neither")
+    if m._qkv_same_embed_dim:
+        projections = (("in_proj_weight", m.in_proj_weight, [3 * E, E]),)
+    else:
+        projections = tuple((name, t, [E, dim]) for name, t, dim in (
+            ("q_proj_weight", m.q_proj_weight, E), ("k_proj_weight", m.k_proj_weight, m.kdim),
+            ("v_proj_weight", m.v_proj_weight, m.vdim)))
+    required = projections + (("out_proj.weight", m.out_proj.weight, [E, E]),)
+    optional = (("in_proj_bias", m.in_proj_bias, [3 * E]), ("bias_k", m.bias_k, [1, 1, E]),
+                ("bias_v", m.bias_v, [1, 1, E]), ("out_proj.bias", m.out_proj.bias, [E]))
+    dtype = required[0][1].dtype if required[0][1] is not None else None
+    for name, t, shape in required + optional:
+        if t is None:
+            if any(name == r[0] for r in required):
+                raise ValueError(f"{name}: missing (give in_proj_weight, or q_proj_weight, k_proj_weight and "
+                                 f"v_proj_weight, and out_proj.weight)")
+            continue
+        if list(t.shape) != shape:
+            raise ValueError(f"{name}: shape {list(t.shape)} must be {shape} (embed_dim={E})")
+        if t.dtype != dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} is not the module's ({dtype})")
+
+
 class _WeightsWithoutGradient(torch.autograd.Function):
     """MultiheadAttention's returned weights, differentiable only so that a loss term on them is
     refused instead of being taken as a constant (PyTorch's are differentiable; an entropy penalty
@@ -129,6 +159,7 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     @_raising(MhaValueError, MhaTypeError)
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                  is_causal):
+        _check_parameters(self)
         _check_inputs(query, key, value)
         weight = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
         if query.dtype != weight.dtype:

@@ -110,11 +110,12 @@ class _MhaParams:
         self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = q_proj_weight, k_proj_weight, v_proj_weight
         self.bias_k, self.bias_v = bias_k, bias_v
         self.out_proj = types.SimpleNamespace(weight=out_proj_weight, bias=out_proj_bias)
+        # Sizes read from the arguments as given; _forward checks that they agree.
         self._qkv_same_embed_dim = in_proj_weight is not None
         self.embed_dim = out_proj_weight.size(0)
-        self.head_dim = self.embed_dim // num_heads
-        self.kdim = self.embed_dim if self._qkv_same_embed_dim else k_proj_weight.size(1)
-        self.vdim = self.embed_dim if self._qkv_same_embed_dim else v_proj_weight.size(1)
+        self.head_dim = self.embed_dim // num_heads if num_heads > 0 else 0
+        self.kdim, self.vdim = (self.embed_dim if self._qkv_same_embed_dim or w is None or w.dim() != 2 else w.size(1)
+                                for w in (k_proj_weight, v_proj_weight))
 
 
 @_kernel("multihead_attention")

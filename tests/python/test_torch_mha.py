@@ -251,6 +251,45 @@ ERRORS = [
 ]
 
 
+def raw_op(**change):
+    """torch.ops.qkv.multihead_attention (what traced and scripted modules call) with mha()'s
+    parameters, some changed."""
+    m = mha()
+    args = dict(num_heads=2, batch_first=False, add_zero_attn=False, dropout=0.0, training=False,
+                in_proj_weight=m.in_proj_weight, in_proj_bias=m.in_proj_bias, q_proj_weight=None, k_proj_weight=None,
+                v_proj_weight=None, bias_k=None, bias_v=None, out_proj_weight=m.out_proj.weight,
+                out_proj_bias=m.out_proj.bias)
+    args.update(change)
+    return lambda: torch.ops.qkv.multihead_attention(x, x, x, None, False, None, True, False, *args.values())
+
+
+def reassigned(**attrs):
+    m = mha()
+    for name, value in attrs.items():
+        setattr(m, name, value)
+    return lambda: m(x, x, x)
+
+
+# Parameters that disagree with each other: given to the operator, or reassigned on a module. They
+# were left to ZeroDivisionError, AttributeError or a matmul's "cannot be multiplied".
+ERRORS += [
+    ("num_heads 0", raw_op(num_heads=0), ValueError, "num_heads: 0 must be a positive divisor of embed_dim=8"),
+    ("num_heads 3", reassigned(num_heads=3), ValueError, "num_heads: 3 must be a positive divisor of embed_dim=8"),
+    ("no projection", raw_op(in_proj_weight=None), ValueError, "q_proj_weight: missing"),
+    ("in_proj shape", raw_op(in_proj_weight=torch.zeros(16, 8)), ValueError,
+     r"in_proj_weight: shape \[16, 8\] must be \[24, 8\]"),
+    ("in_proj_bias shape", raw_op(in_proj_bias=torch.zeros(8)), ValueError,
+     r"in_proj_bias: shape \[8\] must be \[24\]"),
+    ("out_proj shape", raw_op(out_proj_weight=torch.zeros(8, 16)), ValueError,
+     r"out_proj.weight: shape \[8, 16\] must be \[8, 8\]"),
+    ("bias_k alone", raw_op(bias_k=torch.zeros(1, 1, 8)), ValueError, "bias_k and bias_v: give both"),
+    ("bias_v shape", raw_op(bias_k=torch.zeros(1, 1, 8), bias_v=torch.zeros(1, 1, 3)), ValueError,
+     r"bias_v: shape \[1, 1, 3\] must be \[1, 1, 8\]"),
+    ("out_proj dtype", raw_op(out_proj_weight=torch.zeros(8, 8, dtype=torch.float64)), TypeError,
+     r"out_proj.weight: dtype torch.float64 is not the module's \(torch.float32\)"),
+]
+
+
 @pytest.mark.parametrize("name,call,exc,message", ERRORS, ids=[e[0] for e in ERRORS])
 def test_errors_name_the_argument(name, call, exc, message):
     with pytest.raises(exc, match=message):
