@@ -80,6 +80,16 @@ def test_context_oov_policies(run, embeddings, seed, policy):
     np.testing.assert_allclose(np.array(j["vectors"]), parameter_free(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("command", ["context", "explain"])
+def test_skip_keeps_a_word_beside_as_many_skipped(run, embeddings, seed, command):
+    """--oov skip refused a sentence whose skipped words were as many as its kept ones ("none of its
+    words is in ...": it compared the skipped count with the kept tokens)."""
+    proc = run(command, "--embeddings", embeddings.glove, "--parameter-free", "--oov", "skip", "--json"
+               if command == "explain" else "--format=json", "zyzzyva quux the bank")
+    assert proc.returncode == 0, f"seed {seed}: {proc.stderr}"
+    assert json.loads(proc.stdout)["tokens"] == ["the", "bank"]
+
+
 @pytest.mark.parametrize("layer", [["--parameter-free"], ["--seed", "3"], ["--heads", "2", "--seed", "5"]])
 def test_compare_bank(run, embeddings, seed, layer):
     proc = run("compare", "--embeddings", embeddings.glove, "--word", "bank", *layer, "--json", MONEY, RIVER)

@@ -166,8 +166,9 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
   std::set<std::string_view> listed;
   for (const auto& w : s.missing)
     if (listed.insert(w).second) list += (list.empty() ? "" : ", ") + w;
-  if (!s.missing.empty() && s.missing.size() == s.tokens.size())
-    // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful.
+  if (oov_policy(args) == OovPolicy::zero && s.missing.size() == s.tokens.size())
+    // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful
+    // (skip refuses a sentence it leaves empty itself; its tokens are the kept ones only).
     throw Error(fmt::format("{}: none of its words is in {}: {}", what, args.embeddings, list));
   if (!s.missing.empty())
     std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
