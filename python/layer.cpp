@@ -80,15 +80,17 @@ PyLayer make_layer(const py::object& embed_dim, const py::object& num_heads, con
 }  // namespace
 
 ThreadState& PyLayer::mine() {
-  const unsigned long me = PyThread_get_thread_ident();
+  // A thread state's id is never reused, unlike threading.get_ident(): a thread that starts after
+  // another ended must not find the dead thread's forward and gradients.
+  PyThreadState* const self = PyThreadState_Get();
+  const uint64_t me = PyThreadState_GetID(self);
   auto it = threads_.find(me);
   if (it != threads_.end()) return it->second;
   if (!threads_.empty()) {
-    std::set<unsigned long> alive;
-    for (const py::handle t : py::module_::import("threading").attr("enumerate")()) {
-      const py::object ident = t.attr("ident");
-      if (!ident.is_none()) alive.insert(ident.cast<unsigned long>());
-    }
+    std::set<uint64_t> alive;
+    for (PyThreadState* t = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(self)); t != nullptr;
+         t = PyThreadState_Next(t))
+      alive.insert(PyThreadState_GetID(t));
     std::erase_if(threads_, [&](const auto& entry) { return alive.count(entry.first) == 0; });
   }
   return threads_[me];

@@ -41,7 +41,7 @@ struct PyLayer {
   qkv::TensorMap& grads() { return mine().grads; }
 
  private:
-  std::map<unsigned long, ThreadState> threads_;  // by threading.get_ident()
+  std::map<uint64_t, ThreadState> threads_;  // by the Python thread state's id
 };
 
 }  // namespace qkvpy
