@@ -71,6 +71,33 @@ TEST(KVCache, StoresAppendedTokensAcrossPagesForEveryDtype) {
   }
 }
 
+TEST(KVCache, AppendsAViewOfItsOwnPoolAsItWasWhenTheCallBegan) {
+  // A page's four slots appended to the sequence that owns it, whose length ends after slot 0: each
+  // token was read from the slot the token before it had just overwritten. (The freed sequence
+  // filled the pages first, so no slot read is unwritten memory.)
+  KVCache cache(config(KVDtype::f32, 2, 4, 1, 3, 3));
+  test::Rng rng("KVCache.AppendsAViewOfItsOwnPool");
+  const int64_t filler = cache.create();
+  const Tensor<float> full = rng.normal32({8, 1, 3}), one = rng.normal32({1, 1, 3});
+  cache.append(filler, full.cview(), full.cview());
+  cache.free(filler);
+  const int64_t a = cache.create();
+  cache.append(a, one.cview(), one.cview());
+  const int64_t page = cache.pages(a)[0];
+  const std::array<int64_t, 3> shape{4, 1, 3}, strides{3, 12, 1};
+  const TensorView<const float> k(static_cast<const float*>(cache.k_pool()) + page * 12, shape, strides);
+  const TensorView<const float> v(static_cast<const float*>(cache.v_pool()) + page * 12, shape, strides);
+  const Tensor<float> k_then = to_contiguous<float>(k), v_then = to_contiguous<float>(v);
+  cache.append(a, k, v);
+  ASSERT_EQ(cache.length(a), 5);
+  const Tensor<float> keys = cache.keys(a), values = cache.values(a);
+  for (int64_t t = 0; t < 4; ++t)
+    for (int64_t e = 0; e < 3; ++e) {
+      EXPECT_EQ(keys[(1 + t) * 3 + e], k_then[t * 3 + e]) << "token " << 1 + t << " e " << e;
+      EXPECT_EQ(values[(1 + t) * 3 + e], v_then[t * 3 + e]) << "token " << 1 + t << " e " << e;
+    }
+}
+
 TEST(KVCache, Fp16RoundsToNearestEven) {
   KVCache cache(config(KVDtype::f16, 1, 1, 1, 6, 1));
   const int64_t s = cache.create();

@@ -54,7 +54,8 @@ class KVCache {
   // storage dtype rounds to infinity: |x| >= 65520 for f16, within half a bf16 ulp of FLT_MAX for
   // bf16), or too few free pages throws qkv::Error and leaves the cache unchanged. int8 holds every
   // finite value. With `rotary`, the keys are first rotated (rotary.h) at positions
-  // length(seq) + t, after the shapes are checked.
+  // length(seq) + t, after the shapes are checked. k and v may be views of this cache's own pools
+  // (k_pool(), v_pool()): they are appended as they were when the call began.
   void append(int64_t seq, TensorView<const float> k, TensorView<const float> v, const RotaryOptions* rotary = nullptr);
   // A new sequence holding the same tokens as `seq`, sharing its pages. Throws for an unknown id.
   int64_t fork(int64_t seq);

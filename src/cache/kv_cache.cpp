@@ -3,6 +3,7 @@
 #include "qkv/kv_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -134,6 +135,25 @@ void KVCache::append(int64_t seq, TensorView<const float> k, TensorView<const fl
   if (take > free_pages())
     throw Error(fmt::format("KVCache::append: {} tokens need {} free pages, the pool of {} has {} left", T, take,
                             c.num_pages, free_pages()));
+  // An input over the pools (a view of k_pool(), say) would be overwritten while it is read: it is
+  // appended as it was when the call began.
+  const int64_t rows = c.num_pages * c.Hkv * c.page_tokens, eb_in = kv_dtype_bytes(c.dtype);
+  auto pool = [](const void* p, int64_t bytes) {
+    const auto* b = static_cast<const std::byte*>(p);
+    return p == nullptr ? ByteSpan{} : ByteSpan{b, b + bytes};
+  };
+  const std::array<ByteSpan, 4> pools{pool(k_.get(), rows * c.D * eb_in), pool(v_.get(), rows * c.Dv * eb_in),
+                                      pool(k_scale_.get(), rows * 4), pool(v_scale_.get(), rows * 4)};
+  Tensor<float> k_before, v_before;
+  auto as_before = [&](TensorView<const float>& x, Tensor<float>& copy) {
+    const ByteSpan span = byte_span(x);
+    if (std::any_of(pools.begin(), pools.end(), [&](const ByteSpan& p) { return p.overlaps(span); })) {
+      copy = to_contiguous<float>(x);
+      x = copy.cview();
+    }
+  };
+  as_before(k, k_before);
+  as_before(v, v_before);
   check_values(k, c.dtype, "k");
   Tensor<float> rotated;
   if (rotary != nullptr) {
