@@ -153,6 +153,14 @@ TEST(Layer, RefusesBadConfigsAndShapes) {
       "layer: num_heads, num_kv_heads: H = 4 query heads is not a positive multiple of Hkv = 3 key/value heads");
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true}); },
                "parameter-free mode needs 1 head");
+  expect_error(
+      [] {
+        MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 1, .num_kv_heads = 2, .parameter_free = true});
+      },
+      "parameter-free mode needs 1 head, got num_heads = 1, num_kv_heads = 2");
+  // Saved as JSON text, which holds only UTF-8: refused here, not by the save after training.
+  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .note = "on sent\xff.txt"}); },
+               "layer: the note is not valid UTF-8 (byte 7)");
   // Widths that wrap in int64 (4 · 2^62 = 0) built empty weights, and forward died of SIGFPE.
   expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 4, .num_heads = 4, .head_dim = int64_t{1} << 62}); },
                "layer: num_heads · head_dim = 4 · 4611686018427387904 is too large");

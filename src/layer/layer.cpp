@@ -9,6 +9,7 @@
 #include "core/blas.h"
 #include "layer/layer_shapes.h"
 #include "qkv/attention_options.h"
+#include "qkv/utf8.h"
 
 namespace qkv {
 namespace {
@@ -25,9 +26,13 @@ LayerConfig resolve(const LayerConfig& in) {
     throw Error(fmt::format("layer: num_kv_heads, head_dim and value_dim must be >= 0 (0 = default), got {}, {}, {}",
                             c.num_kv_heads, c.head_dim, c.value_dim));
   if (c.residual && c.parameter_free) throw Error("layer: a parameter-free layer has no residual");
+  // The note is saved as JSON text: a byte that is not UTF-8 would fail the save, after training.
+  if (const std::size_t at = invalid_utf8_at(c.note); at != std::string_view::npos)
+    throw Error(fmt::format("layer: the note is not valid UTF-8 (byte {})", at));
   if (c.parameter_free) {
     if (c.num_heads != 1 || c.num_kv_heads > 1)
-      throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}", c.num_heads));
+      throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}, num_kv_heads = {}",
+                              c.num_heads, c.num_kv_heads));
     if ((c.head_dim != 0 && c.head_dim != c.embed_dim) || (c.value_dim != 0 && c.value_dim != c.embed_dim))
       throw Error(fmt::format("layer: parameter-free mode needs head_dim = value_dim = embed_dim = {}", c.embed_dim));
     if (c.bias) throw Error("layer: parameter-free mode has no biases (bias must be false)");

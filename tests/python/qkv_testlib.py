@@ -185,7 +185,7 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
-def write_layer(path, rng, E, H, D, Dv=None, kv_heads=None, output_projection=True, bias=False):
+def write_layer(path, rng, E, H, D, Dv=None, kv_heads=None, output_projection=True, bias=False, note=None):
     """A qkv layer file (MultiHeadAttention::save's format) with random weights; returns them."""
     Dv = D if Dv is None else Dv
     Hkv = H if kv_heads is None else kv_heads
@@ -203,6 +203,8 @@ def write_layer(path, rng, E, H, D, Dv=None, kv_heads=None, output_projection=Tr
                 "qkv.num_kv_heads": str(Hkv), "qkv.head_dim": str(D), "qkv.value_dim": str(Dv),
                 "qkv.bias": "1" if bias else "0", "qkv.output_projection": "1" if output_projection else "0",
                 "qkv.parameter_free": "0"}
+    if note is not None:
+        metadata["qkv.note"] = note
     write_safetensors(path, w, metadata)
     return {name: a.astype(np.float64) for name, a in w.items()}
 

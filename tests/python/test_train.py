@@ -1,6 +1,6 @@
-"""`qkv train --task lookup`: a short run learns; SIGKILL + --resume gives bitwise the weights of
-an uninterrupted run; corrupted, truncated or mismatched checkpoints are refused with one clear
-line while the previous checkpoint survives."""
+"""`qkv train`: a short run learns; SIGKILL + --resume gives bitwise the weights of an
+uninterrupted run; corrupted, truncated or mismatched checkpoints are refused with one clear line
+while the previous checkpoint survives; what a saved layer's note holds, and how it is printed."""
 
 import os
 import re
@@ -147,6 +147,44 @@ def test_resume_refuses_other_settings_and_missing_files(run, seed, tmp_path):
     assert r.returncode == 2 and "--keys (16) must be at least --pairs (20)" in r.stderr, r.stderr
 
 
+def masked_word_files(tmp_path, sentences_name="sentences.txt"):
+    """A small masked-word corpus: 40 words of width 64 and 300 sentences of 12 words."""
+    words = tmp_path / "words.txt"
+    words.write_text("".join(f"w{i} " + " ".join(f"{((i * 7 + d * 3) % 11) / 10 - 0.5:.2f}" for d in range(64))
+                             + "\n" for i in range(40)))
+    sentences = os.path.join(os.fsencode(tmp_path), os.fsencode(sentences_name))
+    sentences = sentences if isinstance(sentences_name, bytes) else os.fsdecode(sentences)
+    with open(sentences, "w") as f:
+        f.write("".join(" ".join(f"w{(s * 5 + t * 3) % 40}" for t in range(12)) + "\n" for s in range(300)))
+    return words, sentences
+
+
+def test_a_file_name_that_is_not_utf8_is_kept_in_the_note_as_text(qkv_bin, tmp_path):
+    """The layer's note names its files and is saved as JSON text: a --sentences name with a byte
+    that is not UTF-8 failed the save after every step had run."""
+    words, sentences = masked_word_files(tmp_path, b"sent\xff.txt")
+    out = tmp_path / "w.safetensors"
+    r = subprocess.run([qkv_bin, b"train", b"--task", b"masked-word", b"--embeddings", os.fsencode(words),
+                        b"--sentences", sentences, b"--steps", b"3", b"--eval-examples", b"20", b"--save",
+                        os.fsencode(out)], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    import qkv
+    assert "on sent\ufffd.txt" in qkv.MultiHeadAttention.load(str(out)).note
+
+
+def test_a_layer_files_note_reaches_the_terminal_without_its_control_characters(run, tmp_path):
+    """A layer file's note is the file's text: its escape sequences and bells were printed raw."""
+    import numpy as np
+    from qkv_testlib import write_layer
+    words, _ = masked_word_files(tmp_path)
+    layer = tmp_path / "noted.safetensors"
+    write_layer(layer, np.random.default_rng(0), 64, 2, 32, note="evil \x1b[31mRED\x1b[0m \x07bell \u009b2J")
+    r = run("explain", "--weights", layer, "--embeddings", words, "w1 w2 w3")
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stdout.splitlines() if "noted.safetensors" in line)
+    assert line.endswith(": evil  [31mRED [0m  bell  2J"), line
+
+
 @pytest.mark.parametrize("task", ["lookup", "masked-word"])
 def test_weights_are_bitwise_the_same_for_any_thread_count(qkv_bin, seed, tmp_path, task):
     """The weights depend on the seed alone: OpenBLAS's products once ran on --threads threads (and
@@ -155,12 +193,7 @@ def test_weights_are_bitwise_the_same_for_any_thread_count(qkv_bin, seed, tmp_pa
         args = [*SMALL, "--steps", 30]
         args[args.index("--batch") + 1] = "256"
     else:
-        words = tmp_path / "words.txt"
-        words.write_text("".join(f"w{i} " + " ".join(f"{((i * 7 + d * 3) % 11) / 10 - 0.5:.2f}" for d in range(64))
-                                 + "\n" for i in range(40)))
-        sentences = tmp_path / "sentences.txt"
-        sentences.write_text("".join(" ".join(f"w{(s * 5 + t * 3) % 40}" for t in range(12)) + "\n"
-                                     for s in range(300)))
+        words, sentences = masked_word_files(tmp_path)
         args = ["--task", "masked-word", "--embeddings", words, "--sentences", sentences, "--batch", "256",
                 "--steps", 30, "--eval-examples", 50]
     saved = []

@@ -213,6 +213,27 @@ MultiHeadAttention make_layer(const SentenceArgs& args, int64_t E) {
   return MultiHeadAttention(config);
 }
 
+namespace {
+
+// A layer file's note as one line a terminal shows as written: its control characters (C0, DEL and
+// C1, which carry a terminal's escape sequences and bells) become spaces.
+std::string printable_note(std::string_view note) {
+  std::string out;
+  for (std::size_t i = 0; i < note.size(); ++i) {
+    const auto c = static_cast<unsigned char>(note[i]);
+    if (c == 0xC2 && i + 1 < note.size() && static_cast<unsigned char>(note[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(note[i + 1]) <= 0x9F) {
+      out += ' ';
+      ++i;
+    } else {
+      out += c < 0x20 || c == 0x7F ? ' ' : note[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& layer) {
   const LayerConfig& c = layer.config();
   if (c.parameter_free) return "parameter-free (Q = K = V = X, seed 002)";
@@ -221,7 +242,7 @@ std::string describe_layer(const SentenceArgs& args, const MultiHeadAttention& l
   if (const std::string weights = layer_file(args); !weights.empty()) {
     const std::string what = default_layer(args) ? "the trained layer" : "learned weights from";
     return c.note.empty() ? fmt::format("{} {}, {}", what, file_name(weights), heads)
-                          : fmt::format("{} {}, {}: {}", what, file_name(weights), heads, c.note);
+                          : fmt::format("{} {}, {}: {}", what, file_name(weights), heads, printable_note(c.note));
   }
   return fmt::format("random W_q, W_k, W_v (seed {}), {}", c.seed, heads);
 }

@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "qkv/lookup.h"
 #include "qkv/masked_word.h"
+#include "qkv/utf8.h"
 
 namespace qkv::cli {
 namespace {
@@ -177,14 +178,18 @@ void print_final_loss(double loss, int64_t steps, double seconds, std::string_vi
     fmt::print("final training loss {:.4f}; {} steps in {}{}\n", loss, steps, duration(seconds), note);
 }
 
+// A file's name as text: the note is saved as JSON, which holds only UTF-8, and a name's other
+// bytes would fail the save after every step had run.
+std::string text_name(const std::string& path) { return repair_utf8(file_name(path), InvalidUtf8::replace); }
+
 // What the saved layer says of itself (LayerConfig::note): the sentence commands print it.
 std::string training_note(const TrainArgs& a) {
   const MaskedWordConfig& m = a.masked;
   return fmt::format(
       "trained by `qkv train --task {}` ({} steps of {} sentences, seed {}{}) on {}, with the word "
       "vectors {}",
-      a.task, m.steps, m.batch, m.seed, m.positions ? ", sinusoidal positions" : "", file_name(m.sentences),
-      file_name(m.embeddings));
+      a.task, m.steps, m.batch, m.seed, m.positions ? ", sinusoidal positions" : "", text_name(m.sentences),
+      text_name(m.embeddings));
 }
 
 int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve, RunPosition& at, const StopOnCtrlC& ctrl_c) {
