@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -120,6 +121,53 @@ TEST(LayerIo, NpyDirectoryRoundTripAndRefusals) {
   // A FIFO in its place is refused at once (reading it waited for a writer).
   ASSERT_EQ(::mkfifo((dir / "qkv_layer.json").c_str(), 0600), 0);
   expect_error([&] { MultiHeadAttention::load(dir.string()); }, "not a regular file");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LayerIo, ANpyDirectoryHoldsTheLastSavedLayerOrNone) {
+  test::Rng rng("Layer.NpyDirReplace");
+  MultiHeadAttention with_biases(LayerConfig{.embed_dim = 6, .num_heads = 2, .bias = true, .seed = 1});
+  randomize_biases(with_biases, rng);
+  const MultiHeadAttention plain(LayerConfig{.embed_dim = 6, .num_heads = 3, .seed = 2});
+  const std::filesystem::path dir = temp_path("npy_dir_replace");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream((dir / "README").string()) << "the user's own file";
+  auto expect_holds = [&](const MultiHeadAttention& want) {
+    const MultiHeadAttention got = MultiHeadAttention::load(dir.string());
+    EXPECT_EQ(got.config().num_heads, want.config().num_heads);
+    EXPECT_EQ(got.config().seed, want.config().seed);
+    for (std::size_t p = 0; p < got.parameters().size(); ++p)
+      for (int64_t i = 0; i < want.parameters()[p].second->numel(); ++i)
+        ASSERT_EQ((*got.parameters()[p].second)[i], (*want.parameters()[p].second)[i]);
+  };
+  with_biases.save(dir.string());
+  // The biases' files of the layer before were left behind, and load() refused the directory.
+  plain.save(dir.string());
+  expect_holds(plain);
+  EXPECT_FALSE(std::filesystem::exists(dir / "b_q.npy"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "README"));
+  // A target refused before anything is written leaves every file as it was.
+  auto bytes = [&](const char* name) {
+    std::ifstream in((dir / name).string(), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string config_before = bytes("qkv_layer.json"), w_q_before = bytes("w_q.npy");
+  std::filesystem::create_directory(dir / "b_v.npy");
+  expect_error([&] { with_biases.save(dir.string()); }, "b_v.npy");
+  EXPECT_EQ(bytes("qkv_layer.json"), config_before);
+  EXPECT_EQ(bytes("w_q.npy"), w_q_before);
+  std::filesystem::remove(dir / "b_v.npy");
+  expect_holds(plain);
+  // A write that fails part way (w_o.npy a link to /dev/full: no space left) leaves no config, so
+  // the directory is refused, never read as the old config over the new tensors.
+  std::filesystem::remove(dir / "w_o.npy");
+  std::filesystem::create_symlink("/dev/full", dir / "w_o.npy");
+  expect_error([&] { with_biases.save(dir.string()); }, "w_o.npy");
+  expect_error([&] { MultiHeadAttention::load(dir.string()); }, "cannot open the layer config");
+  std::filesystem::remove(dir / "w_o.npy");
+  with_biases.save(dir.string());
+  expect_holds(with_biases);
   std::filesystem::remove_all(dir);
 }
 

@@ -84,7 +84,10 @@ class MultiHeadAttention {
 
   // Saves/loads weights as safetensors with names w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o and the
   // config in the metadata; if `path` is an existing directory, as one <name>.npy per tensor
-  // plus the same config in qkv_layer.json (each file written atomically). save() and load()
+  // plus the same config in qkv_layer.json (each file written atomically; the old config is removed
+  // first and the new one written last, and the .npy files of parameters this layer lacks are
+  // removed, so a save that fails part way leaves a directory load() refuses, never one holding
+  // another layer's tensors under a config). save() and load()
   // throw qkv::Error on a non-finite weight (nothing is written); load() also on a missing
   // tensor, a wrong shape or a parameter the config does not have. Other tensor names and
   // metadata entries are ignored, so a file that adds its own to metadata() (a training

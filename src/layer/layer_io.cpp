@@ -137,6 +137,41 @@ std::vector<std::string> MultiHeadAttention::directory_files() {
   return files;
 }
 
+namespace {
+
+void save_directory(const MultiHeadAttention& layer, const std::string& dir,
+                    const std::map<std::string, std::string>& meta) {
+  // A directory cannot be replaced in one step, so a directory with a config always holds that
+  // config's layer, and one without is refused by load(): everything that can fail before a byte is
+  // written is done first (the bytes, each target), the old config goes, the tensors are written
+  // (each atomically) and the files of parameters this layer lacks removed, and the config goes last.
+  auto in_dir = [&](const std::string& name) { return (std::filesystem::path(dir) / name).string(); };
+  struct File {
+    std::string path, bytes;
+    OutputTarget target;
+  };
+  std::vector<File> files;
+  for (const auto& [name, t] : layer.parameters())
+    files.push_back({in_dir(name + ".npy"), npy_bytes<float>(t->view()), {}});
+  files.push_back({in_dir(kNpyConfigName), nlohmann::json(meta).dump(2) + "\n", {}});
+  for (File& f : files) f.target = resolve_output(f.path);
+  auto remove = [](const std::string& file) {
+    std::error_code gone;
+    if (!std::filesystem::remove(file, gone) && gone)
+      throw Error(fmt::format("cannot remove {}: {}", file, gone.message()));
+  };
+  remove(files.back().path);
+  for (std::size_t i = 0; i + 1 < files.size(); ++i) write_output(files[i].path, files[i].target, files[i].bytes);
+  for (const char* name : kParameterNames)
+    if (std::none_of(files.begin(), files.end(),
+                     [&](const File& f) { return f.path == in_dir(name + std::string(".npy")); }))
+      remove(in_dir(name + std::string(".npy")));
+  // Resolved again: the config removed may have been a link, which now names nothing.
+  write_output(files.back().path, resolve_output(files.back().path), files.back().bytes);
+}
+
+}  // namespace
+
 void MultiHeadAttention::save(const std::string& path) const {
   for (const auto& [name, t] : parameters())
     for (int64_t i = 0; i < t->numel(); ++i)
@@ -146,11 +181,7 @@ void MultiHeadAttention::save(const std::string& path) const {
   const std::map<std::string, std::string> meta = config_metadata(config_);
   std::error_code ec;  // not a directory, or no status at all: the file's writer names the fault
   if (std::filesystem::is_directory(path, ec)) {
-    // One .npy per tensor, each written atomically; the config goes last so a directory with a
-    // config always has its tensors.
-    for (const auto& [name, t] : parameters())
-      save_npy<float>((std::filesystem::path(path) / (name + ".npy")).string(), t->view());
-    write_file_atomically((std::filesystem::path(path) / kNpyConfigName).string(), nlohmann::json(meta).dump(2) + "\n");
+    save_directory(*this, path, meta);
     return;
   }
   std::vector<std::pair<std::string, TensorView<const float>>> tensors;
