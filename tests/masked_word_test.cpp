@@ -28,7 +28,9 @@ double reference_loss(const Tensor<float>& y, const detail::MaskedBatch& batch, 
     loss += top + std::log(sum) - logits[batch.targets[b]];
     if (rank) {
       int above = 0;
-      for (double l : logits) above += l > logits[batch.targets[b]];
+      const int64_t target = batch.targets[b];
+      for (int64_t v = 0; v < V; ++v)
+        above += logits[v] > logits[target] || (logits[v] == logits[target] && v < target);
       rank->push_back(above);
     }
   }
@@ -74,6 +76,23 @@ TEST(MaskedWord, ReadoutLossRanksAndGradient) {
         ASSERT_NEAR(dy.cview()(b, t, e), (up - down) / (2 * h), 2e-3)
             << "seed " << rng.seed() << " at " << b << "," << e;
       }
+}
+
+TEST(MaskedWord, ATieIsNotAHitUnlessTheTargetComesFirst) {
+  // Vectors all alike score every candidate the same: each ranks after the candidates before it, as
+  // the lookup task's first maximum does (ties counted for the target scored 100%).
+  const int64_t B = 4, L = 3, E = 2, V = 12;
+  std::vector<std::string> words;
+  for (int64_t v = 0; v < V; ++v) words.push_back(std::to_string(v) + "w");
+  Tensor<float> table({V, E});
+  for (int64_t i = 0; i < table.numel(); ++i) table[i] = 0.5f;
+  const Embeddings embeddings(words, table.clone());
+  Tensor<float> y({B, L, E});
+  for (int64_t i = 0; i < y.numel(); ++i) y[i] = 1.0f;
+  detail::MaskedBatch batch{Tensor<float>({B, L, E}), {1, 1, 1, 1}, {0, 5, 9, 11}, {}};
+  const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr, 1);
+  EXPECT_EQ(r.top1, 1);   // target 0 alone
+  EXPECT_EQ(r.top10, 3);  // targets 0, 5 and 9
 }
 
 }  // namespace

@@ -244,8 +244,11 @@ MaskedReadout masked_readout(const Tensor<float>& y, const MaskedBatch& batch, c
     float* row = logits.data() + r * V;
     const int64_t target = target_of(r);
     const float score = row[target];
-    // Rank of the target: candidates scoring strictly higher, ties broken towards the target.
-    const auto above = std::count_if(row, row + V, [score](float v) { return v > score; });
+    // Rank of the target: candidates scoring higher, and those scoring the same that come before it
+    // (the first maximum wins, as in the lookup task): with ties counted for the target, vectors all
+    // alike scored 100%.
+    int64_t above = 0;
+    for (int64_t v = 0; v < V; ++v) above += row[v] > score || (row[v] == score && v < target);
     out.top1 += above == 0;
     out.top10 += above < 10;
     const float best = *std::max_element(row, row + V);
