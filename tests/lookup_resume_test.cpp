@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "io_test_util.h"
 #include "qkv/checkpoint.h"
@@ -53,10 +54,51 @@ TEST(LookupResume, RefusesCheckpointsTrainingNeverWrites) {
     expect_error([&] { train_lookup(c, {}); },
                  {"checkpoint " + c.checkpoint + " has no valid train.step / train.rng entries"});
   }
+  // The window of the last steps' losses: pairs of finite numbers, at most the window's length.
+  for (const std::string window : {"1.5", "1.5:", "1.5:0.2,", "nan:0.2", "1.5:0.2;2:0.1", "1.5:0.2 "}) {
+    SCOPED_TRACE("train.recent '" + window + "'");
+    Checkpoint ck = load_checkpoint(good);
+    ck.metadata.at("train.recent") = window;
+    write(ck);
+    expect_error([&] { train_lookup(c, {}); },
+                 {"checkpoint " + c.checkpoint + ": train.recent is not a list of at most 50 loss:accuracy pairs"});
+  }
   Checkpoint ck = load_checkpoint(good);
   ck.metadata.at("train.step") = "2";
   write(ck);
   EXPECT_EQ(train_lookup(c, {}).resumed_from, 2);
+}
+
+TEST(LookupResume, ReportsTheLossOfTheUninterruptedRun) {
+  // The final loss is the mean over the last steps' window, which a resumed run started empty: it
+  // reported the mean over the steps it ran itself, and 0 when the checkpoint had finished.
+  test::TempDir dir;
+  LookupConfig c;
+  c.pairs = 2;
+  c.num_keys = c.num_values = 8;
+  c.embed_dim = 8;
+  c.heads = 2;
+  c.batch = 4;
+  c.steps = 12;
+  c.eval_examples = 8;
+  c.checkpoint = dir.file("run.safetensors");
+  c.checkpoint_every = 5;
+  std::vector<TrainProgress> whole, resumed;
+  const double uninterrupted = train_lookup(c, [&](const TrainProgress& p) { whole.push_back(p); }).final_loss;
+  std::filesystem::copy_file(c.checkpoint + ".prev", dir.file("at10.safetensors"));  // step 10's
+  const std::string finished = dir.file("at12.safetensors");
+  std::filesystem::copy_file(c.checkpoint, finished);
+  c.resume = true;
+  c.checkpoint = dir.file("at10.safetensors");
+  EXPECT_EQ(train_lookup(c, [&](const TrainProgress& p) { resumed.push_back(p); }).final_loss, uninterrupted);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(resumed[i].step, whole[10 + i].step);
+    EXPECT_EQ(resumed[i].loss, whole[10 + i].loss);
+    EXPECT_EQ(resumed[i].accuracy, whole[10 + i].accuracy);
+  }
+  c.checkpoint = finished;
+  EXPECT_EQ(train_lookup(c, {}).final_loss, uninterrupted);
 }
 
 }  // namespace

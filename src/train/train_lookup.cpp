@@ -6,7 +6,9 @@
 #include <cmath>
 #include <deque>
 #include <numeric>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -72,10 +74,36 @@ std::string rng_state(const std::mt19937_64& rng) {
   return out.str();
 }
 
+// The window of the last steps' (loss, accuracy), as "loss:accuracy,..." in the shortest form that
+// reads back to the same doubles, so a resumed run reports what the uninterrupted one does.
+std::string window_entry(const std::deque<std::pair<double, double>>& recent) {
+  std::string out;
+  for (const auto& [loss, acc] : recent) out += fmt::format("{}{}:{}", out.empty() ? "" : ",", loss, acc);
+  return out;
+}
+
+std::optional<std::deque<std::pair<double, double>>> parse_window(std::string_view text) {
+  std::deque<std::pair<double, double>> recent;
+  const char *p = text.data(), *end = text.data() + text.size();
+  while (p != end) {
+    double loss = 0, acc = 0;
+    auto r = std::from_chars(p, end, loss);
+    if (r.ec != std::errc() || r.ptr == end || *r.ptr != ':') return std::nullopt;
+    r = std::from_chars(r.ptr + 1, end, acc);
+    if (r.ec != std::errc() || !std::isfinite(loss) || !std::isfinite(acc)) return std::nullopt;
+    recent.emplace_back(loss, acc);
+    p = r.ptr;
+    if (p != end && (*p != ',' || ++p == end)) return std::nullopt;
+  }
+  if (recent.size() > kWindow) return std::nullopt;
+  return recent;
+}
+
 struct TrainState {
   MultiHeadAttention& layer;
   Optimizer& optimizer;
   std::mt19937_64& rng;
+  std::deque<std::pair<double, double>>& recent;
 };
 
 void write_checkpoint(const LookupConfig& c, const TrainState& s, int64_t step) {
@@ -88,6 +116,7 @@ void write_checkpoint(const LookupConfig& c, const TrainState& s, int64_t step) 
   meta[kFormatKey] = kCheckpointFormat;
   meta["train.step"] = std::to_string(step);
   meta["train.rng"] = rng_state(s.rng);
+  meta["train.recent"] = window_entry(s.recent);
   save_checkpoint(c.checkpoint, tensors, meta);
 }
 
@@ -131,6 +160,14 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
   std::istringstream in(meta.at("train.rng"));
   in >> s.rng;
   if (in.fail()) throw Error(fmt::format("checkpoint {}: train.rng is not a generator state", c.checkpoint));
+  // Checkpoints written before the window was saved start it empty.
+  if (const auto it = meta.find("train.recent"); it != meta.end()) {
+    auto recent = parse_window(it->second);
+    if (!recent)
+      throw Error(fmt::format("checkpoint {}: train.recent is not a list of at most {} loss:accuracy pairs",
+                              c.checkpoint, kWindow));
+    s.recent = std::move(*recent);
+  }
   return step;
 }
 
@@ -175,11 +212,11 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
                       layer.parameters());
   const LrSchedule schedule{.base = c.lr, .min_lr = c.lr * 0.01, .warmup = c.warmup, .total = c.steps};
   std::mt19937_64 rng(c.seed ^ kTrainStream);
-  const TrainState state{layer, optimizer, rng};
+  std::deque<std::pair<double, double>> recent;  // (loss, accuracy) of the last kWindow steps
+  const TrainState state{layer, optimizer, rng, recent};
   int64_t first = 0;
   if (c.resume) first = result.resumed_from = read_checkpoint(c, state);
 
-  std::deque<std::pair<double, double>> recent;  // (loss, accuracy) of the last kWindow steps
   const Clock::time_point loop_start = Clock::now();
   LayerCache cache;
   TensorMap grads;
