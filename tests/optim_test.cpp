@@ -163,6 +163,11 @@ TEST(Optim, RefusesAStepPastFloat32sRange) {
     opt.step(grads, 1e-3);
     EXPECT_EQ(opt.step_count(), 1);
     EXPECT_LT(p[0], 1.0f);
+    // A weight decay that takes the weights out is named beside the rate (the message blamed the rate).
+    Optimizer decaying(OptimizerConfig{.kind = kind, .weight_decay = 1e300}, {{"w", &p}});
+    test::expect_error([&] { decaying.step(grads, 3e-5); },
+                       {"learning rate 3e-05 with weight decay 1e+300 takes w past float32's range",
+                        "(lower the learning rate or the weight decay)"});
   }
 }
 

@@ -127,9 +127,12 @@ MaskedWordResult train_masked_word(const MaskedWordConfig& c,
   int64_t tokens = 0;
   for (int64_t step = 0; step < c.steps; ++step) {
     const detail::MaskedBatch batch = detail::sample_batch(corpus, embeddings, c.batch, rng);
-    const Tensor<float> y = layer.forward(layer_input(batch, c.positions).cview(), {}, options, &cache);
-    const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, &dy, options.num_threads);
-    layer.backward(cache, dy.cview(), options, &grads);
+    detail::MaskedReadout r;
+    detail::run_training_step(step, [&] {
+      const Tensor<float> y = layer.forward(layer_input(batch, c.positions).cview(), {}, options, &cache);
+      r = detail::masked_readout(y, batch, embeddings, &dy, options.num_threads);
+      layer.backward(cache, dy.cview(), options, &grads);
+    });
     clip_grad_norm(grads, c.clip);
     optimizer.step(grads, schedule.at(step));
     tokens += batch.x.dim(0) * batch.x.dim(1);

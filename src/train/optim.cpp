@@ -89,9 +89,10 @@ void Optimizer::step(const TensorMap& grads, double lr) {
       const Next x = next(k, i);
       if (!fits(x.p) || !fits(x.m) || !fits(x.v))
         throw Error(
-            fmt::format("optimizer step: learning rate {} takes {} past float32's range at flat index {} (weight {}, "
-                        "moments {} and {}); nothing was updated (lower the learning rate)",
-                        lr, params_[k].first, i, x.p, x.m, x.v));
+            fmt::format("optimizer step: learning rate {}{} takes {} past float32's range at flat index {} (weight {}, "
+                        "moments {} and {}); nothing was updated (lower the learning rate{})",
+                        lr, wd > 0 ? fmt::format(" with weight decay {}", wd) : "", params_[k].first, i, x.p, x.m, x.v,
+                        wd > 0 ? " or the weight decay" : ""));
     }
   for (std::size_t k = 0; k < params_.size(); ++k)
     for (int64_t i = 0; i < first_[k].numel(); ++i) {

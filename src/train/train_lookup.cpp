@@ -223,9 +223,12 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   Tensor<float> dy;
   for (int64_t step = first; step < c.steps; ++step) {
     const detail::LookupBatch batch = task.sample(c.batch, rng);
-    const Tensor<float> y = layer.forward(batch.x.cview(), {}, options, &cache);
-    const detail::ReadoutResult r = task.readout(y, batch.targets, &dy, options.num_threads);
-    layer.backward(cache, dy.cview(), options, &grads);
+    detail::ReadoutResult r;
+    detail::run_training_step(step, [&] {
+      const Tensor<float> y = layer.forward(batch.x.cview(), {}, options, &cache);
+      r = task.readout(y, batch.targets, &dy, options.num_threads);
+      layer.backward(cache, dy.cview(), options, &grads);
+    });
     clip_grad_norm(grads, c.clip);
     optimizer.step(grads, schedule.at(step));
 
