@@ -242,6 +242,8 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
                                        std::chrono::duration<double>(Clock::now() - loop_start).count(),
                                        static_cast<double>((step + 1 - first) * c.batch * task.sequence_length())));
   }
+  // No step ran, so the loop wrote nothing: --checkpoint still gets the run as it starts.
+  if (!c.checkpoint.empty() && c.steps == 0 && !c.resume) write_checkpoint(c, state, 0);
   for (const auto& [loss, acc] : recent) result.final_loss += loss / static_cast<double>(recent.size());
   if (!c.save.empty()) layer.save(c.save);
   result.trained_accuracy = accuracy(layer, task, held_out, options);

@@ -71,6 +71,15 @@ def test_zero_steps_reports_no_loss(run, seed):
     accuracies(r.stdout)
 
 
+def test_zero_steps_still_write_the_checkpoint_asked_for(run, seed, tmp_path):
+    """--checkpoint with --steps 0 wrote nothing, and a later --resume said the file did not exist."""
+    ckpt = tmp_path / "c.safetensors"
+    r = run("train", *SMALL, "--steps", 0, "--seed", seed, "--checkpoint", ckpt)
+    assert r.returncode == 0 and ckpt.exists(), r.stderr
+    r = run("train", *SMALL, "--steps", 0, "--seed", seed, "--checkpoint", ckpt, "--resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_sigkill_then_resume_is_bitwise_identical(run, qkv_bin, seed, tmp_path):
     steps = 4000
     args = [*SMALL, "--steps", str(steps), "--seed", str(seed)]
