@@ -71,9 +71,7 @@ PyLayer make_layer(const py::object& embed_dim, const py::object& num_heads, con
   c.output_projection = flag_arg(output_projection, "output_projection");
   c.parameter_free = flag_arg(parameter_free, "parameter_free");
   c.residual = flag_arg(residual, "residual");
-  const int64_t s = index_arg(seed, "seed");
-  if (s < 0) throw py::value_error(fmt::format("seed must be >= 0, got {}", s));
-  c.seed = static_cast<uint64_t>(s);
+  c.seed = seed_arg(seed, "seed");
   return PyLayer(MultiHeadAttention(c));
 }
 

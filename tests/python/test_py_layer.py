@@ -174,13 +174,16 @@ def test_bad_layer_arguments():
             (dict(embed_dim=1 << 63), ValueError, "embed_dim = 9223372036854775808 is out of range"),
             (dict(embed_dim=16, bias=1.5), TypeError, "bias must be True or False, got 1.5"),
             (dict(embed_dim=16, output_projection=None), TypeError, "output_projection must be True or False"),
-            (dict(embed_dim=16, seed=-1), ValueError, "seed must be >= 0, got -1"),
+            (dict(embed_dim=16, seed=-1), ValueError, r"seed must be in \[0, 2\*\*64\), got -1"),
+            (dict(embed_dim=16, seed=1 << 64), ValueError, r"seed must be in \[0, 2\*\*64\)"),
             # 4 · 2^62 wrapped to a width of 0: empty weights, then SIGFPE in forward.
             (dict(embed_dim=4, num_heads=4, head_dim=1 << 62), ValueError,
              "num_heads · head_dim = 4 · 4611686018427387904 is too large")]:
         with pytest.raises(exc, match=message):
             qkv.MultiHeadAttention(**kwargs)
     assert "num_heads=2" in repr(qkv.MultiHeadAttention(16, np.int64(2), bias=np.bool_(True), seed=np.uint8(3)))
+    # Every seed a layer file or the CLI takes (it refused those past 2**63 as out of range).
+    assert qkv.MultiHeadAttention(16, 2, seed=(1 << 64) - 1).seed == (1 << 64) - 1
     layer = qkv.MultiHeadAttention(4, 2)
     with pytest.raises(TypeError, match="training must be True or False, got 'no'"):
         layer.training = "no"

@@ -17,7 +17,10 @@ def _grads(layer, rng):
     ("sgd", dict(lr=0.05, momentum=0.0), torch.optim.SGD, dict(lr=0.05)),
     ("sgd", dict(lr=0.05, momentum=0.9, weight_decay=0.01), torch.optim.SGD,
      dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
-    ("adamw", dict(lr=0.01), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0)),
+    ("adamw", dict(lr=0.01, weight_decay=0.0), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0)),
+    # torch.optim's defaults (they were momentum 0.9 and weight decay 0, unlike torch's).
+    ("sgd", dict(lr=0.05), torch.optim.SGD, dict(lr=0.05)),
+    ("adamw", dict(), torch.optim.AdamW, dict()),
     ("adamw", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1), torch.optim.AdamW,
      dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
 ])
