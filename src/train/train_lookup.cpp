@@ -171,10 +171,14 @@ int64_t read_checkpoint(const LookupConfig& c, const TrainState& s) {
   return step;
 }
 
-double accuracy(const MultiHeadAttention& layer, const detail::LookupTask& task,
-                const std::vector<detail::LookupBatch>& held_out, const AttentionOptions& options) {
+// Accuracy on the held-out examples, drawn again batch by batch from their own stream at each call
+// (the same examples every time), so memory stays one batch whatever --eval-examples asks.
+double accuracy(const MultiHeadAttention& layer, const detail::LookupTask& task, const LookupConfig& c,
+                const AttentionOptions& options) {
+  std::mt19937_64 eval_rng(c.seed ^ kEvalStream);
   int64_t correct = 0, total = 0;
-  for (const auto& batch : held_out) {
+  for (int64_t done = 0; done < c.eval_examples; done += kEvalBatch) {
+    const detail::LookupBatch batch = task.sample(std::min(kEvalBatch, c.eval_examples - done), eval_rng);
     const Tensor<float> y = layer.forward(batch.x.cview(), {}, options);
     correct += task.readout(y, batch.targets, nullptr, options.num_threads).correct;
     total += static_cast<int64_t>(batch.targets.size());
@@ -192,10 +196,6 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   options.num_threads = c.threads;
 
   const detail::LookupTask task(c);
-  std::vector<detail::LookupBatch> held_out;
-  std::mt19937_64 eval_rng(c.seed ^ kEvalStream);
-  for (int64_t done = 0; done < c.eval_examples; done += kEvalBatch)
-    held_out.push_back(task.sample(std::min(kEvalBatch, c.eval_examples - done), eval_rng));
 
   LayerConfig lc;
   lc.embed_dim = c.embed_dim;
@@ -204,9 +204,9 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   lc.seed = c.seed;
   MultiHeadAttention layer(lc);
   LookupResult result;
-  result.untrained_accuracy = accuracy(layer, task, held_out, options);
-  result.parameter_free_accuracy = accuracy(
-      MultiHeadAttention(LayerConfig{.embed_dim = c.embed_dim, .parameter_free = true}), task, held_out, options);
+  result.untrained_accuracy = accuracy(layer, task, c, options);
+  result.parameter_free_accuracy =
+      accuracy(MultiHeadAttention(LayerConfig{.embed_dim = c.embed_dim, .parameter_free = true}), task, c, options);
 
   Optimizer optimizer(OptimizerConfig{.kind = OptimizerKind::adamw, .weight_decay = c.weight_decay},
                       layer.parameters());
@@ -246,7 +246,7 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   if (!c.checkpoint.empty() && c.steps == 0 && !c.resume) write_checkpoint(c, state, 0);
   for (const auto& [loss, acc] : recent) result.final_loss += loss / static_cast<double>(recent.size());
   if (!c.save.empty()) layer.save(c.save);
-  result.trained_accuracy = accuracy(layer, task, held_out, options);
+  result.trained_accuracy = accuracy(layer, task, c, options);
   result.seconds = std::chrono::duration<double>(Clock::now() - start_time).count();
   return result;
 }

@@ -71,6 +71,18 @@ def test_zero_steps_reports_no_loss(run, seed):
     accuracies(r.stdout)
 
 
+def test_held_out_examples_take_one_batch_of_memory(qkv_bin):
+    """The held-out set was built whole before training: 2.3 GB at --eval-examples 1000000 (of the
+    10,000,000 allowed). It is drawn again batch by batch; 200,000 took 470 MB and now take one batch."""
+    proc = subprocess.Popen([qkv_bin, "train", "--steps", "0", "--eval-examples", "200000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    out = proc.stdout.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read().decode()
+    assert "held-out accuracy (200000 examples" in out, out
+    assert usage.ru_maxrss < 100_000, f"peak resident {usage.ru_maxrss} KB"
+
+
 def test_zero_steps_still_write_the_checkpoint_asked_for(run, seed, tmp_path):
     """--checkpoint with --steps 0 wrote nothing, and a later --resume said the file did not exist."""
     ckpt = tmp_path / "c.safetensors"
