@@ -16,17 +16,23 @@ namespace {
 
 using test::expect_error;
 
-TEST(LookupResume, RefusesCheckpointsTrainingNeverWrites) {
-  test::TempDir dir;
+// A run of `steps` steps that trains in milliseconds, checkpointing into `dir`.
+LookupConfig small_run(const test::TempDir& dir, int64_t steps) {
   LookupConfig c;
   c.pairs = 2;
   c.num_keys = c.num_values = 8;
   c.embed_dim = 8;
   c.heads = 2;
   c.batch = 4;
-  c.steps = 4;
+  c.steps = steps;
   c.eval_examples = 8;
   c.checkpoint = dir.file("run.safetensors");
+  return c;
+}
+
+TEST(LookupResume, RefusesCheckpointsTrainingNeverWrites) {
+  test::TempDir dir;
+  LookupConfig c = small_run(dir, 4);
   train_lookup(c, {});
   const std::string good = dir.file("good.safetensors");
   std::filesystem::copy_file(c.checkpoint, good);
@@ -73,15 +79,7 @@ TEST(LookupResume, ReportsTheLossOfTheUninterruptedRun) {
   // The final loss is the mean over the last steps' window, which a resumed run started empty: it
   // reported the mean over the steps it ran itself, and 0 when the checkpoint had finished.
   test::TempDir dir;
-  LookupConfig c;
-  c.pairs = 2;
-  c.num_keys = c.num_values = 8;
-  c.embed_dim = 8;
-  c.heads = 2;
-  c.batch = 4;
-  c.steps = 12;
-  c.eval_examples = 8;
-  c.checkpoint = dir.file("run.safetensors");
+  LookupConfig c = small_run(dir, 12);
   c.checkpoint_every = 5;
   std::vector<TrainProgress> whole, resumed;
   const double uninterrupted = train_lookup(c, [&](const TrainProgress& p) { whole.push_back(p); }).final_loss;
