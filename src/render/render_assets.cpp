@@ -86,23 +86,53 @@ const char* const kPageJs = R"js(
       box.appendChild(el('span', {id: 'legend-pale'}, 'The largest weight here is ' + fix(largest) +
                          ', so every cell is pale: the row scale (--color-scale row) colours each row from 0 to its largest.'));
   }
-  function cut(t) { return t.length > 16 ? t.slice(0, 15) + '\u2026' : t; }
-  function readout(text, i, j, w) {
-    var r = $('readout');
-    r.textContent = text;
+  // The characters a reader sees (an emoji, a letter with its accents) where the browser can tell,
+  // else code points, which at least never split an emoji's surrogate pair.
+  var graphemes = typeof Intl === 'object' && Intl.Segmenter ? new Intl.Segmenter(undefined, {granularity: 'grapheme'}) : null;
+  function cut(t) {
+    var c = graphemes ? Array.from(graphemes.segment(t), function (g) { return g.segment; }) : Array.from(t);
+    return c.length > 16 ? c.slice(0, 15).join('') + '\u2026' : t;
+  }
+  // A word shown beside other text sits in its own bidi isolate, so that a right-to-left word, or
+  // one holding a direction override such as U+202E, cannot reorder the numbers and words around
+  // it. An isolate's end (U+2069) in the word without its start would close that isolate early,
+  // and a start without its end would hold it open: the first is dropped, the second closed.
+  function balanced(t) {
+    var open = 0, out = '';
+    Array.from(t).forEach(function (c) {
+      if (c === '\u2069' && open === 0) return;
+      if (c === '\u2066' || c === '\u2067' || c === '\u2068') open++;
+      else if (c === '\u2069') open--;
+      out += c;
+    });
+    return out + '\u2069'.repeat(open);
+  }
+  function bdi(t) { return el('bdi', {}, balanced(t)); }
+  // The same isolate in plain text (tooltips): first-strong isolate … pop directional isolate.
+  function isolated(t) { return '\u2068' + balanced(t) + '\u2069'; }
+  // `box` holds `parts` (text, and elements such as bdi(word)) and nothing else.
+  function fill(box, parts) {
+    box.textContent = '';
+    parts.forEach(function (p) { box.appendChild(typeof p === 'string' ? document.createTextNode(p) : p); });
+    return box;
+  }
+  function readout(parts, i, j, w) {
+    var r = fill($('readout'), parts);
     r.setAttribute('data-i', i); r.setAttribute('data-j', j); r.setAttribute('data-w', String(w));
+    // As a tooltip: the words' isolates as characters.
+    return parts.map(function (p) { return typeof p === 'string' ? p : isolated(p.textContent); }).join('');
   }
   // A weighted sum "0.2000·i + 0.1000·am + …", the largest `limit` terms in sentence order.
   function formula(box, name, row, toks, limit) {
     var order = row.map(function (w, j) { return j; });
     order.sort(function (a, b) { return row[b] - row[a] || a - b; });
     var shown = order.slice(0, limit).sort(function (a, b) { return a - b; }), largest = rowMax(row);
-    box.textContent = 'context(\u201c' + name + '\u201d) = ';
+    fill(box, ['context(\u201c', bdi(name), '\u201d) = ']);
     shown.forEach(function (j, n) {
       if (n) box.appendChild(document.createTextNode(' + '));
       var t = shade(row[j], largest);
-      box.appendChild(el('span', {'class': 'term', 'data-j': j, 'data-w': String(row[j]), title: String(row[j]),
-                                  style: 'background:' + rgb(t) + ';color:' + ink(t)}, fix(row[j]) + '\u00b7' + toks[j]));
+      box.appendChild(fill(el('span', {'class': 'term', 'data-j': j, 'data-w': String(row[j]), title: String(row[j]),
+                                       style: 'background:' + rgb(t) + ';color:' + ink(t)}), [fix(row[j]) + '\u00b7', bdi(toks[j])]));
     });
     if (shown.length < row.length) {
       var rest = 0;
@@ -166,7 +196,7 @@ const char* const kPageJs = R"js(
         var w = W[i][j], t = shade(w, largest);
         var r = el('rect', {'class': 'cell', x: left + b * cell, y: top + a * cell, width: cell, height: cell, fill: rgb(t),
                             'data-i': i, 'data-j': j, 'data-w': String(w)}, undefined, SVGNS);
-        r.appendChild(el('title', {}, '\u201c' + tokens[i] + '\u201d \u2192 \u201c' + tokens[j] + '\u201d: ' + String(w), SVGNS));
+        r.appendChild(el('title', {}, '\u201c' + isolated(tokens[i]) + '\u201d \u2192 \u201c' + isolated(tokens[j]) + '\u201d: ' + String(w), SVGNS));
         s.appendChild(r);
         if (cell >= 30)
           s.appendChild(el('text', {x: left + (b + 0.5) * cell, y: top + (a + 0.5) * cell + 4, 'text-anchor': 'middle',
@@ -222,7 +252,7 @@ const char* const kPageJs = R"js(
       }
       c.addEventListener('mousemove', function (e) {
         var p = at(e);
-        if (p[0] >= 0 && p[0] < N && p[1] >= 0 && p[1] < N) { hover(p[0], p[1]); c.title = $('readout').textContent; }
+        if (p[0] >= 0 && p[0] < N && p[1] >= 0 && p[1] < N) c.title = hover(p[0], p[1]);
       });
       c.addEventListener('click', function (e) {
         var p = at(e);
@@ -251,8 +281,8 @@ const char* const kPageJs = R"js(
     }
     function hover(i, j) {
       var w = data.heads[st.head].weights[i][j];
-      readout('head ' + (st.head + 1) + ': \u201c' + tokens[i] + '\u201d \u2192 \u201c' + tokens[j] + '\u201d = ' + fix(w) +
-              '   (exact ' + String(w) + ')', i, j, w);
+      return readout(['head ' + (st.head + 1) + ': \u201c', bdi(tokens[i]), '\u201d \u2192 \u201c', bdi(tokens[j]),
+                      '\u201d = ' + fix(w) + '   (exact ' + String(w) + ')'], i, j, w);
     }
     function select(h, i, j) {
       var row = data.heads[h].weights[i];
@@ -290,6 +320,8 @@ const char* const kPageJs = R"js(
     // The terms of the sum as a table: weight, V[j], weight·V[j], and their total, the context vector.
     function terms(hd, i) {
       var row = hd.weights[i], order = row.map(function (w, j) { return j; }), t = el('table', {id: 'terms'});
+      var box = el('div', {'class': 'scroll'});  // wider than a phone: it scrolls, not the page
+      box.appendChild(t);
       order.sort(function (a, b) { return row[b] - row[a] || a - b; });
       order = order.slice(0, 12).sort(function (a, b) { return a - b; });
       var dims = Math.min(8, hd.v[0].length), head = el('tr', {});
@@ -310,7 +342,7 @@ const char* const kPageJs = R"js(
       total.appendChild(el('td', {}, ''));
       total.appendChild(el('td', {}, cells(hd.context[i])));
       t.appendChild(total);
-      return t;
+      return box;
     }
     $('head-select').addEventListener('change', function (e) { select(+e.target.value, st.row); });
     $('query-select').addEventListener('change', function (e) { select(st.head, +e.target.value); });
@@ -337,16 +369,16 @@ const char* const kPageJs = R"js(
         var largest = rowMax(data.weight.slice((h * N + i) * K, (h * N + i + 1) * K));
         for (r = 0; r < K; r++) {
           var o = (h * N + i) * K + r, j = data.index[o], w = data.weight[o], t = shade(w, largest);
-          tr.appendChild(el('td', {'class': 'entry', 'data-j': j, 'data-w': String(w),
-                                   title: 'token ' + (j + 1) + ' of ' + N + ': ' + String(w),
-                                   style: 'background:' + rgb(t) + ';color:' + ink(t)},
-                            cut(tokens[j]) + ' (' + (j + 1) + ') ' + fix(w)));
+          tr.appendChild(fill(el('td', {'class': 'entry', 'data-j': j, 'data-w': String(w),
+                                        title: 'token ' + (j + 1) + ' of ' + N + ': ' + String(w),
+                                        style: 'background:' + rgb(t) + ';color:' + ink(t)}),
+                              [bdi(cut(tokens[j])), ' (' + (j + 1) + ') ' + fix(w)]));
         }
         tr.appendChild(el('td', {'class': 'rest'}, fix(data.rest[h * N + i])));
         table.appendChild(tr);
       }
       $('page-label').textContent = 'tokens ' + (start + 1) + '\u2013' + end + ' of ' + N;
-      $('query-token').textContent = '\u201c' + tokens[st.row] + '\u201d';
+      fill($('query-token'), ['\u201c', bdi(tokens[st.row]), '\u201d']);
       input.value = String(st.row + 1); $('head-select').value = String(h);
       legend();
       var sel = $('row-highlight');
@@ -370,8 +402,8 @@ const char* const kPageJs = R"js(
                                             'data-w': String(w), title: String(w), style: 'background:' + rgb(t) + ';color:' + ink(t)}, s.tokens[j]);
           c.appendChild(el('small', {}, fix(w)));
           c.addEventListener('mouseover', function () {
-            readout('sentence ' + (n + 1) + ', head ' + (h + 1) + ': \u201c' + data.word + '\u201d \u2192 \u201c' + s.tokens[j] +
-                    '\u201d = ' + String(w), s.position, j, w);
+            readout(['sentence ' + (n + 1) + ', head ' + (h + 1) + ': \u201c', bdi(data.word), '\u201d \u2192 \u201c', bdi(s.tokens[j]),
+                     '\u201d = ' + String(w)], s.position, j, w);
           });
           strip.appendChild(c);
         });

@@ -99,6 +99,31 @@ std::string shorten(std::string_view text, std::size_t max_chars) {
   return std::string(text);
 }
 
+std::string bdi(std::string_view word) {
+  // ASCII holds no right-to-left letter nor direction control: such a word cannot reorder what
+  // is around it, and goes without the markup.
+  if (std::all_of(word.begin(), word.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+    return html_escape(word);
+  // LRI, RLI and FSI (U+2066..U+2068) open an isolate, PDI (U+2069) closes one.
+  constexpr std::string_view kPdi = "\xE2\x81\xA9";
+  std::string kept;
+  int open = 0;
+  for (std::size_t i = 0; i < word.size(); ++i) {
+    const std::string_view rest = word.substr(i);
+    if (rest.starts_with(kPdi) && open == 0) {
+      i += kPdi.size() - 1;
+      continue;
+    }
+    if (rest.starts_with(kPdi))
+      --open;
+    else if (rest.starts_with("\xE2\x81\xA6") || rest.starts_with("\xE2\x81\xA7") || rest.starts_with("\xE2\x81\xA8"))
+      ++open;
+    kept += word[i];
+  }
+  for (; open > 0; --open) kept += kPdi;
+  return fmt::format("<bdi>{}</bdi>", html_escape(kept));
+}
+
 std::string fixed(double x, int precision) {
   std::string s = fmt::format("{:.{}f}", x, std::clamp(precision, 0, 17));
   if (s.find_first_not_of("-0.") == std::string::npos && s[0] == '-') s.erase(0, 1);
@@ -124,7 +149,7 @@ std::string skipped_note(const std::vector<std::string>& words, std::string_view
   }
   std::string list;
   for (const auto& [w, n] : counted)
-    list += fmt::format("{}“{}”{}", list.empty() ? "" : ", ", html_escape(w), n > 1 ? fmt::format(" ×{}", n) : "");
+    list += fmt::format("{}“{}”{}", list.empty() ? "" : ", ", bdi(w), n > 1 ? fmt::format(" ×{}", n) : "");
   return fmt::format(
       "<p class=\"note oov\" id=\"oov-note\">--oov skip left {} word{} out of {}, not being in the vocabulary: {}. "
       "The page shows the tokens that remain.</p>",

@@ -53,7 +53,7 @@ std::string sentence_column(const WordInSentence& w, int which, int precision) {
   std::string out = fmt::format("<section class=\"side\" data-sentence=\"{}\"><h2>Sentence {}</h2>", which, which + 1);
   out += fmt::format("<p class=\"sentence\">{}</p>", html_escape(w.sentence));
   out += fmt::format("<p>\"{}\" is token {} of {}. Its weights over the sentence (selected head):</p>",
-                     html_escape(w.tokens[static_cast<std::size_t>(w.position)]), w.position + 1, w.tokens.size());
+                     detail::bdi(w.tokens[static_cast<std::size_t>(w.position)]), w.position + 1, w.tokens.size());
   out += fmt::format("<div class=\"strip\" id=\"strip-{}\"></div><p class=\"formula\" id=\"formula-{}\"></p>", which,
                      which);
   out += detail::skipped_note(w.skipped_words, fmt::format("sentence {}", which + 1));
@@ -106,14 +106,17 @@ std::string render_comparison_html(const Comparison& c, const HtmlOptions& optio
   check_word(c.first, heads, "first");
   check_word(c.second, heads, "second");
   const int precision = std::clamp(options.precision, 1, 17);
-  const std::string title = detail::shorten(fmt::format("\"{}\" in two sentences", c.word));
-  std::string body = fmt::format("<header><h1>{}</h1>", html_escape(title));
+  // The heading isolates the word; the document's <title> is plain text.
+  const auto heading = [](std::string_view word) { return fmt::format("\"{}\" in two sentences", word); };
+  const std::string word = detail::shorten(c.word, 100);
+  const std::string title = heading(word);
+  std::string body = fmt::format("<header><h1>{}</h1>", heading(detail::bdi(word)));
   if (!c.layer.empty()) body += fmt::format("<p class=\"source\">Layer: {}</p>", html_escape(c.layer));
   body += fmt::format(
       "<p class=\"cosines\">Static cosine similarity: <b id=\"static-cosine\">{}</b> "
       "(a static embedding gives \"{}\" one vector everywhere). Contextual cosine similarity: "
       "<b id=\"contextual-cosine\">{}</b> (self-attention mixes in the words around it).</p></header>\n",
-      detail::fixed(c.static_cosine, 6), html_escape(c.word), detail::fixed(c.contextual_cosine, 6));
+      detail::fixed(c.static_cosine, 6), detail::bdi(c.word), detail::fixed(c.contextual_cosine, 6));
   body += "<main>\n<div class=\"controls\">" + head_select(static_cast<int64_t>(heads)) + "</div>\n";
   body += "<div class=\"sides\">" + sentence_column(c.first, 0, precision) + sentence_column(c.second, 1, precision) +
           "</div>\n<div id=\"legend\"></div>\n<p id=\"readout\" class=\"readout\">Hover a token.</p>\n</main>\n";

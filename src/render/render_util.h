@@ -27,6 +27,13 @@ std::string page_shell(std::string_view title, std::string_view body, nlohmann::
 // `text` cut to at most `max_chars` code points, with "…" when cut (long sentences as headings).
 std::string shorten(std::string_view text, std::size_t max_chars = 120);
 
+// `word` as HTML in its own bidi isolate (<bdi>), for a word shown beside other text: a
+// right-to-left word, or one holding a direction override such as U+202E, cannot reorder the text
+// and numbers around it. An isolate's end (U+2069) without its start is dropped and a start left
+// open is closed, so the word can neither end the <bdi>'s isolate early nor hold it open. An ASCII
+// word, which cannot reorder anything, is only escaped.
+std::string bdi(std::string_view word);
+
 // `x` with `precision` decimals ("-0" printed as "0").
 std::string fixed(double x, int precision);
 

@@ -60,6 +60,47 @@ def errors(log):
     return [e for e in log if e.get("level") in ("SEVERE", "ERROR")]
 
 
+# The pieces `arguments[0]` shows, in DOM order, that are not where that order says: each <bdi> (a
+# word in its own bidi isolate) is one piece, every other visible character one piece, and each
+# must lie right of the one before on its line (or on a later line). A word holding U+202E or
+# right-to-left letters, shown outside an isolate, reverses what follows it: caught without a
+# screenshot. Returns [pieces, up to 5 misplaced ones].
+READING_ORDER = r"""
+const pieces = [];
+(function walk(node) {
+  for (const c of node.childNodes) {
+    if (c.nodeType === Node.ELEMENT_NODE && c.localName === 'bdi') pieces.push(['<bdi>' + c.textContent, c.getBoundingClientRect()]);
+    else if (c.nodeType === Node.ELEMENT_NODE) walk(c);
+    else if (c.nodeType === Node.TEXT_NODE) {
+      let k = 0;
+      for (const ch of c.textContent) {
+        if (!/\s/.test(ch)) {
+          const r = document.createRange();
+          r.setStart(c, k);
+          r.setEnd(c, k + ch.length);
+          pieces.push([ch, r.getBoundingClientRect()]);
+        }
+        k += ch.length;
+      }
+    }
+  }
+})(arguments[0]);
+const shown = pieces.filter(([, r]) => r.width > 0), bad = [];
+for (let k = 1; k < shown.length; k++) {
+  const [a, ra] = shown[k - 1], [b, rb] = shown[k];
+  if (rb.top < ra.bottom - 1 && rb.left <= ra.left) bad.push(`${JSON.stringify(b)} at x=${rb.left.toFixed(1)} is not right of ${JSON.stringify(a)} at x=${ra.left.toFixed(1)}`);
+}
+return [shown.length, bad.slice(0, 5)];
+"""
+
+
+def assert_reads_in_order(driver, element, what):
+    """`element`'s words and numbers appear in the order its text has them (READING_ORDER)."""
+    count, bad = driver.execute_script(READING_ORDER, element)
+    assert count > 1, f"{what}: nothing shown"
+    assert bad == [], f"{what} ({element.text!r}): " + "; ".join(bad)
+
+
 def image(png):
     from PIL import Image
     return Image.open(io.BytesIO(png)).convert("RGB")

@@ -18,10 +18,11 @@ from qkv_testlib import VOCABULARY, write_glove
 WORDS = sorted(set(VOCABULARY) | {"cat", "dog", "chased", "sat", "mat"})
 
 
-def write_words(path, seed, dim=8):
-    """Random vectors (seeded) for WORDS in GloVe text; returns the path."""
-    matrix = np.random.default_rng(seed).standard_normal((len(WORDS), dim)).astype(np.float32)
-    write_glove(path, WORDS, matrix)
+def write_words(path, seed, dim=8, extra=()):
+    """Random vectors (seeded) for WORDS and `extra` in GloVe text; returns the path."""
+    words = WORDS + list(extra)
+    matrix = np.random.default_rng(seed).standard_normal((len(words), dim)).astype(np.float32)
+    write_glove(path, words, matrix)
     return path
 
 

@@ -1,9 +1,10 @@
 """The pages of `qkv explain/context/compare --html` as a learner sees them, in headless Chromium at
 2, 5, 12, 40 and 600 tokens: no axis title, axis label, legend text or word chip overflows the box
 that holds it or overlaps another (getBoundingClientRect), the colour scale is absolute 0-1 with a
-legend (row-max on request), a word --oov skip dropped is named on the page. Screenshots of every
-page are kept under the build tree (test-artifacts/html, path printed) for a person to look at.
-Fails (never skips) without Chromium."""
+legend (row-max on request), a word --oov skip dropped is named on the page, words that run right to
+left leave the numbers in order, labels are cut between whole characters, and no page scrolls
+sideways on a 360 px phone. Screenshots of every page are kept under the build tree
+(test-artifacts/html, path printed) for a person to look at. Fails (never skips) without Chromium."""
 import json
 import os
 from pathlib import Path
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from html_browser_util import assert_not_blank, errors
-from qkv_testlib import VOCABULARY
+from html_browser_util import assert_not_blank, assert_reads_in_order, errors
+from qkv_testlib import VOCABULARY, write_glove
 
 SIZES = (2, 5, 12, 40, 600)
 
@@ -372,3 +373,89 @@ def test_a_long_input_gets_a_labelled_close_up_that_follows_the_overview(run, tm
     assert browser.driver.find_element("id", "query-select").get_attribute("value") == str(i)
     # At 600 tokens every weight is small: the page says the absolute colours are pale and what helps.
     assert "--color-scale row" in browser.driver.find_element("id", "legend-pale").text
+
+
+# Words that run right to left: one holding a right-to-left override (U+202E), one in Hebrew.
+OTHER_DIRECTIONS = ["\u202eevil", "\u05e9\u05dc\u05d5\u05dd"]
+
+
+def test_words_in_other_directions_leave_the_numbers_in_order(run, tmp_path, seed, browser):
+    """Every word shown beside other text is isolated: the numbers after it keep their order."""
+    from selenium.webdriver.support.ui import Select
+    evil, hebrew = OTHER_DIRECTIONS
+    words = tmp_path / "words.txt"
+    vocabulary = VOCABULARY + OTHER_DIRECTIONS
+    write_glove(words, vocabulary, np.random.default_rng(seed).standard_normal((len(vocabulary), 6)))
+    base = ["--embeddings", words, "--random-weights", "0"]
+    d = browser.driver
+
+    def check(*selectors):
+        for selector in selectors:
+            found = d.find_elements("css selector", selector)
+            assert found, f"{selector}: not on the page"
+            for e in found:
+                assert_reads_in_order(d, e, selector)
+
+    def hover(selector):
+        d.execute_script("document.querySelector(arguments[0]).dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));",
+                         selector)
+
+    page = tmp_path / "e.html"
+    qkv_ok(run, "explain", *base, "--heads", "2", f"we sat by the {evil} river {hebrew} bank", "--html", page)
+    assert errors(browser.open(page)) == []
+    for k in (4, 6):
+        Select(d.find_element("id", "query-select")).select_by_value(str(k))
+        hover(f"#heatmap rect.cell[data-i='{k}'][data-j='2']")
+        assert d.find_element("id", "readout").text.startswith(f"head 1: “{evil if k == 4 else hebrew}” → “by” = 0.")
+        check("#readout", "#formula")
+    page = tmp_path / "p.html"
+    qkv_ok(run, "compare", *base, "--word", evil, f"the {evil} bank", f"we sat by {hebrew} {evil} river", "--html", page)
+    assert errors(browser.open(page)) == []
+    hover("#strip-1 .chip[data-j='3']")
+    check("header h1", ".cosines", ".side p:nth-of-type(2)", "#readout", "#formula-0", "#formula-1")
+    page = tmp_path / "s.html"
+    qkv_ok(run, "explain", *base, "--oov", "skip", f"we sat by the {evil}1 river {hebrew}2 bank", "--html", page)
+    assert errors(browser.open(page)) == []
+    check(".note.oov")
+    page = tmp_path / "t.html"
+    qkv_ok(run, "explain", *base, " ".join([evil, "bank", hebrew] * 400), "--html", page)
+    assert errors(browser.open(page)) == []
+    check("#topk-table tr.sel td.entry", "#query-token")
+
+
+def test_labels_cut_whole_characters(run, tmp_path, embeddings, browser):
+    """Labels longer than 16 characters are cut after 15 of the characters a reader sees, never
+    inside an emoji or between a letter and its accent."""
+    faces, accents = ["😀"] * 20, ["e\u0301"] * 20
+    page = tmp_path / "e.html"
+    qkv_ok(run, "explain", "--embeddings", embeddings.glove, "--random-weights", "0", "--oov", "zero",
+           f"we sat by {''.join(faces)} the {''.join(accents)} bank", "--html", page)
+    assert errors(browser.open(page)) == []
+    # As JSON: a half of a surrogate pair would not pass the driver's own serialization.
+    labels = json.loads(browser.driver.execute_script(
+        "return JSON.stringify(Array.from(document.querySelectorAll('#heatmap text.key, #heatmap text.query'))"
+        ".map((t) => t.textContent));"))
+    for word in (faces, accents):
+        assert labels.count("".join(word[:15]) + "…") == 2, labels
+
+
+@pytest.mark.parametrize("kind", ["explain", "explain-60", "context", "compare", "top-k"])
+def test_pages_fit_a_phone(run, tmp_path, embeddings, seed, browser, kind):
+    """At 360 px the page never scrolls sideways: what is wider (tables, the heatmap) scrolls in
+    its own box."""
+    rng = np.random.default_rng(seed)
+    base = ["--embeddings", embeddings.glove, "--random-weights", "0"]
+    page = tmp_path / "p.html"
+    if kind == "compare":
+        qkv_ok(run, "compare", *base, "--word", "bank", sentence(12, rng, "bank"), sentence(5, rng, "bank"), "--html", page)
+    else:
+        n = {"explain": 5, "explain-60": 60, "context": 5, "top-k": 1100}[kind]
+        qkv_ok(run, "context" if kind == "context" else "explain", *base, sentence(n, rng), "--html", page)
+    d = browser.driver
+    d.set_window_size(360, 900)
+    try:
+        assert errors(browser.open(page)) == []
+        wide, window = d.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+        assert wide <= window, f"{kind}: the page is {wide} px wide in a {window} px window"
+    finally:
+        d.set_window_size(1400, 1400)

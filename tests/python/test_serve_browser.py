@@ -2,7 +2,13 @@
 toggles, and read back the numbers the page shows: they are what `qkv explain --json` and
 `qkv compare --json` print for the same input and layer. Nothing overflows at 2, 12 and 60 tokens
 (screenshots kept under the build tree, paths printed); hover and the keyboard read values out; a
-sentence beyond the limit shows the server's message. Fails (never skips) without Chromium."""
+sentence beyond the limit shows the server's message. Words that run right to left leave the numbers
+in order, labels are cut between whole characters, the seed goes as typed, focus survives a redraw,
+a late answer of the mode left behind writes nothing, and the words --oov zero or skip changed are
+named. Fails (never skips) without Chromium."""
+import contextlib
+import json
+
 import numpy as np
 import pytest
 from selenium.webdriver.common.action_chains import ActionChains
@@ -10,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from html_browser_util import Browser, assert_not_blank, errors, missing_browser
+from html_browser_util import Browser, assert_not_blank, assert_reads_in_order, errors, missing_browser
 from serve_testlib import Server, artifacts_dir, cli_json, sentence_of, softmax_rows, write_words
 
 HEADS = 2
@@ -279,3 +285,213 @@ def test_compare_mode_matches_the_cli(page, served, run, qkv_bin):
     finally:
         page.find_element(By.ID, "tab-explain").click()
         settle(page)
+
+
+# Words that run right to left: one holding a right-to-left override (U+202E), one in Hebrew.
+OTHER_DIRECTIONS = ["\u202eevil", "\u05e9\u05dc\u05d5\u05dd"]
+
+
+@pytest.fixture(scope="module")
+def zero_server(qkv_bin, tmp_path_factory):
+    """A server with --oov zero whose vocabulary also holds OTHER_DIRECTIONS: words outside it
+    (emoji, accents) reach the page as tokens with zero vectors."""
+    words = write_words(tmp_path_factory.mktemp("zero") / "words.txt", seed=20261207, extra=OTHER_DIRECTIONS)
+    server = Server(qkv_bin, "--embeddings", words, "--heads", HEADS, "--oov", "zero")
+    yield server
+    code, err = server.stop()
+    assert code == 0, err
+
+
+@contextlib.contextmanager
+def visiting(page, served, url):
+    """The page of the server at `url` for the test's length, then the module's server's again."""
+    page.get(url)
+    wait_explained(page, "the cat chased the dog")
+    try:
+        yield
+    finally:
+        page.get(served[0].url)
+        wait_explained(page, "the cat chased the dog")
+
+
+def wait_compared(page, before):
+    WebDriverWait(page, 20).until(lambda d: js(d, """return !state.waiting && state.compareSeq > arguments[0] &&
+        document.body.dataset.compareReady === String(state.compareSeq);""", before))
+
+
+def test_words_in_other_directions_leave_the_numbers_in_order(page, served, zero_server):
+    """Every word shown beside other text is isolated: the numbers after it keep their order."""
+    evil, hebrew = OTHER_DIRECTIONS
+    with visiting(page, served, zero_server.url):
+        show(page, f"the {evil} cat {hebrew} dog")
+        for k in (1, 3):
+            page.find_elements(By.CSS_SELECTOR, "#tokens .token")[k].click()
+            js(page, "document.querySelector(`#heatmaps rect.cell[data-i='${arguments[0]}'][data-j='2']`)"
+                     ".dispatchEvent(new Event('mouseenter'));", k)
+            word = evil if k == 1 else hebrew
+            assert page.find_element(By.ID, "readout").text.startswith(f'head 1: "{word}" ({k + 1}) → "cat" (3): weight ')
+            for where in ("#readout", "#bars-query", "#context-caption", "#context tr.total td",
+                          "#tokens .token[aria-pressed=true]"):
+                assert_reads_in_order(page, page.find_element(By.CSS_SELECTOR, where), f"{where}, word {k + 1}")
+        page.find_element(By.ID, "tab-compare").click()
+        before = js(page, "return state.compareSeq;")
+        set_text(page, "word", evil)
+        set_text(page, "sentence1", f"the {evil} cat sat")
+        set_text(page, "sentence2", f"a dog chased {hebrew} {evil}")
+        wait_compared(page, before)
+        assert not page.find_element(By.ID, "error").is_displayed()
+        shown = page.find_elements(By.CSS_SELECTOR, "#cosine-values .cosine > div:first-child, #sides .side h3, "
+                                                    "#sides .side p.caption, #sides .nearest li")
+        assert len(shown) >= 2 + 2 * (1 + 2 + 5)
+        for e in shown:
+            assert_reads_in_order(page, e, "compare")
+
+
+def test_a_late_answer_of_the_mode_left_behind_writes_nothing(page):
+    """explain and compare share the message box: an answer of the mode the user left, arriving
+    late, leaves the shown mode's message (or its absence) alone."""
+    show(page, "the cat chased the dog")
+    js(page, """window.realFetch = window.fetch;
+        window.fetch = (path, options) => path === '/api/explain'
+            ? new Promise((wait) => setTimeout(wait, 3000)).then(() => window.realFetch(path, options))
+            : window.realFetch(path, options);""")
+    message = "return document.getElementById('error').hidden ? '' : document.getElementById('error').textContent;"
+    explained = "return document.body.dataset.ready === String(state.seq);"
+    try:
+        # A refused sentence's answer comes after the user switched to a comparison that worked.
+        set_text(page, "sentence", "the cat zyzzyva")
+        WebDriverWait(page, 20).until(lambda d: js(d, "return !state.waiting;"))
+        before = js(page, "return state.compareSeq;")
+        page.find_element(By.ID, "tab-compare").click()
+        wait_compared(page, before)
+        assert not js(page, explained), "the explain answer came before the comparison's"
+        WebDriverWait(page, 20).until(lambda d: js(d, explained))
+        assert js(page, message) == ""
+        assert page.find_element(By.ID, "compare-status").text.startswith("layer: ")
+        # A working sentence's answer comes after the user switched to a comparison that failed.
+        js(page, "document.getElementById('sentence').value = 'the cat';")
+        page.find_element(By.ID, "tab-explain").click()
+        before = js(page, "return state.compareSeq;")
+        page.find_element(By.ID, "tab-compare").click()
+        set_text(page, "word", "zyzzyva")
+        wait_compared(page, before)
+        assert not js(page, explained), "the explain answer came before the comparison's"
+        WebDriverWait(page, 20).until(lambda d: js(d, explained))
+        assert "'zyzzyva': not in the vocabulary" in js(page, message)
+        assert page.find_element(By.ID, "compare-status").text == "Not updated: see the message above."
+    finally:
+        js(page, "window.fetch = window.realFetch;")
+        set_text(page, "word", "bank")
+        page.find_element(By.ID, "tab-explain").click()
+    show(page, "the cat chased the dog")
+    drain_partial_words(page)
+
+
+def test_the_seed_goes_as_typed(page, served, run):
+    """Seeds past 2^53 reach the server digit for digit; anything but a whole number from 0 to
+    2^64 - 1 is refused with a message, never changed into another seed."""
+    _, words = served
+    sentence = "the cat chased the dog"
+    near = [cli_explain(run, words, sentence, "--heads", HEADS, "--seed", s) for s in ("9007199254740992",
+                                                                                         "9007199254740993")]
+    assert near[0]["heads"][0]["weights"] != near[1]["heads"][0]["weights"]  # a rounded seed would show
+    for seed in ("9007199254740993", "18446744073709551615"):
+        show(page, sentence, layer="random", seed=seed)
+        assert not page.find_element(By.ID, "error").is_displayed()
+        assert f"(seed {seed})" in page.find_element(By.ID, "status").text
+        assert_page_shows(page, cli_explain(run, words, sentence, "--heads", HEADS, "--seed", seed))
+    for seed in ("-5", "2.7", "18446744073709551616", "1e3", ""):
+        set_text(page, "seed", seed)
+        settle(page)
+        assert page.find_element(By.ID, "error").text == \
+            f'The seed must be a whole number from 0 to 18446744073709551615 (2^64 − 1), not "{seed}".'
+        assert page.find_element(By.ID, "seed").get_attribute("aria-invalid") == "true"
+        assert page.find_element(By.ID, "status").text == "Not updated: see the message above."
+    show(page, sentence, layer="random", seed=5)
+    assert not page.find_element(By.ID, "error").is_displayed()
+    assert page.find_element(By.ID, "seed").get_attribute("aria-invalid") == "false"
+
+
+def whole_characters(label, characters):
+    """`label` is the word of `characters` (what a reader counts as one character each), or its
+    first few and "…"."""
+    word = "".join(characters)
+    return label == word or (label.endswith("…") and any(label[:-1] == "".join(characters[:k])
+                                                          for k in range(1, len(characters))))
+
+
+def test_labels_cut_whole_characters(page, served, zero_server):
+    faces, accents, families = ["😀"] * 10, ["e\u0301"] * 10, ["👨\u200d👩\u200d👧"] * 20
+    with visiting(page, served, zero_server.url):
+        show(page, " ".join(["the", "".join(faces), "".join(accents), "".join(families), "dog"]))
+        # As JSON: a half of a surrogate pair would not pass the driver's own serialization.
+        def texts(script, *args):
+            return json.loads(js(page, f"return JSON.stringify({script});", *args))
+
+        buttons = texts("Array.from(document.querySelectorAll('#tokens .token')).map((b) => b.firstChild.textContent)")
+        assert buttons[1:4] == ["".join(faces), "".join(accents), "".join(families[:13]) + "…"], buttons
+        bars = texts("Array.from(document.querySelectorAll('#bars .label')).map((b) => b.textContent)")
+        assert bars[1:4] == ["".join(faces), "".join(accents), "".join(families[:15]) + "…"], bars
+        for k, word in ((1, faces), (2, accents), (3, families)):
+            page.find_elements(By.CSS_SELECTOR, "#tokens .token")[k].click()
+            total = texts("document.querySelector('#context tr.total td').textContent")
+            assert total.startswith('context of "') and total.endswith('"'), total
+            labels = texts("""Array.from(document.querySelectorAll('#heatmaps .heatmap:first-child text'))
+                .filter((t) => t.classList.contains('row-label') || t.classList.contains('col-label'))
+                .map((t) => t.textContent).filter((t, i) => Math.floor(i / 2) === arguments[0])""", k)
+            for label in [total[len('context of "'):-1], *labels]:
+                assert whole_characters(label, word), (k, label)
+
+
+def test_keyboard_focus_stays_on_the_redrawn_control(page):
+    """Enter on a token, a head or a heatmap redraws them all; focus moves to the new control in
+    the old one's place, so Tab carries on from there."""
+    show(page, "the cat chased the dog")
+    focused = "return document.activeElement === document.querySelectorAll(arguments[0])[arguments[1]];"
+    js(page, "document.querySelectorAll('#tokens .token')[2].focus();")
+    page.switch_to.active_element.send_keys(Keys.ENTER)
+    assert js(page, "return state.query;") == 2
+    assert js(page, focused, "#tokens .token", 2)
+    page.switch_to.active_element.send_keys(Keys.TAB)
+    assert js(page, focused, "#tokens .token", 3)
+    js(page, "document.querySelectorAll('#head-picker button')[1].focus();")
+    page.switch_to.active_element.send_keys(Keys.ENTER)
+    assert js(page, "return state.head;") == 1
+    assert js(page, focused, "#head-picker button", 1)
+    js(page, "document.querySelectorAll('#heatmaps svg')[1].focus();")
+    page.switch_to.active_element.send_keys(Keys.ARROW_DOWN, Keys.ENTER)
+    assert js(page, "return state.query;") == 3
+    assert js(page, focused, "#heatmaps svg", 1)
+    js(page, "document.querySelectorAll('#head-picker button')[0].click();")
+
+
+def test_missing_words_are_named(page, served, zero_server, qkv_bin):
+    """--oov zero and skip: the page names the words not in the vocabulary, as the static page does."""
+    _, words = served
+    evil = OTHER_DIRECTIONS[0]
+    note = "--oov zero gave {} of {} zero vectors, not being in the vocabulary: “zyzzyva” ×2, “{}”."
+    with visiting(page, served, zero_server.url):
+        assert page.find_element(By.ID, "oov-note").text == ""
+        show(page, f"the zyzzyva cat zyzzyva {evil}1")
+        shown = page.find_element(By.CSS_SELECTOR, "#oov-note .note")
+        assert shown.text == note.format("3 words", "the sentence", f"{evil}1")
+        assert_reads_in_order(page, shown, "the note")
+        page.find_element(By.ID, "tab-compare").click()
+        before = js(page, "return state.compareSeq;")
+        set_text(page, "word", "cat")
+        set_text(page, "sentence1", "the zyzzyva cat qq zyzzyva")
+        set_text(page, "sentence2", "the cat")
+        wait_compared(page, before)
+        notes = [e.text for e in page.find_elements(By.CSS_SELECTOR, "#sides .note")]
+        assert notes == [note.format("3 words", "sentence 1", "qq")]
+    skip = Server(qkv_bin, "--embeddings", words, "--heads", HEADS, "--oov", "skip")
+    try:
+        with visiting(page, served, skip.url):
+            set_text(page, "sentence", "the zyzzyva cat zyzzyva qq")  # its tokens: "the cat"
+            settle(page)
+            assert page.find_element(By.ID, "oov-note").text == (
+                "--oov skip left 3 words out of the sentence, not being in the vocabulary: “zyzzyva” ×2, “qq”. "
+                "The page shows the tokens that remain.")
+    finally:
+        code, err = skip.stop()
+        assert code == 0, err

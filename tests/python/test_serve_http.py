@@ -55,6 +55,7 @@ def test_config_lists_the_layers_and_limits(server, words):
     assert [l["id"] for l in config["layers"]] == ["default", "parameter-free", "random"]
     assert config["embeddings"] == "words.txt" and str(words.parent) not in json.dumps(config)
     assert config["limits"]["max_tokens"] == 64 and config["width"] == 8 and config["positions"] is False
+    assert config["oov"] == "error"
 
 
 @pytest.mark.parametrize("layer,cli_args", [("default", ["--heads", "2"]), ("parameter-free", ["--parameter-free"]),
@@ -109,6 +110,35 @@ def test_compare_equals_the_cli(server, run, words):
         assert cli["static_cosine"] == pytest.approx(1.0, abs=1e-12)
         heads = 2 if layer == "default" else 1
         assert len(cli["sentences"][0]["nearest"]) == 5 and len(cli["sentences"][0]["weights"]) == heads
+
+
+@pytest.mark.parametrize("oov", ["zero", "skip"])
+def test_missing_words_are_in_the_answer(qkv_bin, run, words, oov):
+    """With --oov zero or skip each answer lists the sentence's words not in the vocabulary, in
+    order with repeats (zero vectors or left out, as the config's "oov" says); with the default
+    (error) the list is empty, as such a sentence is refused."""
+    s = Server(qkv_bin, "--embeddings", words, "--heads", "2", "--oov", oov)
+    try:
+        assert request(s.url + "api/config")[1]["oov"] == oov
+        sentence = "the zyzzyva cat zyzzyva qq"
+        status, served, _ = request(s.url + "api/explain", {"sentence": sentence})
+        assert status == 200, served
+        assert served["missing"] == ["zyzzyva", "zyzzyva", "qq"]
+        cli = cli_json(run, "explain", "--embeddings", words, "--heads", "2", "--oov", oov, sentence)
+        assert_same_steps(served["explanation"], cli)
+        assert cli["tokens"] == (sentence.split() if oov == "zero" else ["the", "cat"])
+        status, compared, _ = request(s.url + "api/compare", {"word": "cat", "sentences": ["the zyzzyva cat", "qq cat qq"]})
+        assert status == 200, compared
+        assert [side["missing"] for side in compared["sentences"]] == [["zyzzyva"], ["qq", "qq"]]
+        assert request(s.url + "api/explain", {"sentence": "the cat"})[1]["missing"] == []
+        # The commands note them on stderr; the server answers with them instead, once per keystroke.
+        note = run("compare", "--embeddings", words, "--heads", "2", "--oov", oov, "--word", "cat", "the zyzzyva cat",
+                   "qq cat qq").stderr
+        assert "sentence 1: not in" in note and "zyzzyva" in note and "sentence 2: not in" in note, note
+    finally:
+        code, err = s.stop()
+        assert code == 0, err
+    assert "qkv: note" not in err, err
 
 
 @pytest.mark.parametrize("body,message", [

@@ -151,6 +151,26 @@ OovPolicy oov_policy(const SentenceArgs& args) {
 
 Embeddings load_embeddings(const SentenceArgs& args) { return Embeddings::load(args.embeddings); }
 
+namespace {
+
+// Each word once, in the order it first occurs, as the error policy lists them.
+std::string distinct_list(const std::vector<std::string>& words) {
+  std::string list;
+  std::set<std::string_view> listed;
+  for (const auto& w : words)
+    if (listed.insert(w).second) list += (list.empty() ? "" : ", ") + w;
+  return list;
+}
+
+}  // namespace
+
+void note_missing(const std::vector<std::string>& missing, const SentenceArgs& args, const std::string& what) {
+  if (!missing.empty())
+    std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
+                 oov_policy(args) == OovPolicy::zero ? "given zero vectors" : "skipped",
+                 distinct_list(missing).c_str());
+}
+
 EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence, const SentenceArgs& args,
                        const std::string& what) {
   if (tokenize(sentence).empty())
@@ -161,18 +181,10 @@ EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {} (vocabulary: {})", what, e.what(), args.embeddings));
   }
-  // Each missing word once, in the order it first occurs, as the error policy lists them.
-  std::string list;
-  std::set<std::string_view> listed;
-  for (const auto& w : s.missing)
-    if (listed.insert(w).second) list += (list.empty() ? "" : ", ") + w;
-  if (oov_policy(args) == OovPolicy::zero && s.missing.size() == s.tokens.size())
+  if (oov_policy(args) == OovPolicy::zero && !s.missing.empty() && s.missing.size() == s.tokens.size())
     // Only zero vectors: every context vector would be zero. Refuse rather than print nothing useful
     // (skip refuses a sentence it leaves empty itself; its tokens are the kept ones only).
-    throw Error(fmt::format("{}: none of its words is in {}: {}", what, args.embeddings, list));
-  if (!s.missing.empty())
-    std::fprintf(stderr, "qkv: note: %s: not in %s, %s: %s\n", what.c_str(), args.embeddings.c_str(),
-                 args.oov == "zero" ? "given zero vectors" : "skipped", list.c_str());
+    throw Error(fmt::format("{}: none of its words is in {}: {}", what, args.embeddings, distinct_list(s.missing)));
   if (args.positions) add_sinusoidal_positions(s.x.view());
   // A non-finite value in a used vector would turn every context vector into NaN: name the word.
   for (int64_t i = 0; i < s.x.dim(0); ++i)

@@ -116,9 +116,14 @@ bool layer_options_given(const CLI::App* app);
 OovPolicy oov_policy(const SentenceArgs& args);
 // Loads the embeddings and refuses non-finite vectors only when they are used (see embed()).
 Embeddings load_embeddings(const SentenceArgs& args);
-// Tokenizes and embeds `sentence` (named `what` in messages); notes zeroed/skipped words on stderr.
+// Tokenizes and embeds `sentence` (named `what` in messages). Prints nothing: a command notes the
+// zeroed or skipped words with note_missing; `qkv serve` answers with them.
 EmbeddedSentence embed(const Embeddings& embeddings, const std::string& sentence, const SentenceArgs& args,
                        const std::string& what = "sentence");
+// "qkv: note: <what>: not in <vocabulary>, given zero vectors|skipped: <words>" on stderr, each
+// missing word once in the order it first occurs; nothing when none is missing.
+void note_missing(const std::vector<std::string>& missing, const SentenceArgs& args,
+                  const std::string& what = "sentence");
 // The layer: loaded from --weights (checked against width E and for finite weights), or a fresh
 // seeded one (no output projection, so its output is the heads' context vectors), or parameter-free.
 MultiHeadAttention make_layer(const SentenceArgs& args, int64_t E);

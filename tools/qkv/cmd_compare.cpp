@@ -57,6 +57,7 @@ int run_compare(const CompareArgs& a) {
   const Embeddings embeddings = load_embeddings(sa);
   const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
   const WordComparison c = compare_word(a.word, a.sentences, sa, embeddings, layer);
+  for (std::size_t n = 0; n < c.missing.size(); ++n) note_missing(c.missing[n], sa, fmt::format("sentence {}", n + 1));
   const auto report = [&] {
     if (a.json) return comparison_json(c).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     std::string text = fmt::format("The word \"{}\" in two sentences (layer: {})\n", c.word, c.layer);

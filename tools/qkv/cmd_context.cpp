@@ -59,6 +59,7 @@ int run_context(const ContextArgs& a) {
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   const EmbeddedSentence s = embed(embeddings, a.sentence, sa);
+  note_missing(s.missing, sa);
   const MultiHeadAttention layer = make_layer(sa, embeddings.dim());
   const Tensor<float> y = layer.forward(s.x.cview());
   check_finite(y.cview(), "contextual vectors (the layer overflowed float32)");

@@ -51,6 +51,7 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page, H
   const SentenceArgs& s = a.sentence_args;
   const Embeddings embeddings = load_embeddings(s);
   const EmbeddedSentence sentence = embed(embeddings, a.sentence, s);
+  note_missing(sentence.missing, s);
   options = page_options(s, sentence, a.color_scale);
   const MultiHeadAttention layer = make_layer(s, embeddings.dim());
   const std::string title = fmt::format("Self-attention for \"{}\"", a.sentence);

@@ -89,6 +89,7 @@ WordComparison compare_word(const std::string& word_arg, const std::vector<std::
     c.sides.push_back(
         word_in_sentence(sentences[n], occ[n].embedded, occ[n].position, layer, occ[n].contextual.cview(), args));
     c.nearest.push_back(nearest_words(embeddings, c.sides.back().contextual_vector));
+    c.missing.push_back(occ[n].embedded.missing);
   }
   return c;
 }
@@ -103,7 +104,8 @@ nlohmann::json comparison_json(const WordComparison& c) {
                          {"tokens", s.tokens},
                          {"position", s.position},
                          {"weights", s.weights},
-                         {"nearest", std::move(nearest)}});
+                         {"nearest", std::move(nearest)},
+                         {"missing", c.missing[n]}});
   }
   return {{"word", c.word},
           {"sentences", std::move(sentences)},

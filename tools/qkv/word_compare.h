@@ -27,6 +27,9 @@ struct WordComparison {
   // Per sentence: the vocabulary words whose vectors are closest (cosine) to the word's contextual
   // vector, best first; empty when the layer's output width differs from the embeddings' width.
   std::vector<std::vector<std::pair<std::string, double>>> nearest;
+  // Per sentence: its words not in the vocabulary (given zero vectors or skipped, as --oov says), in
+  // order, repeats included.
+  std::vector<std::vector<std::string>> missing;
 };
 
 // `word_arg` (exactly one token, in the vocabulary) in each of `sentences` (its first occurrence)
@@ -35,7 +38,7 @@ WordComparison compare_word(const std::string& word_arg, const std::vector<std::
                             const SentenceArgs& args, const Embeddings& embeddings, const MultiHeadAttention& layer);
 
 // The `qkv compare --json` object: word, sentences [{text, tokens, position, weights [H][N],
-// nearest [{word, cosine}]}], static_cosine, contextual_cosine, layer.
+// nearest [{word, cosine}], missing}], static_cosine, contextual_cosine, layer.
 nlohmann::json comparison_json(const WordComparison& c);
 
 }  // namespace qkv::cli

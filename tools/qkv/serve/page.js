@@ -35,8 +35,34 @@ function svg(tag, attrs = {}, text) {
   if (text !== undefined) e.textContent = text;
   return e;
 }
+// The characters a reader sees (an emoji, a letter with its accents) where the browser can tell,
+// else code points, which at least never split an emoji's surrogate pair.
+const graphemes = typeof Intl === 'object' && Intl.Segmenter ? new Intl.Segmenter(undefined, { granularity: 'grapheme' }) : null;
+const characters = (text) => (graphemes ? Array.from(graphemes.segment(text), (g) => g.segment) : Array.from(text));
 // Long words are cut for labels; the full word is in the title.
-const short = (word, n) => (word.length > n ? word.slice(0, n - 1) + '…' : word);
+function short(word, n) {
+  const c = characters(word);
+  return c.length > n ? c.slice(0, n - 1).join('') + '…' : word;
+}
+
+// A word shown beside other text sits in its own bidi isolate, so that a right-to-left word, or
+// one holding a direction override such as U+202E, cannot reorder the numbers and words around
+// it. An isolate's end (U+2069) in the word without its start would close that isolate early and
+// let the rest out, and a start without its end would hold it open: the first is dropped (it
+// shows nothing), the second closed.
+function balanced(word) {
+  let open = 0, out = '';
+  for (const c of word) {
+    if (c === '\u2069' && open === 0) continue;
+    if (c === '\u2066' || c === '\u2067' || c === '\u2068') open++;
+    else if (c === '\u2069') open--;
+    out += c;
+  }
+  return out + '\u2069'.repeat(open);
+}
+const bdi = (word) => el('bdi', { text: balanced(word) });
+// The same isolate in plain text (tooltips): first-strong isolate … pop directional isolate.
+const isolated = (word) => `\u2068${balanced(word)}\u2069`;
 
 function showError(message) {
   const box = $('error');
@@ -44,18 +70,47 @@ function showError(message) {
   box.hidden = !message;
 }
 
-async function post(path, body) {
-  const response = await fetch(path, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
-  let json = null;
-  try { json = await response.json(); } catch (e) { /* not JSON: reported below */ }
-  if (!response.ok) throw new Error(json && json.error ? json.error : `the server answered HTTP ${response.status}`);
-  return json;
+// The words the server's --oov zero or skip changed in `which` ("the sentence"), named as the
+// note of `qkv explain --html` names them: each distinct word once, in order, with how often it
+// occurs. [] for no words, else [the note].
+function missingNote(words, which) {
+  if (words.length === 0) return [];
+  const counts = new Map();
+  for (const w of words) counts.set(w, (counts.get(w) || 0) + 1);
+  const list = [];
+  for (const [w, n] of counts) list.push(list.length > 0 ? ', “' : '“', bdi(w), n > 1 ? `” ×${n}` : '”');
+  const s = words.length === 1 ? '' : 's';
+  const what = state.config.oov === 'skip'
+    ? `--oov skip left ${words.length} word${s} out of ${which}`
+    : `--oov zero gave ${words.length} word${s} of ${which} ${words.length === 1 ? 'a zero vector' : 'zero vectors'}`;
+  return [el('p', { class: 'caption note oov' }, `${what}, not being in the vocabulary: `, ...list,
+             state.config.oov === 'skip' ? '. The page shows the tokens that remain.' : '.')];
 }
 
+// `seed` (digits, or null for none) joins the JSON as it is: see layerChoice.
+async function post(path, body, seed = null) {
+  const json = JSON.stringify(body);
+  const text = seed === null ? json : `${json.slice(0, -1)},"seed":${seed}}`;
+  const response = await fetch(path, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: text });
+  let answer = null;
+  try { answer = await response.json(); } catch (e) { /* not JSON: reported below */ }
+  if (!response.ok) throw new Error(answer && answer.error ? answer.error : `the server answered HTTP ${response.status}`);
+  return answer;
+}
+
+// The layer, and the random layer's seed exactly as typed: the API takes any integer from 0 to
+// 2^64 - 1, more than a JS number holds exactly (2^53), so the seed travels as its digits. Any
+// other text throws a message rather than becoming some other seed (rounded, clamped, cut).
+const SEED_LIMIT = 2n ** 64n;
 function layerChoice() {
   const layer = document.querySelector('input[name=layer]:checked').value;
-  const seed = Math.max(0, Math.floor(Number($('seed').value) || 0));
-  return { layer, seed };
+  const box = $('seed');
+  const typed = box.value.trim();
+  const whole = /^[0-9]+$/.test(typed) && BigInt(typed) < SEED_LIMIT;
+  box.setAttribute('aria-invalid', String(layer === 'random' && !whole));
+  if (layer !== 'random') return { layer, seed: null };
+  if (!whole) throw new Error(`The seed must be a whole number from 0 to ${SEED_LIMIT - 1n} (2^64 − 1), not "${typed}".`);
+  return { layer, seed: BigInt(typed).toString() };
 }
 
 // Runs f once typing pauses; state.waiting says an update is due (tests wait for it to clear).
@@ -70,15 +125,19 @@ function debounce(f) {
 
 // ---- One sentence ------------------------------------------------------------------------------
 
+// Only the newest request of a mode is drawn, and only while that mode is shown: the modes share
+// #error, and a late answer of the mode left behind must not write into the other's.
 async function explain() {
   const seq = ++state.seq;
-  const body = { sentence: $('sentence').value, ...layerChoice(), scaled: $('scaled').checked,
-                 positions: $('positions').checked, causal: $('causal').checked };
+  const wanted = () => seq === state.seq && state.mode === 'explain';
   $('explain-view').classList.add('stale');
   $('status').textContent = 'Computing…';
   try {
-    const data = await post('/api/explain', body);
-    if (seq !== state.seq) return;  // a newer request is on its way
+    const { layer, seed } = layerChoice();
+    const body = { sentence: $('sentence').value, layer, scaled: $('scaled').checked,
+                   positions: $('positions').checked, causal: $('causal').checked };
+    const data = await post('/api/explain', body, seed);
+    if (!wanted()) return;
     showError('');
     state.data = data;
     state.cursor = null;
@@ -86,13 +145,29 @@ async function explain() {
     $('status').textContent = `${data.explanation.tokens.length} tokens · ${data.layer}` +
       `${data.options.scaled ? '' : ' · unscaled'}${data.options.positions ? ' · with positions' : ''}` +
       `${data.options.causal ? ' · causal' : ''}`;
-    document.body.dataset.ready = String(seq);
+    $('oov-note').replaceChildren(...missingNote(data.missing, 'the sentence'));
   } catch (e) {
-    if (seq !== state.seq) return;
+    if (!wanted()) return;
     showError(e.message);
     $('status').textContent = 'Not updated: see the message above.';
-    document.body.dataset.ready = String(seq);
+  } finally {
+    if (seq === state.seq) document.body.dataset.ready = String(seq);
   }
+}
+
+// A redraw replaces the token buttons, the head buttons and the heatmaps: the one that had the
+// keyboard's focus hands it to its replacement, or focus would fall back to the page's start.
+const REDRAWN = [['tokens', 'button'], ['head-picker', 'button'], ['heatmaps', 'svg']];
+function focusedPlace() {
+  for (const [id, kind] of REDRAWN) {
+    const k = Array.from($(id).querySelectorAll(kind)).indexOf(document.activeElement);
+    if (k >= 0) return { id, kind, k };
+  }
+  return null;
+}
+function refocus(place) {
+  const all = place ? $(place.id).querySelectorAll(place.kind) : [];
+  if (all.length > 0) all[Math.min(place.k, all.length - 1)].focus();
 }
 
 function drawExplain() {
@@ -101,9 +176,11 @@ function drawExplain() {
   state.query = Math.min(state.query, n - 1);
   state.head = Math.min(state.head, e.heads.length - 1);
   $('explain-view').classList.remove('stale');
+  const place = focusedPlace();
   drawTokens(e);
   drawHeatmaps(e);
   drawHeadPicker(e);
+  refocus(place);
   drawBars(e);
   drawContext(e);
   const o = state.data.options;
@@ -121,18 +198,18 @@ function drawExplain() {
 function drawTokens(e) {
   const box = $('tokens');
   box.replaceChildren(...e.tokens.map((t, i) => el('button', {
-    class: 'token', type: 'button', 'aria-pressed': String(i === state.query), title: `${t} (token ${i + 1})`,
+    class: 'token', type: 'button', 'aria-pressed': String(i === state.query), title: `${isolated(t)} (token ${i + 1})`,
     'data-index': String(i), onclick: () => { state.query = i; state.cursor = null; drawExplain(); },
-  }, short(t, 14), el('span', { class: 'idx', text: String(i + 1) }))));
+  }, bdi(short(t, 14)), el('span', { class: 'idx', text: String(i + 1) }))));
 }
 
 function setReadout(h, i, j) {
   const e = state.data.explanation;
   const head = e.heads[h];
   const masked = state.data.options.causal && j > i;
-  $('readout').textContent = `head ${h + 1}: "${e.tokens[i]}" (${i + 1}) → "${e.tokens[j]}" (${j + 1}): ` +
+  $('readout').replaceChildren(`head ${h + 1}: "`, bdi(e.tokens[i]), `" (${i + 1}) → "`, bdi(e.tokens[j]), `" (${j + 1}): ` +
     `weight ${fixed(head.weights[i][j], 4)}${masked ? ' (masked)' : ''}, score ${fixed(head.scores[i][j], 4)}, ` +
-    `scaled ${fixed(head.scaled_scores[i][j], 4)}`;
+    `scaled ${fixed(head.scaled_scores[i][j], 4)}`);
 }
 
 function drawHeatmaps(e) {
@@ -141,7 +218,7 @@ function drawHeatmaps(e) {
   const heads = e.heads.length;
   const perRow = Math.min(heads, n <= 16 ? 3 : 1);
   const avail = Math.max(240, (box.clientWidth || document.body.clientWidth - 40) / perRow - 16 * (perRow - 1));
-  const chars = Math.min(14, Math.max(...e.tokens.map((t) => t.length)));
+  const chars = Math.min(14, Math.max(...e.tokens.map((t) => characters(t).length)));
   const label = Math.min(120, 12 + 7.5 * chars);
   // Column labels lean right (rotated -60°): room for the last one past the last column.
   const right = Math.ceil(0.5 * 0.62 * 13 * chars) + 4;
@@ -171,7 +248,7 @@ function drawHeatmaps(e) {
         const masked = state.data.options.causal && j > i;
         const r = svg('rect', { x: label + j * cell, y: top + i * cell, width: cell, height: cell, class: masked ? 'cell masked' : 'cell',
                                 fill: masked ? `url(#hatch-${h})` : colour(w), 'data-i': i, 'data-j': j, 'data-w': String(w) });
-        r.append(svg('title', {}, `${e.tokens[i]} → ${e.tokens[j]}: ${fixed(w, 4)}`));
+        r.append(svg('title', {}, `${isolated(e.tokens[i])} → ${isolated(e.tokens[j])}: ${fixed(w, 4)}`));
         r.addEventListener('mouseenter', () => setReadout(h, i, j));
         r.addEventListener('click', () => { state.query = i; state.head = h; drawExplain(); setReadout(h, i, j); });
         s.append(r);
@@ -212,9 +289,9 @@ function barRows(tokens, row, { highlight = -1, maskedFrom = Infinity } = {}) {
   tokens.forEach((t, j) => {
     const masked = j >= maskedFrom;
     grid.append(
-      el('div', { class: masked ? 'label masked' : 'label', title: `${t} (token ${j + 1})`, role: 'listitem',
-                  style: j === highlight ? 'font-weight:700' : '' }, short(t, 16)),
-      el('div', { class: 'track', title: `${t}: ${fixed(row[j], 6)}` },
+      el('div', { class: masked ? 'label masked' : 'label', title: `${isolated(t)} (token ${j + 1})`, role: 'listitem',
+                  style: j === highlight ? 'font-weight:700' : '' }, bdi(short(t, 16))),
+      el('div', { class: 'track', title: `${isolated(t)}: ${fixed(row[j], 6)}` },
          el('div', { class: 'fill', style: `width:${(100 * row[j]).toFixed(2)}%` })),
       el('div', { class: masked ? 'value masked' : 'value', 'data-w': String(row[j]), text: masked ? '0 (masked)' : fixed(row[j], 4) }));
   });
@@ -223,7 +300,7 @@ function barRows(tokens, row, { highlight = -1, maskedFrom = Infinity } = {}) {
 
 function drawBars(e) {
   const i = state.query;
-  $('bars-query').textContent = `"${e.tokens[i]}" (token ${i + 1})` + (e.heads.length > 1 ? `, head ${state.head + 1}` : '');
+  $('bars-query').replaceChildren('"', bdi(e.tokens[i]), `" (token ${i + 1})` + (e.heads.length > 1 ? `, head ${state.head + 1}` : ''));
   const row = e.heads[state.head].weights[i];
   $('bars').replaceChildren(barRows(e.tokens, row, { highlight: i, maskedFrom: state.data.options.causal ? i + 1 : Infinity }));
 }
@@ -237,53 +314,57 @@ function drawContext(e) {
   const shown = order.length > 10 ? order.slice().sort((a, b) => h.weights[i][b] - h.weights[i][a]).slice(0, 8).sort((a, b) => a - b) : order;
   const head = el('tr', {}, el('th', { text: 'word' }), el('th', { text: 'weight' }), el('th', { text: '×' }),
                   ...Array.from({ length: cols }, (_, d) => el('th', { text: `v[${d}]` })), el('th', { text: cols < h.v[0].length ? `… (${h.v[0].length} values)` : '' }));
-  const rows = shown.map((j) => el('tr', {}, el('td', { text: e.tokens[j], title: `${e.tokens[j]} (token ${j + 1})` }),
+  const rows = shown.map((j) => el('tr', {}, el('td', { text: e.tokens[j], title: `${isolated(e.tokens[j])} (token ${j + 1})` }),
     el('td', { text: fixed(h.weights[i][j], 4) }), el('td', { text: '×' }),
     ...Array.from({ length: cols }, (_, d) => el('td', { text: fixed(h.v[j][d], 4), title: String(h.v[j][d]) })), el('td')));
   if (shown.length < order.length)
     rows.push(el('tr', {}, el('td', { text: `… ${order.length - shown.length} smaller terms`, colspan: String(cols + 4) })));
-  const total = el('tr', { class: 'total' }, el('td', { text: `context of "${short(e.tokens[i], 14)}"` }), el('td', { text: 'Σ' }), el('td', { text: '=' }),
+  const total = el('tr', { class: 'total' }, el('td', {}, 'context of "', bdi(short(e.tokens[i], 14)), '"'), el('td', { text: 'Σ' }), el('td', { text: '=' }),
     ...Array.from({ length: cols }, (_, d) => el('td', { class: 'context-value', text: fixed(h.context[i][d], 4), 'data-v': String(h.context[i][d]), title: String(h.context[i][d]) })), el('td'));
   const table = el('table', { class: 'sum' }, el('thead', {}, head), el('tbody', {}, ...rows, total));
   $('context').replaceChildren(table);
-  $('context-caption').textContent = `context("${e.tokens[i]}") = Σ_j weight_j · v_j: each value row scaled by its weight ` +
-    `(the bars above), then added up column by column. The first ${cols} of ${h.v[0].length} columns are shown.`;
+  $('context-caption').replaceChildren('context("', bdi(e.tokens[i]), '") = Σ_j weight_j · v_j: each value row scaled by its ' +
+    `weight (the bars above), then added up column by column. The first ${cols} of ${h.v[0].length} columns are shown.`);
 }
 
 // ---- One word in two sentences -----------------------------------------------------------------
 
 async function compare() {
   const seq = ++state.compareSeq;
-  const body = { word: $('word').value, sentences: [$('sentence1').value, $('sentence2').value], ...layerChoice(),
-                 positions: $('positions').checked };
+  const wanted = () => seq === state.compareSeq && state.mode === 'compare';
   $('compare-view').classList.add('stale');
   $('compare-status').textContent = 'Computing…';
   try {
-    const data = await post('/api/compare', body);
-    if (seq !== state.compareSeq) return;
+    const { layer, seed } = layerChoice();
+    const body = { word: $('word').value, sentences: [$('sentence1').value, $('sentence2').value], layer,
+                   positions: $('positions').checked };
+    const data = await post('/api/compare', body, seed);
+    if (!wanted()) return;
     showError('');
     drawCompare(data);
     $('compare-view').classList.remove('stale');
     $('compare-status').textContent = `layer: ${data.layer}`;
   } catch (e) {
-    if (seq !== state.compareSeq) return;
+    if (!wanted()) return;
     showError(e.message);
     $('compare-status').textContent = 'Not updated: see the message above.';
+  } finally {
+    if (seq === state.compareSeq) document.body.dataset.compareReady = String(seq);
   }
-  document.body.dataset.compareReady = String(seq);
 }
 
 function drawCompare(c) {
   $('cosine-values').replaceChildren(
-    el('div', { class: 'cosine' }, el('div', { text: `static cosine of "${c.word}"` }), el('div', { class: 'number', id: 'static-cosine', text: fixed(c.static_cosine, 4) })),
-    el('div', { class: 'cosine' }, el('div', { text: `contextual cosine of "${c.word}"` }), el('div', { class: 'number', id: 'contextual-cosine', text: fixed(c.contextual_cosine, 4) })));
+    el('div', { class: 'cosine' }, el('div', {}, 'static cosine of "', bdi(c.word), '"'), el('div', { class: 'number', id: 'static-cosine', text: fixed(c.static_cosine, 4) })),
+    el('div', { class: 'cosine' }, el('div', {}, 'contextual cosine of "', bdi(c.word), '"'), el('div', { class: 'number', id: 'contextual-cosine', text: fixed(c.contextual_cosine, 4) })));
   $('sides').replaceChildren(...c.sentences.map((s, n) => {
     const tokens = el('div', { class: 'token-row' }, ...s.tokens.map((t, j) => el('span', { class: j === s.position ? 'token word' : 'token', title: t, text: short(t, 14) })));
     const nearest = s.nearest.length === 0
       ? el('p', { class: 'caption', text: 'No nearest words: the layer\'s output width differs from the word vectors\'.' })
-      : el('ol', { class: 'nearest' }, ...s.nearest.map((w) => el('li', {}, el('span', { text: w.word }), ' ', el('span', { class: 'cos', text: fixed(w.cosine, 4) }))));
-    return el('div', { class: 'side' }, el('h3', { text: `Sentence ${n + 1}: "${s.text}"` }), tokens,
-      el('p', { class: 'caption', text: `What "${c.word}" attends to (head 1${s.weights.length > 1 ? ` of ${s.weights.length}` : ''}):` }),
+      : el('ol', { class: 'nearest' }, ...s.nearest.map((w) => el('li', {}, bdi(w.word), ' ', el('span', { class: 'cos', text: fixed(w.cosine, 4) }))));
+    return el('div', { class: 'side' }, el('h3', {}, `Sentence ${n + 1}: "`, bdi(s.text), '"'), tokens,
+      ...missingNote(s.missing, `sentence ${n + 1}`),
+      el('p', { class: 'caption' }, 'What "', bdi(c.word), `" attends to (head 1${s.weights.length > 1 ? ` of ${s.weights.length}` : ''}):`),
       barRows(s.tokens, s.weights[0], { highlight: s.position }),
       el('p', { class: 'caption', text: `Words nearest its contextual vector (cosine):` }), nearest);
   }));
@@ -295,6 +376,7 @@ function update() { if (state.mode === 'explain') explain(); else compare(); }
 
 function setMode(mode) {
   state.mode = mode;
+  showError('');  // the message was the other mode's; this mode's answer brings its own
   for (const [m, tab] of [['explain', $('tab-explain')], ['compare', $('tab-compare')]]) {
     tab.setAttribute('aria-selected', String(m === mode));
     tab.tabIndex = m === mode ? 0 : -1;
@@ -319,7 +401,8 @@ async function start() {
     const response = await fetch('/api/config');
     state.config = await response.json();
     const c = state.config;
-    $('vocab').textContent = `Word vectors: ${c.embeddings} (${c.vocabulary} words, width ${c.width}). Up to ${c.limits.max_tokens} words per sentence.`;
+    $('vocab').replaceChildren('Word vectors: ', bdi(c.embeddings), ` (${c.vocabulary} words, width ${c.width}). ` +
+      `Up to ${c.limits.max_tokens} words per sentence.`);
     $('label-default').textContent = `default: ${c.layers[0].label}`;
     $('positions').checked = c.positions;
     $('layer-caption').textContent = 'The default is the layer `qkv explain` uses with the same options; parameter-free uses each word\'s vector as its query, key and value.';

@@ -29,6 +29,9 @@ json parse_body(const std::string& body) {
   }
 }
 
+// Tokens are the user's raw bytes: invalid UTF-8 becomes U+FFFD rather than failing the answer.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 // A field of `j`: `fallback` when absent; BadRequest naming the field for another type.
 bool bool_field(const json& j, const char* name, bool fallback) {
   if (!j.contains(name)) return fallback;
@@ -125,6 +128,7 @@ std::string ServeApi::config_json() const {
                   {"vocabulary", embeddings_.size()},
                   {"width", embeddings_.dim()},
                   {"positions", args_.positions},  // the page starts with --positions' setting
+                  {"oov", args_.oov},              // what became of the "missing" words of an answer
                   {"layers",
                    {{{"id", "default"}, {"label", default_label_}},
                     {{"id", "parameter-free"}, {"label", parameter_free_label_}},
@@ -133,7 +137,7 @@ std::string ServeApi::config_json() const {
                    {{"max_tokens", kServeMaxTokens},
                     {"max_sentence_bytes", kServeMaxSentenceBytes},
                     {"max_body_bytes", kServeMaxBodyBytes}}}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return dump(j);
 }
 
 std::string ServeApi::explain_json(const std::string& body) const {
@@ -146,9 +150,11 @@ std::string ServeApi::explain_json(const std::string& body) const {
   const bool positions = bool_field(request, "positions", args_.positions);
   const Choice c = choose(string_field(request, "layer", "default"), seed_field(request), positions);
   Explanation e;
+  std::vector<std::string> missing;
   try {
-    const EmbeddedSentence s = embed(embeddings_, sentence, c.args);
+    EmbeddedSentence s = embed(embeddings_, sentence, c.args);
     e = explain_layer(s.tokens, s.x.cview(), *c.layer, steps);
+    missing = std::move(s.missing);
   } catch (const Error& err) {
     throw BadRequest(for_client(err.what(), args_.embeddings));
   }
@@ -163,9 +169,8 @@ std::string ServeApi::explain_json(const std::string& body) const {
                         {"scaled", steps.scaled},
                         {"positions", positions},
                         {"causal", steps.causal}};
-  return fmt::format("{{\"options\":{},\"layer\":{},\"explanation\":{}}}",
-                     options.dump(-1, ' ', false, json::error_handler_t::replace),
-                     json(c.label).dump(-1, ' ', false, json::error_handler_t::replace), explanation_to_json(e, -1));
+  return fmt::format("{{\"options\":{},\"layer\":{},\"missing\":{},\"explanation\":{}}}", dump(options), dump(c.label),
+                     dump(missing), explanation_to_json(e, -1));
 }
 
 std::string ServeApi::compare_json(const std::string& body) const {
@@ -182,8 +187,7 @@ std::string ServeApi::compare_json(const std::string& body) const {
   const Choice c = choose(string_field(request, "layer", "default"), seed_field(request),
                           bool_field(request, "positions", args_.positions));
   try {
-    return comparison_json(compare_word(word, sentences, c.args, embeddings_, *c.layer))
-        .dump(-1, ' ', false, json::error_handler_t::replace);
+    return dump(comparison_json(compare_word(word, sentences, c.args, embeddings_, *c.layer)));
   } catch (const Error& err) {
     throw BadRequest(for_client(err.what(), args_.embeddings));
   }

@@ -34,15 +34,18 @@ class ServeApi {
   // throws qkv::Error as `qkv explain` would.
   explicit ServeApi(SentenceArgs args);
 
-  // GET /api/config: the layers to choose from, the limits and the vocabulary's name and size.
+  // GET /api/config: the layers to choose from, the limits, the vocabulary's name and size, and
+  // oov: --oov's setting ("error", "zero" or "skip"), what became of an answer's missing words.
   std::string config_json() const;
   // POST /api/explain {sentence, layer: "default" | "parameter-free" | "random", seed, scaled,
-  // positions, causal}: {options, layer, explanation} where explanation is `qkv explain --json`'s
-  // object without the weight matrices (w_q, w_k, w_v, w_o, x: the page never shows them).
+  // positions, causal}: {options, layer, missing, explanation} where explanation is `qkv explain
+  // --json`'s object without the weight matrices (w_q, w_k, w_v, w_o, x: the page never shows them)
+  // and missing lists the sentence's words not in the vocabulary, in order, repeats included
+  // (given zero vectors or skipped as oov says; always empty for "error", which refuses them).
   // Throws BadRequest for a malformed body or a refused sentence (its message is the CLI's).
   std::string explain_json(const std::string& body) const;
   // POST /api/compare {word, sentences: [a, b], layer, seed, positions}: `qkv compare --json`'s
-  // object.
+  // object, each of its sentences with its missing words as in explain_json.
   std::string compare_json(const std::string& body) const;
 
  private:
