@@ -15,6 +15,18 @@ def _dropout_seed():
     return int(torch.empty((), dtype=torch.int64).random_())
 
 
+def _autocast(*tensors):
+    """The tensors as CPU autocast hands them to an operator on its lower-precision list, as PyTorch
+    lists scaled_dot_product_attention: inside torch.autocast("cpu"), floating tensors other than
+    float64 in autocast's dtype (bfloat16), so float32 projections, bfloat16 activations and a float32
+    rotary table meet in one dtype; outside it, unchanged. The casts are differentiable."""
+    if not torch.is_autocast_cpu_enabled():
+        return tensors
+    dtype = torch.get_autocast_cpu_dtype()
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
+
+
 def _raising(value_error, type_error):
     """Re-raises the ValueError or TypeError of the decorated function as value_error / type_error
     (same message and traceback): the checks stay plain ValueError / TypeError in one place."""

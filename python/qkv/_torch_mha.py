@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from . import _qkv
 # qkv.torch's attention and its exception classes (torch.py imports this module after defining
 # them), and the checks every front end shares.
-from ._torch_checks import _check_inputs, _check_tensor, _raising
+from ._torch_checks import _autocast, _check_inputs, _check_tensor, _raising
 from .torch import (MhaTypeError, MhaValueError, _attention, _dropped, _extras, _Layout, _mask_numpy, _numpy)
 
 
@@ -160,9 +160,12 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                  is_causal):
         _check_parameters(self)
+        # Under autocast the inputs meet in its dtype, and the projections (F.linear, on autocast's
+        # list) cast the module's weights to it, as in torch.nn.MultiheadAttention.
+        query, key, value = _autocast(query, key, value)
         _check_inputs(query, key, value)
         weight = self.in_proj_weight if self._qkv_same_embed_dim else self.q_proj_weight
-        if query.dtype != weight.dtype:
+        if query.dtype != weight.dtype and not torch.is_autocast_cpu_enabled():
             raise TypeError(f"query: dtype {query.dtype} is not the module's ({weight.dtype}); convert one of them "
                             f"(module.to({query.dtype}) or query.to({weight.dtype}))")
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
@@ -196,8 +199,8 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         q, k, v = self._project(query, key, value)
         if self.bias_k is not None:
             shape = (1, N, self.embed_dim) if sd == 0 else (N, 1, self.embed_dim)
-            k = torch.cat([k, self.bias_k.reshape(1, 1, -1).expand(shape)], dim=sd)
-            v = torch.cat([v, self.bias_v.reshape(1, 1, -1).expand(shape)], dim=sd)
+            k = torch.cat([k, self.bias_k.to(k.dtype).reshape(1, 1, -1).expand(shape)], dim=sd)
+            v = torch.cat([v, self.bias_v.to(v.dtype).reshape(1, 1, -1).expand(shape)], dim=sd)
         heads = lambda t: t.unflatten(-1, (self.num_heads, self.head_dim)).permute(bd, 2, sd, 3)  # noqa: E731
         q, k, v = heads(q), heads(k), heads(v)  # [N, H, L|S, Dh] views
         if self.add_zero_attn:

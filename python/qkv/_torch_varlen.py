@@ -9,7 +9,7 @@ from .attention import _mask_dict
 # qkv.torch's own rules: the checks of q, k, v and tensor arguments and what its autograd functions
 # share (from the leaf module), the seed of every call and its exception classes (torch.py imports
 # this module last, so they are defined by then).
-from ._torch_checks import _check_inputs, _first_order_only, _raising, _refuse_lse_gradient, _scalar
+from ._torch_checks import _autocast, _check_inputs, _first_order_only, _raising, _refuse_lse_gradient, _scalar
 from .torch import SdpaTypeError, SdpaValueError, _extras
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -83,7 +83,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     max_seqlen_* are accepted for compatibility and checked when given; deterministic is always true
     (the same bits for any thread count). return_lse=True also returns lse [H, total_q] (float32);
     qkv computes no gradient for it: a loss term on lse raises RuntimeError in backward (use
-    lse.detach()), as does differentiating the gradients (create_graph=True). return_attn_probs is not supported: the
+    lse.detach()), as does differentiating the gradients (create_graph=True). Inside
+    torch.autocast("cpu"), float32 and float16 inputs are cast to autocast's dtype first, as
+    scaled_dot_product_attention's are. return_attn_probs is not supported: the
     dropout mask of sequence s is qkv.dropout_mask's for batch row s (see the error it raises).
 
     Raises SdpaTypeError / SdpaValueError (TypeError / ValueError and RuntimeError) naming the
@@ -93,6 +95,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     return_lse=True) whose cu_seqlens are graph inputs when given as tensors, and torch.jit.script
     compiles it to that operator.
     """
+    q, k, v = _autocast(q, k, v)
     if torch.jit.is_tracing():
         from ._torch_ops import traced_varlen
         return traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,

@@ -52,8 +52,8 @@ import torch
 
 from . import _qkv
 from .attention import _constant_along_keys, dropout_mask
-from ._torch_checks import (_check_mask, _check_qkv, _dropout_seed, _first_order_only, _raising, _refuse_lse_gradient,
-                            _scalar, _vector_arg)
+from ._torch_checks import (_autocast, _check_mask, _check_qkv, _dropout_seed, _first_order_only, _raising,
+                            _refuse_lse_gradient, _scalar, _vector_arg)
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention", "SdpaValueError", "SdpaTypeError", "MhaValueError",
            "MhaTypeError", "ring_attention", "shard", "unshard", "shard_ranges"]
@@ -308,7 +308,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Inputs: CPU tensors of one dtype, float32 (qkv's fused kernel), bfloat16 (qkv's bf16 kernel,
     fp32 accumulation; the backward widens to float32, a copy), float16 (widened to float32, a
     copy, for the fp32 kernel forward and backward; results rounded to float16 once) or float64
-    (qkv's float64 reference). Read in place, any strides (see the module docstring for the few
+    (qkv's float64 reference). Inside torch.autocast("cpu"), float32 and float16 inputs are cast to
+    autocast's dtype first, as PyTorch's function is. Read in place, any strides (see the module docstring for the few
     copies).
 
     qkv extras (keyword-only; heads = dim -3 for rank >= 4 or rank 3 with enable_gqa, else 1;
@@ -342,6 +343,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     compiles it to that operator (docs/torch.md); return_lse=True is traced as the operator's
     overload qkv::scaled_dot_product_attention.lse.
     """
+    query, key, value = _autocast(query, key, value)
     if torch.jit.is_tracing():
         return _ops.traced_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
                                 alibi_slopes, softcap, key_lengths, query_lengths, causal_align, return_lse,
