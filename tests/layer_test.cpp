@@ -2,6 +2,7 @@
 // bad-input behaviour (save/load: layer_io_test.cpp).
 #include "qkv/layer.h"
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -172,6 +173,31 @@ TEST(Layer, RefusesBadConfigsAndShapes) {
   expect_error([&] { layer.forward(x4.cview()); }, "x must be [N, E] or [B, N, E]");
   expect_error([&] { layer.forward(good.cview(), kv.cview()); }, "x has batch 2 but kv has batch 3");
   expect_error([&] { layer.forward(good.cview(), kv2.cview()); }, "kv must have the same rank as x");
+}
+
+// The weights are public members: one assigned another shape (w_q as PyTorch's [H·D, E]) was read
+// past its end by the products, and save() wrote a file load() refused. Views with a shape but no
+// data were read at address 0.
+TEST(Layer, RefusesWeightsOfAnotherShapeAndInputsWithoutData) {
+  MultiHeadAttention layer(LayerConfig{.embed_dim = 4, .num_heads = 2, .head_dim = 4});
+  Tensor<float> x({3, 4});
+  LayerCache cache;
+  layer.forward(x.cview(), {}, {}, &cache);
+  Tensor<float> dy({3, 4});
+  layer.w_q = Tensor<float>({8, 4});
+  expect_error([&] { layer.forward(x.cview()); },
+               "layer: forward: w_q has shape [8, 4] but the layer's config needs [4, 8] (a weight assigned another");
+  expect_error([&] { layer.backward(cache, dy.cview(), {}, nullptr); }, "layer backward: w_q has shape [8, 4]");
+  expect_error([&] { layer.save("/nonexistent/never-written.safetensors"); }, "not saved: w_q has shape [8, 4]");
+  layer.w_q = Tensor<float>({4, 8});
+  layer.b_q = Tensor<float>({8});
+  expect_error([&] { layer.forward(x.cview()); }, "b_q has shape [8] but the layer's config needs none");
+  layer.b_q = Tensor<float>();
+  const std::array<int64_t, 2> shape{3, 4};
+  expect_error([&] { layer.forward(TensorView<const float>(nullptr, shape)); },
+               "layer: x: a null data pointer for shape [3, 4]");
+  expect_error([&] { layer.backward(cache, TensorView<const float>(nullptr, shape), {}, nullptr); },
+               "layer backward: dy: a null data pointer for shape [3, 4]");
 }
 
 }  // namespace

@@ -171,5 +171,17 @@ TEST(Optim, RefusesAStepPastFloat32sRange) {
   }
 }
 
+TEST(Optim, RefusesAParameterReplacedByAnotherShape) {
+  // Its moments keep the shape they were made with: the step ran past the new, smaller tensor.
+  Tensor<float> p = vec({1.0f, 2.0f, 3.0f});
+  Optimizer opt(OptimizerConfig{.kind = OptimizerKind::adamw}, {{"w", &p}});
+  p = vec({1.0f});
+  TensorMap grads;
+  grads["w"] = vec({0.5f});
+  test::expect_error([&] { opt.step(grads, 1e-3); },
+                     {"optimizer step: parameter w has shape [1] but had [3] when the optimizer was made"});
+  EXPECT_EQ(p[0], 1.0f);
+}
+
 }  // namespace
 }  // namespace qkv

@@ -81,8 +81,6 @@ void fill_uniform(Tensor<float>& t, double bound, std::mt19937_64& rng) {
   }
 }
 
-Tensor<float> matrix(int64_t rows, int64_t cols, const char* name) { return Tensor<float>({rows, cols}, name); }
-
 // y[r, :] += b for every row of y [rows, n].
 void add_bias(float* y, int64_t rows, const Tensor<float>& b) {
   if (b.numel() == 0) return;
@@ -100,20 +98,45 @@ void project(float* out, const float* in, int64_t rows, const Tensor<float>& w, 
 
 }  // namespace
 
+namespace detail {
+
+std::array<ParameterShape, 8> parameter_shapes(const LayerConfig& c) {
+  const int64_t E = c.embed_dim, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim;
+  const bool w = !c.parameter_free, o = w && c.output_projection, b = w && c.bias;
+  auto shape = [](bool has, std::vector<int64_t> s) { return has ? s : std::vector<int64_t>{}; };
+  return {{{"w_q", shape(w, {E, H * D})},
+           {"w_k", shape(w, {E, Hkv * D})},
+           {"w_v", shape(w, {E, Hkv * Dv})},
+           {"w_o", shape(o, {H * Dv, E})},
+           {"b_q", shape(b, {H * D})},
+           {"b_k", shape(b, {Hkv * D})},
+           {"b_v", shape(b, {Hkv * Dv})},
+           {"b_o", shape(o && b, {E})}}};
+}
+
+void check_parameter_shapes(const MultiHeadAttention& layer, std::string_view what) {
+  const std::array<const Tensor<float>*, 8> members{&layer.w_q, &layer.w_k, &layer.w_v, &layer.w_o,
+                                                    &layer.b_q, &layer.b_k, &layer.b_v, &layer.b_o};
+  const auto shapes = parameter_shapes(layer.config());
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const auto have = members[i]->shape();
+    if (!std::equal(have.begin(), have.end(), shapes[i].shape.begin(), shapes[i].shape.end()))
+      throw Error(fmt::format("{}: {} has shape {} but the layer's config needs {} (a weight assigned another shape)",
+                              what, shapes[i].name, shape_string(have),
+                              shapes[i].shape.empty() ? "none" : shape_string(shapes[i].shape)));
+  }
+}
+
+}  // namespace detail
+
 MultiHeadAttention::MultiHeadAttention(const LayerConfig& config) : config_(resolve(config)) {
   if (config_.parameter_free) return;
   const LayerConfig& c = config_;
-  const int64_t E = c.embed_dim, H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim;
-  w_q = matrix(E, H * D, "w_q");
-  w_k = matrix(E, Hkv * D, "w_k");
-  w_v = matrix(E, Hkv * Dv, "w_v");
-  if (c.output_projection) w_o = matrix(H * Dv, E, "w_o");
-  if (c.bias) {
-    b_q = Tensor<float>({H * D}, "b_q");
-    b_k = Tensor<float>({Hkv * D}, "b_k");
-    b_v = Tensor<float>({Hkv * Dv}, "b_v");
-    if (c.output_projection) b_o = Tensor<float>({E}, "b_o");
-  }
+  const int64_t E = c.embed_dim, H = c.num_heads, Dv = c.value_dim;
+  const std::array<Tensor<float>*, 8> members{&w_q, &w_k, &w_v, &w_o, &b_q, &b_k, &b_v, &b_o};
+  const auto shapes = detail::parameter_shapes(c);
+  for (std::size_t i = 0; i < members.size(); ++i)
+    if (!shapes[i].shape.empty()) *members[i] = Tensor<float>(shapes[i].shape, shapes[i].name);
   std::mt19937_64 rng(c.seed);
   const double in_bound = 1.0 / std::sqrt(static_cast<double>(E));
   fill_uniform(w_q, in_bound, rng);
@@ -157,6 +180,7 @@ Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<
 Tensor<float> MultiHeadAttention::forward(TensorView<const float> x, TensorView<const float> kv,
                                           const AttentionOptions& options, LayerCache* cache) const {
   const detail::LayerDims d = detail::check_layer_inputs(config_, x, kv);
+  detail::check_parameter_shapes(*this, "layer: forward");
   // Filled here and moved into *cache at the end. The old contents lend their buffers and stay
   // alive until then: x or kv may be views of them (forward again on cache.x), so a buffer they
   // overlap is not written before both are copied.

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/blas.h"
+#include "attention/output_checks.h"
 #include "layer/layer_shapes.h"
 #include "qkv/backward.h"
 #include "qkv/layer.h"
@@ -80,6 +81,8 @@ void MultiHeadAttention::backward(const LayerCache& c, TensorView<const float> d
     throw Error(fmt::format("layer backward: dy has shape {} but the forward's output is {}", shape_string(dy.shape()),
                             shape_string(want)));
   const int64_t rows = B * N, kv_rows = B * M;
+  detail::require_data(dy, "layer backward: dy");
+  detail::check_parameter_shapes(*this, "layer backward");
   // dy is copied first: it may be a view of an output written below (dx, a gradient).
   c.backward_dy = detail::contiguous_rows(dy, B, N, out_dim, "dy", std::move(c.backward_dy));
   const float* dy_rows = c.backward_dy.data();  // y = x + ... (residual): dx gets dy too

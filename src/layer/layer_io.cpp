@@ -14,6 +14,7 @@
 
 #include "io/mapped_file.h"
 #include "io/strict_json.h"
+#include "layer/layer_shapes.h"
 #include "qkv/io.h"
 #include "qkv/layer.h"
 
@@ -173,6 +174,7 @@ void save_directory(const MultiHeadAttention& layer, const std::string& dir,
 }  // namespace
 
 void MultiHeadAttention::save(const std::string& path) const {
+  detail::check_parameter_shapes(*this, fmt::format("{}: not saved", path));
   for (const auto& [name, t] : parameters())
     for (int64_t i = 0; i < t->numel(); ++i)
       if (!std::isfinite((*t)[i]))

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
+
 namespace qkv::detail {
 
 LayerDims check_layer_inputs(const LayerConfig& config, TensorView<const float> x, TensorView<const float> kv) {
   const int64_t E = config.embed_dim;
+  require_data(x, "layer: x");
+  require_data(kv, "layer: kv");
   if (x.rank() != 2 && x.rank() != 3)
     throw Error(
         fmt::format("layer: x must be [N, E] or [B, N, E] with E = {}, got shape {}", E, shape_string(x.shape())));

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <string_view>
+#include <vector>
 
 #include "qkv/layer.h"
 
@@ -14,6 +16,19 @@ struct LayerDims {
   int64_t B = 0, N = 0, M = 0;
   bool batched = false, cross = false;
 };
+
+// The shape each parameter (w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, in that order) has under a
+// resolved config; empty for one the config has none of. The one rule for the constructor and the
+// checks below.
+struct ParameterShape {
+  const char* name;
+  std::vector<int64_t> shape;
+};
+std::array<ParameterShape, 8> parameter_shapes(const LayerConfig& c);
+
+// Throws qkv::Error "<what>: w_q has shape ... but the layer's config needs ..." for a parameter
+// (a public member) assigned another shape: the products would read past it.
+void check_parameter_shapes(const MultiHeadAttention& layer, std::string_view what);
 
 // Checks x [N, E] or [B, N, E] and kv (empty, or [M, E] / [B, M, E] matching x's rank and B)
 // against the config; throws qkv::Error naming the input.

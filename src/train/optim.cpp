@@ -48,6 +48,16 @@ void Optimizer::step(const TensorMap& grads, double lr) {
   if (!std::isfinite(lr * config_.weight_decay))
     throw Error(
         fmt::format("optimizer: learning rate {} times weight decay {} is not finite", lr, config_.weight_decay));
+  // The moments were sized from the parameters at construction: one replaced since by a tensor of
+  // another shape (a layer assigned a new config) would be stepped past its end.
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    const auto have = params_[k].second->shape(), had = first_[k].shape();
+    if (!std::equal(have.begin(), have.end(), had.begin(), had.end()))
+      throw Error(
+          fmt::format("optimizer step: parameter {} has shape {} but had {} when the optimizer was made; "
+                      "make a new optimizer for the new parameters",
+                      params_[k].first, shape_string(have), shape_string(had)));
+  }
   std::vector<const Tensor<float>*> g_of;
   for (const auto& [name, p] : params_) g_of.push_back(&find_same_shape(grads, name, *p, "optimizer step: gradients"));
   // A non-finite gradient (training diverged, or bad input) would turn every weight it touches
