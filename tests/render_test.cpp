@@ -2,6 +2,9 @@
 // cells hold the weights), row-wise top-k against dense float64 weights, and refusals.
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <initializer_list>
+#include <utility>
 #include <regex>
 #include <string>
 #include <vector>
@@ -201,6 +204,15 @@ TEST(Render, SvgCleansInvalidUtf8AndControlCharacters) {
   e.tokens = {"bad\xFF", "tab\x01", "cut\xE2\x80"};
   const std::string svg = render_heatmap_svg(e);
   EXPECT_EQ(xml_problem(svg), "");
+  // Bytes whose pattern looks right but which XML refuses: a surrogate, an overlong form, a code
+  // point past U+10FFFF, U+FFFF (copied through by a check of the patterns alone).
+  Explanation patterned = e;
+  patterned.tokens = {"s\xED\xA0\x80", "o\xE0\x80\x80", "p\xF5\x80\x80\x80"};
+  const std::string svg2 = render_heatmap_svg(patterned);
+  EXPECT_EQ(xml_problem(svg2), "");
+  EXPECT_EQ(svg2.find("\xED\xA0\x80"), std::string::npos);
+  patterned.tokens = {"f\xEF\xBF\xBF", "a", "b"};
+  EXPECT_EQ(render_heatmap_svg(patterned).find("\xEF\xBF\xBF"), std::string::npos);
   EXPECT_EQ(svg.find('\x01'), std::string::npos);
   EXPECT_EQ(svg.find("bad\xFF"), std::string::npos);
   EXPECT_NE(svg.find("bad\xEF\xBF\xBD"), std::string::npos);
@@ -232,6 +244,35 @@ TEST(Render, RefusesWhatItCannotDraw) {
   } catch (const Error& err) {
     EXPECT_STREQ(err.what(), "html: nothing to show: no tokens");
   }
+}
+
+TEST(Render, RefusesExplanationsWhoseCountsDisagree) {
+  // An Explanation is a struct a caller fills: counts that disagree were divided by (SIGFPE) or
+  // indexed past (SIGSEGV) by the text, the page and the picture.
+  test::Rng rng("Render.RefusesExplanationsWhoseCountsDisagree");
+  const Explanation good = random_explanation(rng, 3, 4, 2);
+  auto refused = [&](auto change, const std::string& why) {
+    Explanation e = good;
+    change(e);
+    for (const auto& [render, what] : std::initializer_list<std::pair<std::function<void()>, std::string>>{
+             {[&] { explanation_to_text(e); }, "explanation_to_text"},
+             {[&] { render_explanation_html(e); }, "html"},
+             {[&] { render_heatmap_svg(e); }, "svg"}})
+      try {
+        render();
+        ADD_FAILURE() << what << " drew it: " << why;
+      } catch (const Error& err) {
+        EXPECT_EQ(std::string(err.what()), what + ": " + why);
+      }
+  };
+  refused([](Explanation& e) { e.heads.resize(1); },
+          "1 heads with num_heads = 4 and num_kv_heads = 2 (a positive "
+          "divisor of it)");
+  refused([](Explanation& e) { e.num_kv_heads = 0; },
+          "4 heads with num_heads = 4 and num_kv_heads = 0 (a positive "
+          "divisor of it)");
+  refused([](Explanation& e) { e.tokens.pop_back(); }, "x is [3, 5] for 2 tokens");
+  refused([](Explanation& e) { e.heads[1].k.data.pop_back(); }, "head 2: k is [3, 3] but holds 8 values");
 }
 
 // q [H, N, D], k [Hkv, M, D] as the float64 matrices explain_qkv takes (head h, key head hk).

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "explain/explanation_checks.h"
 #include "explain/matrix_json.h"
 #include "qkv/explain.h"
 
@@ -173,7 +174,44 @@ void seed000_head(std::string& out, const Explanation& e, const HeadSteps& h, in
 
 }  // namespace
 
+void detail::check_explanation(const Explanation& e, std::string_view what) {
+  const int64_t n = static_cast<int64_t>(e.tokens.size());
+  auto fail = [&](const std::string& why) { throw Error(fmt::format("{}: {}", what, why)); };
+  auto matrix = [&](const Matrix& m, const std::string& name, bool per_token, bool square) {
+    if (m.rows < 0 || m.cols < 0 ||
+        m.data.size() != static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols))
+      fail(fmt::format("{} is [{}, {}] but holds {} values", name, m.rows, m.cols, m.data.size()));
+    if (m.empty()) return;
+    if ((per_token && m.rows != n) || (square && m.cols != n))
+      fail(fmt::format("{} is [{}, {}] for {} tokens", name, m.rows, m.cols, n));
+  };
+  for (const auto& [m, name] : {std::pair{&e.w_q, "w_q"},
+                                {&e.w_k, "w_k"},
+                                {&e.w_v, "w_v"},
+                                {&e.b_q, "b_q"},
+                                {&e.b_k, "b_k"},
+                                {&e.b_v, "b_v"},
+                                {&e.w_o, "w_o"},
+                                {&e.b_o, "b_o"}})
+    matrix(*m, name, false, false);
+  for (const auto& [m, name] : {std::pair{&e.x, "x"}, {&e.concat, "concat"}, {&e.output, "output"}})
+    matrix(*m, name, true, false);
+  if (e.num_heads != static_cast<int64_t>(e.heads.size()) || e.num_kv_heads < 1 || e.num_heads % e.num_kv_heads != 0)
+    fail(fmt::format("{} heads with num_heads = {} and num_kv_heads = {} (a positive divisor of it)", e.heads.size(),
+                     e.num_heads, e.num_kv_heads));
+  for (std::size_t h = 0; h < e.heads.size(); ++h) {
+    const HeadSteps& s = e.heads[h];
+    const std::string head = fmt::format("head {}: ", h + 1);
+    for (const auto& [m, name] : {std::pair{&s.q, "q"}, {&s.k, "k"}, {&s.v, "v"}, {&s.context, "context"}})
+      matrix(*m, head + name, true, false);
+    for (const auto& [m, name] :
+         {std::pair{&s.scores, "scores"}, {&s.scaled_scores, "scaled_scores"}, {&s.weights, "weights"}})
+      matrix(*m, head + name, true, true);
+  }
+}
+
 std::string explanation_to_text(const Explanation& e, int precision) {
+  detail::check_explanation(e, "explanation_to_text");
   precision = std::clamp(precision, 1, 17);
   std::string out;
   if (!e.title.empty()) out += e.title + "\n";

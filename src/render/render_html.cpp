@@ -6,6 +6,7 @@
 
 #include "qkv/error.h"
 #include "qkv/render.h"
+#include "explain/explanation_checks.h"
 #include "render/render_util.h"
 
 namespace qkv {
@@ -117,8 +118,9 @@ void check_explanation(const Explanation& e) {
     throw Error(
         fmt::format("html: {} tokens is more than the {} a heatmap shows; use the top-k page", n, kMaxHeatmapTokens));
   if (e.heads.empty()) throw Error("html: the explanation has no heads");
+  detail::check_explanation(e, "html");
   for (const HeadSteps& h : e.heads)
-    if (h.weights.rows != n || h.weights.cols != n || h.v.rows != n || h.context.rows != n)
+    if (h.weights.rows != n || h.v.rows != n || h.context.rows != n)
       throw Error(fmt::format("html: a head's weights are [{}, {}] for {} tokens", h.weights.rows, h.weights.cols, n));
 }
 

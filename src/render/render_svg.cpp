@@ -6,8 +6,10 @@
 
 #include <fmt/format.h>
 
+#include "explain/explanation_checks.h"
 #include "qkv/error.h"
 #include "qkv/render.h"
+#include "qkv/utf8.h"
 #include "render/render_util.h"
 
 namespace qkv {
@@ -15,24 +17,23 @@ namespace {
 
 constexpr std::size_t kLabelChars = 16;  // longer tokens are cut with an ellipsis on the axes
 
-// Valid XML text: invalid UTF-8 and control characters (not allowed in XML 1.0) become U+FFFD,
+// Valid XML text: invalid UTF-8 (by the full rule: surrogates, overlong forms and code points past
+// U+10FFFF too), control characters and U+FFFE / U+FFFF (none allowed in XML 1.0) become U+FFFD,
 // then markup characters are escaped. At most `max_chars` code points are kept.
 std::string xml_text(std::string_view s, std::size_t max_chars = SIZE_MAX) {
+  const std::string valid = repair_utf8(s, InvalidUtf8::replace);
   std::string clean;
   std::size_t chars = 0, i = 0;
-  while (i < s.size() && chars < max_chars) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size() && c >= 0x20 && c != 0x7F && c != 0xC0 && c != 0xC1;
-    for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok)
-      clean.append(s.substr(i, len));
-    else
-      clean += "\xEF\xBF\xBD";
-    i += ok ? len : 1;
+  while (i < valid.size() && chars < max_chars) {
+    const auto c = static_cast<unsigned char>(valid[i]);
+    const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;  // valid UTF-8 from here
+    const std::string_view ch = std::string_view(valid).substr(i, len);
+    const bool refused = (len == 1 && (c < 0x20 || c == 0x7F)) || ch == "\xEF\xBF\xBE" || ch == "\xEF\xBF\xBF";
+    clean += refused ? std::string_view("\xEF\xBF\xBD") : ch;
+    i += len;
     ++chars;
   }
-  if (i < s.size()) clean += "\xE2\x80\xA6";
+  if (i < valid.size()) clean += "\xE2\x80\xA6";
   return html_escape(clean);
 }
 
@@ -174,6 +175,7 @@ std::string render_heatmap_svg(const Explanation& e, const SvgOptions& options) 
   const auto n = static_cast<int64_t>(e.tokens.size());
   const auto heads = static_cast<int64_t>(e.heads.size());
   if (n == 0 || heads == 0) throw Error("svg: nothing to draw: no tokens or no heads");
+  detail::check_explanation(e, "svg");
   if (n > kMaxHeatmapTokens)
     throw Error(fmt::format("svg: {} tokens is more than the {} a heatmap shows", n, kMaxHeatmapTokens));
   if (options.head < -1 || options.head >= heads)
