@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 #include <filesystem>
@@ -101,6 +102,16 @@ TEST_F(CheckpointTest, FailedWriteLeavesNothingBehind) {
   EXPECT_FALSE(fs::exists(f));
   expect_error([&] { save_checkpoint(path("dup"), {{"w", w.cview()}, {"w", w.cview()}}, {}); }, "appears twice");
   expect_error([&] { load_checkpoint(path("nope")); }, "checkpoint " + path("nope") + " is unreadable");
+  // A save refused for its contents keeps the previous checkpoint too: it was replaced by the
+  // current one first. A view without data was read for the checksum (SIGSEGV) before the check.
+  const std::string g = path("kept.safetensors");
+  save_checkpoint(g, {{"w", w.cview()}}, {{"step", "1"}});
+  save_checkpoint(g, {{"w", w.cview()}}, {{"step", "2"}});
+  expect_error([&] { save_checkpoint(g, {{"w", w.cview()}}, {{"step", "\xff"}}); }, "not valid UTF-8");
+  const std::array<int64_t, 1> four{4};
+  expect_error([&] { save_checkpoint(g, {{"w", TensorView<const float>(nullptr, four)}}, {}); }, "has no data");
+  EXPECT_EQ(load_checkpoint(g).metadata.at("step"), "2");
+  EXPECT_EQ(load_checkpoint(g + ".prev").metadata.at("step"), "1");
 }
 
 // A run killed after keeping the previous checkpoint but before writing the new one leaves

@@ -1,4 +1,6 @@
 // .npy: round trips, files written by numpy itself, and every malformed file the reader refuses.
+#include <array>
+#include <filesystem>
 #include <cstring>
 #include <tuple>
 
@@ -6,6 +8,7 @@
 
 #include "io_test_util.h"
 #include "qkv/io.h"
+#include "qkv/out_of_memory.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -289,6 +292,15 @@ TEST(Npy, MissingFileDirectoryAndUnrepresentableValues) {
                            std::string(reinterpret_cast<const char*>(big.data()), 8)));
   expect_error([&] { load_npy<float>(path); }, {"overflows float32"});
   EXPECT_EQ(load_npy<double>(path)[0], 1e300);
+  // Writers: a negative dimension wrote a header no reader takes (or threw std::length_error), a
+  // broadcast view of 2^40 elements std::bad_alloc.
+  float x = 1;
+  const std::array<int64_t, 2> negative{-1, 3};
+  expect_error([&] { save_npy<float>(dir.file("n.npy"), TensorView<const float>(&x, negative)); },
+               {"negative dimension in shape [-1, 3]"});
+  const std::array<int64_t, 1> huge{int64_t{1} << 40}, zero{0};
+  EXPECT_THROW(npy_bytes<float>(TensorView<const float>(&x, huge, zero)), OutOfMemory);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("n.npy")));
 }
 
 // '=' (native, little-endian here) and '|' / '<' on one-byte types are the same data to the reader.

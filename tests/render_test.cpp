@@ -367,6 +367,9 @@ TEST(Render, TopKRefusesBadArguments) {
             "attention rows: head 2 row 0 is outside H = 2, N = 3");
   EXPECT_EQ(message([&] { attention_top_k(q.cview(), k.cview(), 2, {}, q.cview()); }),
             "top-k: lse must be [H, N] = [2, 3], got [2, 3, 4]");
+  // Head 1 of a view without data: its address is not null, and was read.
+  EXPECT_EQ(message([&] { attention_row(TensorView<const float>(nullptr, q.shape()), k.cview(), 1, 0); }),
+            "attention rows: q: a null data pointer for shape [2, 3, 4]");
 }
 
 TEST(Render, TopKAndComparisonPagesEscapeAndCheckSizes) {

@@ -2,12 +2,14 @@
 // json, F32/F64/F16/BF16), and every malformed file the reader refuses.
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "io_test_util.h"
 #include "qkv/io.h"
+#include "qkv/out_of_memory.h"
 #include "test_util.h"
 
 namespace qkv {
@@ -247,6 +249,21 @@ TEST(Safetensors, BadSaveRequestsAreRefusedAndWriteNothing) {
   expect_error([&] { save_safetensors(path, {{"a", a.cview()}, {"a", a.cview()}}); }, {"\"a\" is given twice"});
   expect_error([&] { save_safetensors(path, {{"__metadata__", a.cview()}}); }, {"not a tensor name"});
   expect_error([&] { save_safetensors(path, {{"bad\xff", a.cview()}}); }, {"not valid UTF-8"});
+  // A negative dimension was written as "shape": [-1, 3] (offsets near 2^64), which no reader
+  // takes; a broadcast view of 2^40 elements threw std::bad_alloc.
+  const std::array<int64_t, 2> negative{-1, 3};
+  expect_error(
+      [&] {
+        save_safetensors(path, {{"n", TensorView<const float>(a.data(), negative)}});
+      },
+      {"tensor \"n\": negative dimension in shape [-1, 3]"});
+  const std::array<int64_t, 1> huge{int64_t{1} << 40}, zero{0};
+  try {
+    save_safetensors(path, {{"b", TensorView<const float>(a.data(), huge, zero)}});
+    ADD_FAILURE() << "a view of 2^40 elements written";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot allocate"), std::string::npos) << e.what();
+  }
   EXPECT_TRUE(dir.entries().empty());
 }
 

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
 #include "attention/top_k.h"
 #include "qkv/attention_options.h"
 #include "qkv/error.h"
@@ -25,6 +26,9 @@ TensorView<const float> batch_of_one(TensorView<const float> t) {
 }
 
 void check_rows(TensorView<const float> q, TensorView<const float> k) {
+  // Before any element's address is taken: &q(head, 0, 0) of a null view is not null for head > 0.
+  detail::require_data(q, "attention rows: q");
+  detail::require_data(k, "attention rows: k");
   if (q.rank() != 3 || k.rank() != 3)
     throw Error(fmt::format("attention rows: q must be [H, N, D] and k [Hkv, M, D], got {} and {}",
                             shape_string(q.shape()), shape_string(k.shape())));

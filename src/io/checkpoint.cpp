@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "io/atomic_replace.h"
+#include "io/safetensors_bytes.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/output_file.h"
@@ -90,12 +91,16 @@ void save_checkpoint(const std::string& path, const std::vector<NamedView>& tens
   std::set<std::string> names;
   for (const auto& [name, view] : tensors)
     if (!names.insert(name).second) throw Error(fmt::format("checkpoint {}: tensor name {} appears twice", path, name));
+  // Every refusal comes before the previous checkpoint is replaced by the current one: the bytes
+  // first (names, metadata, shapes, data), then the checksum over them.
+  detail::check_safetensors(path, tensors, metadata);
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = checksum(tensors, metadata);
+  const std::string bytes = detail::safetensors_bytes(path, tensors, meta);
   // The previous checkpoint is kept beside the file a symlink points to; a device keeps none.
   const OutputTarget target = resolve_output(path);
   if (target.kind == OutputKind::file) keep_previous(target.resolved);
-  save_safetensors(path, tensors, meta);
+  write_output(path, target, bytes);
 }
 
 Checkpoint load_checkpoint(const std::string& path) {

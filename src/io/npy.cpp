@@ -12,6 +12,7 @@
 #include "qkv/error.h"
 #include "qkv/atomic_file.h"
 #include "qkv/npy.h"
+#include "qkv/out_of_memory.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -167,9 +168,16 @@ std::string npy_header_bytes(std::string_view descr, std::span<const int64_t> di
 
 template <class T>
 std::string npy_bytes(TensorView<const T> t) {
-  if (t.numel() > 0 && t.data() == nullptr) throw Error("npy_bytes: the view has no data");
+  // A negative dimension wrote a header no reader takes ("shape": (-1, 3)), or failed in reserve.
+  const int64_t n = checked_numel(t.shape(), sizeof(T), "npy_bytes: the view");
+  if (n > 0 && t.data() == nullptr) throw Error("npy_bytes: the view has no data");
   std::string out = detail::npy_header_bytes(descr_of<T>(), t.shape());
-  out.reserve(out.size() + static_cast<std::size_t>(t.numel()) * sizeof(T));
+  const uint64_t bytes = out.size() + static_cast<uint64_t>(n) * sizeof(T);
+  try {
+    out.reserve(bytes);
+  } catch (const std::exception&) {  // a broadcast view of 2^40 elements is a valid view
+    throw OutOfMemory("npy_bytes", bytes);
+  }
   if (t.numel() == 0) return out;
   TensorView<const T> s = t.as_rank4();
   for (int64_t a = 0; a < s.dim(0); ++a)

@@ -9,8 +9,10 @@
 
 #include "core/half.h"
 #include "io/mapped_file.h"
+#include "io/safetensors_bytes.h"
 #include "io/strict_json.h"
 #include "qkv/error.h"
+#include "qkv/out_of_memory.h"
 #include "qkv/atomic_file.h"
 #include "qkv/safetensors.h"
 #include "qkv/tensor.h"
@@ -246,48 +248,81 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   return out;
 }
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// A file's header (padded) and its tensors in name order: everything a writer refuses, refused.
+struct Header {
+  std::string text;
   std::map<std::string, TensorView<const float>> sorted;
+  uint64_t data_bytes = 0;
+};
+
+Header build_header(const std::string& path,
+                    const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+                    const std::map<std::string, std::string>& metadata) {
+  Header h;
   for (const auto& [name, view] : tensors) {
     if (name == "__metadata__")
       throw Error(fmt::format("cannot write {}: \"__metadata__\" is not a tensor name", path));
+    // A negative dimension wrote "shape": [-1, 3] and offsets near 2^64, which no reader takes.
+    checked_numel(view.shape(), sizeof(float), fmt::format("cannot write {}: tensor {}", path, detail::quoted(name)));
     if (view.numel() > 0 && view.data() == nullptr)
       throw Error(fmt::format("cannot write {}: tensor {} has no data", path, detail::quoted(name)));
-    if (!sorted.emplace(name, view).second)
+    if (!h.sorted.emplace(name, view).second)
       throw Error(fmt::format("cannot write {}: the tensor name {} is given twice", path, detail::quoted(name)));
   }
   json header = json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, view] : sorted) {
+  for (const auto& [name, view] : h.sorted) {
     uint64_t bytes = static_cast<uint64_t>(view.numel()) * sizeof(float);
     header[name] = {{"dtype", "F32"},
                     {"shape", std::vector<int64_t>(view.shape().begin(), view.shape().end())},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+                    {"data_offsets", {h.data_bytes, h.data_bytes + bytes}}};
+    h.data_bytes += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string text;
   try {
-    text = header.dump();
+    h.text = header.dump();
   } catch (const json::exception& e) {
     throw Error(fmt::format("cannot write {}: a name or metadata string is not valid UTF-8 ({})", path, e.what()));
   }
   // Pad the header with spaces to a multiple of 8 so the buffer is aligned, as the reference writer does.
-  text.append((8 - text.size() % 8) % 8, ' ');
+  h.text.append((8 - h.text.size() % 8) % 8, ' ');
+  return h;
+}
 
+}  // namespace
+
+void detail::check_safetensors(const std::string& path,
+                               const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  build_header(path, tensors, metadata);
+}
+
+std::string detail::safetensors_bytes(const std::string& path,
+                                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  const Header h = build_header(path, tensors, metadata);
   std::string out;
-  out.reserve(8 + text.size() + offset);
-  uint64_t header_len = text.size();
+  try {
+    out.reserve(8 + h.text.size() + h.data_bytes);
+  } catch (const std::exception&) {  // a broadcast view of 2^40 elements is a valid view
+    throw OutOfMemory(fmt::format("cannot write {}", path), 8 + h.text.size() + h.data_bytes);
+  }
+  const uint64_t header_len = h.text.size();
   out.append(reinterpret_cast<const char*>(&header_len), 8);
-  out += text;
-  for (const auto& [name, view] : sorted) {
+  out += h.text;
+  for (const auto& [name, view] : h.sorted) {
     if (view.numel() == 0) continue;
     for_each_element(view,
                      [&out](const float& x, const auto&) { out.append(reinterpret_cast<const char*>(&x), sizeof x); });
   }
-  write_file_atomically(path, out);
+  return out;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file_atomically(path, detail::safetensors_bytes(path, tensors, metadata));
 }
 
 }  // namespace qkv
