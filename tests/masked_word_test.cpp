@@ -1,11 +1,13 @@
 // The masked-word readout (src/train/masked_word_data.h): loss, ranks and dL/dy against a float64
 // computation written here, and dL/dy against central differences of that loss.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "qkv/embeddings.h"
+#include "qkv/masked_word.h"
 #include "test_util.h"
 #include "train/masked_word_data.h"
 
@@ -93,6 +95,24 @@ TEST(MaskedWord, ATieIsNotAHitUnlessTheTargetComesFirst) {
   const detail::MaskedReadout r = detail::masked_readout(y, batch, embeddings, nullptr, 1);
   EXPECT_EQ(r.top1, 1);   // target 0 alone
   EXPECT_EQ(r.top10, 3);  // targets 0, 5 and 9
+}
+
+TEST(MaskedWord, TheConfigCheckRefusesWhatTrainingWouldWithoutReadingAFile) {
+  // Each was refused only after the files were read (the note, head_dim), or ran out of memory
+  // building one list per sentence length (max_length 10^8: std::bad_alloc).
+  auto refused = [](auto change, const std::string& why) {
+    MaskedWordConfig c;
+    change(c);
+    test::expect_error([&] { check_masked_word_config(c); }, {"masked-word task: " + why});
+  };
+  refused([](MaskedWordConfig& c) { c.max_length = 100000000; },
+          "sentence lengths must satisfy 2 <= min (4) <= max (100000000) <= 4096");
+  refused([](MaskedWordConfig& c) { c.head_dim = int64_t{1} << 62; },
+          "heads · head_dim = 2 · 4611686018427387904 is too large (at most 2^40)");
+  refused([](MaskedWordConfig& c) { c.note = "on \xff"; }, "the note is not valid UTF-8");
+  MaskedWordConfig longest;
+  longest.max_length = kMaxSentenceWords;
+  check_masked_word_config(longest);
 }
 
 }  // namespace

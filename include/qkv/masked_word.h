@@ -27,6 +27,9 @@ namespace qkv {
 
 enum class MaskedObjective { hidden_slot, halves };
 
+// The longest sentence a corpus may be asked to use (MaskedWordConfig::max_length).
+inline constexpr int64_t kMaxSentenceWords = 4096;
+
 struct MaskedWordConfig {
   MaskedObjective objective = MaskedObjective::hidden_slot;
   bool residual = false;                    // the layer's output is x + attention (LayerConfig::residual)
@@ -34,7 +37,8 @@ struct MaskedWordConfig {
   std::string sentences;                    // text, one sentence per line (tokenized as qkv's tokenize())
   int64_t heads = 2;                        // H
   int64_t head_dim = 0;                     // D; 0 means E / H
-  int64_t min_length = 4, max_length = 16;  // sentences of other lengths are not used (halves: min 4)
+  int64_t min_length = 4, max_length = 16;  // sentences of other lengths are not used (halves: min 4;
+                                            // max at most kMaxSentenceWords)
   int64_t max_sentences = 0;                // read at most this many lines (0: all)
   int64_t batch = 64;                       // sentences per step (all of one length)
   int64_t steps = 3000;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 #include "train/progress.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
+#include "qkv/utf8.h"
 #include "qkv/optim.h"
 #include "qkv/positions.h"
 
@@ -68,8 +70,14 @@ void check_masked_word_config(const MaskedWordConfig& c) {
   };
   require(c.heads >= 1 && c.head_dim >= 0,
           fmt::format("heads ({}) must be >= 1 and head_dim ({}) >= 0", c.heads, c.head_dim));
-  require(c.min_length >= 2 && c.max_length >= c.min_length,
-          fmt::format("sentence lengths must satisfy 2 <= min ({}) <= max ({})", c.min_length, c.max_length));
+  // The layer's own bound on a weight (2^40 elements), which it would check only after the files are read.
+  require(c.heads <= (int64_t{1} << 40) && c.head_dim <= (int64_t{1} << 40) / c.heads,
+          fmt::format("heads · head_dim = {} · {} is too large (at most 2^40)", c.heads, c.head_dim));
+  // The corpus keeps one list per length: max_length 10^7 took 700 MB, 10^8 threw std::bad_alloc.
+  require(c.min_length >= 2 && c.max_length >= c.min_length && c.max_length <= kMaxSentenceWords,
+          fmt::format("sentence lengths must satisfy 2 <= min ({}) <= max ({}) <= {}", c.min_length, c.max_length,
+                      kMaxSentenceWords));
+  require(invalid_utf8_at(c.note) == std::string_view::npos, "the note is not valid UTF-8");
   require(c.batch >= 1 && c.steps >= 0 && c.warmup >= 0 && c.threads >= 0 && c.eval_examples >= 1,
           "batch and eval_examples must be >= 1; steps, warmup and threads >= 0");
   require(std::isfinite(c.lr) && c.lr > 0, fmt::format("learning rate must be finite and > 0, got {}", c.lr));

@@ -342,10 +342,10 @@ Command add_train(CLI::App& app) {
   sub->add_option("--max-sentences", m.max_sentences, "masked-word: read at most this many lines (0: all)")
       ->check(integer_in(int64_t{0}, std::numeric_limits<int64_t>::max()));
   sub->add_option("--min-length", m.min_length, "masked-word: shortest sentence used (words)")
-      ->check(integer_in(2, 100000))
+      ->check(integer_in(int64_t{2}, kMaxSentenceWords))
       ->capture_default_str();
   sub->add_option("--max-length", m.max_length, "masked-word: longest sentence used (words)")
-      ->check(integer_in(2, 100000))
+      ->check(integer_in(int64_t{2}, kMaxSentenceWords))
       ->capture_default_str();
   sub->add_flag("--positions", m.positions, "masked-word: add sinusoidal positional encodings to the input rows");
   sub->add_option("--exclude", m.exclude,
