@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "qkv/attention_options.h"
 #include "qkv/decode.h"
 #include "qkv/kv_cache.h"
 #include "qkv/machine.h"
@@ -93,6 +94,8 @@ TEST(Machine, BandwidthProbeSummarizesItsOwnRuns) {
     EXPECT_EQ(p.best_streams, best_streams);
   }
   test::expect_error([] { probe_read_bandwidth(1, 100, 1); }, {"out of range"});
+  // More threads than OpenMP can make crashed (100000); the cap is every attention call's.
+  test::expect_error([] { probe_read_bandwidth(kMaxThreads + 1, 1 << 20, 1); }, {"out of range"});
 }
 
 TEST(Machine, PeakMeasurementSummarizesItsOwnRuns) {
@@ -122,6 +125,8 @@ TEST(Machine, PeakMeasurementSummarizesItsOwnRuns) {
     EXPECT_EQ(fma_peak_work(1, 10, PeakIsa::avx2), 10 * 16 * 12 * 2.0);
   }
   test::expect_error([] { measure_peak(0, PeakIsa::avx2, 1, 0.1); }, {"out of range"});
+  test::expect_error([] { measure_peak(kMaxThreads + 1, PeakIsa::avx2, 1, 0.1); }, {"out of range"});
+  test::expect_error([] { fma_peak_work(kMaxThreads + 1, 1, PeakIsa::avx2); }, {"must be in [1, 4096]"});
 }
 
 // The same decode step, hot (its 8 MiB cache read just before) and cold (memory_probe_bytes()

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/huge_pages.h"
+#include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/machine_info.h"
 
@@ -112,7 +113,7 @@ double median(std::vector<double> v) {
 float streaming_sum(const float* buffer, int64_t n, int threads, int streams) {
   if (streams != 1 && streams != 2 && streams != 4 && streams != 8)
     throw Error(fmt::format("streaming_sum: {} streams per thread (1, 2, 4 or 8)", streams));
-  if (threads < 1 || n % (int64_t{64} * streams * threads) != 0)
+  if (threads < 1 || threads > kMaxThreads || n % (int64_t{64} * streams * threads) != 0)
     throw Error(
         fmt::format("streaming_sum: n = {} is not a multiple of 64 x {} streams x {} threads", n, streams, threads));
   const MachineInfo& m = machine_info();
@@ -127,7 +128,7 @@ float streaming_sum(const float* buffer, int64_t n, int threads, int streams) {
 }
 
 BandwidthProbe probe_read_bandwidth(int threads, int64_t bytes, int repeats) {
-  if (threads < 1 || bytes < 4096 || repeats < 1)
+  if (threads < 1 || threads > kMaxThreads || bytes < 4096 || repeats < 1)
     throw Error(
         fmt::format("probe_read_bandwidth: threads {}, bytes {}, repeats {} out of range", threads, bytes, repeats));
   constexpr int kCounts[] = {1, 2, 4, 8};

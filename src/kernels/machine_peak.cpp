@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "qkv/machine_info.h"
+#include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/machine.h"
 
@@ -128,8 +129,11 @@ const char* peak_isa_name(PeakIsa isa) {
 }
 
 double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
-  if (threads < 1 || iterations < 1)
-    throw Error(fmt::format("fma_peak_work: threads {} and iterations {} must be >= 1", threads, iterations));
+  // OpenMP cannot report a thread count it cannot create (it crashed at 100000): kMaxThreads, as
+  // every attention call.
+  if (threads < 1 || threads > kMaxThreads || iterations < 1)
+    throw Error(fmt::format("fma_peak_work: threads {} must be in [1, {}] and iterations {} >= 1", threads, kMaxThreads,
+                            iterations));
   if (!peak_isa_available(isa)) throw Error(fmt::format("fma_peak_work: this CPU has no {}", peak_isa_name(isa)));
   volatile float sink = 0;
 #pragma omp parallel num_threads(threads)
@@ -150,7 +154,7 @@ double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
 }
 
 PeakMeasurement measure_peak(int threads, PeakIsa isa, int repeats, double seconds) {
-  if (threads < 1 || repeats < 1 || !(seconds > 0))
+  if (threads < 1 || threads > kMaxThreads || repeats < 1 || !(seconds > 0))
     throw Error(
         fmt::format("measure_peak: threads {}, repeats {}, seconds {} out of range", threads, repeats, seconds));
   PeakMeasurement m;
