@@ -237,6 +237,19 @@ TEST(Explain, RefusesBadInput) {
   EXPECT_THROW(explain_projections({"a"}, x, w, w, w, 1, 1), Error);           // tokens != rows
   EXPECT_THROW(explain_qkv({}, Matrix(), Matrix(), Matrix()), Error);          // nothing to explain
   EXPECT_THROW(Matrix::from_rows({{1.0, 2.0}, {3.0}}), Error);
+  // std::length_error escaped for a negative size; a view without data read as "no tokens".
+  test::expect_error([] { Matrix(-1, 3); }, {"Matrix: negative dimension in shape [-1, 3]"});
+  const std::array<int64_t, 2> shape{2, 4};
+  test::expect_error(
+      [&] {
+        explain_layer({"a", "b"}, TensorView<const float>(nullptr, shape), MultiHeadAttention(LayerConfig{4}));
+      },
+      {"X: a null data pointer for shape [2, 4]"});
+  // The empty tensor's copy is empty, not a scalar.
+  const Tensor<float> empty, copy = empty.clone();
+  EXPECT_EQ(copy.rank(), 0);
+  EXPECT_EQ(copy.data(), nullptr);
+  EXPECT_EQ(copy.numel(), empty.numel());
 }
 
 }  // namespace

@@ -21,7 +21,11 @@ struct Matrix {
   std::vector<double> data;  // rows * cols values, row-major
 
   Matrix() = default;
-  Matrix(int64_t r, int64_t c) : rows(r), cols(c), data(static_cast<std::size_t>(r * c), 0.0) {}
+  // Throws qkv::Error for a negative size or one past 2^62 bytes.
+  Matrix(int64_t r, int64_t c)
+      : rows(r),
+        cols(c),
+        data(static_cast<std::size_t>(checked_numel(std::array<int64_t, 2>{r, c}, sizeof(double), "Matrix")), 0.0) {}
   // From nested rows; every row must have the same length (else qkv::Error).
   static Matrix from_rows(const std::vector<std::vector<double>>& rows);
   // Converts a rank-2 view; throws qkv::Error naming `what` for another rank.

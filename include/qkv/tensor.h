@@ -168,6 +168,7 @@ class Tensor {
   Tensor& operator=(Tensor&&) noexcept = default;
 
   Tensor clone() const {
+    if (!data_) return Tensor();  // the empty tensor (rank 0, no data), not a scalar
     Tensor t(shape());
     for (int64_t i = 0; i < numel_; ++i) t.data()[i] = data()[i];
     return t;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/output_checks.h"
 #include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
@@ -25,6 +26,7 @@ Matrix Matrix::from_rows(const std::vector<std::vector<double>>& rows) {
 }
 
 Matrix Matrix::from_view(TensorView<const float> view, const std::string& what) {
+  detail::require_data(view, what);  // a shape without data read as no tokens ("nothing to explain")
   if (view.empty() || view.numel() == 0) return {};
   if (view.rank() == 1) {
     Matrix m(1, view.dim(0));
