@@ -172,10 +172,13 @@ std::string npy_bytes(TensorView<const T> t) {
   const int64_t n = checked_numel(t.shape(), sizeof(T), "npy_bytes: the view");
   if (n > 0 && t.data() == nullptr) throw Error("npy_bytes: the view has no data");
   std::string out = detail::npy_header_bytes(descr_of<T>(), t.shape());
+  // A broadcast view of 2^40 elements is a valid view: its bytes are refused by name, not left to
+  // std::bad_alloc (or a sanitizer's abort).
   const uint64_t bytes = out.size() + static_cast<uint64_t>(n) * sizeof(T);
+  detail::check_fits_in_memory(bytes, "npy_bytes");
   try {
     out.reserve(bytes);
-  } catch (const std::exception&) {  // a broadcast view of 2^40 elements is a valid view
+  } catch (const std::bad_alloc&) {
     throw OutOfMemory("npy_bytes", bytes);
   }
   if (t.numel() == 0) return out;

@@ -302,11 +302,15 @@ std::string detail::safetensors_bytes(const std::string& path,
                                       const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                                       const std::map<std::string, std::string>& metadata) {
   const Header h = build_header(path, tensors, metadata);
+  // A broadcast view of 2^40 elements is a valid view: its bytes are refused by name, not left to
+  // std::bad_alloc (or a sanitizer's abort).
+  const uint64_t total = 8 + h.text.size() + h.data_bytes;
+  detail::check_fits_in_memory(total, fmt::format("cannot write {}", path));
   std::string out;
   try {
-    out.reserve(8 + h.text.size() + h.data_bytes);
-  } catch (const std::exception&) {  // a broadcast view of 2^40 elements is a valid view
-    throw OutOfMemory(fmt::format("cannot write {}", path), 8 + h.text.size() + h.data_bytes);
+    out.reserve(total);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(fmt::format("cannot write {}", path), total);
   }
   const uint64_t header_len = h.text.size();
   out.append(reinterpret_cast<const char*>(&header_len), 8);
