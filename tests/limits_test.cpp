@@ -1,4 +1,4 @@
-// Resource limits and the numeric edge rows of the bad-input table (docs/testing.md): files whose
+// Resource limits and the numeric edge rows of the bad-input table (docs/bad-inputs.md): files whose
 // declared sizes exceed what can be allocated are refused with an Error naming the file, before
 // any allocation is touched; shapes that overflow size_t are refused; denormal, huge, empty and
 // fully masked inputs give the documented results on every SIMD path.

@@ -1,6 +1,7 @@
-"""Resource limits and numeric edge cases through the `qkv` command (rows of docs/testing.md's bad-input
-table that no other test covers): files and outputs whose declared sizes exceed memory, absurd
-numbers in arguments, subnormal and huge values. Each failure is one line and a non-zero exit."""
+"""Resource limits and numeric edge cases through the `qkv` command (rows of the bad-input table,
+docs/bad-inputs.md, that no other test covers): files and outputs whose declared sizes exceed
+memory, absurd numbers in arguments, subnormal and huge values. Each failure is one line and a
+non-zero exit."""
 import functools
 import resource
 import struct
