@@ -242,3 +242,23 @@ def test_a_killed_rank_ends_every_rank_without_output(tmp_path, victim):
                            capture_output=True, text=True, timeout=TIMEOUT)
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.npy", "out.npy", "q.npy", "small.npy", "v.npy"]
+
+
+@pytest.mark.parametrize("option, name", [("--out", "q.npy"), ("--lse", "v.npy"), ("--out", "bias.npy")])
+def test_an_output_over_an_input_fails_every_rank_and_keeps_the_input(tmp_path, option, name):
+    """As a single-process run: the output is refused before any rank reads, the input intact."""
+    x = np.ones((1, 1, 40, 8), dtype=np.float32)
+    for array, file in ((x, "q.npy"), (x, "k.npy"), (x, "v.npy"), (np.zeros((40, 40), np.float32), "bias.npy")):
+        np.save(tmp_path / file, array)
+    before = (tmp_path / name).read_bytes()
+    outputs = {"--out": str(tmp_path / "out.npy"), "--lse": str(tmp_path / "lse.npy")}
+    outputs[option] = str(tmp_path / name)
+    cmd = MPIRUN + ["-np", "2", QKV, "attend", "--ring", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
+                    "--v", str(tmp_path / "v.npy"), "--bias", str(tmp_path / "bias.npy"),
+                    "--out", outputs["--out"], "--lse", outputs["--lse"]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode != 0, proc.stderr
+    label = {"q.npy": "--q", "v.npy": "--v", "bias.npy": "--bias"}[name]
+    assert f"{option} {tmp_path / name}: the same file as {label} " in proc.stderr, proc.stderr
+    assert (tmp_path / name).read_bytes() == before
+    assert not (tmp_path / "out.npy").exists() and not (tmp_path / "lse.npy").exists()

@@ -238,3 +238,15 @@ def allowed_pairs(n, m, causal, window, bottom_right=False):
     if window is not None:
         allowed &= (j >= i - window[0]) & (j <= i + window[1])
     return allowed
+
+
+def masked_word_files(tmp_path, sentences_name="sentences.txt"):
+    """A small masked-word corpus: 40 words of width 64 and 300 sentences of 12 words."""
+    words = tmp_path / "words.txt"
+    words.write_text("".join(f"w{i} " + " ".join(f"{((i * 7 + d * 3) % 11) / 10 - 0.5:.2f}" for d in range(64))
+                             + "\n" for i in range(40)))
+    sentences = os.path.join(os.fsencode(tmp_path), os.fsencode(sentences_name))
+    sentences = sentences if isinstance(sentences_name, bytes) else os.fsdecode(sentences)
+    with open(sentences, "w") as f:
+        f.write("".join(" ".join(f"w{(s * 5 + t * 3) % 40}" for t in range(12)) + "\n" for s in range(300)))
+    return words, sentences

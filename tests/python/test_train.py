@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from qkv_testlib import masked_word_files
+
 # A small task that trains in about a second: 4 pairs, 16 keys, 16 values (chance 6.25%).
 SMALL = ["--task", "lookup", "-P", "4", "--keys", "16", "--values", "16", "-E", "32", "--heads", "2",
          "--batch", "32", "--lr", "0.01", "--eval-examples", "500"]
@@ -173,18 +175,6 @@ def test_resume_refuses_other_settings_and_missing_files(run, seed, tmp_path):
     assert r.returncode == 2 and "--resume needs --checkpoint" in r.stderr, r.stderr
     r = run("train", *[("20" if a == "4" else a) for a in SMALL])  # -P 20 with 16 keys
     assert r.returncode == 2 and "--keys (16) must be at least --pairs (20)" in r.stderr, r.stderr
-
-
-def masked_word_files(tmp_path, sentences_name="sentences.txt"):
-    """A small masked-word corpus: 40 words of width 64 and 300 sentences of 12 words."""
-    words = tmp_path / "words.txt"
-    words.write_text("".join(f"w{i} " + " ".join(f"{((i * 7 + d * 3) % 11) / 10 - 0.5:.2f}" for d in range(64))
-                             + "\n" for i in range(40)))
-    sentences = os.path.join(os.fsencode(tmp_path), os.fsencode(sentences_name))
-    sentences = sentences if isinstance(sentences_name, bytes) else os.fsdecode(sentences)
-    with open(sentences, "w") as f:
-        f.write("".join(" ".join(f"w{(s * 5 + t * 3) % 40}" for t in range(12)) + "\n" for s in range(300)))
-    return words, sentences
 
 
 def test_a_file_name_that_is_not_utf8_is_kept_in_the_note_as_text(qkv_bin, tmp_path):

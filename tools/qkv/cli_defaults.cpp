@@ -91,4 +91,13 @@ std::string layer_file(const SentenceArgs& args) {
   return layer;
 }
 
+std::vector<std::pair<std::string, std::string>> sentence_inputs(const SentenceArgs& args) {
+  std::vector<std::pair<std::string, std::string>> inputs{{"the word vectors", args.embeddings}};
+  try {
+    inputs.emplace_back("the layer", layer_file(args));
+  } catch (const Error&) {
+  }
+  return inputs;
+}
+
 }  // namespace qkv::cli

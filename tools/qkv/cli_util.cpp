@@ -57,6 +57,8 @@ OutputTarget check_output_path(const std::string& path, const std::string& optio
 
 namespace {
 
+std::string file_identity(const struct stat& st) { return fmt::format("inode {}:{}", st.st_dev, st.st_ino); }
+
 // What an output name ends up writing, so that two spellings of one file compare equal: a file
 // that exists (or a descriptor open on one) by device and inode, which also catches hard links;
 // a new file by its directory's device and inode (a path would miss a bind mount) and its name;
@@ -65,7 +67,7 @@ std::string output_identity(const OutputTarget& t) {
   struct stat st {};
   const bool on_file = t.kind == OutputKind::descriptor ? ::fstat(t.fd, &st) == 0 && S_ISREG(st.st_mode)
                                                         : t.exists && ::stat(t.resolved.c_str(), &st) == 0;
-  if (on_file) return fmt::format("inode {}:{}", st.st_dev, st.st_ino);
+  if (on_file) return file_identity(st);
   if (t.kind == OutputKind::descriptor) return fmt::format("descriptor {}", t.fd);
   if (t.kind == OutputKind::device) return "device " + t.resolved;
   const std::filesystem::path path(t.resolved);
@@ -74,13 +76,29 @@ std::string output_identity(const OutputTarget& t) {
   return fmt::format("new {}:{}/{}", st.st_dev, st.st_ino, path.filename().string());
 }
 
+// An input's identity as output_identity gives it for an existing file; "" when the path names no
+// regular file (its reader reports that).
+std::string input_identity(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || path == "-" || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return file_identity(st);
+}
+
 }  // namespace
 
-void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs) {
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs,
+                        const std::vector<std::pair<std::string, std::string>>& inputs) {
+  std::map<std::string, std::pair<std::string, std::string>> read;  // identity -> (option, path)
+  for (const auto& [option, path] : inputs)
+    if (std::string id = input_identity(path); !id.empty()) read.emplace(std::move(id), std::pair{option, path});
   std::map<std::string, std::pair<std::string, std::string>> seen;  // identity -> (option, path)
   for (const auto& [option, path] : outputs) {
     if (path.empty()) continue;
-    const auto [it, fresh] = seen.emplace(output_identity(check_output_path(path, option)), std::pair{option, path});
+    const std::string id = output_identity(check_output_path(path, option));
+    if (const auto in = read.find(id); in != read.end())
+      throw Error(fmt::format("{} {}: the same file as {} {}, which this command reads; name another file for {}",
+                              option, path, in->second.first, in->second.second, option));
+    const auto [it, fresh] = seen.emplace(id, std::pair{option, path});
     if (!fresh) {
       const auto& [first_option, first_path] = it->second;
       const std::string same = first_path == path ? fmt::format(" (and for {})", first_option)

@@ -47,8 +47,12 @@ OutputTarget check_output_path(const std::string& path, const std::string& optio
 // check_output_path for each (option, path) whose path is not empty, then that no two of them
 // lead to one file, however spelled ("./x", "d/../x", a link, a hard link): throws qkv::Error
 // "<option> <path>: named for two outputs (<option> <path> is the same file)", or "(and for
-// <option>)", otherwise.
-void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs);
+// <option>)", otherwise. Nor may an output be one of the files the command reads (`inputs`, each
+// (option, path); "" and "-" skipped), however spelled: "<option> <path>: the same file as <input
+// option> <path>, which this command reads; ...". Writing over it would lose the input to a slip
+// of the keyboard, as `gcc -o x.c x.c` would.
+void check_output_paths(const std::vector<std::pair<std::string, std::string>>& outputs,
+                        const std::vector<std::pair<std::string, std::string>>& inputs = {});
 
 // Adds `check` to what runs when `app`'s parsing completes, after the checks added before it
 // (CLI11 keeps only one parse-complete callback per app; two features both need one).
@@ -97,6 +101,10 @@ inline constexpr const char* kDefaultLayerName = "context-layer.safetensors";
 // parameter-free layer. Throws qkv::Error, saying how to get one, when the trained layer is absent
 // or the word vectors are not the ones it was trained on.
 std::string layer_file(const SentenceArgs& args);
+// The files a sentence command reads, labelled for check_output_paths' message: the word vectors
+// and the layer (none for a random or parameter-free layer, or one layer_file cannot find, which
+// make_layer then reports).
+std::vector<std::pair<std::string, std::string>> sentence_inputs(const SentenceArgs& args);
 // No layer option given: the trained layer is used.
 inline bool default_layer(const SentenceArgs& args) {
   return args.weights.empty() && !args.random && !args.parameter_free;

@@ -141,7 +141,9 @@ int run_ring(AttendArgs& a) {
 
 int run_attend(AttendArgs& a) {
   if (a.ring) return run_ring(a);
-  check_output_paths({{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}});
+  check_output_paths(
+      {{"--out", a.out}, {"--lse", a.lse}, {"--weights", a.weights}},
+      {{"--q", a.q}, {"--k", a.k}, {"--v", a.v}, {"--keep-mask", a.mask.keep_mask_path}, {"--bias", a.mask.bias_path}});
 
   bool all_f64 = true;
   for (const std::string* path : {&a.q, &a.k, &a.v}) all_f64 &= read_npy_info(*path).descr == "<f8";

@@ -52,7 +52,7 @@ std::string attends_to(const WordInSentence& w, std::size_t n) {
 }
 
 int run_compare(const CompareArgs& a) {
-  check_output_paths({{"--html", a.html}});
+  check_output_paths({{"--html", a.html}}, sentence_inputs(a.sentence_args));
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   const MultiHeadAttention layer = make_layer(sa, embeddings.dim());

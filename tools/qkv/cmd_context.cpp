@@ -55,7 +55,7 @@ std::string json_text(const ContextArgs& a, const EmbeddedSentence& s, const Ten
 }
 
 int run_context(const ContextArgs& a) {
-  check_output_paths({{"--out", a.out}, {"--html", a.html}});
+  check_output_paths({{"--out", a.out}, {"--html", a.html}}, sentence_inputs(a.sentence_args));
   const SentenceArgs& sa = a.sentence_args;
   const Embeddings embeddings = load_embeddings(sa);
   const EmbeddedSentence s = embed(embeddings, a.sentence, sa);

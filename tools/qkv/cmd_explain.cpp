@@ -79,7 +79,7 @@ Explanation sentence_explanation(const ExplainArgs& a, std::string& long_page, H
 }
 
 int run_explain(const ExplainArgs& a) {
-  check_output_paths({{"--html", a.html}, {"--svg", a.svg}});
+  check_output_paths({{"--html", a.html}, {"--svg", a.svg}}, sentence_inputs(a.sentence_args));
   std::string long_page;
   HtmlOptions options;
   options.color_scale = a.color_scale;

@@ -236,7 +236,11 @@ int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& 
   }
   outputs.insert(outputs.end(),
                  {{"--checkpoint", c.checkpoint}, {"--loss-csv", args.loss_csv}, {"--loss-svg", args.loss_svg}});
-  check_output_paths(outputs);
+  const MaskedWordConfig& m = args.masked;
+  const bool sentences = args.task != "lookup";
+  check_output_paths(outputs, {{"the word vectors", sentences ? m.embeddings : ""},
+                               {"the sentences", sentences ? m.sentences : ""},
+                               {"--exclude", m.exclude}});
   std::vector<LossPoint> curve;
   if (args.task != "lookup") {
     run_masked_word(args, curve, at, ctrl_c);

@@ -210,7 +210,11 @@ void attend_ring(MPI_Comm comm, int ranks, int rank, const RingAttendArgs& a, Ma
   Tensor<float> out, lse;  // allocated before the agreement, which a rank without them joins
   std::string error;
   try {
-    check_output_paths({{"--out", a.out}, {"--lse", a.lse}});
+    check_output_paths({{"--out", a.out}, {"--lse", a.lse}}, {{"--q", a.q},
+                                                              {"--k", a.k},
+                                                              {"--v", a.v},
+                                                              {"--keep-mask", mask_args.keep_mask_path},
+                                                              {"--bias", mask_args.bias_path}});
     q = read_shard(a.q, "--q", ranks, rank);
     k = read_shard(a.k, "--k", ranks, rank);
     v = read_shard(a.v, "--v", ranks, rank);
