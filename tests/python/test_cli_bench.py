@@ -40,6 +40,15 @@ def test_tiny_figures_keep_their_digits(run):
         assert all(float(x) > 0 for x in figures), m.group(0)
 
 
+def test_a_large_shape_skips_the_slow_paths(run):
+    """The scalar path runs at a few GFLOP/s: at 3.4e10 multiply-adds it would take minutes."""
+    r = run("bench", "--shape", "1,1,16384,16384,64", "--threads", "1", "--repeats", "1", timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = [ROW.match(line).group(1) for line in r.stdout.splitlines() if ROW.match(line)]
+    assert "scalar" not in names and "reference" not in names and names, r.stdout
+    assert "scalar: skipped (more than 1e+10 multiply-adds)" in r.stdout, r.stdout
+
+
 def test_bf16_dtype_runs(run):
     r = run("bench", "--shape", "1,1,17,17,64", "--dtype", "bf16", "--threads", "2", "--repeats", "1")
     assert r.returncode == 0, r.stderr
@@ -50,11 +59,15 @@ def test_bf16_dtype_runs(run):
     (["--shape", "1,2,3"], "expected B,H,N,M,D (5 values)"),
     (["--shape", "1,2,0,4,8"], "0 is outside 1 to 16777216"),
     (["--shape", "1,x,3,4,8"], "'x' is not an integer"),
-    (["--shape", "64,64,65536,65536,128"], "GB of tensors (at most 4)"),
+    (["--shape", "64,64,65536,65536,128"], "--shape 64,64,65536,65536,128: needs 551 GB of tensors (at most 4 GB)"),
+    # bf16 inputs keep their fp32 originals beside them: 3.3 GB in fp32 is 4.9 GB with bf16 copies.
+    (["--shape", "1,1,16777216,16777216,12", "--dtype", "bf16"], "needs 4.9 GB of tensors (at most 4 GB)"),
+    (["--shape", "1,1,010,1,1"], "--shape: '010' has a leading zero (not read as octal)"),
     (["--dtype", "f16"], "f16 not in"),
     (["--threads", "0"], "'0' is outside 1 to 4096"),
     (["--repeats", "0"], "'0' is outside 1 to 1000"),
     (["--repeats", "05"], "'05' has a leading zero"),
+    (["--machine", "--repeats", "3"], "--machine excludes --repeats"),
     # Options the chosen mode would ignore.
     (["--json", "m.json"], "--json requires --machine"),
     (["--kv-dtype", "i8"], "--kv-dtype requires --decode"),
@@ -81,18 +94,39 @@ def test_unwritable_json_is_refused_before_the_probes(run, tmp_path, name, messa
 
 def test_more_threads_than_cpus_is_refused(run):
     """128 threads on 2 CPUs once ran for minutes (the FMA-peak probe, time-sliced) before printing."""
-    cpus = os.cpu_count()
+    cpus = len(os.sched_getaffinity(0))
     r = run("bench", "--shape", "1,1,4,4,8", "--threads", cpus + 1, "--repeats", "1", timeout=30)
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
-    assert f"--threads {cpus + 1}: this machine has {cpus} CPUs" in r.stderr, r.stderr
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"--threads {cpus + 1}: this process may run on {cpus} CPU" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("how", ["QKV_NUM_THREADS", "OMP_NUM_THREADS", "affinity"])
+def test_threads_past_the_cpus_this_process_may_use_are_refused(qkv_bin, how):
+    """The count checked is the one the run would use: from the environment as from --threads,
+    against the CPUs of the process's affinity (taskset, a cpuset), not the machine's."""
+    cpus = len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k not in ("QKV_NUM_THREADS", "OMP_NUM_THREADS")}
+    argv = [qkv_bin, "bench", "--shape", "1,1,4,4,8", "--repeats", "1"]
+    if how == "affinity":
+        if cpus < 2:
+            pytest.skip(f"needs 2 CPUs to pin to one (this process may use {cpus})")
+        first = min(os.sched_getaffinity(0))
+        argv = ["taskset", "-c", str(first)] + argv + ["--threads", "2"]
+        expected = "--threads 2: this process may run on 1 CPU;"
+    else:
+        env[how] = str(cpus + 62)
+        expected = f"the default thread count (QKV_NUM_THREADS, else OMP_NUM_THREADS or the CPUs) {cpus + 62}: "
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert expected in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_machine_json_agrees_with_itself(run, tmp_path):
     """`qkv bench --machine --json`: each summary is its own runs' (the probes' internal consistency;
     no speed is judged), and the eviction buffer is 2x the L3 found, at least 256 MiB."""
     path = tmp_path / "machine.json"
-    r = run("bench", "--machine", "--json", str(path), "--threads", "1", "--repeats", "1")
+    r = run("bench", "--machine", "--json", str(path), "--threads", "1")
     assert r.returncode == 0, r.stderr
     assert "read bandwidth, GB/s median" in r.stdout, r.stdout
     j = json.loads(path.read_text())
@@ -141,6 +175,11 @@ def test_decode_reports_the_bound_and_both_caches(run):
     (["--decode", "1,4,2,0,32"], "0 is outside 1 to 16777216"),
     (["--decode", "1,4,2,64,32", "--kv-dtype", "f8"], "dtype must be 'f32', 'bf16', 'f16' or 'i8', got 'f8'"),
     (["--decode", "1,4,2,64,32", "--page-tokens", "0"], "'0' is outside 1 to 16777216"),
+    # The pool holds whole pages: 4.19 MB of tokens in pages of 256 tokens, one page per sequence.
+    (["--decode", "16777216,1,1,1,1", "--page-tokens", "256"],
+     "--decode 16777216,1,1,1,1 --page-tokens 256: the cache needs 17.3 GB in whole pages (at most 4 GB)"),
+    (["--decode", "1,8,8,1,128", "--kv-dtype", "f32", "--page-tokens", "16777216"], "the cache needs 137 GB in whole"),
+    (["--decode", "1,8,08,1,128"], "--decode: '08' has a leading zero"),
 ])
 def test_bad_decode_input_is_refused(run, args, message):
     r = run("bench", *args)
@@ -154,7 +193,7 @@ def test_machine_json_names_the_kernels_path(qkv_bin, tmp_path):
     its overlap probe by it); scalar runs on every CPU."""
     path = tmp_path / "machine.json"
     env = dict(os.environ, QKV_SIMD="scalar")
-    r = subprocess.run([qkv_bin, "bench", "--machine", "--json", str(path), "--threads", "1", "--repeats", "1"],
+    r = subprocess.run([qkv_bin, "bench", "--machine", "--json", str(path), "--threads", "1"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(path.read_text())["simd"] == "scalar"

@@ -28,6 +28,16 @@ std::vector<std::string> split_commas(const std::string& text, const std::string
   return parts;
 }
 
+// Integers are decimal digits only. CLI11 converts with base 0 after the validators, where "010"
+// is 8 and "0x10" is 16, which nobody typing a step count, a seed or a length means: a hex prefix
+// is not an integer here, and a leading zero is refused rather than read as octal (a check cannot
+// rewrite the text CLI11 converts). The lists take the same rule.
+std::optional<std::string> leading_zero(const std::string& text) {
+  const std::size_t first = text.find_first_not_of(" \t\n\v\f\r+-");
+  if (first == std::string::npos || text[first] != '0' || first + 1 >= text.size()) return std::nullopt;
+  return fmt::format("{} has a leading zero (not read as octal): write it without", typed(text));
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
@@ -38,6 +48,8 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
     const long long v = std::strtoll(p.c_str(), &end, 10);
     if (end == p.c_str() || *end != '\0' || errno == ERANGE)
       throw Error(fmt::format("{}: '{}' is not an integer (in '{}')", option, p, text));
+    if (const std::optional<std::string> zero = leading_zero(p))
+      throw Error(fmt::format("{}: {} (in '{}')", option, *zero, text));
     values.push_back(v);
   }
   return values;
@@ -111,18 +123,6 @@ CLI::Validator finite_number(bool positive) {
 
 CLI::Validator nonnegative_number() { return finite_number(false); }
 CLI::Validator positive_number() { return finite_number(true); }
-
-// Both integer validators take decimal digits only. CLI11 converts with base 0 after them, where
-// "010" is 8 and "0x10" is 16, which nobody typing a step count or a seed means (the list options
-// read base 10): a hex prefix is not an integer here, and a leading zero is refused rather than
-// read as octal (a check cannot rewrite the text CLI11 converts).
-namespace {
-std::optional<std::string> leading_zero(const std::string& text) {
-  const std::size_t first = text.find_first_not_of(" \t\n\v\f\r+-");
-  if (first == std::string::npos || text[first] != '0' || first + 1 >= text.size()) return std::nullopt;
-  return fmt::format("{} has a leading zero (not read as octal): write it without", typed(text));
-}
-}  // namespace
 
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
   const bool unbounded = hi == std::numeric_limits<int64_t>::max();

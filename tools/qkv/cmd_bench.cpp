@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <sched.h>
+
 #include <fmt/format.h>
 
 #include "qkv/machine_info.h"
@@ -41,10 +43,15 @@ struct BenchArgs {
   std::string json;  // with --machine: also write the figures here
 };
 
-// The reference (float64, N×M weights) is timed only below this many multiply-adds.
+// The reference (float64, N×M weights) is timed only below this many multiply-adds, and the
+// scalar path (a few GFLOP/s: seconds a call) below the second.
 constexpr double kReferenceLimit = 2e8;
-// Inputs and output together stay below this (the run allocates them).
+constexpr double kScalarLimit = 1e10;
+// What the run allocates for its tensors (inputs, their bf16 copies, output and lse; or the decode
+// cache's pools with their pages' padding) stays below this.
 constexpr double kMaxBytes = 4e9;
+// Runs of each machine probe: the same whatever --repeats asks of the kernels' timings.
+constexpr int kMachineRuns = 5;
 
 struct Shape {
   int64_t B, H, N, M, D;
@@ -56,11 +63,18 @@ Shape parse_shape(const std::string& text) {
   for (int64_t x : v)
     if (x < 1 || x > (int64_t{1} << 24))
       throw Error(fmt::format("--shape: {} is outside 1 to 16777216 in '{}'", x, text));
-  const Shape s{v[0], v[1], v[2], v[3], v[4]};
-  const double bytes = 4.0 * (2.0 * s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D);
-  if (bytes > kMaxBytes)
-    throw Error(fmt::format("--shape: '{}' needs {:.1f} GB of tensors (at most 4)", text, bytes / 1e9));
-  return s;
+  return {v[0], v[1], v[2], v[3], v[4]};
+}
+
+// Bytes the forward run allocates: q, k, v, out in fp32, their bf16 copies, lse.
+double forward_bytes(const Shape& s, bool bf16_in) {
+  const double elements = 2.0 * s.B * s.H * s.N * s.D + 2.0 * s.B * s.H * s.M * s.D;
+  return (bf16_in ? 6.0 : 4.0) * elements + 4.0 * s.B * s.H * s.N;
+}
+
+// "12.6 MB", "4.19 GB", "1.27e+21 GB": what a refused size needs, readable at any size.
+std::string gigabytes(double bytes) {
+  return bytes < 1e9 ? fmt::format("{:.3g} MB", bytes / 1e6) : fmt::format("{:.3g} GB", bytes / 1e9);
 }
 
 // Query-key pairs the mask allows (causal: top-left, query i sees keys j <= i).
@@ -85,10 +99,11 @@ double median_seconds(int repeats, F&& fn) {
 }
 
 // x right-aligned in `width` with `decimals` decimals, or with two significant digits where those
-// would print a positive x as zero (a tiny step slowed by the scheduler read "0.0" % roofline,
+// would show fewer, or print a positive x as zero (a tiny step slowed by the scheduler read "0.0" % roofline,
 // and a tiny shape "0.000" ms at "0.0" GFLOP/s).
 std::string fixed(double x, int width, int decimals) {
-  if (x > 0 && x < std::pow(10.0, -decimals)) decimals = std::min(12, 1 - static_cast<int>(std::floor(std::log10(x))));
+  if (x > 0 && x < std::pow(10.0, 1 - decimals))
+    decimals = std::min(12, 1 - static_cast<int>(std::floor(std::log10(x))));
   return fmt::format("{:>{}.{}f}", x, width, decimals);
 }
 
@@ -104,10 +119,22 @@ DecodeShape parse_decode_shape(const std::string& text) {
       throw Error(fmt::format("--decode: {} is outside 1 to 16777216 in '{}'", x, text));
   const DecodeShape s{v[0], v[1], v[2], v[3], v[4]};
   require_head_groups(s.H, s.Hkv, "--decode");
-  const double bytes = 4.0 * 2.0 * s.B * s.Hkv * s.M * s.D;  // the cache at fp32
-  if (bytes > kMaxBytes)
-    throw Error(fmt::format("--decode: '{}' needs {:.1f} GB of cache at fp32 (at most 4)", text, bytes / 1e9));
   return s;
+}
+
+int64_t pages_per_sequence(const DecodeShape& s, int64_t page_tokens) { return (s.M + page_tokens - 1) / page_tokens; }
+
+// Bytes of K and V one step reads: the sequences' tokens in the cache's dtype, with their scales.
+double decode_step_bytes(const DecodeShape& s, KVDtype dtype) {
+  const double tokens = static_cast<double>(s.B) * static_cast<double>(s.M);
+  return tokens * s.Hkv * (2.0 * s.D * kv_dtype_bytes(dtype) + (kv_dtype_scaled(dtype) ? 8.0 : 0.0));
+}
+
+// Bytes the decode run allocates: whole pages (the last of each sequence padded) and the table.
+double decode_cache_bytes(const DecodeShape& s, KVDtype dtype, int64_t page_tokens) {
+  const double pages = static_cast<double>(s.B) * static_cast<double>(pages_per_sequence(s, page_tokens));
+  const DecodeShape padded{1, s.H, s.Hkv, 1, s.D};
+  return pages * page_tokens * decode_step_bytes(padded, dtype) + 8.0 * pages;
 }
 
 // One decode step (one query per sequence, causal) against B sequences of M tokens in pages of
@@ -117,8 +144,7 @@ DecodeShape parse_decode_shape(const std::string& text) {
 int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwidth) {
   const DecodeShape s = parse_decode_shape(a.decode);
   const KVDtype dtype = parse_kv_dtype(a.kv_dtype);
-  const int64_t pages_per_seq = (s.M + a.page_tokens - 1) / a.page_tokens;
-  KVCache cache(KVCacheConfig{s.B * pages_per_seq, a.page_tokens, s.Hkv, s.D, s.D, dtype});
+  KVCache cache(KVCacheConfig{s.B * pages_per_sequence(s, a.page_tokens), a.page_tokens, s.Hkv, s.D, s.D, dtype});
   std::mt19937 gen(12345);
   std::normal_distribution<float> normal;
   const int64_t piece = std::min<int64_t>(s.M, 1024);
@@ -143,11 +169,11 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
   auto step = [&] { decode_attention(out.view(), TensorView<float>(), q.cview(), kv, options); };
 
   const double tokens = static_cast<double>(s.B) * static_cast<double>(s.M);
-  const double bytes = tokens * s.Hkv * (2.0 * s.D * kv_dtype_bytes(dtype) + (kv_dtype_scaled(dtype) ? 8.0 : 0.0));
+  const double bytes = decode_step_bytes(s, dtype);
   const double flops = 4.0 * tokens * s.H * s.D;
   const double bound = std::max(bytes / bandwidth, peak > 0 ? flops / peak : 0.0);
-  fmt::print("decode: K+V {:.3g} MB ({} cache, pages of {} tokens), {:.3g} GFLOP; bound {:.1f} us ({})\n", bytes / 1e6,
-             kv_dtype_name(dtype), a.page_tokens, flops / 1e9, bound * 1e6,
+  fmt::print("decode: K+V {:.3g} MB ({} cache, pages of {} token{}), {:.3g} GFLOP; bound {:.1f} us ({})\n", bytes / 1e6,
+             kv_dtype_name(dtype), a.page_tokens, a.page_tokens == 1 ? "" : "s", flops / 1e9, bound * 1e6,
              peak > 0 && flops / peak > bytes / bandwidth ? "FMA peak" : "read bandwidth");
   const double hot = median_seconds(a.repeats, step);
   const std::vector<char> flush(static_cast<std::size_t>(memory_probe_bytes()), 1);
@@ -186,13 +212,6 @@ int run_bench(const BenchArgs& a) {
   check_output_paths({{"--json", a.json}});  // before the probes' seconds, not after them
   const Shape s = parse_shape(a.shape);
   const int threads = a.threads > 0 ? a.threads : default_num_threads();
-  // More threads than CPUs time the scheduler, not qkv (and took minutes at 128 on 2 CPUs).
-  const unsigned cpus = std::thread::hardware_concurrency();
-  if (a.threads > 0 && cpus > 0 && static_cast<unsigned>(a.threads) > cpus)
-    throw Error(
-        fmt::format("--threads {}: this machine has {} CPUs; a benchmark with more threads than CPUs times "
-                    "the scheduler, not qkv",
-                    threads, cpus));
   const bool bf16_in = a.dtype == "bf16";
   // Each SIMD path is held to its own instruction set's peak: an AVX2 path against AVX2's (what a
   // CPU without AVX-512 reaches), the rest against the machine's best, measured at this run's
@@ -201,7 +220,7 @@ int run_bench(const BenchArgs& a) {
   if (threads > 1) counts.push_back(threads);
   // The path the automatic choice takes: an invalid QKV_SIMD stops here, before the probes.
   const std::string automatic = simd_path_name(Simd::automatic);
-  const std::vector<MachineFigures> figures = measure_machine(counts, std::max(a.repeats, 5));
+  const std::vector<MachineFigures> figures = measure_machine(counts, kMachineRuns);
   const MachineFigures& mine = figures.back();
   const double peak256 = mine.avx2.best, peak = mine.fp32_peak(), peak_bf16 = mine.bf16.best;
   const double bandwidth = mine.bandwidth.best;
@@ -251,13 +270,14 @@ int run_bench(const BenchArgs& a) {
     Simd simd;
   };
   std::vector<Path> paths;
+  const bool small = flops / 2 <= kReferenceLimit;
   for (Simd simd : {Simd::avx512, Simd::avx2, Simd::neon, Simd::scalar}) {
+    if (simd == Simd::scalar && flops / 2 > kScalarLimit) continue;
     try {
       paths.push_back({simd_path_name(simd), Kernel::fused, simd});
     } catch (const Error&) {  // this CPU lacks it
     }
   }
-  const bool small = flops / 2 <= kReferenceLimit;
   if (small) paths.push_back({"reference", Kernel::reference, Simd::automatic});
   for (const Path& p : paths) {
     AttentionOptions options;
@@ -280,6 +300,7 @@ int run_bench(const BenchArgs& a) {
                p.kernel == Kernel::fused && p.name == automatic ? "  <- automatic" : "");
   }
   if (!small) fmt::print("reference: skipped (more than {:.0e} multiply-adds)\n", kReferenceLimit);
+  if (flops / 2 > kScalarLimit) fmt::print("scalar: skipped (more than {:.0e} multiply-adds)\n", kScalarLimit);
   fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
   if (peak > 0)
     fmt::print(
@@ -305,6 +326,40 @@ CLI::Validator parsed_by(Parse parse, const std::string& option, const std::stri
         }
       },
       form, "");
+}
+
+// CPUs this process may run on: its affinity (taskset, a cpuset), which the machine's count ignores.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+// The checks that need several options, as usage errors before any probe runs.
+void check_bench_args(const BenchArgs& a) {
+  // More threads than CPUs time the scheduler, not qkv (and took minutes at 128 on 2 CPUs).
+  const int threads = a.threads > 0 ? a.threads : default_num_threads();
+  const int cpus = usable_cpus();
+  if (cpus > 0 && threads > cpus) {
+    const std::string from =
+        a.threads > 0 ? "--threads" : "the default thread count (QKV_NUM_THREADS, else OMP_NUM_THREADS or the CPUs)";
+    usage_error(
+        fmt::format("{} {}: this process may run on {} CPU{}; a benchmark with more threads than CPUs "
+                    "times the scheduler, not qkv",
+                    from, threads, cpus, cpus == 1 ? "" : "s"));
+  }
+  if (!a.decode.empty()) {
+    const DecodeShape d = parse_decode_shape(a.decode);
+    const double bytes = decode_cache_bytes(d, parse_kv_dtype(a.kv_dtype), a.page_tokens);
+    if (bytes > kMaxBytes)
+      usage_error(fmt::format("--decode {} --page-tokens {}: the cache needs {} in whole pages (at most 4 GB)",
+                              a.decode, a.page_tokens, gigabytes(bytes)));
+  } else if (!a.machine_only) {
+    const double bytes = forward_bytes(parse_shape(a.shape), a.dtype == "bf16");
+    if (bytes > kMaxBytes)
+      usage_error(fmt::format("--shape {}: needs {} of tensors (at most 4 GB)", a.shape, gigabytes(bytes)));
+  }
 }
 
 }  // namespace
@@ -349,8 +404,13 @@ Command add_bench(CLI::App& app) {
   for (CLI::Option* forward_only : {shape, causal, dtype}) forward_only->excludes(decode)->excludes(machine);
   sub->add_option("--threads", args->threads, "Threads (default QKV_NUM_THREADS or all cores)")
       ->check(integer_in(1, 4096));
-  sub->add_option("--repeats", args->repeats, "Timed calls per path; the median is shown (default 5)")
-      ->check(integer_in(1, 1000));
+  sub->add_option("--repeats", args->repeats,
+                  fmt::format("Timed calls per path; the median is shown (default 5; the machine's probes run {} "
+                              "times whatever this asks)",
+                              kMachineRuns))
+      ->check(integer_in(1, 1000))
+      ->excludes(machine);
+  on_parse_complete(sub, [args] { check_bench_args(*args); });
   return {sub, [args] { return run_bench(*args); }};
 }
 
