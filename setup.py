@@ -5,7 +5,8 @@ qkv/_qkv.<abi>.so, qkv/_qkv_distributed.<abi>.so when MPI is found (libopenmpi-d
 (words.txt, context-layer.safetensors) goes to qkv/share/qkv/ when `make demo` has built it in
 QKV_PIP_DATA_DIR (default <tree>/build/data).
 
-    /usr/bin/python3 -m pip install --no-build-isolation --no-index .     # or: pip wheel ...
+    /usr/bin/python3 -m venv --system-site-packages ~/qkv-venv   # Debian refuses pip in its own Python
+    ~/qkv-venv/bin/pip install --no-build-isolation --no-index .    # or: pip wheel ... --no-deps .
 
 Needs cmake, g++ and the Debian packages of scripts/install-deps.sh; downloads nothing. The
 version is project(qkv VERSION ...) in CMakeLists.txt, read here and compiled into the module.

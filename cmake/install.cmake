@@ -34,15 +34,11 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/qkvConfigVersion.cmake CO
 install(FILES ${PROJECT_BINARY_DIR}/qkvConfig.cmake ${PROJECT_BINARY_DIR}/qkvConfigVersion.cmake
   DESTINATION ${QKV_CMAKE_DIR})
 
-# pkg-config: a static libqkv needs its private dependencies on the link line too. Libs carries
+# pkg-config: -lqkv links the shared libqkv; `pkg-config --static` adds what the static one needs
+# (Libs.private). Libs carries
 # an rpath to libdir, so a program linked against the shared libqkv of any prefix runs without
 # LD_LIBRARY_PATH (the .pc is relocatable, so the rpath is wherever the prefix is when linking).
 file(RELATIVE_PATH QKV_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
-if(QKV_SHARED)
-  set(QKV_PC_LIBS_PRIVATE "")
-else()
-  set(QKV_PC_LIBS_PRIVATE "-lfmt -ldl -lpthread")
-endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
@@ -59,6 +55,6 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # dpkg-shlibdeps finds the shared libraries the binaries load (fmt, OpenBLAS, gomp, libstdc++);
 # the -dev packages are what the headers and the CMake package need to compile against.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libfmt-dev, libopenblas-dev, libgomp1, python3-numpy")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libfmt-dev, libopenblas-dev, python3-numpy")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 include(CPack)
