@@ -101,6 +101,15 @@ TEST(Optim, WarmupCosineSchedule) {
   for (int64_t t = 4; t < 14; ++t) EXPECT_GE(s.at(t), s.at(t + 1));
 }
 
+TEST(Optim, WarmupAsLongAsTheRunNeverDecays) {
+  const LrSchedule s{.base = 1.0, .min_lr = 0.1, .warmup = 8, .total = 4};
+  EXPECT_DOUBLE_EQ(s.at(3), 0.5);  // the run's last step: base * total / warmup
+  EXPECT_DOUBLE_EQ(s.at(7), 1.0);  // the warm-up's own end, past the run
+  EXPECT_DOUBLE_EQ(s.at(8), 1.0);  // then the decay, already past total: one step to min_lr
+  EXPECT_DOUBLE_EQ(s.at(9), 0.1);
+  for (int64_t t = 0; t < 7; ++t) EXPECT_LT(s.at(t), s.at(t + 1));
+}
+
 TEST(Optim, RefusesMissingOrMisshapenGradientsAndBadConfig) {
   Tensor<float> p = vec({1.0f, 2.0f});
   Optimizer opt(OptimizerConfig{}, {{"w", &p}});

@@ -65,8 +65,10 @@ class Optimizer {
 double clip_grad_norm(TensorMap& grads, double max_norm);
 
 // Learning rate per step (counting from 0): linear warm-up from base/warmup to base over `warmup`
-// steps, then cosine decay from base to min_lr, reaching min_lr at step `total`. at() throws
-// qkv::Error for a negative step, warmup or total, or unless 0 <= min_lr <= base, both finite.
+// steps, then cosine decay from base to min_lr, reaching min_lr at step `total`. With warmup >=
+// total the run ends inside the warm-up: step total - 1 takes base·total/warmup, and the decay
+// starts only past `warmup`. at() throws qkv::Error for a negative step, warmup or total, or
+// unless 0 <= min_lr <= base, both finite.
 struct LrSchedule {
   double base = 1e-3;
   double min_lr = 0.0;

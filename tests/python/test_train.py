@@ -73,6 +73,23 @@ def test_zero_steps_reports_no_loss(run, seed):
     accuracies(r.stdout)
 
 
+@pytest.mark.parametrize("warmup, note", [
+    (100, "note: --warmup 100 is not below --steps 4: the learning rate rose over the whole run and reached 4% of "
+          "--lr"),
+    (4, "note: --warmup 4 is not below --steps 4: the learning rate rose over the whole run and reached 100% of --lr"),
+    (3, None)])
+def test_a_run_inside_its_warmup_says_so(run, seed, warmup, note):
+    """--steps alone shortens a run below the default warm-up of 100 steps, whose learning rate
+    then never reaches --lr (LrSchedule): the last lines say how far it got."""
+    r = run("train", *SMALL, "--steps", 4, "--warmup", warmup, "--seed", seed)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    if note is None:
+        assert lines[-1].startswith("final training loss") and "warmup" not in r.stdout, r.stdout
+    else:
+        assert lines[-2].startswith("final training loss") and lines[-1] == note, r.stdout
+
+
 def test_held_out_examples_take_one_batch_of_memory(qkv_bin):
     """The held-out set was built whole before training: 2.3 GB at --eval-examples 1000000 (of the
     10,000,000 allowed). It is drawn again batch by batch: SMALL's 200,000 examples peak at 14 MB

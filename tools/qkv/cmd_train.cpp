@@ -170,12 +170,20 @@ void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
 }
 
 // The run's last line: its final loss, or that no step ran (--steps 0: the weights as created or
-// resumed, and no loss was ever measured, so none is shown).
-void print_final_loss(double loss, int64_t steps, double seconds, std::string_view note = "") {
-  if (steps == 0)
+// resumed, and no loss was ever measured, so none is shown). A warm-up as long as the run
+// (LrSchedule) never reached --lr, as PyTorch's schedulers allow; the line says so, since --steps
+// alone shortens a run below the default warm-up.
+void print_final_loss(double loss, int64_t steps, int64_t warmup, double seconds, std::string_view note = "") {
+  if (steps == 0) {
     fmt::print("no training steps (--steps 0){}\n", note);
-  else
-    fmt::print("final training loss {:.4f}; {} steps in {}{}\n", loss, steps, duration(seconds), note);
+    return;
+  }
+  fmt::print("final training loss {:.4f}; {} steps in {}{}\n", loss, steps, duration(seconds), note);
+  if (warmup >= steps)
+    fmt::print(
+        "note: --warmup {} is not below --steps {}: the learning rate rose over the whole run and reached {:.3g}% of "
+        "--lr\n",
+        warmup, steps, 100.0 * static_cast<double>(steps) / static_cast<double>(warmup));
 }
 
 // A file's name as text: the note is saved as JSON, which holds only UTF-8, and a name's other
@@ -213,7 +221,7 @@ int run_masked_word(const TrainArgs& a, std::vector<LossPoint>& curve, RunPositi
   print_accuracy("mean of the context vectors", r.mean_context);
   print_accuracy("parameter-free (Q = K = V = X)", r.parameter_free);
   print_accuracy("untrained layer (its seed)", r.untrained);
-  print_final_loss(r.final_loss, m.steps, r.seconds, m.positions ? " (with sinusoidal positions)" : "");
+  print_final_loss(r.final_loss, m.steps, m.warmup, r.seconds, m.positions ? " (with sinusoidal positions)" : "");
   if (!m.save.empty())
     fmt::print("weights written to {} (qkv explain --weights {}{} \"a sentence\")\n", m.save, m.save,
                m.positions ? " --positions" : "");
@@ -253,7 +261,7 @@ int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& 
   fmt::print("  trained         {:6.2f}%\n", 100.0 * r.trained_accuracy);
   fmt::print("  parameter-free  {:6.2f}%\n", 100.0 * r.parameter_free_accuracy);
   fmt::print("  untrained       {:6.2f}%\n", 100.0 * r.untrained_accuracy);
-  print_final_loss(r.final_loss, c.steps, r.seconds);
+  print_final_loss(r.final_loss, c.steps, c.warmup, r.seconds);
   if (!c.save.empty()) fmt::print("weights written to {}\n", c.save);
   write_curve(args, curve);
   return 0;
