@@ -51,24 +51,22 @@ TEST(LookupResume, RefusesCheckpointsTrainingNeverWrites) {
     expect_error([&] { train_lookup(c, {}); }, {"checkpoint " + c.checkpoint + ": weight w_k[1, 3] = " +
                                                 (std::isnan(bad) ? "nan" : "-inf") + " must be finite"});
   }
+  // A metadata entry set to each bad value in turn is refused with `message`.
+  auto refused = [&](const std::string& key, std::initializer_list<std::string> values, const std::string& message) {
+    for (const std::string& value : values) {
+      SCOPED_TRACE(key + " '" + value + "'");
+      Checkpoint ck = load_checkpoint(good);
+      ck.metadata.at(key) = value;
+      write(ck);
+      expect_error([&] { train_lookup(c, {}); }, {"checkpoint " + c.checkpoint + message});
+    }
+  };
   // train.step must be all of a whole number in [0, steps].
-  for (const std::string step : {"2junk", "", " 2", "+2", "0x2", "-1", "5", "99999999999999999999"}) {
-    SCOPED_TRACE("train.step '" + step + "'");
-    Checkpoint ck = load_checkpoint(good);
-    ck.metadata.at("train.step") = step;
-    write(ck);
-    expect_error([&] { train_lookup(c, {}); },
-                 {"checkpoint " + c.checkpoint + " has no valid train.step / train.rng entries"});
-  }
+  refused("train.step", {"2junk", "", " 2", "+2", "0x2", "-1", "5", "99999999999999999999"},
+          " has no valid train.step / train.rng entries");
   // The window of the last steps' losses: pairs of finite numbers, at most the window's length.
-  for (const std::string window : {"1.5", "1.5:", "1.5:0.2,", "nan:0.2", "1.5:0.2;2:0.1", "1.5:0.2 "}) {
-    SCOPED_TRACE("train.recent '" + window + "'");
-    Checkpoint ck = load_checkpoint(good);
-    ck.metadata.at("train.recent") = window;
-    write(ck);
-    expect_error([&] { train_lookup(c, {}); },
-                 {"checkpoint " + c.checkpoint + ": train.recent is not a list of at most 50 loss:accuracy pairs"});
-  }
+  refused("train.recent", {"1.5", "1.5:", "1.5:0.2,", "nan:0.2", "1.5:0.2;2:0.1", "1.5:0.2 "},
+          ": train.recent is not a list of at most 50 loss:accuracy pairs");
   Checkpoint ck = load_checkpoint(good);
   ck.metadata.at("train.step") = "2";
   write(ck);
