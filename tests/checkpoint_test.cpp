@@ -100,7 +100,7 @@ TEST_F(CheckpointTest, FailedWriteLeavesNothingBehind) {
   const std::string f = path("missing_dir/ckpt.safetensors");
   expect_error([&] { save_checkpoint(f, {{"w", w.cview()}}, {}); }, "missing_dir");
   EXPECT_FALSE(fs::exists(f));
-  expect_error([&] { save_checkpoint(path("dup"), {{"w", w.cview()}, {"w", w.cview()}}, {}); }, "appears twice");
+  expect_error([&] { save_checkpoint(path("dup"), {{"w", w.cview()}, {"w", w.cview()}}, {}); }, "\"w\" is given twice");
   expect_error([&] { load_checkpoint(path("nope")); }, "checkpoint " + path("nope") + " is unreadable");
   // A save refused for its contents keeps the previous checkpoint too: it was replaced by the
   // current one first. A view without data was read for the checksum (SIGSEGV) before the check.

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <set>
 
 #include <fmt/format.h>
 
@@ -88,11 +87,9 @@ std::string prev_hint(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const std::vector<NamedView>& tensors,
                      const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> names;
-  for (const auto& [name, view] : tensors)
-    if (!names.insert(name).second) throw Error(fmt::format("checkpoint {}: tensor name {} appears twice", path, name));
   // Every refusal comes before the previous checkpoint is replaced by the current one: the bytes
-  // first (names, metadata, shapes, data), then the checksum over them.
+  // first (names, metadata, shapes, data), then the checksum over them. The header is built again
+  // with the checksum in its metadata.
   detail::check_safetensors(path, tensors, metadata);
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = checksum(tensors, metadata);
