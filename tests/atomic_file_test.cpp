@@ -101,6 +101,31 @@ TEST(AtomicFile, FailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"model.bin"});
 }
 
+TEST(AtomicFile, SeveralOutputsAreReplacedAllOrNone) {
+  test::Rng rng("AtomicFile.SeveralOutputs");
+  TempDir dir;
+  const std::string a = dir.file("a.bin"), b = dir.file("b.bin");
+  write_file_atomically(a, "old a");
+  write_file_atomically(b, "old b");
+  // A failure after the files are written (a device refusing its bytes) replaces neither of them,
+  // though the device comes between them.
+  expect_error(
+      [&] {
+        write_files_atomically({{a, "new a"}, {"/dev/full", "x"}, {b, "new b"}});
+      },
+      {"cannot write /dev/full", "No space left on device"});
+  EXPECT_EQ(read_raw(a), "old a");
+  EXPECT_EQ(read_raw(b), "old b");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a.bin", "b.bin"}));
+  const std::string big = random_bytes(rng, 5000);
+  write_files_atomically({{a, big}, {b, ""}, {dir.file("c.bin"), "c"}});
+  EXPECT_EQ(read_raw(a), big);
+  EXPECT_EQ(read_raw(b), "");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a.bin", "b.bin", "c.bin"}));
+  // Between writes no temporary file is held, and a signal handler may end the process at once.
+  EXPECT_TRUE(end_writes_for_signal(SIGTERM));
+}
+
 TEST(AtomicFile, RelativePathWritesIntoTheWorkingDirectory) {
   TempDir dir;
   std::filesystem::path saved = std::filesystem::current_path();

@@ -39,8 +39,13 @@ struct AttentionOptions {
   Dropout dropout;
 };
 
-// QKV_NUM_THREADS if set to an integer in [1, kMaxThreads], else the OpenMP default. Thread-safe.
+// QKV_NUM_THREADS if set to an integer in [1, kMaxThreads], else the OpenMP default (a value it
+// cannot use is ignored here; environment_num_threads names it). Thread-safe.
 int default_num_threads();
+
+// QKV_NUM_THREADS as default_num_threads reads it: nullopt when unset or empty; throws qkv::Error
+// naming the value when it is anything but a decimal integer in [1, kMaxThreads]. Thread-safe.
+std::optional<int> environment_num_threads();
 
 // Most threads any call runs on: a request for more (e.g. 100000) would exhaust the process's
 // threads inside OpenMP, which cannot report it.

@@ -1,6 +1,8 @@
 #include "qkv/attention_options.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -12,11 +14,22 @@
 
 namespace qkv {
 
+std::optional<int> environment_num_threads() {
+  const char* env = std::getenv("QKV_NUM_THREADS");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || errno == ERANGE || n < 1 || n > kMaxThreads ||
+      !std::isdigit(static_cast<unsigned char>(*env)))
+    throw Error(fmt::format("QKV_NUM_THREADS={}: expected a decimal integer from 1 to {}", env, kMaxThreads));
+  return static_cast<int>(n);
+}
+
 int default_num_threads() {
-  if (const char* env = std::getenv("QKV_NUM_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n > 0 && n <= kMaxThreads) return static_cast<int>(n);
+  try {
+    if (const std::optional<int> n = environment_num_threads()) return *n;
+  } catch (const Error&) {
   }
   return omp_get_max_threads();
 }

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <cerrno>
 #include <chrono>
 #include <random>
@@ -85,22 +87,57 @@ void detail::remove_stale_temporaries(const std::string& target) {
   ::closedir(d);
 }
 
-void detail::replace_file_atomically(const std::string& path, const OutputTarget& out, std::string_view bytes) {
-  const std::string& target = out.resolved;
-  struct stat st {};
-  const bool target_exists = out.exists && ::stat(target.c_str(), &st) == 0;
+namespace {
 
-  detail::remove_stale_temporaries(target);
-  std::string tmp;
+// The temporary files StagedFiles hold, for remove_staged_files() in a signal handler: fixed
+// storage, each slot free (0), being filled (1) or listing a path (2). A path too long for a slot,
+// or more files at once than slots, goes unlisted: a later write removes it as stale.
+struct StagedSlot {
+  std::atomic<int> state{0};
+  char path[4096];
+};
+StagedSlot g_staged[64];
+
+int list_staged(const std::string& tmp) {
+  if (tmp.size() >= sizeof(StagedSlot::path)) return -1;
+  for (int i = 0; i < static_cast<int>(std::size(g_staged)); ++i) {
+    int free_slot = 0;
+    if (!g_staged[i].state.compare_exchange_strong(free_slot, 1)) continue;
+    std::copy(tmp.begin(), tmp.end(), g_staged[i].path);
+    g_staged[i].path[tmp.size()] = '\0';
+    g_staged[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void unlist_staged(int slot) {
+  if (slot >= 0) g_staged[slot].state.store(0);
+}
+
+}  // namespace
+
+void detail::remove_staged_files() noexcept {
+  for (StagedSlot& slot : g_staged)
+    if (slot.state.load() == 2) (void)::unlink(slot.path);
+}
+
+detail::StagedFile::StagedFile(const std::string& path, const OutputTarget& out, std::string_view bytes)
+    : path_(path), target_(out.resolved) {
+  struct stat st {};
+  const bool target_exists = out.exists && ::stat(target_.c_str(), &st) == 0;
+
+  detail::remove_stale_temporaries(target_);
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = temporary_name(target);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    tmp_ = temporary_name(target_);
+    fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST)
-      throw Error(fmt::format("cannot write {}: cannot create a temporary file in {}: {}", path, directory_of(target),
+      throw Error(fmt::format("cannot write {}: cannot create a temporary file in {}: {}", path, directory_of(target_),
                               detail::errno_text(errno)));
   }
-  if (fd < 0) throw Error(fmt::format("cannot write {}: no unused temporary name in {}", path, directory_of(target)));
+  if (fd < 0) throw Error(fmt::format("cannot write {}: no unused temporary name in {}", path, directory_of(target_)));
+  slot_ = list_staged(tmp_);
 
   try {
     // Replacing a file keeps its permissions, as an in-place write would.
@@ -110,29 +147,92 @@ void detail::replace_file_atomically(const std::string& path, const OutputTarget
     int rc = ::close(fd);
     fd = -1;
     if (rc != 0) throw Error(fmt::format("cannot write {}: close: {}", path, detail::errno_text(errno)));
-    // Checked again just before the rename: a device or directory that appeared since
-    // resolve_output is never replaced.
-    struct stat now {};
-    if (::lstat(target.c_str(), &now) == 0 && !S_ISREG(now.st_mode))
-      throw Error(fmt::format("cannot write {}: {} is no longer a regular file", path, target));
-    if (::rename(tmp.c_str(), target.c_str()) != 0)
-      throw Error(fmt::format("cannot write {}: rename: {}", path, detail::errno_text(errno)));
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
+    ::unlink(tmp_.c_str());
+    unlist_staged(slot_);
     throw;
   }
+}
 
+detail::StagedFile::StagedFile(StagedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      target_(std::move(other.target_)),
+      tmp_(std::move(other.tmp_)),
+      slot_(other.slot_) {
+  other.tmp_.clear();
+  other.slot_ = -1;
+}
+
+detail::StagedFile::~StagedFile() {
+  if (tmp_.empty()) return;
+  ::unlink(tmp_.c_str());
+  unlist_staged(slot_);
+}
+
+void detail::StagedFile::commit() {
+  if (tmp_.empty()) throw Error(fmt::format("cannot write {}: already written", path_));
+  // Checked again just before the rename: a device or directory that appeared since
+  // resolve_output is never replaced.
+  struct stat now {};
+  if (::lstat(target_.c_str(), &now) == 0 && !S_ISREG(now.st_mode))
+    throw Error(fmt::format("cannot write {}: {} is no longer a regular file", path_, target_));
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0)
+    throw Error(fmt::format("cannot write {}: rename: {}", path_, detail::errno_text(errno)));
+  tmp_.clear();
+  unlist_staged(slot_);
+  slot_ = -1;
   // The rename is durable only once the directory entry is; failing here loses nothing visible.
-  int dir = ::open(directory_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = ::open(directory_of(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     (void)::fsync(dir);
     ::close(dir);
   }
 }
 
+void detail::replace_file_atomically(const std::string& path, const OutputTarget& out, std::string_view bytes) {
+  StagedFile(path, out, bytes).commit();
+}
+
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   write_output(path, resolve_output(path), bytes);
+}
+
+namespace {
+
+// Renames in progress (write_files_atomically's last loop) and a fatal signal they held back.
+std::atomic<int> g_renaming{0};
+std::atomic<int> g_held_signal{0};
+
+}  // namespace
+
+void write_files_atomically(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<OutputTarget> targets;
+  for (const auto& [path, bytes] : files) targets.push_back(resolve_output(path));
+  std::vector<detail::StagedFile> staged;
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (targets[i].kind == OutputKind::file) staged.emplace_back(files[i].first, targets[i], files[i].second);
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (targets[i].kind != OutputKind::file) write_output(files[i].first, targets[i], files[i].second);
+  g_renaming.fetch_add(1);
+  try {
+    for (detail::StagedFile& file : staged) file.commit();
+  } catch (...) {
+    g_renaming.fetch_sub(1);
+    throw;
+  }
+  if (g_renaming.fetch_sub(1) == 1)
+    if (const int sig = g_held_signal.exchange(0); sig != 0) ::raise(sig);
+}
+
+bool end_writes_for_signal(int sig) noexcept {
+  if (g_renaming.load() > 0) {
+    g_held_signal.store(sig);
+    // Checked again: renames that ended before the store did not see the signal held.
+    if (g_renaming.load() > 0) return false;
+  }
+  detail::remove_staged_files();
+  return true;
 }
 
 }  // namespace qkv

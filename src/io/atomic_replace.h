@@ -23,9 +23,34 @@ std::string temporary_name(const std::string& target);
 // exists. Best effort: errors are ignored.
 void remove_stale_temporaries(const std::string& target);
 
-// Writes `bytes` to a temporary file beside target.resolved, fsyncs it and renames it there
-// (keeping the permissions of a replaced file); `path` names the output in messages. On failure
-// the old file stays and the temporary file is removed.
+// A file's new contents written to a temporary file beside target.resolved (fsync'd, closed, with
+// the permissions of the file it replaces) and not yet renamed there: commit() renames it, and
+// destruction without commit() removes it, so several outputs can all be written before any
+// replaces its file. `path` names the output in messages; every failure throws qkv::Error and
+// leaves the target as it was. While it exists the temporary file is listed for
+// remove_staged_files().
+class StagedFile {
+ public:
+  StagedFile(const std::string& path, const OutputTarget& target, std::string_view bytes);
+  StagedFile(StagedFile&& other) noexcept;
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  StagedFile& operator=(StagedFile&&) = delete;
+  ~StagedFile();
+  // Renames the temporary file onto the target (refused if the target is no longer a regular
+  // file) and makes the rename durable. At most once.
+  void commit();
+
+ private:
+  std::string path_, target_, tmp_;
+  int slot_ = -1;  // the listing's slot, -1 when none
+};
+
+// Removes every temporary file a StagedFile of this process holds. Async-signal-safe (unlink
+// only): a handler of a fatal signal calls it, so that a killed run leaves no temporary file.
+void remove_staged_files() noexcept;
+
+// StagedFile(path, target, bytes).commit(): the atomic replacement of one file.
 void replace_file_atomically(const std::string& path, const OutputTarget& target, std::string_view bytes);
 
 }  // namespace qkv::detail

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "io/mapped_file.h"
+#include "qkv/attention_options.h"
 #include "qkv/embeddings.h"
 #include "qkv/error.h"
 
@@ -235,7 +236,9 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
     int64_t bad_line = std::numeric_limits<int64_t>::max();
     std::string bad_message;
     const int64_t count = static_cast<int64_t>(block.size());
-#pragma omp parallel for schedule(dynamic, 512) if (count > 2048)
+    // The threads as every kernel resolves them: OMP_NUM_THREADS=100000 crashed OpenMP here.
+    const int threads = resolve_num_threads(0, (count + 511) / 512);
+#pragma omp parallel for schedule(dynamic, 512) if (count > 2048) num_threads(threads)
     for (int64_t i = 0; i < count; ++i) {
       std::size_t r = static_cast<std::size_t>(row + i);
       std::string fault = parse_text_row(block[i].text, dim, out.matrix.data() + r * dim, &out.words[r]);

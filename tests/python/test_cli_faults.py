@@ -195,3 +195,151 @@ def test_full_disk_keeps_the_old_word_vectors(run, embeddings, small_disk):
     sentence = " ".join(embeddings.words * 8)
     r = run("context", sentence, "--embeddings", embeddings.glove, "--parameter-free", "--format", "json", "--out", out)
     check_full_disk(r, out, b"old vectors")
+
+
+def _attend_files(directory, n, m, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    for name, rows in (("q", n), ("k", m), ("v", m)):
+        np.save(directory / f"{name}.npy", rng.standard_normal((rows, d)).astype(np.float32))
+    return ["attend", "--q", directory / "q.npy", "--k", directory / "k.npy", "--v", directory / "v.npy"]
+
+
+def test_a_later_output_failing_keeps_every_earlier_one(run, small_disk, tmp_path):
+    """Three outputs, the last too large for the disk: the two before it were already renamed over
+    the user's files and then removed, losing them. Every output is now written before any
+    replaces its file."""
+    for name in ("o.npy", "l.npy"):
+        (small_disk / name).write_bytes(b"OLD " + name.encode())
+    r = run(*_attend_files(tmp_path, 100, 200), "--out", small_disk / "o.npy", "--lse", small_disk / "l.npy",
+            "--weights", small_disk / "w.npy")  # weights: 80 KB on a 64 KB disk
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+    assert f"cannot write {small_disk / 'w.npy'}: No space left on device" in r.stderr, r.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["l.npy", "o.npy"]
+    assert [(small_disk / n).read_bytes() for n in ("o.npy", "l.npy")] == [b"OLD o.npy", b"OLD l.npy"]
+
+
+def test_a_file_size_limit_fails_the_write_with_one_line(qkv_bin, tmp_path):
+    """`ulimit -f` sends SIGXFSZ past the limit: the process died (exit 153) beside a temporary
+    file and the outputs written before. The write now fails with EFBIG."""
+    import resource
+    argv = [qkv_bin, *map(str, _attend_files(tmp_path, 1024, 1024)), "--out", tmp_path / "o.npy", "--weights",
+            tmp_path / "w.npy"]  # weights: 4 MB
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))  # noqa: E731
+    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, preexec_fn=limit, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+    assert f"cannot write {tmp_path / 'w.npy'}: File too large" in r.stderr, r.stderr
+    assert not (tmp_path / "o.npy").exists() and not (tmp_path / "w.npy").exists() and temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_a_lost_stderr_keeps_the_exit_status(qkv_bin, tmp_path, stderr):
+    """A message that cannot reach stderr aborted the process (fmt threw inside main's catch):
+    exit 134 for a failure, and for a training run that had succeeded."""
+    def start():
+        if stderr == "closed":
+            os.close(2)
+        else:
+            os.dup2(os.open("/dev/full", os.O_WRONLY), 2)
+    failing = [qkv_bin, "attend", "--q", tmp_path / "none.npy", "--k", tmp_path / "k", "--v", tmp_path / "v", "--out",
+               tmp_path / "o.npy"]
+    r = subprocess.run(list(map(str, failing)), capture_output=False, stdout=subprocess.DEVNULL, preexec_fn=start,
+                       timeout=60)
+    assert r.returncode == 1
+    save = tmp_path / "s.safetensors"
+    training = [qkv_bin, *TRAIN, "--steps", "3", "--save", save]
+    r = subprocess.run(list(map(str, training)), stdout=subprocess.DEVNULL, preexec_fn=start, timeout=60)
+    assert r.returncode == 0 and save.exists()
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full"])
+def test_a_lost_stdout_fails_the_run(qkv_bin, tmp_path, stdout):
+    """`qkv train >/dev/full` exited 0 with its whole report lost; with stdout closed, a file qkv
+    opened could take descriptor 1 and receive what it prints."""
+    def start():
+        if stdout == "closed":
+            os.close(1)
+        else:
+            os.dup2(os.open("/dev/full", os.O_WRONLY), 1)
+    r = subprocess.run([qkv_bin, *TRAIN, "--steps", "2"], stderr=subprocess.PIPE, text=True, preexec_fn=start,
+                       timeout=60)
+    expected = ("standard output is closed: qkv prints its results there" if stdout == "closed"
+                else "cannot write to standard output: No space left on device")
+    assert r.returncode == 1 and expected in r.stderr.splitlines()[-1], (r.returncode, r.stderr)
+
+
+def test_sigterm_at_any_moment_leaves_every_output_old_or_new(qkv_bin, seed, tmp_path):
+    """SIGTERM, SIGHUP and Ctrl-C outside `train` ended the process by default: 13 of 15 kills
+    during the writes left the first outputs replaced and a 150 MB temporary file. The handler
+    removes the temporary files, and no output replaces its file before all are written."""
+    rnd = random.Random(seed)
+    argv = list(map(str, _attend_files(tmp_path, 3072, 3072, d=16)))  # weights: 38 MB
+    outputs = [tmp_path / n for n in ("o.npy", "l.npy", "w.npy")]
+    argv = [qkv_bin, *argv, "--out", str(outputs[0]), "--lse", str(outputs[1]), "--weights", str(outputs[2]),
+            "--threads", "1"]
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    new = [p.read_bytes() for p in outputs]
+    start = time.monotonic()
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    seconds = time.monotonic() - start
+    seen = set()
+    for kill in range(8):
+        for p in outputs:
+            p.write_bytes(b"old")
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(rnd.uniform(0.3, 1.1) * seconds)
+        proc.send_signal(rnd.choice([signal.SIGTERM, signal.SIGHUP, signal.SIGINT]))
+        status = proc.wait(timeout=120)
+        got = [p.read_bytes() for p in outputs]
+        assert got in ([b"old"] * 3, new), f"seed {seed} kill {kill}: a mix of old and new outputs"
+        assert temporaries(tmp_path) == [], f"seed {seed} kill {kill}: {temporaries(tmp_path)}"
+        seen.add("killed" if status < 0 else "finished")
+    print(f"seed {seed}: {sorted(seen)} over 8 kills in a run of {seconds:.2f} s")
+
+
+def test_sigbus_ends_with_one_line(qkv_bin, tmp_path):
+    """A mapped input truncated by another program while it is read raises SIGBUS, which dumped
+    core (exit 135) without a word. Sent here by hand, the moment a truncation hits being chance."""
+    argv = [qkv_bin, *map(str, _attend_files(tmp_path, 4096, 4096, d=32)), "--out", str(tmp_path / "o.npy"),
+            "--threads", "1", "--kernel", "reference"]  # seconds: the signal lands mid-run
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGBUS)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert err == ("qkv: error: a file qkv maps (an input) became shorter while it was read (SIGBUS): another "
+                   "program truncated or rewrote it\n"), err
+    assert temporaries(tmp_path) == []
+
+
+def test_a_huge_openmp_thread_count_is_capped_when_reading_word_vectors(qkv_bin, tmp_path):
+    """OMP_NUM_THREADS=100000 crashed the word-vector reader (SIGSEGV), the one loop whose threads
+    were not capped as the kernels' are."""
+    words = tmp_path / "words.txt"
+    words.write_text("".join(f"w{i} {i % 7 / 7:.3f} {i % 5 / 5:.3f} 0.5 -0.25\n" for i in range(5000)))
+    env = dict(os.environ, OMP_NUM_THREADS="100000")
+    env.pop("QKV_NUM_THREADS", None)
+    r = subprocess.run([qkv_bin, "context", "--embeddings", str(words), "--parameter-free", "w1 w2 w3"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "99999999", " 4", "2x"])
+def test_an_unusable_thread_count_in_the_environment_is_named(qkv_bin, value):
+    """QKV_NUM_THREADS that the library cannot use was ignored without a word (QKV_SIMD's is refused)."""
+    r = subprocess.run([qkv_bin, "explain"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, QKV_NUM_THREADS=value))
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr == f"qkv: QKV_NUM_THREADS={value}: expected a decimal integer from 1 to 4096\n", r.stderr
+
+
+def test_a_curve_failing_after_the_save_says_the_layer_is_kept(run, seed, small_disk, tmp_path):
+    """The loss curve is written after the run saved its layer: the one line says where it is."""
+    fill(small_disk, 0)
+    save = tmp_path / "layer.safetensors"
+    r = run(*TRAIN, "--steps", 2, "--seed", seed, "--save", save, "--loss-csv", small_disk / "loss.csv")
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (f"qkv: error: cannot write {small_disk / 'loss.csv'}: No space left on device (the trained layer "
+                    f"is saved in {save})"), last
+    assert save.exists() and temporaries(small_disk) == []

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "qkv/atomic_file.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/output_file.h"
@@ -24,9 +25,17 @@ namespace qkv::cli {
 
 void usage_error(const std::string& message) { throw CLI::ValidationError(message); }
 
+void print_to_stderr(std::string_view text) noexcept {
+  (void)std::fwrite(text.data(), 1, text.size(), stderr);
+  (void)std::fflush(stderr);
+}
+
 void print_error(std::string_view message) {
-  fmt::print(stderr, "qkv: error: {}\n", message);
-  std::fflush(stderr);
+  try {
+    print_to_stderr(fmt::format("qkv: error: {}\n", message));
+  } catch (...) {  // no memory to format: the message alone
+    print_to_stderr(message);
+  }
 }
 
 template <class T>
@@ -109,29 +118,17 @@ void check_output_paths(const std::vector<std::pair<std::string, std::string>>& 
 }
 
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
-  std::vector<OutputTarget> targets;
   std::set<std::string> seen;
-  for (const auto& f : files) {
-    targets.push_back(resolve_output(f.first));
-    if (!seen.insert(output_identity(targets.back())).second)
+  for (const auto& f : files)
+    if (!seen.insert(output_identity(resolve_output(f.first))).second)
       throw Error(fmt::format("{}: named for two outputs", f.first));
-  }
-  // Only files this call wrote are removed on failure; a device or stdout is never ours to remove.
-  std::vector<std::string> written;
-  try {
-    for (std::size_t i = 0; i < files.size(); ++i) {
-      write_output(files[i].first, targets[i], files[i].second);
-      if (targets[i].kind == OutputKind::file) written.push_back(targets[i].resolved);
-    }
-  } catch (...) {
-    for (const std::string& path : written) std::remove(path.c_str());
-    throw;
-  }
+  write_files_atomically(files);
 }
 
 void write_stdout(std::string_view bytes) {
   std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("cannot write to standard output");
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw Error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
 }
 
 void on_parse_complete(CLI::App* app, std::function<void()> check) {

@@ -29,6 +29,9 @@ std::optional<std::string> unknown_option_message(const CLI::App& app, int argc,
 // Throws CLI::ValidationError (exit code 2, "usage") with `message`; for checks that CLI11
 // cannot express, run from a subcommand's parse callback.
 [[noreturn]] void usage_error(const std::string& message);
+// Writes `text` to stderr and flushes. A stderr that is closed or full loses the text, and never
+// turns the command's outcome into an abort (fmt::print would throw, inside a catch).
+void print_to_stderr(std::string_view text) noexcept;
 // "qkv: error: <message>" on stderr, flushed: the one form every failure is reported in.
 void print_error(std::string_view message);
 
@@ -62,8 +65,8 @@ void on_parse_complete(CLI::App* app, std::function<void()> check);
 // pipe or a full disk must not end in exit code 0).
 void write_stdout(std::string_view bytes);
 
-// Writes every (path, bytes) atomically; if one fails, removes the ones already written in this
-// call, so a failed run leaves no output behind. The files must differ (checked, as
+// Writes every (path, bytes) by write_files_atomically (qkv/atomic_file.h): a failure replaces no
+// file, so a failed run leaves every output as it was. The files must differ (checked, as
 // check_output_paths compares them).
 void write_outputs(const std::vector<std::pair<std::string, std::string>>& files);
 

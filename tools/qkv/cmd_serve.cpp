@@ -147,8 +147,8 @@ class StopSignals {
           if (server_ != nullptr) server_->stop();
         }
         if (std::chrono::steady_clock::now() > deadline) {
-          fmt::print(stderr, "qkv serve: stopped ({}), leaving requests still being sent unanswered\n",
-                     signal_name(sig));
+          print_to_stderr(
+              fmt::format("qkv serve: stopped ({}), leaving requests still being sent unanswered\n", signal_name(sig)));
           std::fflush(nullptr);
           std::_Exit(0);
         }
@@ -182,7 +182,7 @@ class StopSignals {
 };
 
 int stopped(int sig) {
-  fmt::print(stderr, "qkv serve: stopped ({})\n", signal_name(sig));
+  print_to_stderr(fmt::format("qkv serve: stopped ({})\n", signal_name(sig)));
   return 0;
 }
 
@@ -212,10 +212,10 @@ int run_serve(const ServeArgs& a) {
                     "one of this machine's)",
                     a.host, a.port));
   if (!loopback(a.host))
-    fmt::print(stderr,
-               "qkv serve: warning: listening on {}, not only on this machine: anyone who can reach port {} can use "
-               "the explorer\n",
-               a.host, port);
+    print_to_stderr(fmt::format(
+        "qkv serve: warning: listening on {}, not only on this machine: anyone who can reach port {} can use "
+        "the explorer\n",
+        a.host, port));
   const std::string url_host = a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host;
   fmt::print("qkv serve: http://{}:{}/  (Ctrl-C stops)\n", url_host, port);
   std::fflush(stdout);

@@ -59,12 +59,12 @@ class ProgressPrinter {
       last_draw_ = now;
       constexpr int kWidth = 24;
       const int filled = static_cast<int>(kWidth * p.step / std::max<int64_t>(p.steps, 1));
-      fmt::print(stderr, "\r[{}{}] {}", std::string(filled, '#'), std::string(kWidth - filled, '.'), describe(p));
+      print_to_stderr(
+          fmt::format("\r[{}{}] {}", std::string(filled, '#'), std::string(kWidth - filled, '.'), describe(p)));
       drawn_ = true;
     } else if (last || p.step % every_ == 0) {
-      fmt::print(stderr, "{}\n", describe(p));
+      print_to_stderr(describe(p) + "\n");
     }
-    std::fflush(stderr);
   }
 
  private:
@@ -161,11 +161,19 @@ std::string kept_after_interrupt(const LookupConfig* c, const RunPosition& at) {
   return fmt::format("the checkpoint {} holds step {}: add --resume to go on from there", c->checkpoint, saved);
 }
 
+// The curve is written after the run has saved its layer (and checkpoint): a failure here says
+// that they are kept, since a long run's weights are worth more than its chart.
 void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
   std::vector<std::pair<std::string, std::string>> files;
   if (!a.loss_csv.empty()) files.emplace_back(a.loss_csv, loss_curve_csv(curve));
   if (!a.loss_svg.empty()) files.emplace_back(a.loss_svg, loss_curve_svg(curve, "qkv train --task " + a.task));
-  write_outputs(files);
+  try {
+    write_outputs(files);
+  } catch (const Error& e) {
+    const std::string& save = a.task == "lookup" ? a.config.save : a.masked.save;
+    if (save.empty()) throw;
+    throw Error(fmt::format("{} (the trained layer is saved in {})", e.what(), save));
+  }
   for (const auto& [path, bytes] : files) fmt::print("loss curve written to {}\n", path);
 }
 
@@ -278,8 +286,8 @@ int run_train(const TrainArgs& args) {
     const int64_t steps = lookup ? args.config.steps : args.masked.steps;
     const std::string where =
         at.done < 0 ? "before the first step" : fmt::format("after step {} of {}", at.done, steps);
-    fmt::print(stderr, "qkv: train interrupted {}; {}\n", where,
-               kept_after_interrupt(lookup ? &args.config : nullptr, at));
+    print_to_stderr(fmt::format("qkv: train interrupted {}; {}\n", where,
+                                kept_after_interrupt(lookup ? &args.config : nullptr, at)));
     return kInterruptedExit;
   }
 }

@@ -2,7 +2,9 @@
 // stderr and a non-zero exit: 2 for bad usage, 1 for bad input or a failed run.
 #include <malloc.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -11,8 +13,10 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli_interrupt.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/version.h"
 
@@ -30,9 +34,23 @@ void keep_freed_memory() {
 #endif
 }
 
+// The command's exit status, unless what it printed could not all reach stdout (/dev/full, a
+// closed pipe with SIGPIPE ignored): a report lost is a failed run.
+int finish_stdout(int status) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  qkv::cli::print_error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
+  return status == 0 ? 1 : status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!qkv::cli::open_standard_descriptors()) {
+    qkv::cli::print_error(
+        "standard output is closed: qkv prints its results there (redirect it to /dev/null to discard them)");
+    return 1;
+  }
+  qkv::cli::install_signal_handlers();
   keep_freed_memory();
   CLI::App app{
       "qkv: self-attention, exact and fast. Try `qkv explain`.\n"
@@ -47,7 +65,7 @@ int main(int argc, char** argv) {
         &qkv::cli::add_train, &qkv::cli::add_bench, &qkv::cli::add_serve})
     commands.push_back(add(app));
   if (argc == 1) {
-    fmt::print(stderr, "qkv: no subcommand given; see `qkv --help` (or try `qkv explain`)\n");
+    qkv::cli::print_to_stderr("qkv: no subcommand given; see `qkv --help` (or try `qkv explain`)\n");
     return 2;
   }
   try {
@@ -55,24 +73,31 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     if (const auto message = qkv::cli::unknown_option_message(app, argc, argv)) {
-      fmt::print(stderr, "qkv: {}\n", *message);
+      qkv::cli::print_to_stderr(fmt::format("qkv: {}\n", *message));
       return 2;
     }
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
       std::string known;
       for (const CLI::App* sub : app.get_subcommands({})) known += (known.empty() ? "" : ", ") + sub->get_name();
-      fmt::print(stderr, "qkv: unknown subcommand '{}' (known: {}; see qkv --help)\n", argv[1], known);
+      qkv::cli::print_to_stderr(
+          fmt::format("qkv: unknown subcommand '{}' (known: {}; see qkv --help)\n", argv[1], known));
       return 2;
     }
-    fmt::print(stderr, "qkv: {}\n", e.what());
+    qkv::cli::print_to_stderr(fmt::format("qkv: {}\n", e.what()));
     return 2;
   } catch (const qkv::Error& e) {  // an option read at parse time (--input FILE) failed
     qkv::cli::print_error(e.what());
     return 1;
   }
+  try {  // the library ignores a value it cannot use; a command names it
+    qkv::environment_num_threads();
+  } catch (const qkv::Error& e) {
+    qkv::cli::print_to_stderr(fmt::format("qkv: {}\n", e.what()));
+    return 2;
+  }
   try {
     for (const auto& command : commands)
-      if (command.app->parsed()) return command.run();
+      if (command.app->parsed()) return finish_stdout(command.run());
     return 2;
   } catch (const qkv::Error& e) {
     qkv::cli::print_error(e.what());
