@@ -7,6 +7,8 @@
 #include "qkv/interrupt.h"
 
 #include <algorithm>
+#include <limits>
+#include <vector>
 
 #include <omp.h>
 
@@ -61,6 +63,8 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
   const int64_t items = heads * tiles;
   if (items == 0) return;
   const ForwardFn fn = kernel_family(path).forward;
+  std::vector<float> k_bounds(static_cast<std::size_t>(s.B * s.Hkv), std::numeric_limits<float>::quiet_NaN());
+  p.k_bounds = k_bounds.data();
   // Later tiles are heavier under a causal mask, so they go first; the order cannot change the
   // result because each tile is computed by one thread from start to end.
   auto task_of = [&](int64_t idx) {

@@ -108,6 +108,8 @@ class ForwardTile {
     std::fill(l_, l_ + qvecs_ * L, 0.0f);
     return (jhi_ - jlo_ + kBc - 1) / kBc;
   }
+  // The keys [lo, hi) the tile's blocks cover, once start() returned a count above 0.
+  std::pair<int64_t, int64_t> keys() const { return {jlo_, jhi_}; }
   // Folds key block `n` (< start()) into the running softmax and O; blocks go in order.
   void step(int64_t n) {
     const int64_t j0 = jlo_ + n * kBc;

@@ -59,6 +59,10 @@ struct ForwardParams {
   bool bf16_dot = false;
   // bf16_dot with both products on AMX tiles (AMX-BF16; D a multiple of 32, Dv of 16).
   bool bf16_amx = false;
+  // [B, Hkv]: each kv head's bound of |k| (large_scores.h), NaN until the first task of that head
+  // computes it (every task would get the same value; computed per task it made a long sliding
+  // window quadratic in M). Written through std::atomic_ref. Null: computed per task.
+  float* k_bounds = nullptr;
   // Set (if not null) when a row that has an allowed key comes out with a non-finite out or lse:
   // the caller then tells an fp32 overflow from non-finite inputs. Only ever set to true.
   std::atomic<bool>* nonfinite = nullptr;

@@ -3,26 +3,41 @@
 // family. Include after a family's <isa>/ops.h.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
 #include "kernels/forward_tile.h"
 
 namespace qkv::kernels {
 namespace {
 
-// large_scores.h's norms of the task's kv head: a bound of |k| over every key (fp32, cheap), and
-// |k| of each key, only when a tile's gate passes.
+// large_scores.h's norms of the task's kv head: a bound of |k| over every key (fp32, cheap; once
+// per kv head and call, in p.k_bounds), and |k| of each key, only when a tile's gate passes.
 template <class In>
 float key_norm_bound(const ForwardParams& p, const ForwardTask& task) {
   const AttentionShape& s = p.shape;
-  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
-  return max_row_norm(k, p.k_stride.row, p.k_stride.col, s.M, s.D);
+  const int64_t hk = task.h / (s.H / s.Hkv);
+  const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, hk, 0);
+  if (p.k_bounds == nullptr) return max_row_norm(k, p.k_stride.row, p.k_stride.col, s.M, s.D);
+  std::atomic_ref<float> cached(p.k_bounds[task.b * s.Hkv + hk]);
+  float bound = cached.load(std::memory_order_relaxed);
+  if (std::isnan(bound)) {  // NaN never counts in the bound, so a computed one is never NaN
+    bound = max_row_norm(k, p.k_stride.row, p.k_stride.col, s.M, s.D);
+    cached.store(bound, std::memory_order_relaxed);
+  }
+  return bound;
 }
 
+// |k| of the keys [lo, hi) the task's tiles read, at sizes[j] (the other entries unset); the
+// screens' vector loads read up to 64 entries past hi, which get the keys' norms too.
 template <class In>
-const float* key_sizes(const ForwardParams& p, const ForwardTask& task, Workspace& ws) {
+const float* key_sizes(const ForwardParams& p, const ForwardTask& task, int64_t lo, int64_t hi, Workspace& ws) {
   const AttentionShape& s = p.shape;
   float* sizes = ws.get<float>(forward_slot::k_sizes, static_cast<std::size_t>(s.M));
   const In* k = ForwardParams::typed<In>(p.k) + p.k_stride.at(task.b, task.h / (s.H / s.Hkv), 0);
-  for (int64_t j = 0; j < s.M; ++j) sizes[j] = l2_norm(k + j * p.k_stride.row, p.k_stride.col, s.D);
+  for (int64_t j = lo, end = std::min(s.M, hi + 64); j < end; ++j)
+    sizes[j] = l2_norm(k + j * p.k_stride.row, p.k_stride.col, s.D);
   return sizes;
 }
 
@@ -43,16 +58,21 @@ void forward_group(const ForwardParams& p, const ForwardTask& task, Workspace& w
   std::array<int64_t, kMaxTileGroup> blocks;  // tile_group <= kMaxTileGroup
   PackedBlock packed;
   const float k_bound = Pairs ? 0.0f : key_norm_bound<In>(p, task);
-  int64_t most = 0;
+  int64_t most = 0, keys_lo = p.shape.M, keys_hi = 0;
   bool refine = false;
   for (int64_t t = 0; t < tiles; ++t) {
     new (group + t) Tile(p, task, t, ws, &packed, k_bound);
     blocks[t] = group[t].start();
     most = std::max(most, blocks[t]);
     refine |= group[t].wants_key_sizes();
+    if (blocks[t] > 0) {
+      const auto [lo, hi] = group[t].keys();
+      keys_lo = std::min(keys_lo, lo);
+      keys_hi = std::max(keys_hi, hi);
+    }
   }
   if (refine) {
-    const float* sizes = key_sizes<In>(p, task, ws);
+    const float* sizes = key_sizes<In>(p, task, keys_lo, keys_hi, ws);
     double* wide = ws.get<double>(forward_slot::wide, static_cast<std::size_t>(refine_room(p.shape.D)));
     float* s_lo =
         ws.get<float>(forward_slot::s_lo, static_cast<std::size_t>(Ops::kKeyBlock * column_read_stride(p.tile_rows)));

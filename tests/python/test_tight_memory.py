@@ -62,11 +62,16 @@ def test_sentence_from_a_file_or_stdin_matches_the_command_line(run, qkv_bin, tm
     from_file = run("context", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "s.txt")
     assert from_file.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
     for args in (["--input", "-"], ["-"]):
+        # As `echo` pipes it: the final newline is no part of the sentence (the header quotes it).
         piped = subprocess.run([qkv_bin, "context", "--embeddings", str(embeddings.glove), "--random-weights", "0", *args],
-                               input=sentence,
+                               input=sentence + "\n",
                                capture_output=True, text=True, timeout=60)
         assert piped.returncode == 0, piped.stderr
-        assert piped.stdout.split("\n", 1)[1] == direct.stdout.split("\n", 1)[1]
+        assert piped.stdout == direct.stdout, args
+    piped = subprocess.run([qkv_bin, "explain", "--embeddings", str(embeddings.glove), "--random-weights", "0", "-"],
+                           input=sentence + "\n", capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and piped.stdout == run("explain", "--embeddings", embeddings.glove,
+                                                         "--random-weights", "0", sentence).stdout
     explain = run("explain", "--embeddings", embeddings.glove, "--random-weights", "0", "--input", tmp_path / "s.txt")
     assert explain.returncode == 0 and explain.stdout == run("explain", "--embeddings", embeddings.glove, "--random-weights", "0",
                                                               sentence).stdout

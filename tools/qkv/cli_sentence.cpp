@@ -87,13 +87,16 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+// One sentence read whole from a file or standard input: its final newline is no part of it.
+std::string sentence_text(const std::string& text) { return text.substr(0, text.find_last_not_of(" \t\r\n") + 1); }
+
 // A positional sentence "-" is read from standard input.
 CLI::Validator dash_reads_stdin() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
         if (value != "-") return {};
         try {
-          value = read_input("-", "sentence");
+          value = sentence_text(read_input("-", "sentence"));
         } catch (const Error& e) {
           return e.what();
         }
@@ -113,7 +116,7 @@ void add_sentence_input(CLI::App* app, CLI::Option* positional, std::vector<std:
       [=](const std::string& path) {
         const std::string text = read_input(path, "--input");
         if (sentence != nullptr) {
-          *sentence = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);  // a file's final newline is no part of it
+          *sentence = sentence_text(text);
           return;
         }
         std::vector<std::string> lines = lines_of(text);

@@ -316,8 +316,9 @@ Command add_train(CLI::App& app) {
       "--task lookup: P key->value pair tokens then a query token carrying a key; predict that key's value.\n"
       "--task masked-word: real sentences (the GCIDE sentences `make demo` writes next to the word vectors) with\n"
       "one word hidden; predict it from its context at the embeddings' width.\n"
-      "--task context: the same sentences with one word left out; every other word's output (x + attention)\n"
-      "must predict it. The layer `make demo` trains: its outputs tell word senses apart.");
+      "--task context: the same sentences, each split at random into two halves; every word's output of one\n"
+      "half (x + attention) must pick out its sentence's other half among the batch's. The layer `make demo`\n"
+      "trains: its outputs tell word senses apart.");
   sub->add_option("--task", args->task, "Task (lookup, masked-word, context)")
       ->check(CLI::IsMember({"lookup", "masked-word", "context"}))
       ->capture_default_str();
