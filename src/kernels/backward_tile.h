@@ -72,6 +72,7 @@ class BackwardTile : BackwardOps<Ops> {
 
   void run() {
     seen_ = p_.key_extents[b_];
+    ordered_ = detail::bands_ordered(p_.bands + b_ * s_.N + r0_, r1_ - r0_);
     k_bound_ = seen_.empty() ? 0.0f
                              : max_row_norm(p_.kf() + p_.k_stride.at(b_, hk_, seen_.lo), p_.k_stride.row,
                                             p_.k_stride.col, seen_.hi - seen_.lo, s_.D);
@@ -89,6 +90,7 @@ class BackwardTile : BackwardOps<Ops> {
       }
       pack_chunk(h);
       if (renorm_any_) renormalize(h);
+      first_row_ = r0_;
       for (int64_t j0 = 0; j0 < seen_.hi; j0 += T * p_.key_group) {
         if (stop_requested(p_.interrupt)) return;
         key_group(h, j0, std::min(T * p_.key_group, seen_.hi - j0));
@@ -207,10 +209,14 @@ class BackwardTile : BackwardOps<Ops> {
   }
 
   // Keys [j0, j0 + keys): packs them (pack_keys), then visits the chunk's query tiles of head h,
-  // each against the group's key tiles in order.
+  // each against the group's key tiles in order. With ordered_ bands only the tiles whose rows may
+  // see these keys: the rows before first_row_ see none of them nor of the later groups.
   void key_group(int64_t h, int64_t j0, int64_t keys) {
     pack_keys(j0, keys);
-    for (int64_t i0 = r0_; i0 < r1_; i0 += T) {
+    while (ordered_ && first_row_ < r1_ && p_.bands[b_ * s_.N + first_row_].hi <= j0) ++first_row_;
+    for (int64_t i0 = r0_ + (first_row_ - r0_) / T * T; i0 < r1_; i0 += T) {
+      const detail::KeyBand& first = p_.bands[b_ * s_.N + i0];
+      if (ordered_ && !first.empty() && first.lo >= j0 + keys) break;  // and every row after it
       tile_rows(h, i0, std::min(T, r1_ - i0));
       for (int64_t t = 0; t * T < keys; ++t)
         pair(h, i0, std::min(T, r1_ - i0), j0 + t * T, std::min(T, keys - t * T), t);
@@ -537,6 +543,8 @@ class BackwardTile : BackwardOps<Ops> {
   const detail::MaskEval& mask_;
   int64_t b_, hk_, chunk_, group_;
   int64_t r0_ = 0, r1_ = 0, dp_ = 0, dvp_ = 0;
+  bool ordered_ = false;   // the chunk's bands are detail::bands_ordered
+  int64_t first_row_ = 0;  // with ordered_, no row before it sees the current key group
   bool elementwise_ = false, interior_ = false;
   bool scale_pending_ = false;  // st_ holds the pair's products unscaled (scores(), probabilities())
   uint32_t worst_ = 0;          // the largest exponent field of a gradient written (exponent_bits)

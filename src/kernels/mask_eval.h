@@ -20,6 +20,18 @@ struct KeyBand {
   bool empty() const { return lo >= hi; }
 };
 
+// Whether bands[0, n) lie as lengths, a causal mask and a window make them: the non-empty bands
+// form one run, along which lo and hi never decrease. The rows that see any of keys [a, b) then
+// form one run too, found without visiting the others (a narrow window over a long sequence).
+inline bool bands_ordered(const KeyBand* bands, int64_t n) {
+  int64_t first = 0, last = n;
+  while (first < n && bands[first].empty()) ++first;
+  while (last > first && bands[last - 1].empty()) --last;
+  for (int64_t i = first + 1; i < last; ++i)
+    if (bands[i].empty() || bands[i].lo < bands[i - 1].lo || bands[i].hi < bands[i - 1].hi) return false;
+  return true;
+}
+
 class MaskEval {
  public:
   MaskEval(const Mask& mask, const AttentionShape& shape) : mask_(mask), shape_(shape) {}
