@@ -170,9 +170,8 @@ void write_curve(const TrainArgs& a, const std::vector<LossPoint>& curve) {
   try {
     write_outputs(files);
   } catch (const Error& e) {
-    const std::string& save = a.task == "lookup" ? a.config.save : a.masked.save;
-    if (save.empty()) throw;
-    throw Error(fmt::format("{} (the trained layer is saved in {})", e.what(), save));
+    if (a.config.save.empty()) throw;  // --save sets both tasks' configs
+    throw Error(fmt::format("{} (the trained layer is saved in {})", e.what(), a.config.save));
   }
   for (const auto& [path, bytes] : files) fmt::print("loss curve written to {}\n", path);
 }

@@ -2,9 +2,7 @@
 // stderr and a non-zero exit: 2 for bad usage, 1 for bad input or a failed run.
 #include <malloc.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -37,9 +35,13 @@ void keep_freed_memory() {
 // The command's exit status, unless what it printed could not all reach stdout (/dev/full, a
 // closed pipe with SIGPIPE ignored): a report lost is a failed run.
 int finish_stdout(int status) {
-  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
-  qkv::cli::print_error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
-  return status == 0 ? 1 : status;
+  try {
+    qkv::cli::write_stdout({});  // flushes what is buffered and checks it
+    return status;
+  } catch (const qkv::Error& e) {
+    qkv::cli::print_error(e.what());
+    return status == 0 ? 1 : status;
+  }
 }
 
 }  // namespace
