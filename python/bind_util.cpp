@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -229,12 +230,17 @@ double to_float(const py::handle& obj, const std::string& name) {
   if (!is_real(obj)) throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
   if (f == nullptr) {
-    // The object's own message would not name the argument.
+    // The object's own message would not name the argument; it stays on as the cause.
     const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError) != 0;  // 10**400
-    PyErr_Clear();
-    const std::string shown = py::repr(obj);
-    if (overflow) throw py::value_error(fmt::format("{} = {} is out of range", name, shown));
-    throw py::type_error(fmt::format("{} must be a number, got {}", name, shown));
+    const std::string shown = [&] {
+      const py::error_scope pending;  // repr runs Python code, which needs no error set
+      return std::string(py::repr(obj));
+    }();
+    py::raise_from(overflow ? PyExc_ValueError : PyExc_TypeError,
+                   (overflow ? fmt::format("{} = {} is out of range", name, shown)
+                             : fmt::format("{} must be a number, got {}", name, shown))
+                       .c_str());
+    throw py::error_already_set();
   }
   return py::reinterpret_steal<py::object>(f).cast<double>();
 }
@@ -520,6 +526,12 @@ std::unique_lock<std::mutex> wait_until(F ready) {
   return lock;
 }
 
+// The reads this thread holds, by object.
+std::unordered_map<const void*, int>& own_reads() {
+  thread_local std::unordered_map<const void*, int> reads;
+  return reads;
+}
+
 void leave(const void* object, int Users::*role) {
   {
     const std::lock_guard lock(readers_mutex());
@@ -532,16 +544,32 @@ void leave(const void* object, int Users::*role) {
 }  // namespace
 
 SharedReads::Reading::Reading(const void* object) : object_(object) {
-  auto lock = wait_until([&] {
-    auto it = users().find(object_);
-    return it == users().end() || it->second.writers == 0;
-  });
-  ++users()[object_].readers;
+  // A read nested in this thread's own read (an argument's conversion calling another read) does
+  // not wait for a waiting change: the change waits for the outer read, which waits for this one.
+  if (own_reads().contains(object_)) {
+    const std::lock_guard lock(readers_mutex());
+    ++users()[object_].readers;
+  } else {
+    auto lock = wait_until([&] {
+      auto it = users().find(object_);
+      return it == users().end() || it->second.writers == 0;
+    });
+    ++users()[object_].readers;
+  }
+  ++own_reads()[object_];
 }
 
-SharedReads::Reading::~Reading() { leave(object_, &Users::readers); }
+SharedReads::Reading::~Reading() {
+  auto it = own_reads().find(object_);
+  if (--it->second == 0) own_reads().erase(it);
+  leave(object_, &Users::readers);
+}
 
 SharedReads::Writing::Writing(const void* object) : object_(object) {
+  if (own_reads().contains(object_))
+    throw std::runtime_error(
+        "a call in this thread is reading this object (Python code run while its arguments were converted "
+        "tries to change it); the change would wait for that call, which waits for it");
   {
     const std::lock_guard lock(readers_mutex());
     ++users()[object_].writers;  // from now on no reader starts

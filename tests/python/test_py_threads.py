@@ -3,6 +3,9 @@ backward(), save() and decode_attention() run with the GIL released; what change
 (weight assignment, Optimizer.step(), append, fork, free) must never land in the middle of such a
 call: each call sees the object wholly before or wholly after a change (docs/soak-and-fuzz.md,
 "Threads")."""
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -228,3 +231,56 @@ def test_a_thread_started_after_another_ended_finds_none_of_its_state():
         seen.append(got)
     assert all(g["grads"] == [] and "no forward" in g["backward"] and "no gradients" in g["step"] for g in seen), seen
     print(f"{reused} of 20 fresh threads had an ended thread's id")
+
+
+_REENTRY = """
+import threading, time
+import numpy as np
+import qkv
+cache = qkv.KVCache(num_pages=16, page_tokens=16, kv_heads=1, head_dim=8)
+seq, other = cache.create(), cache.create()
+kv = np.arange(32, dtype=np.float32).reshape(4, 1, 8) / 32
+cache.append(seq, kv, kv)
+q = np.ones((1, 1, 1, 8), np.float32)
+plain = qkv.decode_attention(q, cache, [seq], softcap=0.5)
+
+class FreesTheSequence:  # softcap's conversion frees the sequence the call reads
+    def __float__(self):
+        cache.free(seq)
+        return 0.5
+try:
+    qkv.decode_attention(q, cache, [seq], softcap=FreesTheSequence())
+    print("free ran inside the read")
+except TypeError as e:
+    print("refused:", type(e.__cause__).__name__, e.__cause__)
+print("length", cache.length(seq), "same", np.array_equal(qkv.decode_attention(q, cache, [seq], softcap=0.5), plain))
+
+class ReadsAgain:  # another thread's free() waits for this call; the conversion reads the cache again
+    def __float__(self):
+        self.freer = threading.Thread(target=cache.free, args=(other,))
+        self.freer.start()
+        time.sleep(0.3)  # the GIL released: the freer is waiting for this call's read
+        self.inner = qkv.decode_attention(q, cache, [seq], softcap=0.5)
+        return 0.5
+again = ReadsAgain()
+outer = qkv.decode_attention(q, cache, [seq], softcap=again)
+again.freer.join()
+print("nested", np.array_equal(again.inner, plain), np.array_equal(outer, plain))
+"""
+
+
+def test_a_cache_changed_or_read_again_from_inside_a_decodes_arguments_never_waits_for_itself():
+    """decode_attention holds its read of the cache while it converts its mask arguments, so Python
+    code run by a conversion runs inside the read. A free() there waited for the read that waited
+    for it (a hang), and a second read there waited for another thread's free() that waited for
+    the first read: now the free raises RuntimeError (the cause of the argument's TypeError) and
+    the second read goes ahead."""
+    proc = subprocess.run([sys.executable, "-c", _REENTRY], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "refused: RuntimeError a call in this thread is reading this object (Python code run while its arguments "
+        "were converted tries to change it); the change would wait for that call, which waits for it",
+        "length 4 same True",
+        "nested True True"], proc.stdout
