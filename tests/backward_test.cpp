@@ -238,16 +238,25 @@ TEST(Backward, Fp32MatchesReferenceOnEverySimdPath) {
 
 // Long rows with one kv head: the kernel splits the queries into 4 chunks whose partial dk, dv
 // are summed afterwards; head dims 64 and 128 take the micro-kernel's fixed-K instantiations.
+// Chunks whose rows see different keys (windows, key lengths per batch row, a chunk that sees
+// none): each sums only its own keys, and the others' sums of those keys are zeros.
 TEST(Backward, Fp32MatchesReferenceAcrossQueryChunksOnEverySimdPath) {
   test::Rng rng("Backward.QueryChunks");
   int trial = 0;
   for (Simd simd : test::available_paths()) {
     for (int64_t d : {64, 128}) {
-      Case c;
-      c.s = AttentionShape{1, 2, 1, 300 + rng.uniform_int(0, 40), 200 + rng.uniform_int(0, 100), d, d};
-      if (trial % 2 == 0) c.options.mask.causal = CausalAlign::bottom_right;
-      compare_fp32_with_reference(rng, c, trial++, simd);
-      if (HasFailure()) return;
+      for (int variant = 0; variant < 4; ++variant) {
+        Case c;
+        const int64_t B = variant == 3 ? 2 : 1, M = 200 + rng.uniform_int(0, 100);
+        c.s = AttentionShape{B, 2, 1, 300 + rng.uniform_int(0, 40), M, d, d};
+        Mask& m = c.options.mask;
+        if (variant == 0 && trial % 2 == 0) m.causal = CausalAlign::bottom_right;
+        if (variant == 1) m.causal = CausalAlign::top_left, m.window = Window{rng.uniform_int(0, 70), 0};
+        if (variant == 2) m.window = Window{rng.uniform_int(0, 40), rng.uniform_int(0, 40)};
+        if (variant == 3) m.causal = CausalAlign::bottom_right, m.key_lengths = {rng.uniform_int(0, M), M};
+        compare_fp32_with_reference(rng, c, trial++, simd);
+        if (HasFailure()) return;
+      }
     }
   }
 }

@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -17,6 +20,7 @@
 #include "core/thread_share.h"
 #include "kernels/workspace.h"
 #include "qkv/interrupt.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv::kernels {
 namespace {
@@ -25,7 +29,7 @@ constexpr int64_t kTile = kBackwardTile;
 
 // Query rows per chunk (whole tiles), from the shape alone. A (b, kv head) is split into up to 4
 // chunks while there would be fewer than 4 tasks, so 2 or 3 threads still share shapes with
-// B·Hkv = 1; each extra chunk costs one partial copy of dk and dv.
+// B·Hkv = 1; each extra chunk costs a partial copy of dk and dv over the keys its rows see.
 int64_t plan_chunk_rows(const AttentionShape& s) {
   const int64_t tiles = (s.N + kTile - 1) / kTile;
   int64_t chunks = 1;
@@ -49,14 +53,42 @@ void fill(const TensorView<float>& t, float value) {
   for_each_element(t, [value](float& x, const auto&) { x = value; });
 }
 
+// chunk_keys (params.h) of every chunk and batch row: the union of the chunk's rows' bands, widened
+// to whole key tiles.
+std::vector<detail::KeyBand> plan_chunk_keys(const BackwardParams& p, const std::vector<detail::KeyBand>& bands) {
+  const AttentionShape& s = p.shape;
+  std::vector<detail::KeyBand> keys(static_cast<std::size_t>(p.chunks * s.B));
+  for (int64_t c = 0; c < p.chunks; ++c)
+    for (int64_t b = 0; b < s.B; ++b) {
+      detail::KeyBand seen{s.M, 0};
+      for (int64_t i = c * p.chunk_rows; i < std::min(s.N, (c + 1) * p.chunk_rows); ++i) {
+        const detail::KeyBand& band = bands[b * s.N + i];
+        if (!band.empty()) seen = {std::min(seen.lo, band.lo), std::max(seen.hi, band.hi)};
+      }
+      keys[c * s.B + b] =
+          seen.empty() ? detail::KeyBand{}
+                       : detail::KeyBand{seen.lo / kTile * kTile, std::min(s.M, (seen.hi + kTile - 1) / kTile * kTile)};
+    }
+  return keys;
+}
+
 // dk, dv += the later chunks' partial sums of one key, in chunk order; returns whether every sum
-// stayed finite (finite partials can sum past the range).
+// stayed finite (finite partials can sum past the range). A chunk whose rows cannot see the key
+// wrote no partial: its sums are +0, so its partial would be scale·0 and 0, added here as such (a
+// −0 becomes +0, as the partial's addition made it).
 bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv, int64_t key) {
   const AttentionShape& s = p.shape;
   const int64_t heads = s.B * s.Hkv;
   const int64_t b = key / (s.Hkv * s.M), hk = key / s.M % s.Hkv, j = key % s.M;
+  const float unseen_dk = p.scale * 0.0f;
   bool finite = true;
   for (int64_t c = 1; c < p.chunks; ++c) {
+    const detail::KeyBand& keys = p.chunk_keys[c * s.B + b];
+    if (j < keys.lo || j >= keys.hi) {
+      for (int64_t d = 0; d < s.D; ++d) dk(b, hk, j, d) += unseen_dk;
+      for (int64_t e = 0; e < s.Dv; ++e) dv(b, hk, j, e) += 0.0f;
+      continue;
+    }
     const float* pk = p.dk_part + ((c - 1) * heads * s.M + key) * s.D;
     const float* pv = p.dv_part + ((c - 1) * heads * s.M + key) * s.Dv;
     for (int64_t d = 0; d < s.D; ++d) finite &= std::isfinite(dk(b, hk, j, d) += pk[d]);
@@ -64,6 +96,27 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
   }
   return finite;
 }
+
+// Room for the partial sums, not cleared: a task writes every row of its chunk_keys before the
+// driver reads it, and no other row is read (clearing them cost most of a narrow window's call).
+struct Partials {
+  struct Free {
+    void operator()(float* f) const { std::free(f); }
+  };
+  std::unique_ptr<float[], Free> dk, dv;
+  Partials(const BackwardParams& p) {
+    const AttentionShape& s = p.shape;
+    const int64_t rows = (p.chunks - 1) * s.B * s.Hkv * s.M;
+    dk.reset(allocate(rows * s.D, "attention_backward partial dk"));
+    dv.reset(allocate(rows * s.Dv, "attention_backward partial dv"));
+  }
+  static float* allocate(int64_t floats, const char* what) {
+    const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+    void* f = std::aligned_alloc(64, std::max<std::size_t>(bytes, 64));
+    if (f == nullptr) throw OutOfMemory(what, bytes);
+    return static_cast<float*>(f);
+  }
+};
 
 // Each thread's scratch, as the last call left it: a task writes every element it reads (all of
 // qkv_tests passes on every path with the scratch filled with NaN before each call). It stays
@@ -163,11 +216,13 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
   p.chunks = (s.N + p.chunk_rows - 1) / p.chunk_rows;
   p.key_group = plan_key_group(s);
   const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;
-  Tensor<float> dk_part, dv_part;
+  const std::vector<detail::KeyBand> chunk_keys = plan_chunk_keys(p, bands);
+  p.chunk_keys = chunk_keys.data();
+  for (const detail::KeyBand& keys : chunk_keys) p.chunk_key_rows = std::max(p.chunk_key_rows, keys.hi - keys.lo);
+  std::optional<Partials> partials;
   if (p.chunks > 1) {
-    dk_part = Tensor<float>({p.chunks - 1, heads, s.M, s.D}, "attention_backward partial dk");
-    dv_part = Tensor<float>({p.chunks - 1, heads, s.M, s.Dv}, "attention_backward partial dv");
-    p.dk_part = dk_part.data(), p.dv_part = dv_part.data();
+    partials.emplace(p);
+    p.dk_part = partials->dk.get(), p.dv_part = partials->dv.get();
   }
   // S = Q·Kᵀ, dP = dO·Vᵀ, dV += Pᵀ·dO, dQ += dS·K and dK += dSᵀ·Q, as if no key were masked.
   const double work = static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *

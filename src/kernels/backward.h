@@ -57,12 +57,13 @@ struct BackwardLayout {
     row_dot_wide = take(2 * rows), margin = take(rows), separates = take(rows / t + 1);
     renorm = take(rows / 4 + 1), norm_max = take(rows), norm_log = take(2 * rows);
     k_sizes = take(s.M);
-    dk = take(s.M * dp), dv = take(s.M * dvp);
+    const int64_t keys = p.chunk_key_rows;
+    dk = take(keys * dp), dv = take(keys * dvp);
     const bool grouped = s.H > s.Hkv;
-    dk_head = take(grouped ? s.M * dp : 0), dv_head = take(grouped ? s.M * dvp : 0);
+    dk_head = take(grouped ? keys * dp : 0), dv_head = take(grouped ? keys * dvp : 0);
     kt = take(p.key_group * dp * t), vt = take(p.key_group * dvp * t), k = take(p.key_group * t * dp);
     s_ = take(t * t), ds = take(t * t), dcap = take(t * t), ones = take(t), iota = take(t);
-    wide = take(2 * refine_room(s.D)), s_lo = take(t * t);
+    wide = take(2 * refine_room(s.D)), s_lo = take(t * t), zeros = take(std::max(dp, dvp));
     total = at + 64;  // vector loads of a tail may read (never use) past the last element
   }
   static int64_t pad(int64_t n) { return (n + kBackwardPad - 1) / kBackwardPad * kBackwardPad; }
@@ -86,7 +87,7 @@ struct BackwardLayout {
   // Key tile buffers of each key tile of a group: kᵀ, vᵀ and k rows.
   int64_t kt = 0, vt = 0, k = 0;
   // Tile pair buffers: S then P, dP then dS, softcap's derivative; constants 1 and 0, 1, 2, ...
-  int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0;
+  int64_t s_ = 0, ds = 0, dcap = 0, ones = 0, iota = 0, zeros = 0;
   // kᵀ of a key tile and rows of q widened to double for large_scores.h's second sum, and the low
   // parts of the scores it writes.
   int64_t wide = 0, s_lo = 0;

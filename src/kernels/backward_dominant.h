@@ -76,7 +76,7 @@ void BackwardTile<Ops>::settle_dominant_keys(int64_t h) {
     const float ds = logit_grad * dominant_cap_[row];
     const float* q = q_ + row * dp_;
     const float* k = p_.kf() + p_.k_stride.at(b_, hk_, j);
-    float* dk = dk_sum_ + j * dp_;
+    float* dk = key_sums(dk_sum_, j, dp_);
     float* dq = dq_ + row * dp_;
     for (int64_t d = 0; d < s_.D; ++d) {
       dk[d] = std::fma(ds, q[d], dk[d]);

@@ -23,9 +23,9 @@ template <class Ops>
 void BackwardTile<Ops>::renormalize(int64_t h) {
   for (int64_t row = 0; row < r1_ - r0_; ++row)
     if (renorm_[row]) norm_max_[row] = kNegInf, norm_log_[row] = 0.0;
-  for (int64_t j0 = 0; j0 < seen_.hi; j0 += T * p_.key_group) {
+  for (int64_t j0 = first_group(); j0 < keys_.hi; j0 += span()) {
     if (stop_requested(p_.interrupt)) return;
-    const int64_t keys = std::min(T * p_.key_group, seen_.hi - j0);
+    const int64_t keys = std::min(span(), seen_.hi - j0);
     pack_keys(j0, keys);
     for (int64_t i0 = r0_; i0 < r1_; i0 += T) {
       const int64_t row = i0 - r0_, rows = std::min(T, r1_ - i0);

@@ -68,6 +68,8 @@ class BackwardTile : BackwardOps<Ops> {
     norm_log_ = reinterpret_cast<double*>(scratch + lay.norm_log);
     renorm_above_ = p.lse_wide != nullptr ? kRenormWide : kRenormFloat;
     for (int64_t c = 0; c < T; ++c) ones_[c] = 1.0f, iota_[c] = static_cast<float>(c);
+    zeros_ = scratch + lay.zeros;
+    std::fill(zeros_, zeros_ + std::max(dp_, dvp_), 0.0f);
   }
 
   void run() {
@@ -77,29 +79,31 @@ class BackwardTile : BackwardOps<Ops> {
                              : max_row_norm(p_.kf() + p_.k_stride.at(b_, hk_, seen_.lo), p_.k_stride.row,
                                             p_.k_stride.col, seen_.hi - seen_.lo, s_.D);
     k_sizes_ready_ = false;
-    std::fill(dk_, dk_ + s_.M * dp_, 0.0f);
-    std::fill(dv_, dv_ + s_.M * dvp_, 0.0f);
+    keys_ = p_.chunk_keys[chunk_ * s_.B + b_];
+    const int64_t sums = keys_.hi - keys_.lo;  // rows of dk_, dv_ (and dk_head_, dv_head_)
+    std::fill(dk_, dk_ + sums * dp_, 0.0f);
+    std::fill(dv_, dv_ + sums * dvp_, 0.0f);
     for (int64_t g = 0; g < group_; ++g) {
       const int64_t h = hk_ * group_ + g;
       // The first head sums straight into the group's dk, dv; the others into their own.
       dk_sum_ = g == 0 ? dk_ : dk_head_;
       dv_sum_ = g == 0 ? dv_ : dv_head_;
       if (g > 0) {
-        std::fill(dk_head_, dk_head_ + s_.M * dp_, 0.0f);
-        std::fill(dv_head_, dv_head_ + s_.M * dvp_, 0.0f);
+        std::fill(dk_head_, dk_head_ + sums * dp_, 0.0f);
+        std::fill(dv_head_, dv_head_ + sums * dvp_, 0.0f);
       }
       pack_chunk(h);
       if (renorm_any_) renormalize(h);
       first_row_ = r0_;
-      for (int64_t j0 = 0; j0 < seen_.hi; j0 += T * p_.key_group) {
+      for (int64_t j0 = first_group(); j0 < keys_.hi; j0 += span()) {
         if (stop_requested(p_.interrupt)) return;
-        key_group(h, j0, std::min(T * p_.key_group, seen_.hi - j0));
+        key_group(h, j0, std::min(span(), seen_.hi - j0));
       }
       if (defer_) settle_dominant_keys(h);
       write_dq(h);
       if (g > 0) {
-        add_to(dk_, dk_head_, s_.M * dp_);
-        add_to(dv_, dv_head_, s_.M * dvp_);
+        add_to(dk_, dk_head_, sums * dp_);
+        add_to(dv_, dv_head_, sums * dvp_);
       }
     }
     write_key_sums();
@@ -147,7 +151,7 @@ class BackwardTile : BackwardOps<Ops> {
     near_max_margins(q_sizes_, rows, k_bound_, p_.scale, s_.D, s_.M, margin_);
     std::fill(separates_, separates_ + (rows + T - 1) / T, int8_t{0});
     if (k_sizes_ready_) return;
-    for (int64_t j = 0; j < s_.M; ++j)  // a key no row reads has no size
+    for (int64_t j = keys_.lo; j < keys_.hi; ++j)  // a key no row reads has no size
       k_sizes_[j] =
           j >= seen_.lo && j < seen_.hi ? l2_norm(p_.kf() + p_.k_stride.at(b_, hk_, j), p_.k_stride.col, s_.D) : 0.0f;
     k_sizes_ready_ = true;
@@ -189,24 +193,16 @@ class BackwardTile : BackwardOps<Ops> {
           wide_dot(dout_ + (i - r0_) * dvp_, p_.out + p_.out_stride.at(b_, h, i), p_.out_stride.col, s_.Dv);
   }
 
-  // dst[d * stride] = scale · src[d] for d < width, noting in worst_ an inf or NaN written.
-  void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width) {
-    uint32_t worst = 0;
-    if (stride == 1)
-      for (int64_t d = 0; d < width; ++d) dst[d] = scale * src[d], worst = std::max(worst, exponent_bits(dst[d]));
-    else
-      for (int64_t d = 0; d < width; ++d)
-        dst[d * stride] = scale * src[d], worst = std::max(worst, exponent_bits(dst[d * stride]));
-    worst_ = std::max(worst_, worst);
-  }
+  // The gradients' way out (backward_writes.h).
+  void scale_row(float* dst, int64_t stride, const float* src, float scale, int64_t width);
+  void report_nonfinite() const;
+  void write_key_sums();
+  void write_dq(int64_t h);
 
-  // Every gradient leaves the task through scale_row or the dbias writes, which keep in worst_ the
-  // largest exponent field they wrote: all ones is an inf or NaN, which run() reports through
-  // p_.nonfinite so the caller can tell an fp32 overflow from non-finite inputs (overflow.h).
-  // An integer max, so the loops stay vectorized, and no pass of its own over the gradients.
-  void report_nonfinite() const {
-    if (worst_ == 0x7F800000u && p_.nonfinite != nullptr) p_.nonfinite->store(true, std::memory_order_relaxed);
-  }
+  // The first key of the first group of keys that holds keys of keys_: groups of span() keys lie
+  // from key 0 in every chunk, and the last one ends at seen_.hi.
+  int64_t first_group() const { return keys_.lo / span() * span(); }
+  int64_t span() const { return T * p_.key_group; }
 
   // Keys [j0, j0 + keys): packs them (pack_keys), then visits the chunk's query tiles of head h,
   // each against the group's key tiles in order. With ordered_ bands only the tiles whose rows may
@@ -300,8 +296,8 @@ class BackwardTile : BackwardOps<Ops> {
     const float* kr = slot(k_, t, dp_);
     const int64_t row = i0 - r0_;
     tile_row0_ = row;
-    float* dk = dk_sum_ + j0 * dp_;
-    float* dv = dv_sum_ + j0 * dvp_;
+    float* dk = key_sums(dk_sum_, j0, dp_);
+    float* dv = key_sums(dv_sum_, j0, dvp_);
     const float* qp = q_ + row * dp_;
     const float* dop = dout_ + row * dvp_;
     // ds = dout · vᵀ: [rows, Dv] · [Dv, T]
@@ -515,28 +511,8 @@ class BackwardTile : BackwardOps<Ops> {
   void settle_dominant_keys(int64_t h);
   void dominant_key(int64_t row, int64_t h, int64_t i, int64_t j0, int64_t cols, const float* pr, float* ds);
 
-  // scale · dk and dv sums: into dk, dv for chunk 0, else into this chunk's partials.
-  void write_key_sums() {
-    for (int64_t j = 0; j < s_.M; ++j) {
-      if (chunk_ == 0) {
-        float* dk = p_.dk + p_.dk_stride.at(b_, hk_, j);
-        float* dv = p_.dv + p_.dv_stride.at(b_, hk_, j);
-        scale_row(dk, p_.dk_stride.col, dk_ + j * dp_, p_.scale, s_.D);
-        scale_row(dv, p_.dv_stride.col, dv_ + j * dvp_, 1.0f, s_.Dv);
-      } else {
-        const int64_t key = ((chunk_ - 1) * s_.B + b_) * s_.Hkv * s_.M + hk_ * s_.M + j;
-        scale_row(p_.dk_part + key * s_.D, 1, dk_ + j * dp_, p_.scale, s_.D);
-        scale_row(p_.dv_part + key * s_.Dv, 1, dv_ + j * dvp_, 1.0f, s_.Dv);
-      }
-    }
-  }
-
-  void write_dq(int64_t h) {
-    for (int64_t i = r0_; i < r1_; ++i) {
-      float* dq = p_.dq + p_.dq_stride.at(b_, h, i);
-      scale_row(dq, p_.dq_stride.col, dq_ + (i - r0_) * dp_, p_.scale, s_.D);
-    }
-  }
+  // Key j's row of sums (dk_, dv_, dk_head_, dv_head_: one row per key of keys_, from its first).
+  float* key_sums(float* sums, int64_t j, int64_t width) const { return sums + (j - keys_.lo) * width; }
 
   const BackwardParams& p_;
   const AttentionShape& s_;
@@ -559,6 +535,8 @@ class BackwardTile : BackwardOps<Ops> {
   bool renorm_any_ = false, renorm_tile_ = false;
   double renorm_above_;   // |lse| past which a row is renormalized, by lse's type
   detail::KeyBand seen_;  // the keys some row of the batch row reads (key_extents)
+  detail::KeyBand keys_;  // the key tiles this chunk's rows may see (chunk_keys): its sums' rows
+  float* zeros_;          // a row of zeros, chunk 0's sums of the keys past keys_
   float cap_ = 0.0f;
   float *q_, *dout_, *dq_, *row_dot_, *q_sizes_, *k_sizes_, *kt_, *vt_, *k_, *dk_, *dv_, *st_, *ds_, *dcap_, *ones_,
       *iota_;
@@ -592,6 +570,7 @@ class BackwardTile : BackwardOps<Ops> {
 
 #include "kernels/backward_dominant.h"
 #include "kernels/backward_renorm.h"
+#include "kernels/backward_writes.h"
 
 namespace qkv::kernels {
 namespace {

@@ -99,8 +99,9 @@ ForwardParams forward_params(TensorView<const T> q, TensorView<const T> k, Tenso
 // The forward's params (fp32 inputs; out and lse or lse_wide are read, not written), plus dout -> dq: [B,H,N,D],
 // dk: [B,Hkv,M,D], dv: [B,Hkv,M,Dv], dbias: [B,H,N,M] (may be null). Query rows are split into
 // `chunks` chunks of `chunk_rows` (a multiple of kBackwardTile). Chunk 0 writes dk and dv; chunk
-// c > 0 writes its partial sums to dk_part/dv_part [c-1, B, Hkv, M, D|Dv] (contiguous), which
-// the driver adds to dk/dv in chunk order.
+// c > 0 writes its partial sums of the keys of chunk_keys to dk_part/dv_part [c-1, B, Hkv, M,
+// D|Dv] (contiguous; the other keys' rows are never written nor read), which the driver adds to
+// dk/dv in chunk order.
 struct BackwardParams : ForwardParams {
   explicit BackwardParams(const ForwardParams& forward) : ForwardParams(forward) {}
 
@@ -113,7 +114,12 @@ struct BackwardParams : ForwardParams {
   // a key past it and a row whose band is empty are never read, so padding may hold anything.
   const detail::KeyBand* key_extents = nullptr;
   int64_t chunk_rows = 0, chunks = 1;
-  int64_t key_group = 1;  // key tiles packed at once, each query tile visiting them in turn
+  // [chunks, B]: the key tiles the rows of chunk c of batch row b may see (their bands' union,
+  // widened to whole kBackwardTile tiles, within M; lo >= hi when none). A chunk's dk and dv sums
+  // are zero outside it, so its task clears, sums and writes only these keys.
+  const detail::KeyBand* chunk_keys = nullptr;
+  int64_t chunk_key_rows = 0;  // the most keys in one chunk_keys: the rows of a task's dk, dv sums
+  int64_t key_group = 1;       // key tiles packed at once, each query tile visiting them in turn
   // Whether each task sees every key of its rows (off for detail::BackwardRows::partial, where the
   // ring hands a task one block of keys): then a row's gradients may use identities over the whole
   // row (backward_tile.h: a single key's dS is 0; a dominant key's dS is minus the others').
