@@ -127,14 +127,14 @@ int run(int argc, char** argv) {
       const KVDtype dtype = parse_kv_dtype(name);
       std::vector<Setup> layers;
       std::vector<PagedKV> kv;
-      for (int layer = 0, n = hot ? 1 : cold_layers(dtype, batch * M); layer < n; ++layer) {
-        layers.push_back(make_cache(dtype, std::vector<int64_t>(static_cast<std::size_t>(batch), M),
-                                    KVCacheConfig{}.page_tokens, false, layer));
+      const std::vector<int64_t> lens(static_cast<std::size_t>(batch), M);
+      const int64_t page = KVCacheConfig{}.page_tokens;
+      for (int layer = 0, n = hot ? 1 : cold_layers(dtype, lens, page); layer < n; ++layer) {
+        layers.push_back(make_cache(dtype, lens, page, false, layer));
         kv.push_back(layers.back().cache->paged(layers.back().ids));
       }
       // About 20 ms of steps per sample, and at least a pass over the copies.
-      const int steps =
-          std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / kv_bytes(dtype, batch * M)));
+      const int steps = std::max(static_cast<int>(kv.size()), static_cast<int>(0.02 * 20e9 / layers[0].step_bytes));
       for (int64_t t : threads) {
         const int th = static_cast<int>(t);
         step_time(a, kv, th, q, out, static_cast<int>(kv.size()));  // warm-up: thread pool, scratch

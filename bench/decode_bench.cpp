@@ -13,11 +13,13 @@
 // bandwidth (probe_read_bandwidth, qkv/machine_info.h: the best of 1-8 streams per thread, median
 // of 11 passes over memory_probe_bytes()) and the FMA peak (measure_peak: best of 5), recorded in
 // the JSON's context; each step is reported as a percentage of its roofline bound
-// max(K+V bytes / bandwidth, FLOPs / peak): counter roofline_pct (wall time).
+// max(bytes read / bandwidth, FLOPs / peak), the bytes decode_step_bytes's (kv_cache.h: K, V and
+// the page table): counter roofline_pct (wall time).
 // "cold": each step decodes the next of `layers` independent caches, as a model's step visits
 // every layer's cache once, with enough of them that more than memory_probe_bytes() are read
 // between two visits of one cache, so every step streams K and V from memory. "hot": one cache
-// decoded again and again (what fits in the L3 stays there).
+// decoded again and again (what fits in the L3 stays there, and its roofline_pct, still against
+// memory's bandwidth, may pass 100).
 // On a machine shared with other jobs the threads get a fraction of their cores, so each step is
 // also given per CPU second of the process (CPU time / threads standing for the time the threads
 // ran): cpu_roofline_pct, the kernel's efficiency while it runs.
@@ -95,9 +97,7 @@ const std::vector<Setup>& layers(const std::string& name, KVDtype dtype, const s
       return it->second;
     }
   if (kept.size() == 3) kept.pop_front();
-  int64_t tokens = 0;
-  for (int64_t len : lens) tokens += len;
-  const int count = cold ? cold_layers(dtype, tokens) : 1;
+  const int count = cold ? cold_layers(dtype, lens, page_tokens) : 1;
   std::vector<Setup> caches;
   for (int layer = 0; layer < count; ++layer) caches.push_back(make_cache(dtype, lens, page_tokens, shuffled, layer));
   kept.emplace_back(name, std::move(caches));
@@ -181,7 +181,7 @@ void run_decode(benchmark::State& state, const std::vector<Setup>& caches, int t
     return;
   }
   Stepper own = stepper(caches), other = partner ? stepper(*partner) : Stepper{};
-  const double bytes = kv_bytes(caches[0].cache->config().dtype, caches[0].tokens);
+  const double bytes = caches[0].step_bytes;
   PlainRead* read = cold && !partner ? &plain_read(bytes, threads) : nullptr;
   DecodeOptions o;
   o.attention.num_threads = threads;

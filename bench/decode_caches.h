@@ -25,7 +25,15 @@ struct Setup {
   std::unique_ptr<KVCache> cache;
   std::vector<int64_t> ids;
   int64_t tokens = 0;
+  double step_bytes = 0;  // what one decode step over all of ids reads (decode_step_bytes)
 };
+
+// The cache make_cache builds for sequences of `lens` tokens: just enough pages.
+inline KVCacheConfig cache_config(KVDtype dtype, const std::vector<int64_t>& lens, int64_t page_tokens) {
+  int64_t pages = 0;
+  for (int64_t len : lens) pages += (len + page_tokens - 1) / page_tokens;
+  return KVCacheConfig{pages, page_tokens, kHkv, kD, kD, dtype};
+}
 
 constexpr int64_t kPiece = 1024;  // tokens appended at a time
 constexpr int kPieces = 8;        // distinct random pieces, reused (drawing 1 GB took longer than the run)
@@ -42,9 +50,10 @@ inline Setup make_cache(KVDtype dtype, const std::vector<int64_t>& lens, int64_t
                         int layer) {
   static const std::vector<float> k_pieces = random_pieces(7), v_pieces = random_pieces(8);
   Setup s;
-  int64_t pages = 0;
-  for (int64_t len : lens) pages += (len + page_tokens - 1) / page_tokens;
-  s.cache = std::make_unique<KVCache>(KVCacheConfig{pages, page_tokens, kHkv, kD, kD, dtype});
+  const KVCacheConfig config = cache_config(dtype, lens, page_tokens);
+  const int64_t pages = config.num_pages;
+  s.cache = std::make_unique<KVCache>(config);
+  s.step_bytes = decode_step_bytes(config, lens);
   if (shuffled) {
     std::mt19937_64 rng(100 + layer);
     std::vector<int64_t> decoys(static_cast<std::size_t>(pages));
@@ -71,16 +80,11 @@ inline Setup make_cache(KVDtype dtype, const std::vector<int64_t>& lens, int64_t
   return s;
 }
 
-// K and V bytes one decode step reads from a cache of `tokens` tokens (int8: with its scales).
-inline double kv_bytes(KVDtype dtype, int64_t tokens) {
-  return static_cast<double>(tokens) * kHkv *
-         (2.0 * kD * static_cast<double>(kv_dtype_bytes(dtype)) + (dtype == KVDtype::i8 ? 8.0 : 0.0));
-}
-
-// How many copies a cold run cycles through: enough that more than memory_probe_bytes() are read
-// between two visits of one.
-inline int cold_layers(KVDtype dtype, int64_t tokens) {
-  return 1 + static_cast<int>(std::ceil(static_cast<double>(memory_probe_bytes()) / kv_bytes(dtype, tokens)));
+// How many copies of the cache of `lens` a cold run cycles through: enough that more than
+// memory_probe_bytes() are read between two visits of one.
+inline int cold_layers(KVDtype dtype, const std::vector<int64_t>& lens, int64_t page_tokens) {
+  const double step = decode_step_bytes(cache_config(dtype, lens, page_tokens), lens);
+  return 1 + static_cast<int>(std::ceil(static_cast<double>(memory_probe_bytes()) / step));
 }
 
 }  // namespace qkv::bench

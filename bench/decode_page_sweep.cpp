@@ -126,15 +126,15 @@ int run(int argc, char** argv) {
       for (int64_t p : pages) layouts.push_back({p, {}, {}});
       layouts.push_back({M, {}, {}});
       for (Layout& l : layouts) {
-        const int count = cold_layers(dtype, M);
+        const int count = cold_layers(dtype, {M}, l.page_tokens);
         for (int layer = 0; layer < count; ++layer) {
           l.layers.push_back(make_cache(dtype, {M}, l.page_tokens, shuffled && l.page_tokens < M, layer));
           l.kv.push_back(l.layers.back().cache->paged(l.layers.back().ids));
         }
       }
       // At least 2 passes over the layers per sample, and about 40 ms of steps.
-      const int steps =
-          std::max(2 * static_cast<int>(layouts[0].kv.size()), static_cast<int>(0.04 * 40e9 / kv_bytes(dtype, M)));
+      const int steps = std::max(2 * static_cast<int>(layouts[0].kv.size()),
+                                 static_cast<int>(0.04 * 40e9 / layouts[0].layers[0].step_bytes));
       for (int threads : {1, 2}) {
         std::vector<std::vector<double>> t(layouts.size()), c(layouts.size());
         for (Layout& l : layouts) time_steps(l, threads, static_cast<int>(l.kv.size()), q, out);  // warm-up

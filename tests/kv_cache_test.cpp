@@ -469,5 +469,36 @@ TEST(KVCache, AllocatesExactlyItsPool) {
   }
 }
 
+// The sizes `qkv bench` and the decode benchmarks take from the cache: the pool in whole pages
+// with the page bookkeeping, and what one decode step reads, its page table included.
+TEST(KVCache, SizesFollowOneRule) {
+  using test::expect_error;
+  for (KVDtype dtype : {KVDtype::f32, KVDtype::bf16, KVDtype::f16, KVDtype::i8}) {
+    const KVCacheConfig c = config(dtype, 8, 16, 2, 4, 8);
+    // A token: 2 heads x (4 + 8 elements, and i8's 2 fp32 scales).
+    const int64_t token = 2 * (12 * kv_dtype_bytes(dtype) + (dtype == KVDtype::i8 ? 8 : 0));
+    EXPECT_EQ(KVCache(c).pool_bytes(), 8 * 16 * token);
+    EXPECT_EQ(kv_cache_bytes(c), 8.0 * 16 * token + 8 * 8);  // an int32 reference count and free slot a page
+    // 116 tokens read, not the 12 unused slots of the first sequence's last page; 7 + 1 + 0
+    // block-table entries and 3 lengths.
+    const std::array<int64_t, 3> lens{100, 16, 0};
+    EXPECT_EQ(decode_step_bytes(c, lens), 116.0 * token + 8 * 4 + 3 * 8);
+  }
+  // Pages of one token read an int32 of table per token.
+  const std::array<int64_t, 1> one{1000};
+  EXPECT_EQ(decode_step_bytes(config(KVDtype::i8, 1, 1, 1, 1, 1), one) -
+                decode_step_bytes(config(KVDtype::i8, 1, 1000, 1, 1, 1), one),
+            999.0 * 4);
+  // Past int64, still a size to report.
+  EXPECT_GT(kv_cache_bytes(config(KVDtype::f32, int64_t{1} << 48, 1, int64_t{1} << 24, int64_t{1} << 24)), 9.0e18);
+  expect_error([&] { decode_step_bytes(config(KVDtype::f16, 1, 0), one); },
+               {"decode_step_bytes: page_tokens = 0 is not positive"});
+  const std::array<int64_t, 1> negative{-1};
+  expect_error([&] { decode_step_bytes(config(KVDtype::f16), negative); },
+               {"decode_step_bytes: a sequence of -1 tokens"});
+  expect_error([&] { kv_cache_bytes(config(static_cast<KVDtype>(4))); },
+               {"kv_dtype_bytes: dtype = 4 is not a KVDtype (f32, bf16, f16 or i8)"});
+}
+
 }  // namespace
 }  // namespace qkv

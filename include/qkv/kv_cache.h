@@ -29,6 +29,23 @@ struct KVCacheConfig {
   KVDtype dtype = KVDtype::f32;
 };
 
+// The cache's sizes, counted in one place for the cache, `qkv bench` and the decode benchmarks. A
+// token takes, in each of its Hkv heads, D + Dv elements of the storage dtype (kv_dtype_bytes) and,
+// for a scaled dtype (i8), its key's and its value's fp32 scales. Doubles, so that a configuration
+// too large to allocate still has a size to report. Both throw qkv::Error for a dtype outside
+// KVDtype (as require_kv_dtype).
+//
+// Bytes KVCache(config) allocates: its pool in whole pages (pool_bytes()) and an int32 reference
+// count and free-list slot per page.
+double kv_cache_bytes(const KVCacheConfig& config);
+// Bytes one decode step reads from a cache of `config` (num_pages aside) holding sequences of
+// `seq_lens` tokens, what the step's roofline divides by the read bandwidth: each sequence's
+// tokens (the unused slots of its last page are not read), and its block-table entries (an int32
+// per page) and its length (an int64), which the step reads beside the tokens and which are a
+// visible share with small pages and narrow heads (pages of one token: 4 bytes of table for each).
+// Also throws for page_tokens < 1 or a negative length.
+double decode_step_bytes(const KVCacheConfig& config, std::span<const int64_t> seq_lens);
+
 class KVCache {
  public:
   // Allocates the whole pool at once (and nothing else that grows with tokens): num_pages pages

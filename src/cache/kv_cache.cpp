@@ -44,7 +44,33 @@ void check_values(TensorView<const float> x, KVDtype dtype, const char* name) {
       }
 }
 
+// Bytes a token takes over the cache's heads (kv_cache.h). Exact for any pool the constructor
+// allocates: an integer far below 2^53.
+double token_bytes(const KVCacheConfig& c) {
+  const double scales = kv_dtype_scaled(c.dtype) ? 2.0 * sizeof(float) : 0.0;
+  return static_cast<double>(c.Hkv) *
+         ((static_cast<double>(c.D) + static_cast<double>(c.Dv)) * static_cast<double>(kv_dtype_bytes(c.dtype)) +
+          scales);
+}
+
 }  // namespace
+
+double kv_cache_bytes(const KVCacheConfig& c) {
+  const double pages = static_cast<double>(c.num_pages);
+  return pages * static_cast<double>(c.page_tokens) * token_bytes(c) + pages * 2.0 * sizeof(int32_t);
+}
+
+double decode_step_bytes(const KVCacheConfig& c, std::span<const int64_t> seq_lens) {
+  if (c.page_tokens <= 0)
+    throw Error(fmt::format("decode_step_bytes: page_tokens = {} is not positive", c.page_tokens));
+  double tokens = 0, pages = 0;
+  for (int64_t len : seq_lens) {
+    if (len < 0) throw Error(fmt::format("decode_step_bytes: a sequence of {} tokens", len));
+    tokens += static_cast<double>(len);
+    pages += static_cast<double>(len / c.page_tokens + (len % c.page_tokens != 0 ? 1 : 0));
+  }
+  return tokens * token_bytes(c) + pages * sizeof(int32_t) + static_cast<double>(seq_lens.size()) * sizeof(int64_t);
+}
 
 void KVCache::Free::operator()(void* p) const { detail::huge_pages_free(p, mapped); }
 
@@ -76,9 +102,7 @@ KVCache::KVCache(KVCache&&) noexcept = default;
 KVCache& KVCache::operator=(KVCache&&) noexcept = default;
 
 int64_t KVCache::pool_bytes() const {
-  const KVCacheConfig& c = config_;
-  const int64_t slots = c.num_pages * c.Hkv * c.page_tokens;
-  return slots * (c.D + c.Dv) * kv_dtype_bytes(c.dtype) + (kv_dtype_scaled(c.dtype) ? 2 * slots * 4 : 0);
+  return config_.num_pages * config_.page_tokens * static_cast<int64_t>(token_bytes(config_));
 }
 
 KVCache::Sequence& KVCache::find(int64_t seq) { return const_cast<Sequence&>(std::as_const(*this).find(seq)); }
