@@ -21,15 +21,11 @@ import sys
 import time
 
 import lent_rerun
+from shapes import load as load_shapes
 from torch_threads import set_blas_threads
 
-SHAPES = {  # B, H, N, D, causal
-    "S2": (8, 12, 128, 64, False),
-    "S3": (1, 12, 1024, 64, False),
-    "S4": (1, 8, 4096, 64, False),
-    "S5": (1, 8, 4096, 64, True),
-    "S6": (1, 1, 16384, 128, False),
-}
+# name: (B, H, N, D, causal), the shapes this section times
+SHAPES = {name: s for name, s in load_shapes().items() if name in ("S2", "S3", "S4", "S5", "S6")}
 
 
 def load():

@@ -5,11 +5,7 @@ import argparse
 import json
 import os
 
-FLOP_SHAPES = {  # [B, H, N, D], causal
-    "S1": (1, 1, 3, 4, False), "S2": (8, 12, 128, 64, False), "S3": (1, 12, 1024, 64, False),
-    "S4": (1, 8, 4096, 64, False), "S5": (1, 8, 4096, 64, True), "S6": (1, 1, 16384, 128, False),
-    "S3q50": (1, 12, 1024, 64, False), "S3q4": (1, 12, 1024, 64, False),  # S3 with q scaled (bench/shapes.h)
-}
+from shapes import load as load_shapes
 
 
 def microkernels(path):
@@ -63,7 +59,7 @@ def main():
         print(f"| FMA peak (16 chains/thread, best of 5) | fp32 | {threads} | {peak_ms:.1f} | {peak / 1e9:.1f} | 100 | "
               f"{peak_cpu / 1e9:.1f} | 100 | | | | |")
         for dtype in ("fp32", "bf16"):
-            for shape, (b, h, n, d, causal) in FLOP_SHAPES.items():
+            for shape, (b, h, n, d, causal) in load_shapes().items():
                 key = f"attention/{shape}/{dtype}/threads:{threads}"
                 if key not in qkv:
                     continue

@@ -1,5 +1,7 @@
 // The benchmark shapes S1-S6 [B, H, N, D] (docs/benchmarks.md), shared by the forward (attention_bench.cpp) and
-// backward (backward_bench.cpp) benchmarks so both measure the same problems.
+// backward (backward_bench.cpp) benchmarks so both measure the same problems. The Python reports read
+// kShapes from this file (bench/shapes.py): keep each entry one {"name", B, H, N, D, causal[, q_scale]}
+// of literals.
 #pragma once
 
 #include <cstdint>
