@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/scratch.h"
 #include "qkv/out_of_memory.h"
 
 namespace qkv {
@@ -56,6 +57,12 @@ void* aligned_alloc_bytes(std::size_t bytes, const std::string& what) {
   if (p == nullptr) throw OutOfMemory(what, bytes);
   std::memset(p, 0, rounded);
   return p;
+}
+
+Scratch::Scratch(int64_t floats, const char* what) {
+  const std::size_t bytes = (static_cast<std::size_t>(std::max<int64_t>(floats, 1)) * sizeof(float) + 63) / 64 * 64;
+  data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (data_ == nullptr) throw OutOfMemory(what, bytes);
 }
 
 }  // namespace detail

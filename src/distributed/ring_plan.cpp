@@ -182,12 +182,6 @@ ShardAt own_shard(const Plan& plan, TensorView<const float> k, TensorView<const 
   return packed_shard(plan, buffer, plan.rank);
 }
 
-Scratch::Scratch(int64_t floats, const char* what) {
-  const std::size_t bytes = (static_cast<std::size_t>(std::max<int64_t>(floats, 1)) * sizeof(float) + 63) / 64 * 64;
-  data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-  if (data_ == nullptr) throw OutOfMemory(what, bytes);
-}
-
 namespace {
 template <class Op>
 void elementwise(TensorView<float> dst, TensorView<const float> src, int threads, Op op) {

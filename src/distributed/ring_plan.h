@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/scratch.h"
 #include "qkv/sharding.h"
 
 namespace qkv::ring {
@@ -132,21 +133,8 @@ TensorView<T> rows(TensorView<T> t, int64_t begin, int64_t len) {
                        std::span<const int64_t>(strides.data(), n));
 }
 
-// Floats the ring always writes before it reads them (K/V and gradient buffers, block results).
-// Unlike a Tensor they are not zeroed: zeroing faulted in and wrote every page of up to eight
-// shard-sized buffers per call, and a buffer a call never touches (a block buffer when every
-// partial goes in place) now costs no memory traffic at all.
-class Scratch {
- public:
-  Scratch(int64_t floats, const char* what);
-  float* data() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-};
+// The ring's K/V and gradient buffers and block results (core/scratch.h: not zeroed).
+using detail::Scratch;
 
 // dst (rank 4, any strides) = src or += src, elementwise; threads split the first two dims, so
 // the result does not depend on the thread count.

@@ -10,17 +10,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <memory>
-#include <optional>
 #include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "core/scratch.h"
 #include "core/thread_share.h"
 #include "kernels/workspace.h"
 #include "qkv/interrupt.h"
-#include "qkv/out_of_memory.h"
 
 namespace qkv::kernels {
 namespace {
@@ -96,27 +93,6 @@ bool add_partials(const BackwardParams& p, TensorView<float> dk, TensorView<floa
   }
   return finite;
 }
-
-// Room for the partial sums, not cleared: a task writes every row of its chunk_keys before the
-// driver reads it, and no other row is read (clearing them cost most of a narrow window's call).
-struct Partials {
-  struct Free {
-    void operator()(float* f) const { std::free(f); }
-  };
-  std::unique_ptr<float[], Free> dk, dv;
-  Partials(const BackwardParams& p) {
-    const AttentionShape& s = p.shape;
-    const int64_t rows = (p.chunks - 1) * s.B * s.Hkv * s.M;
-    dk.reset(allocate(rows * s.D, "attention_backward partial dk"));
-    dv.reset(allocate(rows * s.Dv, "attention_backward partial dv"));
-  }
-  static float* allocate(int64_t floats, const char* what) {
-    const std::size_t bytes = (static_cast<std::size_t>(floats) * sizeof(float) + 63) / 64 * 64;
-    void* f = std::aligned_alloc(64, std::max<std::size_t>(bytes, 64));
-    if (f == nullptr) throw OutOfMemory(what, bytes);
-    return static_cast<float*>(f);
-  }
-};
 
 // Each thread's scratch, as the last call left it: a task writes every element it reads (all of
 // qkv_tests passes on every path with the scratch filled with NaN before each call). It stays
@@ -219,11 +195,12 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
   const std::vector<detail::KeyBand> chunk_keys = plan_chunk_keys(p, bands);
   p.chunk_keys = chunk_keys.data();
   for (const detail::KeyBand& keys : chunk_keys) p.chunk_key_rows = std::max(p.chunk_key_rows, keys.hi - keys.lo);
-  std::optional<Partials> partials;
-  if (p.chunks > 1) {
-    partials.emplace(p);
-    p.dk_part = partials->dk.get(), p.dv_part = partials->dv.get();
-  }
+  // Not cleared: a task writes every row of its chunk_keys before the driver reads it, and no other
+  // row is read (clearing them cost most of a narrow window's call).
+  const int64_t part_rows = (p.chunks - 1) * heads * s.M;
+  const detail::Scratch dk_part(part_rows * s.D, "attention_backward partial dk");
+  const detail::Scratch dv_part(part_rows * s.Dv, "attention_backward partial dv");
+  p.dk_part = dk_part.data(), p.dv_part = dv_part.data();
   // S = Q·Kᵀ, dP = dO·Vᵀ, dV += Pᵀ·dO, dQ += dS·K and dK += dSᵀ·Q, as if no key were masked.
   const double work = static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
                       static_cast<double>(3 * s.D + 2 * s.Dv);
