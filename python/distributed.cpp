@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "qkv/distributed.h"
 
 namespace py = pybind11;
@@ -35,13 +36,8 @@ MPI_Comm comm_of(uintptr_t address) { return *reinterpret_cast<MPI_Comm*>(addres
 }  // namespace
 
 PYBIND11_MODULE(_qkv_distributed, m) {
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const qkv::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
+  // The core module's: pybind11's translators are global, and the last one registered is tried first.
+  qkvpy::register_error_translator();
   // RingOptions and shard_ranges are the core module's (qkv._qkv, python/ring.cpp): pybind11 shares
   // the registered type between the two modules.
   m.def("forward", [](uintptr_t comm, const Array& q, const Array& k, const Array& v, const qkv::RingOptions& o) {

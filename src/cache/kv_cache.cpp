@@ -16,6 +16,7 @@
 #include "attention/output_checks.h"
 #include "core/kv_codec.h"
 #include "core/huge_pages.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 // Pools are allocated by the huge-page rule (core/huge_pages.h): decode streams them whole.
 void* allocate(int64_t bytes, const char* what, std::size_t& mapped) {
   void* p = detail::huge_pages_alloc(bytes, mapped);
-  if (p == nullptr) throw Error(fmt::format("KVCache: cannot allocate the {} ({} bytes)", what, bytes));
+  if (p == nullptr) throw OutOfMemory(fmt::format("KVCache: the {}", what), static_cast<uint64_t>(bytes));
   return p;
 }
 

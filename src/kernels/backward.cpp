@@ -14,6 +14,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "core/first_error.h"
 #include "core/scratch.h"
 #include "core/thread_share.h"
 #include "kernels/workspace.h"
@@ -108,9 +109,9 @@ Workspace& thread_workspace() {
 float* thread_scratch(int64_t floats) { return thread_workspace().get<float>(0, static_cast<std::size_t>(floats)); }
 void trim_thread_scratch() { thread_workspace().trim(0, kKeptScratchBytes); }
 
-// Runs every task, then adds the partial sums (tasks, keys: how many of each). Returns false
-// when a thread could not allocate its scratch (its tasks did not run).
-bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv, BackwardFn fn, int threads,
+// Runs every task, then adds the partial sums (tasks, keys: how many of each); throws what a
+// thread's scratch allocation threw (qkv::OutOfMemory).
+void launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv, BackwardFn fn, int threads,
             int64_t scratch_floats, std::atomic<bool>& nonfinite) {
   const AttentionShape& s = p.shape;
   const int64_t heads = s.B * s.Hkv, tasks = heads * p.chunks;
@@ -133,25 +134,16 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
     trim_thread_scratch();
     throw_if_stopped(interrupt);
     for (int64_t key = 0; key < keys; ++key) add(key);
-    return true;
+    return;
   }
-  // An exception must not leave the OpenMP region: a thread without scratch runs no task, and
-  // the call reports it after.
-  bool failed = false;
-  auto scratch_or_null = [&]() -> float* {
-    try {
-      return thread_scratch(scratch_floats);
-    } catch (...) {
-#pragma omp atomic write
-      failed = true;
-      return nullptr;
-    }
-  };
+  // A thread whose scratch cannot be allocated runs no task; the call throws that after the region.
+  detail::FirstError error;
   // Every barrier costs a lot on a loaded machine (a waiting thread spins on a core the others
   // need), so there is one per call only when the chunks' partial sums need adding.
 #pragma omp parallel num_threads(threads)
   {
-    float* mine = scratch_or_null();
+    float* mine = nullptr;
+    error.run([&] { mine = thread_scratch(scratch_floats); });
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t idx = 0; idx < tasks; ++idx)
       if (mine != nullptr && !stop_requested(interrupt)) run_task(idx, mine);
@@ -162,8 +154,8 @@ bool launch(const BackwardParams& p, TensorView<float> dk, TensorView<float> dv,
       for (int64_t key = 0; key < keys; ++key) add(key);
     }
   }
+  error.rethrow();
   throw_if_stopped(interrupt);
-  return !failed;
 }
 
 }  // namespace
@@ -208,8 +200,7 @@ bool backward(BackwardParams p, TensorView<float> dk, TensorView<float> dv, Tens
   std::atomic<bool> nonfinite{false};  // set by the tasks and the partial sums
   p.nonfinite = &nonfinite;
   p.interrupt = InterruptScope::current();
-  if (!launch(p, dk, dv, fn, threads, BackwardLayout(p).total, nonfinite))
-    throw Error("attention_backward: cannot allocate the per-thread scratch buffers");
+  launch(p, dk, dv, fn, threads, BackwardLayout(p).total, nonfinite);
   return !nonfinite.load();
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "core/first_error.h"
 #include "core/thread_share.h"
 
 namespace qkv::kernels {
@@ -107,17 +108,10 @@ void parallel_for(int64_t n, int threads, const Fn& fn) {
     return;
   }
   const int64_t run = std::clamp<int64_t>(n / threads, 1, 8);
-  bool failed = false;
+  detail::FirstError error;
 #pragma omp parallel for schedule(dynamic, run) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      fn(i);
-    } catch (...) {
-#pragma omp atomic write
-      failed = true;
-    }
-  }
-  if (failed) throw Error("decode_attention: cannot allocate the per-thread scratch buffers");
+  for (int64_t i = 0; i < n; ++i) error.run([&] { fn(i); });
+  error.rethrow();
 }
 
 // One element of a chunk's result merged (float64, in the baseline instruction set) takes about

@@ -3,6 +3,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/flush_subnormals.h"
+#include "core/first_error.h"
 #include "core/thread_share.h"
 #include "qkv/interrupt.h"
 
@@ -84,21 +85,17 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
     throw_if_stopped(interrupt);
     return;
   }
-  // An exception must not leave an OpenMP region (that would terminate the program): the only
-  // one possible here is a failed allocation of a thread's tile buffers, reported after the loop.
-  bool failed = false;
+  // The only exception possible here is a failed allocation of a thread's tile buffers.
+  detail::FirstError error;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t idx = 0; idx < items; ++idx) {
     if (stop_requested(interrupt)) continue;
-    try {
+    error.run([&] {
       const FlushSubnormals flush;
       fn(p, task_of(idx), thread_workspace());
-    } catch (...) {
-#pragma omp atomic write
-      failed = true;
-    }
+    });
   }
-  if (failed) throw Error("fused attention: cannot allocate the per-thread tile buffers");
+  error.rethrow();
   throw_if_stopped(interrupt);
 }
 

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "qkv/error.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv::kernels {
 
@@ -13,7 +13,7 @@ void* Workspace::bytes(int slot, std::size_t count) {
     // 64 spare bytes: vector loads of a tail may read (never use) past the last element.
     const std::size_t rounded = (count + 64 + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) throw Error("fused attention: cannot allocate the per-thread tile buffers");
+    if (p == nullptr) throw OutOfMemory("attention: a thread's scratch buffers", rounded);
     buffers_[slot].reset(p);
     sizes_[slot] = count;
   }

@@ -378,6 +378,40 @@ def test_out_of_memory_is_a_memory_error_with_the_size():
     assert "w_q: cannot allocate 17179869184 bytes (out of memory)" in lines[1], lines[1]
 
 
+@pytest.mark.parametrize("distributed", [False, True])
+def test_a_cache_larger_than_memory_is_a_memory_error_with_or_without_qkv_distributed(distributed):
+    """A KVCache whose pool cannot be allocated raised ValueError, as bad input. And importing
+    qkv.distributed registered a translator of its own that turned every qkv error of the process,
+    the core module's MemoryError among them, into ValueError (pybind11's translators are global,
+    the last one registered tried first)."""
+    if distributed:
+        pytest.importorskip("mpi4py", reason="qkv.distributed needs mpi4py")
+        try:
+            import qkv.distributed  # noqa: F401
+        except ImportError as e:
+            pytest.skip(f"qkv.distributed is not built here: {e}")
+    script = textwrap.dedent(f"""
+        import resource, numpy as np, qkv
+        if {distributed}:
+            import qkv.distributed
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
+        for call in (lambda: qkv.KVCache(num_pages=1 << 20, page_tokens=16, kv_heads=1, head_dim=64),
+                     lambda: qkv.MultiHeadAttention(embed_dim=1 << 16)):
+            try:
+                call()
+                print("no error")
+            except MemoryError as e:
+                print("MemoryError:", e)
+            except Exception as e:
+                print(type(e).__name__, e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.stdout.splitlines() == [
+        "MemoryError: KVCache: the key pages: cannot allocate 4294967296 bytes (out of memory)",
+        "MemoryError: w_q: cannot allocate 17179869184 bytes (out of memory)"], (proc.stdout, proc.stderr)
+
+
 def test_a_nul_byte_in_a_path_is_refused(tmp_path):
     """The system calls stop at a NUL, so "a\\0b" once saved to (and loaded from) the file "a"."""
     good = tmp_path / "emb.txt"
