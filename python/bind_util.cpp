@@ -1,9 +1,11 @@
 #include "bind_util.h"
 
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -204,6 +206,22 @@ bool is_real(const py::handle& obj) {
          PyComplex_Check(obj.ptr()) == 0 && !has_dims(obj);
 }
 
+// repr(obj) while a Python error is set (repr runs Python code, which needs none set).
+std::string shown_while_failing(const py::handle& obj) {
+  const py::error_scope pending;
+  return py::repr(obj);
+}
+
+// After a conversion of an argument failed with a Python error set: raises `type` with `message`,
+// which names the argument (the object's own message would not), the object's error as its cause.
+// An interrupt, an exit or running out of memory is not a bad argument: it propagates as raised.
+[[noreturn]] void refuse_conversion(PyObject* type, const std::string& message) {
+  if (PyErr_ExceptionMatches(PyExc_Exception) == 0 || PyErr_ExceptionMatches(PyExc_MemoryError) != 0)
+    throw py::error_already_set();
+  py::raise_from(type, message.c_str());
+  throw py::error_already_set();
+}
+
 int64_t to_index(const py::handle& obj_in, const std::string& name) {
   // A 0-d array is its element (numpy's own message for a 0-d float array names no argument).
   const py::object obj =
@@ -215,10 +233,8 @@ int64_t to_index(const py::handle& obj_in, const std::string& name) {
   };
   if (is_bool(obj) || PyIndex_Check(obj.ptr()) == 0 || has_dims(obj)) throw refuse();
   PyObject* i = PyNumber_Index(obj.ptr());
-  if (i == nullptr) {
-    PyErr_Clear();  // the object's own message would not name the argument
-    throw refuse();
-  }
+  if (i == nullptr)
+    refuse_conversion(PyExc_TypeError, fmt::format("{} must be an integer, got {}", name, shown_while_failing(obj)));
   const py::object index = py::reinterpret_steal<py::object>(i);
   int overflow = 0;
   const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
@@ -230,17 +246,10 @@ double to_float(const py::handle& obj, const std::string& name) {
   if (!is_real(obj)) throw py::type_error(fmt::format("{} must be a number, got {}", name, std::string(py::repr(obj))));
   PyObject* f = PyNumber_Float(obj.ptr());
   if (f == nullptr) {
-    // The object's own message would not name the argument; it stays on as the cause.
-    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError) != 0;  // 10**400
-    const std::string shown = [&] {
-      const py::error_scope pending;  // repr runs Python code, which needs no error set
-      return std::string(py::repr(obj));
-    }();
-    py::raise_from(overflow ? PyExc_ValueError : PyExc_TypeError,
-                   (overflow ? fmt::format("{} = {} is out of range", name, shown)
-                             : fmt::format("{} must be a number, got {}", name, shown))
-                       .c_str());
-    throw py::error_already_set();
+    const std::string shown = shown_while_failing(obj);
+    if (PyErr_ExceptionMatches(PyExc_OverflowError) != 0)  // 10**400
+      refuse_conversion(PyExc_ValueError, fmt::format("{} = {} is out of range", name, shown));
+    refuse_conversion(PyExc_TypeError, fmt::format("{} must be a number, got {}", name, shown));
   }
   return py::reinterpret_steal<py::object>(f).cast<double>();
 }
@@ -267,17 +276,13 @@ std::array<py::array, 3> qkv_arrays(const py::object& q, const py::object& k, co
 
 uint64_t seed_arg(const py::handle& obj, const std::string& name) {
   const std::string shown = py::repr(obj).cast<std::string>();
-  PyObject* index = is_bool(obj) ? nullptr : PyNumber_Index(obj.ptr());
-  if (index == nullptr) {
-    PyErr_Clear();
-    throw py::type_error(fmt::format("{} must be an integer, got {}", name, shown));
-  }
+  if (is_bool(obj)) throw py::type_error(fmt::format("{} must be an integer, got {}", name, shown));
+  PyObject* index = PyNumber_Index(obj.ptr());
+  if (index == nullptr) refuse_conversion(PyExc_TypeError, fmt::format("{} must be an integer, got {}", name, shown));
   const py::object i = py::reinterpret_steal<py::object>(index);
   const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::value_error(fmt::format("{} must be in [0, 2**64), got {}", name, shown));
-  }
+  if (PyErr_Occurred())
+    refuse_conversion(PyExc_ValueError, fmt::format("{} must be in [0, 2**64), got {}", name, shown));
   return v;
 }
 
@@ -432,12 +437,20 @@ std::string string_arg(const py::handle& obj, const std::string& name) {
 double number_arg(const py::handle& obj, const std::string& name) { return to_float(obj, name); }
 
 std::string path_arg(const py::handle& obj, const std::string& name) {
-  if (py::isinstance<py::str>(obj)) return obj.cast<std::string>();
-  if (py::hasattr(obj, "__fspath__")) {
-    const py::object path = obj.attr("__fspath__")();
-    if (py::isinstance<py::str>(path)) return path.cast<std::string>();
-  }
-  throw py::type_error(fmt::format("{} must be a path (str or os.PathLike), got {}", name, std::string(py::repr(obj))));
+  // The bytes os.fsencode gives, as open() takes them: a name that is not UTF-8 on disk comes
+  // from os.listdir as a str with surrogate escapes, which a plain UTF-8 cast refuses.
+  const auto bytes_of = [](const py::handle& path) -> std::optional<std::string> {
+    if (py::isinstance<py::bytes>(path)) return path.cast<std::string>();
+    if (!py::isinstance<py::str>(path)) return std::nullopt;
+    PyObject* encoded = PyUnicode_EncodeFSDefault(path.ptr());
+    if (encoded == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(encoded).cast<std::string>();
+  };
+  if (auto path = bytes_of(obj)) return *path;
+  if (py::hasattr(obj, "__fspath__"))
+    if (auto path = bytes_of(obj.attr("__fspath__")())) return *path;
+  throw py::type_error(
+      fmt::format("{} must be a path (str, bytes or os.PathLike), got {}", name, std::string(py::repr(obj))));
 }
 
 void bind_argument_checks(py::module_& m) {
@@ -519,7 +532,13 @@ std::unique_lock<std::mutex> wait_until(F ready) {
     {
       py::gil_scoped_release release;
       std::unique_lock wait(readers_mutex());
-      readers_changed().wait(wait, ready);
+      // Ctrl-C ends the wait: a change can wait for a read of seconds.
+      while (!readers_changed().wait_for(wait, std::chrono::milliseconds(20), ready)) {
+        wait.unlock();
+        const py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        wait.lock();
+      }
     }
     lock.lock();
   }
@@ -566,15 +585,24 @@ SharedReads::Reading::~Reading() {
 }
 
 SharedReads::Writing::Writing(const void* object) : object_(object) {
-  if (own_reads().contains(object_))
+  // Whatever the object: a change that waits for another thread's read of it may wait for ever
+  // when that thread waits, in the same way, for this thread's read (two caches, each freed from
+  // inside a read of the other).
+  if (!own_reads().empty())
     throw std::runtime_error(
-        "a call in this thread is reading this object (Python code run while its arguments were converted "
-        "tries to change it); the change would wait for that call, which waits for it");
+        "a call in this thread is reading a qkv object (Python code run inside it, by an argument's conversion "
+        "or a signal handler, tries to change one); the change could wait for ever for that call, so it is "
+        "refused");
   {
     const std::lock_guard lock(readers_mutex());
     ++users()[object_].writers;  // from now on no reader starts
   }
-  auto lock = wait_until([&] { return users()[object_].readers == 0; });
+  try {
+    auto lock = wait_until([&] { return users()[object_].readers == 0; });
+  } catch (...) {
+    leave(object_, &Users::writers);
+    throw;
+  }
 }
 
 SharedReads::Writing::~Writing() { leave(object_, &Users::writers); }

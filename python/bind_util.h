@@ -186,9 +186,10 @@ class InterruptibleRelease {
 // held) is done: a change never lands in the middle of a read, and a read never sees half a
 // change. A waiting change goes first: a reader that would start meanwhile waits for it (with the
 // GIL released), or a thread running reads back to back would keep the change waiting for ever.
-// Within one thread (Python code run by an argument's conversion while the call's read is held), a
-// second read goes ahead without waiting, and a change raises RuntimeError instead of waiting for
-// the thread's own read.
+// Within one thread (Python code run by an argument's conversion or a signal handler while a
+// call's read is held), a second read goes ahead without waiting, and a change of any object raises
+// RuntimeError: it could wait for ever for this read, directly or through another thread's. A
+// change's wait ends with Ctrl-C.
 class SharedReads {
  public:
   // A read of `object` for the guard's lifetime; construct it with the GIL held.
@@ -205,7 +206,7 @@ class SharedReads {
 
   // A change of `object` for the guard's lifetime: construct it with the GIL held just before
   // changing the object; it returns with the GIL held and no reader, and no reader starts until
-  // the guard is destroyed. Throws std::runtime_error if this thread holds a read of `object`.
+  // the guard is destroyed. Throws std::runtime_error if this thread holds a read of any object.
   class Writing {
    public:
     explicit Writing(const void* object);

@@ -96,7 +96,7 @@ def test_malformed_files_raise_value_error_naming_the_file(tmp_path):
     e = qkv.Embeddings.load(ok)
     assert "a" in e and 1 not in e
     for call, exc, message in [
-            (lambda: qkv.Embeddings.load(None), TypeError, r"path must be a path \(str or os.PathLike\), got None"),
+            (lambda: qkv.Embeddings.load(None), TypeError, r"path must be a path \(str, bytes or os.PathLike\), got None"),
             (lambda: qkv.Embeddings.load(str(ragged), format=None), TypeError, "format must be a string, got None"),
             (lambda: qkv.Embeddings("ab", np.ones((2, 2), np.float32)), TypeError, "words must be a list of strings"),
             (lambda: qkv.Embeddings([1, 2], np.ones((2, 2), np.float32)), TypeError,

@@ -618,3 +618,48 @@ def test_decode_called_while_a_free_waits_never_reads_reused_pages():
         cache.free(got["other"])
     assert not wrong, f"a decode returned another sequence's data: max errors {wrong}"
     assert exercised >= 1, "no decode was called while a free waited: the race was not exercised"
+
+
+def test_an_arguments_own_error_stays_the_cause_and_an_interrupt_stays_an_interrupt():
+    """A conversion that raises (an __index__ or __float__ of the caller's) became a TypeError naming
+    the argument with the object's own error dropped, and a KeyboardInterrupt or MemoryError raised
+    there became that TypeError too."""
+    class Raises:
+        def __init__(self, error):
+            self.error = error
+
+        def __index__(self):
+            raise self.error
+
+        __float__ = __index__
+
+    x = np.ones((1, 1, 3, 4), np.float32)
+    for call in (lambda arg: qkv.scaled_dot_product_attention(x, x, x, window=(arg, 0)),
+                 lambda arg: qkv.scaled_dot_product_attention(x, x, x, softcap=arg),
+                 lambda arg: qkv.dropout_mask((1, 1, 3, 3), 0.5, seed=arg)):
+        with pytest.raises(TypeError, match="must be") as caught:
+            call(Raises(LookupError("its own reason")))
+        assert isinstance(caught.value.__cause__, LookupError), caught.value.__cause__
+        for error in (KeyboardInterrupt, MemoryError):
+            with pytest.raises(error):
+                call(Raises(error()))
+
+
+def test_a_path_python_can_open_is_one_qkv_can_open(tmp_path):
+    """A file name that is not UTF-8 on disk reaches Python as a str with surrogate escapes (as
+    os.listdir gives it) and opens with open(); qkv refused it with pybind11's "Unable to cast", and
+    refused bytes paths outright."""
+    raw = os.fsencode(tmp_path) + b"/caf\xe9"
+    with open(raw + b".txt", "wb") as f:
+        f.write(b"the 1 2\nbank 3 4\n")
+    escaped = os.path.join(os.fsdecode(tmp_path), os.fsdecode(b"caf\xe9.txt"))
+    for path in (escaped, raw + b".txt", type("P", (), {"__fspath__": lambda self: raw + b".txt"})()):
+        assert qkv.Embeddings.load(path).words == ["the", "bank"]
+    layer = qkv.MultiHeadAttention(8, 2, seed=1)
+    layer.save(os.fsdecode(raw + b".safetensors"))
+    assert os.path.exists(raw + b".safetensors")
+    assert np.array_equal(qkv.MultiHeadAttention.load(raw + b".safetensors").w_q, layer.w_q)
+    with pytest.raises(ValueError, match=r"cannot read .*: the name contains a NUL byte"):
+        qkv.Embeddings.load(raw + b".txt\0zzz")
+    with pytest.raises(TypeError, match=r"must be a path \(str, bytes or os.PathLike\), got 5"):
+        qkv.Embeddings.load(5)

@@ -187,7 +187,7 @@ def test_bad_layer_arguments():
     layer = qkv.MultiHeadAttention(4, 2)
     with pytest.raises(TypeError, match="training must be True or False, got 'no'"):
         layer.training = "no"
-    with pytest.raises(TypeError, match=r"path must be a path \(str or os.PathLike\), got None"):
+    with pytest.raises(TypeError, match=r"path must be a path \(str, bytes or os.PathLike\), got None"):
         layer.save(None)
     x = np.ones((3, 4), np.float32)
     with pytest.raises(TypeError, match="forward\\(\\) got an unexpected keyword argument 'casual'"):

@@ -233,6 +233,9 @@ def test_a_thread_started_after_another_ended_finds_none_of_its_state():
     print(f"{reused} of 20 fresh threads had an ended thread's id")
 
 
+REFUSED = ("a call in this thread is reading a qkv object (Python code run inside it, by an argument's conversion "
+           "or a signal handler, tries to change one); the change could wait for ever for that call, so it is refused")
+
 _REENTRY = """
 import threading, time
 import numpy as np
@@ -280,7 +283,92 @@ def test_a_cache_changed_or_read_again_from_inside_a_decodes_arguments_never_wai
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
-        "refused: RuntimeError a call in this thread is reading this object (Python code run while its arguments "
-        "were converted tries to change it); the change would wait for that call, which waits for it",
+        "refused: RuntimeError " + REFUSED,
         "length 4 same True",
         "nested True True"], proc.stdout
+
+
+_CROSSED = """
+import threading
+import numpy as np
+import qkv
+
+def cache_with_a_fork():
+    cache = qkv.KVCache(num_pages=4, page_tokens=4, kv_heads=1, head_dim=4)
+    seq = cache.create()
+    cache.append(seq, np.ones((2, 1, 4), np.float32), np.ones((2, 1, 4), np.float32))
+    return cache, seq, cache.fork(seq)
+(a, a_seq, a_fork), (b, b_seq, b_fork) = cache_with_a_fork(), cache_with_a_fork()
+q = np.ones((1, 1, 1, 4), np.float32)
+both = threading.Barrier(2)
+results = {}
+
+class FreesInTheOtherCache:  # top_k's conversion, inside this thread's read of its own cache
+    def __init__(self, cache, seq):
+        self.cache, self.seq = cache, seq
+    def __index__(self):
+        both.wait()  # both threads hold their reads
+        self.cache.free(self.seq)
+        return 1
+
+def decode(name, cache, seq, top_k):
+    try:
+        qkv.decode_attention_weights(q, cache, [seq], top_k=top_k)
+        results[name] = "ran"
+    except TypeError as e:
+        results[name] = type(e.__cause__).__name__
+
+threads = [threading.Thread(target=decode, args=("a", a, a_seq, FreesInTheOtherCache(b, b_fork)), daemon=True),
+           threading.Thread(target=decode, args=("b", b, b_seq, FreesInTheOtherCache(a, a_fork)), daemon=True)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(20)
+print(sorted(results.items()), a.length(a_fork), b.length(b_fork))
+"""
+
+
+def test_two_threads_each_changing_the_cache_the_other_reads_from_inside_their_own_read_never_hang():
+    """Thread A reads cache a and, from top_k's conversion, frees a sequence of cache b; thread B the
+    reverse. Each change waited for the other thread's read, which waited for the change: both hung.
+    A change from inside any read of the same thread is refused, whatever the object."""
+    proc = subprocess.run([sys.executable, "-c", _CROSSED], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[('a', 'RuntimeError'), ('b', 'RuntimeError')] 2 2", proc.stdout
+
+
+_FREE_WAITS = """
+import signal, threading, time
+import numpy as np
+import qkv
+rng = np.random.default_rng(7)
+cache = qkv.KVCache(num_pages=64, page_tokens=256, kv_heads=1, head_dim=64)
+seq, other = cache.create(), cache.create()
+k = rng.standard_normal((16384, 1, 64), dtype=np.float32)
+cache.append(seq, k, k)
+q = rng.standard_normal((1, 8, 4000, 64), dtype=np.float32)
+reader = threading.Thread(target=lambda: qkv.decode_attention_weights(q, cache, [seq], top_k=5), daemon=True)
+reader.start()
+time.sleep(0.3)  # the read is running
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+signal.signal(signal.SIGALRM, lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+t0 = time.monotonic()
+try:
+    cache.free(other)
+    print("freed after", round(time.monotonic() - t0, 2), "s; the read still running:", reader.is_alive())
+except KeyboardInterrupt:
+    print("interrupted after", round(time.monotonic() - t0, 2), "s; the read still running:", reader.is_alive())
+"""
+
+
+def test_ctrl_c_ends_a_change_waiting_for_another_threads_read():
+    """free() waits until no call reads the cache; that wait ignored Ctrl-C for as long as the read
+    ran (seconds for a long decode)."""
+    proc = subprocess.run([sys.executable, "-c", _FREE_WAITS], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[0] == "interrupted" and words[-1] == "True", proc.stdout
+    assert float(words[2]) < 1.0, proc.stdout
