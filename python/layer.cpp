@@ -118,13 +118,15 @@ py::array forward(PyLayer& self, const py::object& x_obj, const py::object& kv_o
   state->mask = parse_mask(call.mask, B, layer.config().num_heads, N, M);
   state->options.mask = state->mask.mask;
   apply_options(call, state->options);
+  // Read once, with the GIL: another thread or a signal handler may set it during the forward.
+  const bool training = self.training;
   qkv::Tensor<float> out;
   {
     const SharedReads::Reading reading(&self.layer);  // weights change only between calls that read them
     InterruptibleRelease release;                     // Ctrl-C stops it
-    out = layer.forward(x, kv, state->options, self.training ? &state->cache : nullptr);
+    out = layer.forward(x, kv, state->options, training ? &state->cache : nullptr);
   }
-  self.mine().last = self.training ? std::move(state) : nullptr;
+  self.mine().last = training ? std::move(state) : nullptr;
   return tensor_to_numpy(std::move(out));
 }
 

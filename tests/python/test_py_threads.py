@@ -372,3 +372,29 @@ def test_ctrl_c_ends_a_change_waiting_for_another_threads_read():
     words = proc.stdout.split()
     assert words[0] == "interrupted" and words[-1] == "True", proc.stdout
     assert float(words[2]) < 1.0, proc.stdout
+
+
+def test_training_switched_on_during_a_forward_leaves_no_half_state():
+    """forward() read layer.training twice, once with the GIL released: switched on by a signal
+    handler (or another thread) during the call, it kept a forward with no cache, and backward()
+    failed with the C++ API's message."""
+    script = """
+import signal
+import numpy as np
+import qkv
+layer = qkv.MultiHeadAttention(64, 4, seed=1)
+layer.training = False
+x = np.random.default_rng(3).standard_normal((12000, 64)).astype(np.float32)
+signal.signal(signal.SIGALRM, lambda *args: setattr(layer, "training", True))
+signal.setitimer(signal.ITIMER_REAL, 0.05)
+y = layer.forward(x)
+try:
+    layer.backward(np.ones_like(y))
+    print("backward ran")
+except ValueError as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.stdout.strip() == ("backward: no forward to go back through; call forward() first with "
+                                   "training = True"), (proc.stdout, proc.stderr)
