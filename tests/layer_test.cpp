@@ -152,8 +152,13 @@ TEST(Layer, RefusesBadConfigsAndShapes) {
   expect_error(
       [] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 4, .num_kv_heads = 3}); },
       "layer: num_heads, num_kv_heads: H = 4 query heads is not a positive multiple of Hkv = 3 key/value heads");
-  expect_error([] { MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true}); },
-               "parameter-free mode needs 1 head");
+  // Only the counts given: num_kv_heads left at its default is not named (as 0).
+  try {
+    MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 2, .parameter_free = true});
+    ADD_FAILURE() << "a parameter-free layer of 2 heads was built";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "layer: parameter-free mode needs 1 head, got num_heads = 2");
+  }
   expect_error(
       [] {
         MultiHeadAttention(LayerConfig{.embed_dim = 8, .num_heads = 1, .num_kv_heads = 2, .parameter_free = true});

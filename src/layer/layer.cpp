@@ -31,8 +31,8 @@ LayerConfig resolve(const LayerConfig& in) {
     throw Error(fmt::format("layer: the note is not valid UTF-8 (byte {})", at));
   if (c.parameter_free) {
     if (c.num_heads != 1 || c.num_kv_heads > 1)
-      throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}, num_kv_heads = {}",
-                              c.num_heads, c.num_kv_heads));
+      throw Error(fmt::format("layer: parameter-free mode needs 1 head, got num_heads = {}{}", c.num_heads,
+                              c.num_kv_heads != 0 ? fmt::format(", num_kv_heads = {}", c.num_kv_heads) : ""));
     if ((c.head_dim != 0 && c.head_dim != c.embed_dim) || (c.value_dim != 0 && c.value_dim != c.embed_dim))
       throw Error(fmt::format("layer: parameter-free mode needs head_dim = value_dim = embed_dim = {}", c.embed_dim));
     if (c.bias) throw Error("layer: parameter-free mode has no biases (bias must be false)");
