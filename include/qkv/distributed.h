@@ -5,6 +5,14 @@
 // (library qkv_distributed). Letters as in attention.h; N and M are the GLOBAL sequence lengths.
 #pragma once
 
+// MPI_Comm is in the signatures, so mpi.h is needed; its C++ bindings are not (qkv uses the C
+// API), and OpenMPI's trip -Wcast-function-type, failing a consumer built with -Werror.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <string>

@@ -138,6 +138,8 @@ project(ring LANGUAGES CXX)
 find_package(qkv CONFIG REQUIRED COMPONENTS distributed)
 add_executable(ring ring.cpp)
 target_link_libraries(ring PRIVATE qkv::qkv_distributed)
+# A consumer that fails on warnings: mpi.h's C++ bindings (OpenMPI's) must not be compiled in.
+target_compile_options(ring PRIVATE -Wall -Wextra -Werror)
 CMAKE
   cat > "$work/ring/src/ring.cpp" <<'CPP'
 #include <cstdio>
