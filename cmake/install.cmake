@@ -39,6 +39,9 @@ install(FILES ${PROJECT_BINARY_DIR}/qkvConfig.cmake ${PROJECT_BINARY_DIR}/qkvCon
 # an rpath to libdir, so a program linked against the shared libqkv of any prefix runs without
 # LD_LIBRARY_PATH (the .pc is relocatable, so the rpath is wherever the prefix is when linking).
 file(RELATIVE_PATH QKV_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
+# file(RELATIVE_PATH) ends the way up with a "/" ("../../"): kept, the prefix and every path built
+# on it would hold a "//".
+string(REGEX REPLACE "/+$" "" QKV_PC_UP "${QKV_PC_UP}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

@@ -2,12 +2,14 @@
 # The C++ package for real, as a user runs it.
 #   install: installs this build to a temporary prefix, then builds and runs the README's
 #     "Use from CMake" consumer (find_package(qkv CONFIG REQUIRED), static and shared), the same
-#     program through pkg-config run with an empty environment (the .pc's rpath finds libqkv),
-#     a ring consumer (COMPONENTS distributed) when qkv was built with MPI, the installed command
-#     (--version; `explain` on a sentence with no flags, reading <prefix>/share/qkv/words.txt), and
-#     the installed Python package from the directory /usr/bin/python3 reads for that prefix.
+#     program through pkg-config run with an empty environment (the .pc's rpath finds libqkv; again
+#     after the prefix is moved, and from the unpacked .deb; no '//' in the .pc's paths), a ring
+#     consumer (COMPONENTS distributed, built with -Wall -Wextra -Werror) when qkv was built with
+#     MPI, the installed command (--version; `explain` on a sentence with no flags, reading
+#     <prefix>/share/qkv/words.txt), and the installed Python package from the directory
+#     /usr/bin/python3 reads for that prefix.
 #   deb: builds the .deb, checks its contents and Depends, unpacks it with dpkg -x into a scratch
-#     root and runs its command (no flags, its own data) and its Python package.
+#     root and runs its command (no flags, its own data), its Python package and its qkv.pc.
 # The word vectors are checked only when `make demo` has built build/data/words.txt (said if not).
 # Usage: check_package.sh <build dir> <source dir> [install|deb]
 set -euo pipefail
@@ -40,6 +42,25 @@ check_cli() {
   echo "$bin explain (no flags): $(grep -m1 'embeddings from' <<<"$got")"
 }
 
+# pkg-config as the README says, through the qkv.pc in <pcdir>, which must lead to <root> wherever
+# that tree was put: no '//' in the file or the flags, and the README's program built with them
+# runs with an empty environment on <root>'s libqkv (the .pc's rpath).
+check_pc() {
+  local pcdir=$1 root=$2 prefix_seen flags got loaded
+  if grep -q '//' "$pcdir/qkv.pc"; then fail "$pcdir/qkv.pc holds a '//': $(grep '//' "$pcdir/qkv.pc")"; fi
+  prefix_seen=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=prefix qkv)
+  [[ "$prefix_seen" != */ ]] || fail "$pcdir/qkv.pc: prefix $prefix_seen ends in '/' (its paths then hold a '//')"
+  [ "$(realpath "$prefix_seen")" = "$(realpath "$root")" ] || fail "$pcdir/qkv.pc: prefix $prefix_seen is not $root"
+  flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs qkv)
+  [[ "$flags" != *//* ]] || fail "pkg-config qkv from $pcdir: '$flags' holds a '//'"
+  g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $flags
+  got=$(env -i "$work/hello-pc")
+  [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "pkg-config from $pcdir: unexpected output '$got'"
+  loaded=$(env -i ldd "$work/hello-pc" | awk '$1 ~ /^libqkv\.so/ {print $3}')
+  [[ "$(realpath "$loaded")" == "$(realpath "$root")"/* ]] || fail "hello-pc loads libqkv from '$loaded', not from $root"
+  echo "pkg-config from $pcdir (prefix=$prefix_seen), run with an empty environment: $got"
+}
+
 # The qkv package under <dir>, imported by Debian's interpreter from outside the tree.
 check_python() {
   local dir=$1 got
@@ -50,6 +71,18 @@ check_python() {
   fi
   echo "python: qkv $version from $dir"
 }
+
+# The README's snippets, exactly as a reader copies them: each fenced block that follows a
+# "<!-- file: NAME -->" line is written to NAME.
+mkdir -p "$work/consumer"
+awk -v dir="$work/consumer" '
+  /^<!-- file: / { name = $3; next }
+  name != "" && /^```/ { if (inside) { inside = 0; name = "" } else { inside = 1; out = dir "/" name; printf "" > out } next }
+  inside { print >> out }
+' "$src/README.md"
+for f in CMakeLists.txt hello.cpp; do
+  [ -s "$work/consumer/$f" ] || fail "README.md has no '<!-- file: $f -->' snippet"
+done
 
 if [ "$what" = deb ]; then
   (cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
@@ -77,21 +110,10 @@ if [ "$what" = deb ]; then
   dpkg -x "$deb" "$work/root"
   check_cli "$work/root/usr/bin/qkv"
   check_python "$work/root/usr/$pydir"
+  check_pc "$(dirname "$(find "$work/root" -name qkv.pc)")" "$work/root/usr"
   echo "deb ok"
   exit 0
 fi
-
-# The README's snippets, exactly as a reader copies them: each fenced block that follows a
-# "<!-- file: NAME -->" line is written to NAME.
-mkdir -p "$work/consumer"
-awk -v dir="$work/consumer" '
-  /^<!-- file: / { name = $3; next }
-  name != "" && /^```/ { if (inside) { inside = 0; name = "" } else { inside = 1; out = dir "/" name; printf "" > out } next }
-  inside { print >> out }
-' "$src/README.md"
-for f in CMakeLists.txt hello.cpp; do
-  [ -s "$work/consumer/$f" ] || fail "README.md has no '<!-- file: $f -->' snippet"
-done
 
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
@@ -119,10 +141,7 @@ done
 
 # pkg-config as the README says: the .pc is in <prefix>/lib/pkgconfig for a prefix other than /usr.
 [ -f "$prefix/lib/pkgconfig/qkv.pc" ] || fail "no lib/pkgconfig/qkv.pc under the prefix: $(find "$prefix" -name qkv.pc)"
-g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs qkv)
-got=$(env -i "$work/hello-pc")
-[ "$got" = "out[0] = 0.731059 0.268941" ] || fail "pkg-config: unexpected output '$got'"
-echo "pkg-config, run with an empty environment: $got"
+check_pc "$prefix/lib/pkgconfig" "$prefix"
 # The soname follows the documented policy: major.minor, so a layout change refuses to load.
 soname=$(objdump -p "$prefix/lib/libqkv.so" | awk '$1 == "SONAME" {print $2}')
 [ "$soname" = "libqkv.so.${version%.*}" ] || fail "libqkv.so's soname is '$soname', expected libqkv.so.${version%.*}"
@@ -167,3 +186,6 @@ pydir=$(cd "$prefix" && find . -path '*/qkv/__init__.py' | sed 's|^\./||; s|/qkv
 /usr/bin/python3 -c "import sys; sys.exit('/usr/local/$pydir' not in sys.path)" \
   || fail "the Python package went to <prefix>/$pydir: /usr/local/$pydir is not on /usr/bin/python3's sys.path"
 check_python "$prefix/$pydir"
+# The whole prefix moved elsewhere: the .pc finds it there (its prefix is relative to the file).
+mv "$prefix" "$work/moved"
+check_pc "$work/moved/lib/pkgconfig" "$work/moved"
