@@ -278,6 +278,17 @@ def test_empty_host_is_a_usage_error(qkv_bin, words):
     assert r.returncode == 2 and "--host" in r.stderr and "an empty address" in r.stderr, (r.returncode, r.stderr)
 
 
+def test_a_host_name_that_does_not_resolve_is_named(run, words):
+    """Any failure to bind read as a port in use; a name that does not resolve says so, before the
+    word vectors are read. glibc refuses a name with spaces itself, so no query leaves the machine."""
+    r = run("serve", "--embeddings", words, "--parameter-free", "--host", "no such host", "--port", "0", timeout=30)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.stderr == ("qkv: error: --host no such host: cannot resolve the host name (Name or service not known): "
+                        "give an address of this machine, such as 127.0.0.1\n"), r.stderr
+    r = run("serve", "--embeddings", words.parent / "missing.txt", "--host", "no such host", timeout=30)
+    assert r.returncode == 1 and "cannot resolve the host name" in r.stderr, r.stderr
+
+
 def test_host_other_than_loopback_warns(qkv_bin, words):
     s = Server(qkv_bin, "--embeddings", words, "--parameter-free", "--host", "0.0.0.0")
     assert s.url.startswith("http://0.0.0.0:")

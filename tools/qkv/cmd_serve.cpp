@@ -2,6 +2,7 @@
 // requests concurrently) with one page and a small JSON API (serve/serve_api.h) backed by the
 // same functions as `qkv explain` and `qkv compare`. Bound to 127.0.0.1 unless --host says
 // otherwise; SIGINT and SIGTERM stop it cleanly (exit 0).
+#include <netdb.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
@@ -181,6 +182,23 @@ class StopSignals {
   std::thread waiter_;
 };
 
+// cpp-httplib reports every failure to bind as one `false`, which read as a port in use when the
+// host name did not resolve at all: the name is looked up first, as cpp-httplib then looks it up.
+void check_host_resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0)
+    throw Error(
+        fmt::format("--host {}: cannot resolve the host name ({}): give an address of this machine, such as "
+                    "127.0.0.1",
+                    host, ::gai_strerror(rc)));
+  ::freeaddrinfo(found);
+}
+
 int stopped(int sig) {
   print_to_stderr(fmt::format("qkv serve: stopped ({})\n", signal_name(sig)));
   return 0;
@@ -188,6 +206,7 @@ int stopped(int sig) {
 
 int run_serve(const ServeArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
+  check_host_resolves(a.host);  // before the word vectors are read
   StopSignals signals;
   const ServeApi state(a.sentence_args);
   if (signals.received() != 0) return stopped(signals.received());
