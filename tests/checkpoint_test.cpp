@@ -2,6 +2,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/safetensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,6 +130,30 @@ TEST_F(CheckpointTest, PreviousThatIsALinkToTheCheckpointLeavesNoTemporary) {
   EXPECT_EQ(names, (std::vector<std::string>{"ckpt.safetensors", "ckpt.safetensors.prev"}));
   EXPECT_EQ(load_checkpoint(f).metadata.at("step"), "2");
   EXPECT_EQ(load_checkpoint(f + ".prev").metadata.at("step"), "1");
+}
+
+// A directory (or a FIFO) at path.prev cannot take the previous checkpoint: check_checkpoint_path
+// finds it before a training loop starts, and save_checkpoint refuses it with the same line,
+// leaving both as they were. A symbolic link there is taken: the rename replaces the link itself.
+TEST_F(CheckpointTest, PreviousThatCannotBeReplacedIsFoundBeforeAnyWrite) {
+  Tensor<float> w({2}, "w");
+  const std::string f = path("ckpt.safetensors");
+  check_checkpoint_path(f);
+  save_checkpoint(f, {{"w", w.cview()}}, {{"step", "1"}});
+  fs::create_directory(f + ".prev");
+  const std::string message = "checkpoint " + f + ": the previous one cannot be kept as " + f +
+                              ".prev: it is a directory (remove or rename it)";
+  expect_error([&] { check_checkpoint_path(f); }, message);
+  expect_error([&] { save_checkpoint(f, {{"w", w.cview()}}, {{"step", "2"}}); }, message);
+  EXPECT_EQ(load_checkpoint(f).metadata.at("step"), "1");
+  EXPECT_TRUE(fs::is_directory(f + ".prev"));
+  fs::remove(f + ".prev");
+  ASSERT_EQ(::mkfifo((f + ".prev").c_str(), 0600), 0);
+  expect_error([&] { check_checkpoint_path(f); }, ".prev: it is not a regular file");
+  fs::remove(f + ".prev");
+  fs::create_symlink("elsewhere", f + ".prev");
+  check_checkpoint_path(f);
+  expect_error([&] { check_checkpoint_path(path("missing_dir/ckpt")); }, "missing_dir");
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ void save_checkpoint(const std::string& path,
                      const std::vector<std::pair<std::string, TensorView<const float>>>& tensors,
                      const std::map<std::string, std::string>& metadata);
 
+// Throws qkv::Error for a `path` that save_checkpoint would refuse whatever it writes: a target
+// the output rule refuses (qkv/output_file.h), or a directory or other non-file where the previous
+// checkpoint is kept (<path>.prev, beside the file a link points to). Writes nothing; a training
+// loop calls it before its first step rather than failing at its first checkpoint.
+void check_checkpoint_path(const std::string& path);
+
 // Reads a checkpoint and verifies its checksum. Throws qkv::Error naming `path` for a missing,
 // unreadable, truncated or corrupted file (and says whether `path`.prev exists).
 Checkpoint load_checkpoint(const std::string& path);

@@ -1,6 +1,7 @@
 #include "qkv/checkpoint.h"
 #include "qkv/safetensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,12 +56,22 @@ std::string checksum(std::vector<NamedView> tensors, const std::map<std::string,
   return h.hex();
 }
 
-// Keeps the current checkpoint as path.prev: link (or copy) to a temporary name, then rename, so
-// path.prev is always either the old previous checkpoint or the complete current one.
-void keep_previous(const std::string& path) {
+// The name the checkpoint `resolved` (a file, after links) is kept under when it is replaced, if
+// that name can take it: a rename replaces a file or a link, never a directory, and anything else
+// there is not a checkpoint of ours to replace.
+std::string previous_name(const std::string& path, const std::string& resolved) {
+  const std::string prev = resolved + ".prev";
+  struct stat st {};
+  if (::lstat(prev.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return prev;
+  throw Error(fmt::format("checkpoint {}: the previous one cannot be kept as {}: it is {} (remove or rename it)", path,
+                          prev, S_ISDIR(st.st_mode) ? "a directory" : "not a regular file"));
+}
+
+// Keeps the current checkpoint as `prev`: link (or copy) to a temporary name, then rename, so
+// prev is always either the old previous checkpoint or the complete current one.
+void keep_previous(const std::string& path, const std::string& prev) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const std::string prev = path + ".prev";
   detail::remove_stale_temporaries(prev);
   if (!fs::is_regular_file(path, ec)) return;
   const std::string tmp = detail::temporary_name(prev);
@@ -85,6 +96,11 @@ std::string prev_hint(const std::string& path) {
 
 }  // namespace
 
+void check_checkpoint_path(const std::string& path) {
+  const OutputTarget target = resolve_output(path);
+  if (target.kind == OutputKind::file) previous_name(path, target.resolved);
+}
+
 void save_checkpoint(const std::string& path, const std::vector<NamedView>& tensors,
                      const std::map<std::string, std::string>& metadata) {
   // Every refusal comes before the previous checkpoint is replaced by the current one: the bytes
@@ -96,7 +112,7 @@ void save_checkpoint(const std::string& path, const std::vector<NamedView>& tens
   const std::string bytes = detail::safetensors_bytes(path, tensors, meta);
   // The previous checkpoint is kept beside the file a symlink points to; a device keeps none.
   const OutputTarget target = resolve_output(path);
-  if (target.kind == OutputKind::file) keep_previous(target.resolved);
+  if (target.kind == OutputKind::file) keep_previous(target.resolved, previous_name(path, target.resolved));
   write_output(path, target, bytes);
 }
 

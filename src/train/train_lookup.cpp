@@ -192,6 +192,7 @@ LookupResult train_lookup(const LookupConfig& c, const std::function<void(const 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start_time = Clock::now();
   check_config(c);
+  if (!c.checkpoint.empty()) check_checkpoint_path(c.checkpoint);
   AttentionOptions options;
   options.num_threads = c.threads;
 

@@ -343,3 +343,22 @@ def test_a_curve_failing_after_the_save_says_the_layer_is_kept(run, seed, small_
     assert last == (f"qkv: error: cannot write {small_disk / 'loss.csv'}: No space left on device (the trained layer "
                     f"is saved in {save})"), last
     assert save.exists() and temporaries(small_disk) == []
+
+
+def test_a_checkpoint_whose_previous_cannot_be_kept_is_refused_before_step_1(qkv_bin, run, tmp_path):
+    """The previous checkpoint is kept as <ckpt>.prev: a directory there failed the run at its second
+    checkpoint, after the steps before it had run. It is refused before the first step now."""
+    ckpt = tmp_path / "ckpt.safetensors"
+    (tmp_path / "ckpt.safetensors.prev").mkdir()
+    for existing in (False, True):
+        if existing:
+            ckpt.write_bytes(b"an earlier run's checkpoint")
+        r = run(*TRAIN, "--steps", 1000000, "--checkpoint", ckpt, "--checkpoint-every", 1, timeout=60)
+        assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == (f"qkv: error: checkpoint {ckpt}: the previous one cannot be kept as {ckpt}.prev: it is a "
+                            f"directory (remove or rename it)\n"), r.stderr
+        assert ckpt.exists() == existing and temporaries(tmp_path) == []
+    # A directory that cannot be written was already refused before the first step, by the output rule.
+    r = run(*TRAIN, "--steps", 1000000, "--checkpoint", tmp_path / "missing" / "ckpt", timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith(f"qkv: error: --checkpoint {tmp_path / 'missing' / 'ckpt'}: "), \
+        r.stderr
