@@ -119,8 +119,10 @@ Embeddings.load(path, format="auto", unicode_errors="strict") reads GloVe text, 
 or word2vec binary ("auto" tells them apart by content). unicode_errors, as in gensim, says what
 a word that is not valid UTF-8 becomes: "strict" refuses the file (ValueError naming the line and
 word), "replace" puts U+FFFD for each invalid sequence and "ignore" drops those bytes, as
-bytes.decode("utf-8", errors=...) does (duplicates this makes keep the first for find()). ValueError names the file and line for a missing file, a
-ragged or non-numeric row, a truncated binary file or an empty vocabulary.
+bytes.decode("utf-8", errors=...) does (duplicates this makes keep the first for find()). A file
+that cannot be opened raises OSError as open() does (FileNotFoundError, PermissionError,
+IsADirectoryError); ValueError names the file and line for a ragged or non-numeric row, a
+truncated binary file or an empty vocabulary.
 Embeddings(words, matrix) builds one from a list of V words and a float32 array [V, E].
 Immutable; safe to share between threads.)";
 
@@ -193,7 +195,8 @@ drops them. ValueError if the sentence has no tokens or none remain.)");
       R"(Loads word embeddings; returns (words, matrix): a list of V words and a read-only float32
 array [V, E] (no copy of the vectors). format: "auto", "glove", "word2vec_text" or
 "word2vec_binary". unicode_errors: "strict", "replace" or "ignore" for words that are not valid
-UTF-8 (see qkv.Embeddings). Raises ValueError naming the file (and line) for anything malformed.
+UTF-8 (see qkv.Embeddings). Raises OSError as open() does for a file that cannot be opened
+(FileNotFoundError for a missing one), ValueError naming the file (and line) for anything malformed.
 Use qkv.Embeddings.load for lookups and sentence embedding.)");
   m.def(
       "tokenize", [](const py::object& sentence) { return qkv::tokenize(string_arg(sentence, "sentence")); },

@@ -15,8 +15,12 @@ namespace {
 
 // Sets a Python exception with qkv's message. A message may quote bytes of a file that are not
 // UTF-8 (a word2vec header): they are escaped (\x80), where PyErr_SetString gave an empty message.
+PyObject* message_text(const char* what) {
+  return PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace");
+}
+
 void set_error(PyObject* type, const char* what) {
-  PyObject* text = PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace");
+  PyObject* text = message_text(what);
   if (text == nullptr) {
     PyErr_Clear();
     PyErr_SetString(type, "(undecodable message)");
@@ -26,15 +30,34 @@ void set_error(PyObject* type, const char* what) {
   Py_DECREF(text);
 }
 
+// A file that cannot be opened raises what open() raises: OSError(errno, message, filename)
+// constructs the subclass for the errno (FileNotFoundError, PermissionError, IsADirectoryError),
+// with errno and filename set; the message stays qkv's.
+void set_file_error(const qkv::FileError& e) {
+  PyObject* text = message_text(e.what());
+  PyObject* filename = PyUnicode_DecodeFSDefaultAndSize(e.path().data(), static_cast<Py_ssize_t>(e.path().size()));
+  PyObject* error = text != nullptr && filename != nullptr
+                        ? PyObject_CallFunction(PyExc_OSError, "iOO", e.errnum(), text, filename)
+                        : nullptr;
+  Py_XDECREF(text);
+  Py_XDECREF(filename);
+  if (error == nullptr) return;  // the error building it (MemoryError) is set and stands
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error)), error);
+  Py_DECREF(error);
+}
+
 }  // namespace
 
 void register_error_translator() {
-  // qkv::Error is qkv's one exception for bad input; Python callers expect ValueError for it.
+  // qkv::Error is qkv's one exception for bad input; Python callers expect ValueError for it, and
+  // OSError for a file that cannot be opened (qkv::FileError).
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const qkv::OutOfMemory& e) {
       set_error(PyExc_MemoryError, e.what());
+    } catch (const qkv::FileError& e) {
+      set_file_error(e);
     } catch (const qkv::Interrupted&) {
       // The signal handler's exception (KeyboardInterrupt) is already set: keep it.
       if (PyErr_Occurred() == nullptr) PyErr_SetNone(PyExc_KeyboardInterrupt);

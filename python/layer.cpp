@@ -248,8 +248,9 @@ void bind_layer(py::module_& m) {
         return PyLayer(MultiHeadAttention::load(p));
       },
       py::arg("path"),
-      "Reads a layer written by save() (or a training checkpoint). ValueError for a missing or "
-      "malformed file, a wrong shape or a non-finite weight.");
+      "Reads a layer written by save() (or a training checkpoint). OSError as open() raises for a file "
+      "that cannot be opened (FileNotFoundError for a missing one); ValueError for a malformed file, a wrong "
+      "shape or a non-finite weight.");
   cls.def(
       "parameters",
       [](py::object self) {

@@ -68,16 +68,19 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check below refuses
   // it; on a regular file it changes nothing.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(fmt::format("cannot open {}: {}", path, errno_text(errno)));
+  if (fd < 0) {
+    const int e = errno;
+    throw FileError(fmt::format("cannot open {}: {}", path, errno_text(e)), e, path);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    int e = errno;
+    const int e = errno;
     ::close(fd);
-    throw Error(fmt::format("cannot read {}: {}", path, errno_text(e)));
+    throw FileError(fmt::format("cannot read {}: {}", path, errno_text(e)), e, path);
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (S_ISDIR(st.st_mode)) {  // open() in Python: IsADirectoryError
     ::close(fd);
-    throw Error(fmt::format("cannot read {}: it is a directory, not a file", path));
+    throw FileError(fmt::format("cannot read {}: it is a directory, not a file", path), EISDIR, path);
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);

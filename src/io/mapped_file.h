@@ -9,9 +9,10 @@
 
 namespace qkv::detail {
 
-// Maps `path` read-only. Throws qkv::Error naming the path for a missing or unreadable file, a
-// directory or other non-regular file, and for a file that reports 0 bytes but reads some (procfs,
-// sysfs: there is no size to map). An empty file maps to an empty view. Movable, not copyable.
+// Maps `path` read-only. Throws qkv::FileError naming the path for a missing or unreadable file
+// or a directory; qkv::Error for another non-regular file, and for a file that reports 0 bytes but
+// reads some (procfs, sysfs: there is no size to map). An empty file maps to an empty view.
+// Movable, not copyable.
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);

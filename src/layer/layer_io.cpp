@@ -73,8 +73,11 @@ std::map<std::string, std::string> read_npy_config(const std::string& dir) {
   try {
     file.emplace(path);
   } catch (const Error& e) {
-    throw Error(fmt::format("{}: cannot open the layer config (a .npy weights directory needs {}): {}", path,
-                            kNpyConfigName, e.what()));
+    const std::string message = fmt::format("{}: cannot open the layer config (a .npy weights directory needs {}): {}",
+                                            path, kNpyConfigName, e.what());
+    if (const auto* file_error = dynamic_cast<const FileError*>(&e))
+      throw FileError(message, file_error->errnum(), file_error->path());
+    throw Error(message);
   }
   const nlohmann::json json = detail::parse_strict_json(file->bytes(), path, "the layer config");
   if (!json.is_object()) throw Error(fmt::format("{}: not a JSON object of strings", path));

@@ -1,5 +1,6 @@
 """Bad input to the qkv module raises the documented exception with a clear message, never crashes."""
 
+import errno
 import re
 import threading
 import time
@@ -278,3 +279,36 @@ def test_huge_window_bounds_mean_unbounded():
     want = sdpa(q, k, v, causal=True)
     assert np.array_equal(sdpa(q, k, v, causal=True, window=((1 << 63) - 1, (1 << 63) - 1)), want), seed_note(3011)
     assert np.array_equal(sdpa(q, k, v, window=(None, (1 << 63) - 1)), sdpa(q, k, v)), seed_note(3011)
+
+
+# Every entry point of the module that reads a file.
+FILE_READERS = {"load_embeddings": qkv.load_embeddings,
+                "Embeddings.load": qkv.Embeddings.load,
+                "MultiHeadAttention.load": qkv.MultiHeadAttention.load,
+                "load_layer": lambda path: qkv.load_layer(embeddings=path, parameter_free=True)}
+
+
+@pytest.mark.parametrize("reader", FILE_READERS)
+def test_a_file_that_cannot_be_opened_raises_what_open_raises(reader, tmp_path):
+    """A missing file raises FileNotFoundError with errno and filename set, as open() does, and a
+    directory IsADirectoryError (both were ValueError); a file that opens but is malformed is still
+    a ValueError."""
+    read = FILE_READERS[reader]
+    missing = tmp_path / "missing.txt"
+    for path in (missing, str(missing)):
+        with pytest.raises(FileNotFoundError, match=r"cannot open .*missing.txt: No such file or directory") as e:
+            read(path)
+        assert e.value.errno == errno.ENOENT and e.value.filename == str(missing), (e.value.errno, e.value.filename)
+    if reader == "MultiHeadAttention.load":  # a directory of .npy files is a layer: its config is what is missing
+        with pytest.raises(FileNotFoundError, match="a .npy weights directory needs qkv_layer.json") as e:
+            read(tmp_path)
+        assert e.value.filename == str(tmp_path / "qkv_layer.json"), e.value.filename
+    else:
+        with pytest.raises(IsADirectoryError, match="it is a directory") as e:
+            read(tmp_path)
+        assert e.value.errno == errno.EISDIR and e.value.filename == str(tmp_path), e.value
+    malformed = tmp_path / "malformed.txt"
+    malformed.write_bytes(b"\xff" * 20)
+    with pytest.raises(ValueError, match="malformed.txt") as e:
+        read(malformed)
+    assert not isinstance(e.value, OSError), repr(e.value)

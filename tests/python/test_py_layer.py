@@ -152,7 +152,7 @@ def test_save_and_load_round_trip(tmp_path):
         assert np.array_equal(getattr(loaded, name), w), name
     x = rng.standard_normal((3, 12)).astype(np.float32)
     assert np.array_equal(loaded.forward(x), layer.forward(x)), seed_note(4400)
-    with pytest.raises(ValueError, match="missing.safetensors"):
+    with pytest.raises(FileNotFoundError, match="missing.safetensors"):
         qkv.MultiHeadAttention.load(str(tmp_path / "missing.safetensors"))
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\xff" * 20)
