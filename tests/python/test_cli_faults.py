@@ -362,3 +362,48 @@ def test_a_checkpoint_whose_previous_cannot_be_kept_is_refused_before_step_1(qkv
     r = run(*TRAIN, "--steps", 1000000, "--checkpoint", tmp_path / "missing" / "ckpt", timeout=60)
     assert r.returncode == 1 and r.stderr.startswith(f"qkv: error: --checkpoint {tmp_path / 'missing' / 'ckpt'}: "), \
         r.stderr
+
+
+def _memory_hint(batch, pairs, embed_dim, values):
+    return re.escape(f"for less memory, try a smaller --batch ({batch}), fewer --pairs ({pairs}), a narrower "
+                     f"--embed-dim ({embed_dim}) or fewer --values ({values})")
+
+
+def test_training_out_of_memory_says_where_what_is_kept_and_which_options_need_less(qkv_bin, tmp_path):
+    """Out of memory in `qkv train` printed `out of memory` alone (an allocation qkv did not name,
+    such as the word vectors' words), or an allocation's name with no hint of what to change. One
+    line now: where the run stopped, the allocation (named when qkv made it), what was kept and the
+    options that size the run's memory."""
+    import resource
+    # Weights of 8192 x 8192 floats (256 MiB each) in 600 MiB: the layer cannot be made.
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (600 << 20, resource.RLIM_INFINITY))  # noqa: E731
+    r = subprocess.run([qkv_bin, "train", "--task", "lookup", "-P", "2", "--keys", "16", "--values", "16", "-E", "8192",
+                        "--heads", "2", "--batch", "4", "--threads", "1", "--steps", "3"],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stderr)
+    assert re.fullmatch(r"qkv: error: training ran out of memory before the first step: w_\w: cannot allocate "
+                        r"268435456 bytes \(out of memory\); nothing was saved; " + _memory_hint(4, 2, 8192, 16) + "\n",
+                        r.stderr), r.stderr
+
+    # Memory running out after some steps (the limit lowered under the running process, whose
+    # tensors of 36 MB are mapped and unmapped at every step): the line names the last step done
+    # and the checkpoint that holds the run.
+    ckpt = tmp_path / "ckpt.safetensors"
+    proc = subprocess.Popen([qkv_bin, "train", "--task", "lookup", "-P", "8", "--keys", "16", "--values", "16", "-E",
+                             "1024", "--heads", "2", "--batch", "512", "--threads", "1", "--eval-examples", "100",
+                             "--steps", "1000000", "--checkpoint", ckpt, "--checkpoint-every", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(ckpt, proc), proc.communicate()
+        with open(f"/proc/{proc.pid}/status") as status:
+            mapped = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (mapped - (200 << 20), resource.RLIM_INFINITY))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and err.count("\n") == 1, (proc.returncode, err)
+    m = re.fullmatch(r"qkv: error: training ran out of memory after step (\d+) of 1000000: .*: cannot allocate \d+ "
+                     r"bytes \(out of memory\); the checkpoint (.*) holds step (\d+): add --resume to go on from "
+                     r"there; " + _memory_hint(512, 8, 1024, 16) + "\n", err)
+    assert m and m.group(2) == str(ckpt), err
+    assert int(m.group(3)) == checkpoint_step(ckpt) <= int(m.group(1)), err

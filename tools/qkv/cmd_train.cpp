@@ -10,6 +10,7 @@
 #include <limits>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,7 @@
 #include "commands.h"
 #include "qkv/lookup.h"
 #include "qkv/masked_word.h"
+#include "qkv/out_of_memory.h"
 #include "qkv/utf8.h"
 
 namespace qkv::cli {
@@ -144,9 +146,9 @@ auto train_with_progress(const Config& c, std::vector<LossPoint>& curve, Run run
   });
 }
 
-// What a run stopped by Ctrl-C after at.done steps kept (a lookup checkpoint is written after
+// What a run stopped (Ctrl-C, out of memory) after at.done steps kept (a lookup checkpoint is written after
 // every checkpoint_every-th step and the last one, before that step's progress is reported).
-std::string kept_after_interrupt(const LookupConfig* c, const RunPosition& at) {
+std::string kept_after_stop(const LookupConfig* c, const RunPosition& at) {
   if (c == nullptr || c->checkpoint.empty()) return "nothing was saved";
   int64_t saved = at.done == c->steps       ? at.done
                   : c->checkpoint_every > 0 ? at.done / c->checkpoint_every * c->checkpoint_every
@@ -159,6 +161,30 @@ std::string kept_after_interrupt(const LookupConfig* c, const RunPosition& at) {
                                        ? fmt::format("the first is due after step {}", c->checkpoint_every)
                                        : "--checkpoint-every 0 writes it only at the end");
   return fmt::format("the checkpoint {} holds step {}: add --resume to go on from there", c->checkpoint, saved);
+}
+
+// "before the first step" or "after step N of M": where a run that did not finish stopped.
+std::string stopped_where(const TrainArgs& args, const RunPosition& at) {
+  const int64_t steps = args.task == "lookup" ? args.config.steps : args.masked.steps;
+  return at.done < 0 ? "before the first step" : fmt::format("after step {} of {}", at.done, steps);
+}
+
+// A run that ran out of memory: where, what could not be allocated (`what`), what it kept, and the
+// options that size the memory a run takes (its steps do not).
+std::string out_of_memory_message(const TrainArgs& args, const RunPosition& at, const std::string& what) {
+  const bool lookup = args.task == "lookup";
+  const LookupConfig& c = args.config;
+  const MaskedWordConfig& m = args.masked;
+  const std::string options =
+      lookup ? fmt::format(
+                   "a smaller --batch ({}), fewer --pairs ({}), a narrower --embed-dim ({}) or fewer --values ({})",
+                   c.batch, c.pairs, c.embed_dim, c.num_values)
+             : fmt::format(
+                   "a smaller --batch ({}), shorter sentences (--max-length {}), fewer of them (--max-sentences) "
+                   "or smaller word vectors than {}",
+                   m.batch, m.max_length, file_name(m.embeddings));
+  return fmt::format("training ran out of memory {}: {}; {}; for less memory, try {}", stopped_where(args, at), what,
+                     kept_after_stop(lookup ? &c : nullptr, at), options);
 }
 
 // The curve is written after the run has saved its layer (and checkpoint): a failure here says
@@ -274,20 +300,21 @@ int train_and_report(const TrainArgs& args, RunPosition& at, const StopOnCtrlC& 
   return 0;
 }
 
-// Ctrl-C ends the run with a line on what it kept, and exit status 130.
+// Ctrl-C ends the run with a line on what it kept, and exit status 130; running out of memory, with
+// one that also says which options take less.
 int run_train(const TrainArgs& args) {
   const StopOnCtrlC ctrl_c;
   RunPosition at;
   try {
     return train_and_report(args, at, ctrl_c);
   } catch (const Interrupted&) {
-    const bool lookup = args.task == "lookup";
-    const int64_t steps = lookup ? args.config.steps : args.masked.steps;
-    const std::string where =
-        at.done < 0 ? "before the first step" : fmt::format("after step {} of {}", at.done, steps);
-    print_to_stderr(fmt::format("qkv: train interrupted {}; {}\n", where,
-                                kept_after_interrupt(lookup ? &args.config : nullptr, at)));
+    print_to_stderr(fmt::format("qkv: train interrupted {}; {}\n", stopped_where(args, at),
+                                kept_after_stop(args.task == "lookup" ? &args.config : nullptr, at)));
     return kInterruptedExit;
+  } catch (const OutOfMemory& e) {
+    throw Error(out_of_memory_message(args, at, e.what()));
+  } catch (const std::bad_alloc&) {
+    throw Error(out_of_memory_message(args, at, "an allocation of a size not known failed"));
   }
 }
 
