@@ -5,8 +5,8 @@
 namespace qkvpy {
 
 // Registers with pybind11, for the module being initialized: qkv::OutOfMemory -> MemoryError,
-// qkv::FileError -> the OSError open() raises for its errno (FileNotFoundError, ...), qkv::Interrupted
-// -> KeyboardInterrupt (the one the signal handler set, if any), any other
+// qkv::FileError -> the OSError open() raises for its errno (FileNotFoundError, ...),
+// qkv::Interrupted -> KeyboardInterrupt (the one the signal handler set, if any), any other
 // qkv::Error -> ValueError, pybind11's cast_error -> TypeError. Messages that are not UTF-8 are
 // escaped (\x80).
 void register_error_translator();
