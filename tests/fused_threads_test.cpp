@@ -1,6 +1,7 @@
 // The fused forward kernel's promises about threads and memory: bitwise the same result for any
 // thread count, and per-thread tile buffers only (no N x M allocation).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
+#include "qkv/address_space.h"
 #include "qkv/attention.h"
 #include "test_util.h"
 
@@ -59,6 +61,35 @@ TEST(Threads, ResolveCapsTheRequestByTasksAndTheLimit) {
   EXPECT_EQ(resolve_num_threads(5, 0), 1);
   EXPECT_EQ(resolve_num_threads(0, int64_t{1} << 40), default_num_threads());
   EXPECT_EQ(resolve_num_threads(-2, 1), 1);
+}
+
+// The process's size (VmSize) in bytes, which RLIMIT_AS bounds.
+unsigned long long address_space_in_use() {
+  std::ifstream statm("/proc/self/statm");
+  unsigned long long pages = 0;
+  statm >> pages;
+  return pages * static_cast<unsigned long long>(sysconf(_SC_PAGESIZE));
+}
+
+// Under RLIMIT_AS the count also fits the threads' stacks and arenas in what the limit leaves
+// above the process's size (libgomp, failing to create a thread, exits the process); with no room
+// for one more thread the call runs on the calling thread.
+TEST(Threads, ResolveCapsTheRequestByTheAddressSpaceLeft) {
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &saved), 0);
+  const unsigned long long per_thread = openmp_thread_bytes();
+  EXPECT_GT(per_thread, 64ull << 20);  // glibc's arena alone reserves 64 MiB
+  std::vector<int> got;
+  for (const double room : {2.5, 0.5, 1000.0}) {  // threads' worth of room beside the calling one
+    struct rlimit capped = saved;
+    capped.rlim_cur = address_space_in_use() + static_cast<unsigned long long>(room * static_cast<double>(per_thread));
+    if (saved.rlim_cur != RLIM_INFINITY && capped.rlim_cur > saved.rlim_cur) GTEST_SKIP() << "RLIMIT_AS is set";
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+    got.push_back(resolve_num_threads(16, int64_t{1} << 40));
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+  }
+  EXPECT_EQ(got, (std::vector<int>{3, 1, 16}));
+  EXPECT_EQ(threads_within_address_space(16), 16);  // unlimited
 }
 
 // One head, few rows: the work is split into small tiles so that both cores get some; the

@@ -52,8 +52,9 @@ std::optional<int> environment_num_threads();
 constexpr int kMaxThreads = 4096;
 
 // The threads a call asked for `requested` (0 or less: default_num_threads()) runs with `items`
-// independent tasks (default: not known, the kernel caps it again): at least 1, at most items and
-// kMaxThreads. No result depends on it. Thread-safe.
+// independent tasks (default: not known, the kernel caps it again): at least 1, at most items,
+// kMaxThreads and what a capped address space leaves room for (threads_within_address_space). No
+// result depends on it. Thread-safe.
 int resolve_num_threads(int requested, int64_t items = std::numeric_limits<int64_t>::max());
 
 // The largest head dim (D, Dv) any path takes. Kernels keep tiles of up to 64 rows of D floats per

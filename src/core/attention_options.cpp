@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "qkv/address_space.h"
 #include "qkv/error.h"
 
 namespace qkv {
@@ -34,9 +35,12 @@ int default_num_threads() {
   return omp_get_max_threads();
 }
 
+// Capped by the address space last: a thread libgomp cannot create exits the process, and the
+// results are the same bits with fewer threads.
 int resolve_num_threads(int requested, int64_t items) {
   const int64_t wanted = requested > 0 ? requested : default_num_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, items, kMaxThreads})));
+  return threads_within_address_space(
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, items, kMaxThreads}))));
 }
 
 double attention_scale(const std::optional<double>& scale, int64_t D) {

@@ -1,8 +1,12 @@
 """Tight memory and long input through the `qkv` command: every command starts and ends in a 100 MB
-address space (OpenBLAS's thread pool used to hang it at start-up), and sentences come from a
+address space (OpenBLAS's thread pool used to hang it at start-up), a thread count asked for in a
+small address space is cut to what fits (here and in the Python module), and sentences come from a
 file or standard input as well as from the command line."""
+import os
 import resource
 import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -50,6 +54,58 @@ def test_every_command_runs_or_fails_with_one_line_in_100mb(qkv_bin, tmp_path, e
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
     assert "\n" not in line and ("memory" in line or "allocate" in line), line
+
+
+# ---- a thread count in a small address space ----
+
+def test_python_calls_asking_for_16_threads_fit_what_the_address_space_leaves():
+    """libgomp exits the process ("Thread creation failed") when a thread's stack does not fit in
+    RLIMIT_AS: 16 threads asked for with 24 MB left above the process's size ended Python (exit 1).
+    Each child caps its address space at its own size plus `room` MB, from no thread's worth to a
+    few, and every call returns the bits one thread gives."""
+    script = textwrap.dedent("""
+        import resource, sys
+        import numpy as np, qkv
+        rng = np.random.default_rng(5)
+        q = rng.standard_normal((1, 8, 512, 64)).astype(np.float32)
+        cache = qkv.KVCache(num_pages=64, page_tokens=64, kv_heads=8, head_dim=64)
+        seq = cache.create()
+        kv = rng.standard_normal((2, 4000, 8, 64)).astype(np.float32)
+        cache.append(seq, kv[0], kv[1])
+        layer = qkv.MultiHeadAttention(embed_dim=512, num_heads=8, seed=1)
+        x = rng.standard_normal((512, 512)).astype(np.float32)
+        calls = {"sdpa": lambda t: qkv.scaled_dot_product_attention(q, q, q, num_threads=t),
+                 "decode": lambda t: qkv.decode_attention(q[:, :, :64], cache, [seq], num_threads=t),
+                 "layer": lambda t: layer.forward(x, num_threads=t)}
+        want = {name: call(1) for name, call in calls.items()}
+        vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (int(sys.argv[1]) << 20),) * 2)
+        for name, call in calls.items():
+            print(name, "same" if np.array_equal(call(16), want[name]) else "differs", flush=True)
+    """)
+    for room in (12, 24, 100, 250):
+        proc = subprocess.run([sys.executable, "-c", script, str(room)], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert proc.returncode == 0 and "Thread creation failed" not in proc.stderr, (room, proc.stderr)
+        assert proc.stdout.split() == ["sdpa", "same", "decode", "same", "layer", "same"], (room, proc.stdout)
+
+
+def test_attend_asking_for_16_threads_runs_in_60mb(qkv_bin, tmp_path):
+    """`ulimit -v 60000; qkv attend --threads 16` exited 1 with libgomp's "Thread creation failed"
+    (a library thread count follows the same rule as Python's num_threads)."""
+    q = np.random.default_rng(6).standard_normal((1, 8, 512, 64)).astype(np.float32)
+    np.save(tmp_path / "q.npy", q)
+    args = ["attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "q.npy", "--v", tmp_path / "q.npy", "--threads"]
+    one = subprocess.run([qkv_bin, *map(str, args), "1", "--out", str(tmp_path / "one.npy")], capture_output=True,
+                         text=True, timeout=60)
+    assert one.returncode == 0, one.stderr
+    for megabytes in (60, 80, 150):
+        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (megabytes << 20,) * 2)  # noqa: E731
+        out = tmp_path / f"{megabytes}.npy"
+        proc = subprocess.run([qkv_bin, *map(str, args), "16", "--out", str(out)], capture_output=True, text=True,
+                              timeout=60, preexec_fn=limit)
+        assert proc.returncode == 0, (megabytes, proc.stderr)
+        assert np.array_equal(np.load(out), np.load(tmp_path / "one.npy")), megabytes
 
 
 # ---- sentences from --input FILE, --input - and a "-" sentence (cause 6) ----
