@@ -107,10 +107,12 @@ void bind_attention(py::module_& m) {
         py::array_t<bool> out = new_array<bool>(shape);
         bool* keep = out.mutable_data();
         {
-          py::gil_scoped_release release;
+          InterruptibleRelease release;  // Ctrl-C stops it
+          qkv::InterruptScope* const interrupt = qkv::InterruptScope::current();
           for (int64_t b = 0; b < B; ++b)
             for (int64_t h = 0; h < H; ++h)
               for (int64_t i = 0; i < N; ++i) {
+                if (qkv::stop_requested(interrupt)) throw qkv::Interrupted();  // a row between checks
                 const qkv::DropoutRow row(d, H, b, h, i);
                 bool* dst = keep + ((b * H + h) * N + i) * M;
                 for (int64_t j = 0; j < M; ++j) dst[j] = !d.active() || row.keep(j);

@@ -181,7 +181,7 @@ py::object decode(const py::object& q_obj, const py::object& cache, const py::ob
   py::array out = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2), c.kv.Dv});
   py::array lse = new_array<float>({c.q.dim(0), c.q.dim(1), c.q.dim(2)});
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::decode_attention(mutable_view<float>(out, "out"), mutable_view<float>(lse, "lse"), c.q, c.kv, c.options);
   }
   if (return_lse) return py::make_tuple(out, lse);
@@ -200,7 +200,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
     for (int64_t len : c.kv.seq_lens) M = std::max(M, len);
     py::array w = new_array<float>({B, H, N, M});
     {
-      py::gil_scoped_release release;
+      InterruptibleRelease release;  // Ctrl-C stops it
       qkv::decode_attention_weights(mutable_view<float>(w, "weights"), c.q, c.kv, {}, c.options);
     }
     return w;
@@ -209,7 +209,7 @@ py::object decode_weights(const py::object& q_obj, const py::object& cache, cons
   // A k below 1 gets empty arrays, so decode_attention_top_k refuses it by its own rule.
   auto [values, indices] = new_top_k({B, H, N, std::max<int64_t>(k, 0)});
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::decode_attention_top_k(mutable_view<float>(values, "values"), mutable_view<int64_t>(indices, "indices"), c.q,
                                 c.kv, {}, k, c.options);
   }

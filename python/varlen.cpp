@@ -52,7 +52,7 @@ py::tuple forward(const py::object& q_obj, const py::object& k_obj, const py::ob
   qkv::Tensor<float> out({q.dim(0), q.dim(1), v.dim(2)});
   qkv::Tensor<double> lse({q.dim(1), q.dim(0)});
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::varlen_attention_forward(out.view(), lse.view(), q, k, v, c.cu_q, c.cu_k, c.options);
   }
   return py::make_tuple(tensor_to_numpy(std::move(out)), tensor_to_numpy(std::move(lse)));
@@ -74,7 +74,7 @@ py::tuple backward(const py::object& q_obj, const py::object& k_obj, const py::o
   qkv::Tensor<float> dq({q.dim(0), q.dim(1), q.dim(2)}), dk({k.dim(0), k.dim(1), k.dim(2)}),
       dv({v.dim(0), v.dim(1), v.dim(2)});
   {
-    py::gil_scoped_release release;
+    InterruptibleRelease release;  // Ctrl-C stops it
     qkv::varlen_attention_backward(dq.view(), dk.view(), dv.view(), dout, q, k, v, out, lse, c.cu_q, c.cu_k, c.options);
   }
   return py::make_tuple(tensor_to_numpy(std::move(dq)), tensor_to_numpy(std::move(dk)), tensor_to_numpy(std::move(dv)));

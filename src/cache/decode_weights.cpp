@@ -13,6 +13,7 @@
 #include "core/kv_codec.h"
 #include "kernels/mask_eval.h"
 #include "qkv/decode.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 namespace {
@@ -65,6 +66,8 @@ class DecodeRows {
   // w[j] = exp(s_ij - lse) for the allowed keys j of row (b, h, i), else 0; j < M. Also sets
   // allowed(): the row's allowed keys in increasing order.
   const std::vector<double>& row(int64_t b, int64_t h, int64_t i) {
+    // A row is the task between stop checks (qkv/interrupt.h): the caller discards the output.
+    if (stop_requested(interrupt_)) throw Interrupted();
     const detail::KeyBand band = eval_->band(b, i);
     const int64_t prefix = std::min(options_.sink_tokens, band.hi);
     const int64_t g = h / (H / kv_.Hkv);
@@ -104,6 +107,7 @@ class DecodeRows {
   const std::vector<int64_t>& allowed() const { return allowed_; }
 
  private:
+  InterruptScope* const interrupt_ = InterruptScope::current();
   TensorView<const float> q_;
   const PagedKV& kv_;
   TensorView<const float> lse_;

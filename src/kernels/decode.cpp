@@ -14,6 +14,7 @@
 #include "kernels/flush_subnormals.h"
 #include "core/first_error.h"
 #include "core/thread_share.h"
+#include "qkv/interrupt.h"
 
 namespace qkv::kernels {
 namespace {
@@ -100,18 +101,26 @@ struct DecodePlan {
 
 // Runs fn(i) for i in [0, n) on `threads` threads, which take runs of up to 8 consecutive items
 // (a KV head's chunks in order), fewer when 8 would leave a thread without any. An exception (a
-// failed scratch allocation) must not leave the OpenMP region, so it is reported after.
+// failed scratch allocation) must not leave the OpenMP region, so it is reported after. A stop
+// request (qkv/interrupt.h) skips the remaining items and throws Interrupted; the caller discards
+// the partial output, and an item that runs computes what it always does.
 template <class Fn>
 void parallel_for(int64_t n, int threads, const Fn& fn) {
+  InterruptScope* const interrupt = InterruptScope::current();
   if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t i = 0; i < n && !stop_requested(interrupt); ++i) fn(i);
+    throw_if_stopped(interrupt);
     return;
   }
   const int64_t run = std::clamp<int64_t>(n / threads, 1, 8);
   detail::FirstError error;
 #pragma omp parallel for schedule(dynamic, run) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) error.run([&] { fn(i); });
+  for (int64_t i = 0; i < n; ++i) {
+    if (stop_requested(interrupt)) continue;
+    error.run([&] { fn(i); });
+  }
   error.rethrow();
+  throw_if_stopped(interrupt);
 }
 
 // One element of a chunk's result merged (float64, in the baseline instruction set) takes about

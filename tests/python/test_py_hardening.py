@@ -99,6 +99,10 @@ def test_unicode_errors_refuses_other_values(tmp_path):
 
 # ---- Ctrl-C during a long call (cause 4) ----
 
+DECODE_WEIGHTS = """
+        cache = qkv.KVCache(num_pages=128, page_tokens=64, kv_heads=1, head_dim=512); s = cache.create()
+        kv = rng.standard_normal((2, 8192, 1, 512), dtype=np.float32); cache.append(s, kv[0], kv[1])
+        q = rng.standard_normal((1, 8, 384, 512), dtype=np.float32)"""
 LONG_CALLS = {
     # Each runs for many seconds; a call that ends before the signal 1 s in prints "finished" and fails.
     "reference": """
@@ -112,6 +116,24 @@ LONG_CALLS = {
         q = rng.standard_normal((1, 8, 16384, 64)).astype(np.float32); k = q.copy(); v = q.copy()
         out, lse = qkv.scaled_dot_product_attention(q, k, v, return_lse=True, num_threads=1)
         call = lambda: qkv.attention_backward(q, k, v, out, out=out, lse=lse, num_threads=1)""",
+    "decode": """
+        cache = qkv.KVCache(num_pages=256, page_tokens=64, kv_heads=8, head_dim=64); s = cache.create()
+        kv = rng.standard_normal((2, 16384, 8, 64), dtype=np.float32); cache.append(s, kv[0], kv[1])
+        q = rng.standard_normal((32, 32, 128, 64), dtype=np.float32)
+        call = lambda: qkv.decode_attention(q, cache, [s] * 32, causal=False, num_threads=1)""",
+    "decode_weights": DECODE_WEIGHTS + """
+        call = lambda: qkv.decode_attention_weights(q, cache, [s], causal=False)""",
+    "decode_top_k": DECODE_WEIGHTS + """
+        call = lambda: qkv.decode_attention_weights(q, cache, [s], causal=False, top_k=8)""",
+    "varlen": """
+        q = rng.standard_normal((32768, 8, 64), dtype=np.float32); cu = [0, 32768]
+        call = lambda: qkv.varlen_attention(q, q, q, cu, cu, num_threads=1)""",
+    "varlen_backward": """
+        q = rng.standard_normal((16384, 8, 64), dtype=np.float32); cu = [0, 16384]
+        out, lse = qkv.varlen_attention(q, q, q, cu, cu, return_lse=True, num_threads=1)
+        call = lambda: qkv.varlen_attention_backward(q, q, q, out, out, lse, cu, cu, num_threads=1)""",
+    "dropout_mask": """
+        call = lambda: qkv.dropout_mask((4, 16, 4096, 4096), 0.1, 0)""",
 }
 
 
