@@ -252,5 +252,40 @@ TEST(Explain, RefusesBadInput) {
   EXPECT_EQ(copy.numel(), empty.numel());
 }
 
+// A step past float64's range from finite inputs is refused, naming it, by the kernels' overflow
+// rule; NaN weights from finite input were shown before. Non-finite inputs still pass through.
+TEST(Explain, RefusesAStepThatOverflowsFloat64) {
+  auto full = [](int64_t r, int64_t c, double value) {
+    Matrix m(r, c);
+    std::fill(m.data.begin(), m.data.end(), value);
+    return m;
+  };
+  test::expect_error(
+      [&] {
+        explain_parameter_free({"a", "b"}, full(2, 2, 1e300));
+      },
+      {"explain: the output overflowed float64 although X are finite (the scores Q·Kᵀ of head 0 "
+       "beyond 1.8e308); scale the inputs down"});
+  test::expect_error(
+      [&] {
+        explain_qkv({"a", "b"}, full(2, 2, 1e200), full(2, 2, 1e200), full(2, 2, 1));
+      },
+      {"although q, k and v are finite (the scores Q·Kᵀ of head 0 beyond 1.8e308)"});
+  test::expect_error(
+      [&] {
+        explain_projections({"a", "b"}, full(2, 2, 1e200), full(2, 2, 1e200), full(2, 2, 1), full(2, 2, 1), 1, 1);
+      },
+      {"although X, the weights and the biases are finite (Q of head 0 beyond 1.8e308)"});
+  test::expect_error(
+      [&] {
+        explain_projections({"a", "b"}, full(2, 2, 1), full(2, 2, 1), full(2, 2, 1), full(2, 2, 1), 1, 1, {}, {}, {},
+                            full(2, 2, 1e308));
+      },
+      {"(the output beyond 1.8e308)"});
+  Matrix nan_x = full(2, 2, 1e300);
+  nan_x(0, 0) = std::nan("");
+  EXPECT_TRUE(std::isnan(explain_parameter_free({"a", "b"}, nan_x).heads[0].weights(0, 0)));
+}
+
 }  // namespace
 }  // namespace qkv

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "attention/output_checks.h"
+#include "attention/overflow.h"
 #include "qkv/attention_options.h"
 #include "qkv/error.h"
 #include "qkv/layer.h"
@@ -71,6 +72,45 @@ void add_bias(Matrix& m, const Matrix& bias) {
 void check_bias(const Matrix& bias, int64_t cols, const char* name) {
   if (!bias.empty() && (bias.rows != 1 || bias.cols != cols))
     throw Error(fmt::format("{}: expected {} values, got [{}, {}]", name, cols, bias.rows, bias.cols));
+}
+
+TensorView<const double> view(const Matrix& m) { return {m.data.data(), {m.rows, m.cols}}; }
+
+bool finite(const Matrix& m) { return detail::all_finite(view(m)); }
+
+// The first step of `e` with a value past float64's range, in the order they are computed ("" if
+// none).
+std::string overflowed_step(const Explanation& e) {
+  for (std::size_t h = 0; h < e.heads.size(); ++h) {
+    const HeadSteps& s = e.heads[h];
+    for (const auto& [m, name] : {std::pair{&s.q, "Q"},
+                                  {&s.k, "K"},
+                                  {&s.v, "V"},
+                                  {&s.scores, "the scores Q·Kᵀ"},
+                                  {&s.scaled_scores, "the scaled scores"},
+                                  {&s.weights, "the weights"},
+                                  {&s.context, "the context vectors"}})
+      if (!finite(*m)) return fmt::format("{} of head {}", name, h);
+  }
+  return finite(e.output) ? "" : "the output";
+}
+
+// By the attention kernels' rule (refuse_overflow), a step past float64's range from finite inputs
+// is refused, never shown as inf or NaN weights; non-finite inputs are the caller's own.
+void refuse_overflowed_step(const Explanation& e) {
+  const std::string step = overflowed_step(e);
+  if (step.empty()) return;
+  const bool from_qkv = e.w_q.empty();  // Q = K = V = X, or q, k, v given
+  const char* inputs = from_qkv ? (e.parameter_free ? "X" : "q, k and v") : "X, the weights and the biases";
+  const detail::Overflow o{"explain", "float64", "1.8e308", "scale the inputs down", inputs, step.c_str()};
+  if (from_qkv) {
+    const HeadSteps& h = e.heads.at(0);
+    detail::refuse_overflow<double>(o, view(h.q), view(h.k), view(h.v), Mask{});
+    return;
+  }
+  bool others_finite = true;
+  for (const Matrix* m : {&e.w_v, &e.b_q, &e.b_k, &e.b_v, &e.w_o, &e.b_o}) others_finite = others_finite && finite(*m);
+  detail::refuse_overflow<double>(o, view(e.x), view(e.w_q), view(e.w_k), Mask{}, nullptr, !others_finite);
 }
 
 HeadSteps attend(Matrix q, Matrix k, Matrix v, const StepOptions& options) {
@@ -161,6 +201,7 @@ Explanation projections(std::vector<std::string> tokens, Matrix x, Matrix w_q, M
   e.b_v = std::move(b_v);
   if (!w_o.empty()) e.b_o = std::move(b_o);
   e.w_o = std::move(w_o);
+  refuse_overflowed_step(e);
   return e;
 }
 
@@ -184,6 +225,7 @@ Explanation parameter_free(std::vector<std::string> tokens, Matrix x, const Step
   Explanation e = from_qkv(std::move(tokens), x, x, x, options);
   e.x = std::move(x);
   e.parameter_free = true;
+  refuse_overflowed_step(e);
   return e;
 }
 
@@ -197,7 +239,9 @@ Explanation explain_projections(std::vector<std::string> tokens, Matrix x, Matri
 }
 
 Explanation explain_qkv(std::vector<std::string> tokens, Matrix q, Matrix k, Matrix v) {
-  return from_qkv(std::move(tokens), std::move(q), std::move(k), std::move(v), {});
+  Explanation e = from_qkv(std::move(tokens), std::move(q), std::move(k), std::move(v), {});
+  refuse_overflowed_step(e);
+  return e;
 }
 
 Explanation explain_parameter_free(std::vector<std::string> tokens, Matrix x) {
@@ -220,6 +264,7 @@ Explanation explain_layer(std::vector<std::string> tokens, TensorView<const floa
     for (int64_t i = 0; i < e.output.rows; ++i)
       for (int64_t j = 0; j < e.output.cols; ++j) e.output(i, j) += e.x(i, j);
     e.residual = true;
+    refuse_overflowed_step(e);
   }
   return e;
 }

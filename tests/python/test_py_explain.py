@@ -116,3 +116,22 @@ def test_explain_bad_arguments():
         example = kwargs.pop("example", None)
         with pytest.raises(exc, match=message):
             qkv.explain(example, **kwargs)
+
+
+def test_explain_refuses_a_step_past_float64_from_finite_input():
+    """x = 1e300 gave NaN weights (scores of 1e600 are inf): refused, naming the step, by the
+    attention kernels' overflow rule; NaN inputs still pass through as the caller's own."""
+    for kwargs, inputs, step in [
+            (dict(x=np.full((2, 2), 1e300)), "X", "the scores Q·Kᵀ of head 0"),
+            (dict(q=np.full((2, 2), 1e200), k=np.full((2, 2), 1e200), v=np.ones((2, 2))), "q, k and v",
+             "the scores Q·Kᵀ of head 0"),
+            (dict(x=np.full((2, 2), 1e200), w_q=np.full((2, 2), 1e200), w_k=np.ones((2, 2)), w_v=np.ones((2, 2))),
+             "X, the weights and the biases", "Q of head 0")]:
+        for fmt in ("dict", "text"):
+            with pytest.raises(ValueError) as err:
+                qkv.explain(**kwargs, format=fmt)
+            assert str(err.value) == (f"explain: the output overflowed float64 although {inputs} are finite ({step} "
+                                      f"beyond 1.8e308); scale the inputs down"), err.value
+    x = np.full((2, 2), 1e300)
+    x[0, 0] = np.nan
+    assert np.isnan(qkv.explain(x=x)["heads"][0]["weights"]).any()
