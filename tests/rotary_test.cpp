@@ -1,7 +1,9 @@
 // RoPE against its float64 formula (both layouts, offsets, partial rotary_dim, strided views), on
 // append to a KVCache, and its refusals.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -110,6 +112,52 @@ TEST(Rotary, AppendRefusesARotatedKeyTheStorageCannotHold) {
         cache.append(s, big.cview(), TensorView<const float>(v.data(), {1, 1, 2}), &o);
       },
       {"KVCache::append: k[0, 0, 0] = 70000 cannot be stored as f16"});
+}
+
+// A finite element the rotation would turn into ±inf (3e38 turned at position 1 in the half-split
+// layout gives x0·cos - x1·sin = -9e37 but x0·sin + x1·cos = 4.1e38) is refused naming it, x
+// unchanged, on its own and on a cache append; NaN and inf pass as the caller's own.
+TEST(Rotary, RefusesAFiniteElementTurnedPastFloat32) {
+  Tensor<float> x({1, 1, 2, 4});
+  std::fill(x.data(), x.data() + x.numel(), 3e38f);
+  const Tensor<float> before = x.clone();
+  test::expect_error([&] { apply_rotary(x.view(), std::vector<int64_t>{0}); },
+                     {"apply_rotary: x at token 1, element 2 = 3e+38 turns into inf at position 1 (with element 0 = "
+                      "3e+38), past float32's 3.4e38; scale x down (it is unchanged)"});
+  EXPECT_EQ(std::memcmp(x.data(), before.data(), sizeof(float) * x.numel()), 0);
+  Tensor<float> two_heads({2, 2, 1, 2});
+  std::fill(two_heads.data(), two_heads.data() + two_heads.numel(), 1.0f);
+  two_heads[7] = 3e38f, two_heads[6] = 3e38f;  // batch row 1, head 1
+  test::expect_error(
+      [&] {
+        apply_rotary(two_heads.view(), std::vector<int64_t>{1, 1});
+      },
+      {"x at batch row 1, head 1, token 0, element 1 = 3e+38 turns into inf at position 1"});
+  KVCache cache({2, 4, 1, 4, 4, KVDtype::f32});
+  const int64_t s = cache.create();
+  Tensor<float> k({2, 1, 4}), v({2, 1, 4});
+  std::fill(k.data(), k.data() + k.numel(), 3e38f);
+  std::fill(v.data(), v.data() + v.numel(), 1.0f);
+  const RotaryOptions o;
+  test::expect_error([&] { cache.append(s, k.cview(), v.cview(), &o); }, {"token 1, element 2 = 3e+38 turns into inf"});
+  EXPECT_EQ(cache.length(s), 0);
+  x[0] = std::numeric_limits<float>::infinity(), x[2] = 1.0f, x[4] = x[5] = x[6] = x[7] = 1.0f;
+  apply_rotary(x.view(), std::vector<int64_t>{0});  // token 0 does not turn; inf is the caller's own
+  EXPECT_EQ(x[0], std::numeric_limits<float>::infinity());
+}
+
+// An empty last dimension has nothing to rotate, as N = 0 has not: x stays as it is (and its
+// zero strides are no shared memory); a rotary_dim above it is still refused.
+TEST(Rotary, AnEmptyHeadIsLeftAsItIs) {
+  for (const std::array<int64_t, 4> shape : {std::array<int64_t, 4>{1, 2, 3, 0}, {2, 1, 0, 4}}) {
+    Tensor<float> x(shape);
+    EXPECT_FALSE(may_self_overlap(x.cview()));
+    apply_rotary(x.view(), {});
+  }
+  Tensor<float> x({1, 1, 3, 0});
+  RotaryOptions o;
+  o.rotary_dim = 2;
+  test::expect_error([&] { apply_rotary(x.view(), {}, o); }, {"rotary_dim = 2 must be even and in [2, D = 0]"});
 }
 
 TEST(Rotary, RefusesBadOptions) {

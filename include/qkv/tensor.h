@@ -261,6 +261,7 @@ ByteSpan byte_span(const TensorView<T>& view) {
 // (every dense, padded or permuted layout does); a layout that does not is counted as overlapping.
 template <class T>
 bool may_self_overlap(const TensorView<T>& view) {
+  if (view.numel() == 0) return false;  // no element to share (a dimension of 0 makes strides 0)
   // (|stride|, size) of the dimensions of size > 1, then placeholders that sort after them.
   std::array<std::pair<int64_t, int64_t>, kMaxRank> dims;
   dims.fill({std::numeric_limits<int64_t>::max(), 1});

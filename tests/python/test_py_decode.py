@@ -237,6 +237,30 @@ def test_apply_rotary_matches_the_formula_and_the_keys_rotated_on_append(seed):
         qkv.apply_rotary(np.zeros(4, np.float32))
 
 
+def test_apply_rotary_refuses_a_finite_element_turned_past_float32_and_passes_an_empty_head():
+    """3e38 turned at position 1 gives 4.1e38: it came back as inf. The rule is the library's, so
+    KVCache.append(rotary=) names the element the same way. A head of D = 0 is an empty array, which
+    an elementwise op returns as it is (torch does), as an N = 0 input is."""
+    x = np.full((2, 4), 3e38, np.float32)
+    message = (r"apply_rotary: x at token 0, element 2 = 3e\+38 turns into inf at position 1 \(with element 0 = "
+               r"3e\+38\), past float32's 3.4e38; scale x down \(it is unchanged\)")
+    with pytest.raises(ValueError, match=message):
+        qkv.apply_rotary(x, 1)
+    with pytest.raises(ValueError, match=r"x at batch row 1, head 0, token 0, element 2 = 3e\+38 turns into inf"):
+        qkv.apply_rotary(np.concatenate([np.ones((1, 2, 1, 4), np.float32), x.reshape(1, 2, 1, 4)]), [0, 1])
+    cache = qkv.KVCache(2, 4, 1, 4)
+    s = cache.create()
+    with pytest.raises(ValueError, match="token 1, element 2 = 3e\\+38 turns into inf at position 1"):
+        cache.append(s, x.reshape(2, 1, 4), np.ones((2, 1, 4), np.float32), rotary={})
+    assert cache.length(s) == 0
+    for shape in ((2, 0), (3, 2, 0), (2, 0, 4)):
+        empty = np.ones(shape, np.float32)
+        got = qkv.apply_rotary(empty, 5)
+        assert got.shape == shape and got.dtype == np.float32
+    with pytest.raises(ValueError, match=r"rotary_dim = 2 must be even and in \[2, D = 0\]"):
+        qkv.apply_rotary(np.ones((2, 0), np.float32), rotary_dim=2)
+
+
 def test_decode_weights_and_top_k_match_the_reference(seed):
     """Per-key weights reproduce the float64 reference's softmax; top_k are their largest entries,
     largest first, -1 past the allowed keys; bad top_k is refused by name."""
