@@ -8,6 +8,7 @@
 
 #include "bare_new.h"
 #include "bind_util.h"
+#include "shared_reads.h"
 #include "bindings.h"
 #include "qkv/kv_cache.h"
 #include "qkv/rotary.h"
@@ -20,7 +21,7 @@ namespace {
 // and its weights read the pool with the GIL released, from a copy of the sequences' page tables
 // and lengths: an append in another thread writes only slots past those lengths or free pages,
 // but free() makes the pages of a sequence being read free, and the next append would overwrite
-// them mid-read. So a decode registers as a reader (SharedReads, bind_util.h) and free() waits
+// them mid-read. So a decode registers as a reader (SharedReads, shared_reads.h) and free() waits
 // until the cache has none.
 using CacheReaders = SharedReads;
 

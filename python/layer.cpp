@@ -7,6 +7,7 @@
 
 #include "bare_new.h"
 #include "bind_util.h"
+#include "shared_reads.h"
 #include "bindings.h"
 #include "layer_binding.h"
 #include "qkv/layer.h"
