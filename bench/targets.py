@@ -47,6 +47,7 @@ import argparse
 import json
 import statistics
 
+import shapes
 from bench_results import LENT, aggregates, lent_peak, machine_peak, own_peak
 
 # The lengths of the D1 steps the decode rows take, cold, contiguous and (at the longest) in the
@@ -57,10 +58,6 @@ D1_LENGTHS = (16384, 32768)
 def decode_filter():
     """Google Benchmark's filter for every cold decode step the targets take."""
     return f"^decode/(D1/[^/]+/M:({'|'.join(map(str, D1_LENGTHS))})(/paged[0-9]+)?|D8/[^/]+/paged[0-9]+)/cold/"
-
-
-FLOPS = {"S2": 4 * 8 * 12 * 128 * 128 * 64, "S3": 4 * 12 * 1024 * 1024 * 64, "S4": 4 * 8 * 4096 * 4096 * 64,
-         "S6": 4 * 16384 * 16384 * 128, "S3q50": 4 * 12 * 1024 * 1024 * 64}
 
 
 def context(path):
@@ -308,17 +305,16 @@ def main():
     # The kernel rows against the FMA (or bf16 dot) peak, in groups printed thread count by thread
     # count: (work, target, test, [(table, benchmark name with {t} for the thread count, which
     # peak, the block benchmark of its head dim or None)]). The pinned table takes them again.
-    def d_of(shape):
-        return 128 if shape == "S6" else 64
+    head_dim = {name: d for name, (_, _, _, d, _) in shapes.load().items()}
 
     kernel_rows = [
         [("prefill fp32 S3/S4/S6 (N ≥ 1024), % of FMA peak", "≥ 85%", lambda v: v >= 85,
-          [("fwd", f"attention/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/fused_D{d_of(s)}")
+          [("fwd", f"attention/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/fused_D{head_dim[s]}")
            for s in ("S3", "S4", "S6")])],
         [(f"prefill bf16 S3/S4, % of {'bf16 dot' if bf16_dot else 'fp32 FMA'} peak", "≥ 80%", lambda v: v >= 80,
           [("fwd", f"attention/{s}/bf16/threads:{{t}}", "bf16", None) for s in ("S3", "S4")])],
         [("backward fp32 S3/S4/S6, % of FMA peak", "≥ 85%", lambda v: v >= 85,
-          [("bwd", f"backward/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/backward_D{d_of(s)}")
+          [("bwd", f"backward/{s}/fp32/threads:{{t}}", "fp32", f"microkernel/backward_D{head_dim[s]}")
            for s in ("S3", "S4", "S6")])],
         [("short heads S2 forward", "≥ 80%", lambda v: v >= 80,
           [("fwd", "attention/S2/fp32/threads:{t}", "fp32", "microkernel/fused_D64")]),

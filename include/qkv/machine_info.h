@@ -43,6 +43,12 @@ int64_t l3_cache_bytes();
 // bytes between two visits of the same data (bench/decode_bench.cpp, `qkv bench --decode`).
 int64_t memory_probe_bytes();
 
+// Whether `bytes` read again and again stay in this CPU's caches from one pass to the next: under
+// half the L3, since the rest of a step's data and the other cores share it. False when the L3 is
+// unknown. Such a pass reads at the cache's rate, so a bound from memory's bandwidth says nothing
+// about it (a decode step's hot row in `qkv bench` and qkv_decode_bench).
+bool stays_in_cache(double bytes);
+
 // The median of v (not empty, else throws qkv::Error); of an even count the mean of the middle
 // two, so one run slowed by the scheduler never stands for both. Every figure qkv bench and the
 // benchmarks report as a median is this one.

@@ -198,4 +198,9 @@ int64_t l3_cache_bytes() { return machine_info().l3_bytes; }
 
 int64_t memory_probe_bytes() { return std::max(2 * l3_cache_bytes(), int64_t{256} << 20); }
 
+bool stays_in_cache(double bytes) {
+  const int64_t l3 = l3_cache_bytes();
+  return l3 > 0 && bytes < 0.5 * static_cast<double>(l3);
+}
+
 }  // namespace qkv

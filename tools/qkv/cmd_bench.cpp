@@ -130,10 +130,6 @@ KVCacheConfig decode_cache_config(const DecodeShape& s, KVDtype dtype, int64_t p
   return KVCacheConfig{s.B * pages_per_sequence(s, page_tokens), page_tokens, s.Hkv, s.D, s.D, dtype};
 }
 
-// Whether `bytes` stay in this CPU's caches from one step to the next: under half the L3, which
-// the rest of the step's data and the other cores' share too. False when the L3 is unknown.
-bool fits_in_cache(double bytes, int64_t l3) { return l3 > 0 && bytes < 0.5 * static_cast<double>(l3); }
-
 // One decode step (one query per sequence, causal) against B sequences of M tokens in pages of
 // page_tokens, as a % of the roofline bound max(bytes read / read bandwidth, FLOPs / FMA peak),
 // the bytes as decode_step_bytes counts them. Hot: the same cache step after step. Cold: a read of
@@ -191,7 +187,7 @@ int run_bench_decode(const BenchArgs& a, int threads, double peak, double bandwi
   // measures: its time over a bound from memory's bandwidth compares unlike things, so its row
   // shows GB/s and no %.
   const int64_t l3 = l3_cache_bytes();
-  const bool hot_in_cache = fits_in_cache(bytes, l3);
+  const bool hot_in_cache = stays_in_cache(bytes);
   fmt::print("{:<6} {:>10} {:>10} {:>12}\n", "cache", "time us", "GB/s", "% roofline");
   for (const auto& [name, seconds] : {std::pair{"cold", median(cold)}, std::pair{"hot", hot}}) {
     const bool no_bound = hot_in_cache && std::string_view(name) == "hot";
