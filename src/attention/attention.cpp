@@ -132,19 +132,6 @@ void reference_forward_narrow(TensorView<float> out, TensorView<L> lse, TensorVi
     });
 }
 
-}  // namespace
-
-namespace {
-
-// Below about a microsecond of work, waking a second thread costs more than it saves (and the
-// thread count cannot change the result, so this is only about time).
-int threads_for(const AttentionShape& s, const AttentionOptions& options) {
-  const double flops = 2.0 * static_cast<double>(s.B * s.H) * static_cast<double>(s.N) * static_cast<double>(s.M) *
-                       static_cast<double>(s.D + s.Dv);
-  if (flops < 2e5) return 1;
-  return resolve_num_threads(options.num_threads);  // the kernel caps it by its tasks
-}
-
 AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64_t> lse, std::span<const int64_t> q,
                              std::span<const int64_t> k, std::span<const int64_t> v, bool has_lse,
                              const AttentionOptions& options) {
@@ -180,7 +167,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   std::atomic<bool> nonfinite{false}, emptied{false};
   p.nonfinite = &nonfinite;
   p.emptied = &emptied;
-  kernels::forward(p, path, threads_for(s, options));
+  kernels::forward(p, path, options.num_threads);  // the kernel resolves it by its work
   // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
   // (l = 0), as it writes the rows: no pass of its own.
   if (nonfinite.load() || emptied.load())

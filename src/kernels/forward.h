@@ -72,7 +72,8 @@ void gemm_max_scalar(const float* a, int64_t kdim, const float* b, int64_t ldb, 
 void gemm_max_neon(const float* a, int64_t kdim, const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,
                    int64_t rows, int64_t cols, bool split_k);
 
-// Runs the whole forward pass on `num_threads` threads with the given SIMD family.
+// Runs the whole forward pass with the given SIMD family, on at most `num_threads` threads (0 or
+// less: the default), as many as its work and tasks give a share (detail::threads_for_work).
 void forward(const ForwardParams& p, Simd path, int num_threads);
 
 }  // namespace qkv::kernels
