@@ -63,27 +63,48 @@ std::vector<Product> products() {
   return all;
 }
 
+// c against the float64 product of p's operands, within the fp32 rule; its row gaps untouched.
+void expect_float64_product(const Product& p, const Operands& o, const std::vector<float>& c, uint64_t seed) {
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) {
+      double sum = 0;
+      for (int64_t t = 0; t < p.k; ++t)
+        sum += double(p.trans_a ? o.a[t * o.lda + i] : o.a[i * o.lda + t]) *
+               double(p.trans_b ? o.b[j * o.ldb + t] : o.b[t * o.ldb + j]);
+      const double want = p.alpha * sum + p.beta * double(o.c[i * o.ldc + j]);
+      err = std::max(err, std::abs(double(c[i * o.ldc + j]) - want));
+      scale = std::max(scale, std::abs(want));
+    }
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = p.n; j < o.ldc; ++j) EXPECT_TRUE(std::isnan(c[i * o.ldc + j])) << "gap written";
+  EXPECT_LE(err, 2e-5 * (1 + scale)) << p.m << "x" << p.n << "x" << p.k << " trans " << p.trans_a << p.trans_b
+                                     << ", seed " << seed;
+}
+
 TEST(Blas, ProductsMatchTheFloat64ProductOnEveryLayout) {
   test::Rng rng("Blas.ProductsMatchTheFloat64ProductOnEveryLayout");
   for (const Product& p : products()) {
     const Operands o = operands(p, rng);
-    const std::vector<float> c = run(p, o, 2);
-    double err = 0, scale = 0;
-    for (int64_t i = 0; i < p.m; ++i)
-      for (int64_t j = 0; j < p.n; ++j) {
-        double sum = 0;
-        for (int64_t t = 0; t < p.k; ++t)
-          sum += double(p.trans_a ? o.a[t * o.lda + i] : o.a[i * o.lda + t]) *
-                 double(p.trans_b ? o.b[j * o.ldb + t] : o.b[t * o.ldb + j]);
-        const double want = p.alpha * sum + p.beta * double(o.c[i * o.ldc + j]);
-        err = std::max(err, std::abs(double(c[i * o.ldc + j]) - want));
-        scale = std::max(scale, std::abs(want));
-        // The gaps between rows are never written.
-      }
-    for (int64_t i = 0; i < p.m; ++i)
-      for (int64_t j = p.n; j < o.ldc; ++j) EXPECT_TRUE(std::isnan(c[i * o.ldc + j])) << "gap written";
-    EXPECT_LE(err, 2e-5 * (1 + scale)) << p.m << "x" << p.n << "x" << p.k << " trans " << p.trans_a << p.trans_b
-                                       << ", seed " << rng.seed();
+    expect_float64_product(p, o, run(p, o, 2), rng.seed());
+  }
+}
+
+// The products of an address space too small for OpenBLAS: a transposed b packs 2^20 / k of its
+// columns per pass (209 at k = 5000, 14 at k = 70000, 1 past k = 2^20), and a long k sums in runs
+// (k = 2^20 + 3 in one chain of additions erred 1.5x past the rule).
+TEST(Blas, ProductsWithoutOpenBlasMatchTheFloat64ProductOnEveryLayout) {
+  test::Rng rng("Blas.ProductsWithoutOpenBlasMatchTheFloat64ProductOnEveryLayout");
+  std::vector<Product> all = products();
+  all.push_back({false, true, 2, 300, 5000, 1, 1.0f, 0.5f});
+  all.push_back({true, true, 3, 20, 70000, 0, 1.0f, 0.0f});
+  all.push_back({false, true, 2, 2, (1 << 20) + 3, 0, 1.0f, 0.0f});
+  for (const Product& p : all) {
+    const Operands o = operands(p, rng);
+    std::vector<float> c = o.c;
+    detail::sgemm_without_blas(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, o.a.data(), o.lda, o.b.data(), o.ldb,
+                               p.beta, c.data(), o.ldc);
+    expect_float64_product(p, o, c, rng.seed());
   }
 }
 

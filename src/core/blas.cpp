@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -113,8 +114,7 @@ const OpenBlas& openblas() {
 
 // OpenBLAS's calling thread also takes a 128 MiB buffer for a larger product, retrying forever
 // when it cannot (gdb: cblas_sgemm -> blas_memory_alloc -> malloc(134221824) under ulimit -v
-// 100M). In an address space below kAddressSpaceReserve, products use this loop instead: slower,
-// the same within float rounding, and deterministic.
+// 100M). In an address space below kAddressSpaceReserve, products use sgemm_without_blas instead.
 bool address_space_too_small_for_openblas() {
   static const bool small = [] {
     struct rlimit limit {};
@@ -151,18 +151,48 @@ class OneBlasThread {
   int saved_ = 1;
 };
 
-void sgemm_loop(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      float sum = 0.0f;
-      for (int64_t t = 0; t < k; ++t)
-        sum += (trans_a ? a[t * lda + i] : a[i * lda + t]) * (trans_b ? b[j * ldb + t] : b[t * ldb + j]);
-      c[i * ldc + j] = alpha * sum + (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]);
-    }
-}
-
 }  // namespace
+
+void sgemm_without_blas(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                        int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // Columns of C per pass. A transposed b's columns are packed as rows, up to about 4 MB of them,
+  // so that the inner loop reads every operand with unit stride.
+  const int64_t cols_per_pass =
+      trans_b ? std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k, 1), 1, 256) : 256;
+  // A row's sums in runs of kRun products, each run's sum added to the total: a long k then errs
+  // like OpenBLAS's blocked sums, not like one chain of k additions.
+  constexpr int64_t kRun = 256;
+  std::vector<float> acc(static_cast<std::size_t>(std::min(n, cols_per_pass))), run(acc.size());
+  std::vector<float> b_rows(trans_b ? acc.size() * static_cast<std::size_t>(k) : 0);
+  std::vector<float> a_row(trans_a ? static_cast<std::size_t>(k) : 0);
+  for (int64_t c0 = 0; c0 < n; c0 += cols_per_pass) {
+    const int64_t cols = std::min(cols_per_pass, n - c0);
+    if (trans_b)
+      for (int64_t t = 0; t < k; ++t)
+        for (int64_t j = 0; j < cols; ++j) b_rows[static_cast<std::size_t>(t * cols + j)] = b[(c0 + j) * ldb + t];
+    for (int64_t i = 0; i < m; ++i) {
+      const float* ai = a + i * lda;
+      if (trans_a) {
+        for (int64_t t = 0; t < k; ++t) a_row[static_cast<std::size_t>(t)] = a[t * lda + i];
+        ai = a_row.data();
+      }
+      float* __restrict sum = acc.data();
+      float* __restrict part = run.data();
+      std::fill(sum, sum + cols, 0.0f);
+      for (int64_t t0 = 0; t0 < k; t0 += kRun) {
+        std::fill(part, part + cols, 0.0f);
+        for (int64_t t = t0; t < std::min(k, t0 + kRun); ++t) {
+          const float x = ai[t];
+          const float* __restrict bt = trans_b ? b_rows.data() + t * cols : b + t * ldb + c0;
+          for (int64_t j = 0; j < cols; ++j) part[j] += x * bt[j];
+        }
+        for (int64_t j = 0; j < cols; ++j) sum[j] += part[j];
+      }
+      float* ci = c + i * ldc + c0;
+      for (int64_t j = 0; j < cols; ++j) ci[j] = alpha * sum[j] + (beta == 0.0f ? 0.0f : beta * ci[j]);
+    }
+  }
+}
 
 // The grid: blocks of kBlockRows × kBlockCols of C. Each call packs its share of op(b) again
 // (k · 256 floats against k · 128 · 256 multiply-adds, under 1%).
@@ -180,7 +210,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     return;
   }
   if (address_space_too_small_for_openblas())
-    return sgemm_loop(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return sgemm_without_blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const OpenBlas& blas = openblas();
   const OneBlasThread one(blas);
   const int64_t row_blocks = (m + kBlockRows - 1) / kBlockRows, col_blocks = (n + kBlockCols - 1) / kBlockCols;
