@@ -5,6 +5,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "attention/backward_checks.h"
 #include "attention/backward_rows.h"
 #include "attention/overflow.h"
@@ -12,19 +14,63 @@
 #include "kernels/dispatch.h"
 #include "kernels/mask_eval.h"
 #include "qkv/backward.h"
+#include "qkv/interrupt.h"
 #include "qkv/reference.h"
 
 namespace qkv {
+namespace detail {
+
+std::string BackwardRows::lse_row(int64_t b, int64_t h, int64_t i) const {
+  if (packed_row0 >= 0) return fmt::format("lse[{}, {}] (head, packed query row)", h, packed_row0 + i);
+  return fmt::format("lse[{}, {}, {}] (batch, head, query row)", b, h, i);
+}
+
+}  // namespace detail
+
 namespace {
 
-detail::Overflow fp32_backward_overflow() {
-  return {"attention_backward", "float32", "3.4e38", detail::kFp32OverflowRemedy};
+detail::Overflow fp32_backward_overflow(const detail::BackwardRows& rows) {
+  return {rows.who != nullptr ? rows.who : "attention_backward", "float32", "3.4e38",
+          rows.remedy != nullptr ? rows.remedy : detail::kFp32OverflowRemedy};
+}
+
+// Called when the gradients of finite inputs overflowed: refuses naming lse if a row's given lse
+// is not the one the forward computes from these inputs (same_row_lse), since one below the row's
+// own takes its weights past 1 and blaming q, k, v and dout then misleads. With a part of the keys
+// (partial) the given whole row's lse is at least the part's own, so only one below it is foreign.
+// Costs a forward, on the error path only.
+template <class L>
+void refuse_foreign_lse(TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+                        TensorView<const L> lse, const AttentionOptions& options, const detail::BackwardRows& rows) {
+  const int64_t B = q.dim(0), H = q.dim(1), N = q.dim(2);
+  Tensor<float> out({B, H, N, v.dim(3)}, "out");
+  Tensor<double> own({B, H, N}, "lse");
+  try {
+    attention_forward_lse64(out.view(), own.view(), q, k, v, options);
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const Error&) {
+    return;  // the forward overflows too: the inputs themselves are past the range
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < N; ++i) {
+        const double o = own.view()(b, h, i), g = lse(b, h, i);
+        if (o == -std::numeric_limits<double>::infinity()) continue;  // no allowed key: reads no weight
+        if (kernels::same_row_lse(o, g, std::is_same_v<L, double>) || (rows.partial && g > o)) continue;
+        throw Error(
+            fmt::format("{}: the gradients overflowed float32 because {} = {:.6g} is not the forward's for "
+                        "these q, k and v ({} {:.6g}): pass the lse that the forward returned with out",
+                        fp32_backward_overflow(rows).who, rows.lse_row(b, h, i), g,
+                        rows.partial ? "the log-sum-exp of this part of its keys is" : "that row's is", o));
+      }
 }
 
 // Kernel::reference: the float64 oracle on widened inputs, each gradient rounded once.
 void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                             TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
-                            TensorView<const float> v, const AttentionOptions& options) {
+                            TensorView<const float> v, const AttentionOptions& options,
+                            const detail::BackwardRows& rows) {
   const Tensor<double> q64 = to_contiguous<double>(q), k64 = to_contiguous<double>(k), v64 = to_contiguous<double>(v),
                        dout64 = to_contiguous<double>(dout);
   Tensor<double> dq64(dq.shape(), "dq"), dk64(dk.shape(), "dk"), dv64(dv.shape(), "dv"), dbias64;
@@ -44,7 +90,7 @@ void reference_backward_f32(TensorView<float> dq, TensorView<float> dk, TensorVi
     });
   }
   // A gradient past float32's range, rounded to inf, is refused as the fused kernel refuses it.
-  if (!finite) detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout);
+  if (!finite) detail::refuse_overflow(fp32_backward_overflow(rows), q, k, v, options.mask, &dout);
 }
 
 // lse of L: float, or double (the forward's lse without its rounding to fp32).
@@ -62,7 +108,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
               {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
   detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
   if (options.kernel == Kernel::reference) {
-    reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options);
+    reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options, rows);
     return;
   }
   const Simd path = kernels::resolve_simd(options.simd);
@@ -83,12 +129,14 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   if (kernels::backward(p, dk, dv, dbias, path, options.num_threads)) return;
   // The kernel flags an inf or NaN gradient as it writes it. Non-finite inputs, out, or a NaN or
   // +inf in lse (no forward's: a row's lse is finite, or -inf when it has no key) explain it;
-  // otherwise it is an fp32 overflow (dout·v or a sum past the range).
+  // otherwise a foreign lse or an fp32 overflow (dout·v or a sum past the range) does.
   bool lse_bad = false;
   for_each_element(lse, [&](const L& x, const auto&) {
     lse_bad = lse_bad || std::isnan(x) || x == std::numeric_limits<L>::infinity();
   });
-  detail::refuse_overflow(fp32_backward_overflow(), q, k, v, options.mask, &dout, !detail::all_finite(out) || lse_bad);
+  detail::refuse_overflow(fp32_backward_overflow(rows), q, k, v, options.mask, &dout,
+                          !detail::all_finite(out) || lse_bad,
+                          [&] { refuse_foreign_lse(q, k, v, lse, options, rows); });
 }
 
 }  // namespace
@@ -112,6 +160,13 @@ namespace detail {
 void attention_backward_rows(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                              TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                              TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                             const AttentionOptions& options, BackwardRows rows) {
+  backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options, rows);
+}
+
+void attention_backward_rows(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                             TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                             TensorView<const float> v, TensorView<const float> out, TensorView<const double> lse,
                              const AttentionOptions& options, BackwardRows rows) {
   backward_any(dq, dk, dv, dbias, dout, q, k, v, out, lse, options, rows);
 }

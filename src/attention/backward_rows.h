@@ -1,6 +1,10 @@
 // Internal: attention_backward for a call that holds only some of each row's keys (ring
-// attention's blocks). What it needs beyond AttentionOptions stays out of the public struct.
+// attention's blocks), or one sequence of a packed varlen call. What it needs beyond
+// AttentionOptions stays out of the public struct.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 #include "qkv/backward.h"
 
@@ -11,11 +15,25 @@ struct BackwardRows {
   // row. Turns off the shortcut that zeroes the gradient of a row with exactly one allowed key,
   // which is exact only when that key is the whole row.
   bool partial = false;
+  // Who the caller called, and what it can do about an fp32 overflow: varlen takes no kernel
+  // choice in Python, so the float64 reference is no remedy it can use. Null: attention_backward's.
+  const char* who = nullptr;
+  const char* remedy = nullptr;
+  // >= 0: this call's lse rows are columns packed_row0 + i of the caller's packed [H, total_q]
+  // lse (varlen), and messages name them so.
+  int64_t packed_row0 = -1;
+
+  // Row (b, h, i) of this call's lse as the caller indexes it.
+  std::string lse_row(int64_t b, int64_t h, int64_t i) const;
 };
 
 void attention_backward_rows(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
                              TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
                              TensorView<const float> v, TensorView<const float> out, TensorView<const float> lse,
+                             const AttentionOptions& options, BackwardRows rows);
+void attention_backward_rows(TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, TensorView<float> dbias,
+                             TensorView<const float> dout, TensorView<const float> q, TensorView<const float> k,
+                             TensorView<const float> v, TensorView<const float> out, TensorView<const double> lse,
                              const AttentionOptions& options, BackwardRows rows);
 
 }  // namespace qkv::detail

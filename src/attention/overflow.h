@@ -49,11 +49,15 @@ struct Overflow {
 // Call when a row with an allowed key came out non-finite (or with every logit -inf:
 // MaskEval::row_has_allowed_key), or when a gradient did: throws unless the inputs explain it. A backward passes its
 // dout (its message then names the gradients) and, in `explained`, whether its other inputs (the
-// forward's out and lse) hold what explains a non-finite gradient.
-template <class T>
-void refuse_overflow(const Overflow& o, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                     const Mask& mask, const TensorView<const T>* dout = nullptr, bool explained = false) {
+// forward's out and lse) hold what explains a non-finite gradient. `suspect`, if given, runs when
+// nothing explains it, before the arithmetic is blamed: it throws naming another culprit (an lse
+// that is not the forward's) if it finds one.
+template <class T, class Suspect = void (*)()>
+void refuse_overflow(
+    const Overflow& o, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask,
+    const TensorView<const T>* dout = nullptr, bool explained = false, Suspect suspect = [] {}) {
   if (explained || inputs_explain_overflow(q, k, v, mask) || (dout != nullptr && !all_finite(*dout))) return;
+  suspect();
   if (dout == nullptr)
     throw Error(fmt::format("{}: the output overflowed {} although {} are finite ({} beyond {}); {}", o.who, o.type,
                             o.inputs, o.results, o.limit, o.remedy));

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "attention/backward_checks.h"
+#include "attention/backward_rows.h"
 #include "attention/output_checks.h"
 #include "qkv/backward.h"
 #include "qkv/error.h"
@@ -142,9 +143,13 @@ void varlen_attention_backward(TensorView<float> dq, TensorView<float> dk, Tenso
       continue;
     }
     o.dropout.first_batch = options.dropout.first_batch + s;
-    attention_backward(rows_of(dq, q0, q1), rows_of(dk, k0, k1), rows_of(dv, k0, k1), {}, rows_of(dout, q0, q1),
-                       rows_of(q, q0, q1), rows_of(k, k0, k1), rows_of(v, k0, k1), rows_of(out, q0, q1),
-                       lse_of(lse, q0, q1), o);
+    // Messages name varlen, its packed lse rows, and no kernel choice (Python's varlen has none).
+    detail::attention_backward_rows(rows_of(dq, q0, q1), rows_of(dk, k0, k1), rows_of(dv, k0, k1), {},
+                                    rows_of(dout, q0, q1), rows_of(q, q0, q1), rows_of(k, k0, k1), rows_of(v, k0, k1),
+                                    rows_of(out, q0, q1), lse_of(lse, q0, q1), o,
+                                    {.who = "varlen_attention_backward",
+                                     .remedy = "scale the inputs down (varlen has no float64 path)",
+                                     .packed_row0 = q0});
   }
 }
 
