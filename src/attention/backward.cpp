@@ -3,6 +3,7 @@
 // gradient. Masks go through MaskEval, exactly as in the forward.
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -32,6 +33,22 @@ namespace {
 detail::Overflow fp32_backward_overflow(const detail::BackwardRows& rows) {
   return {rows.who != nullptr ? rows.who : "attention_backward", "float32", "3.4e38",
           rows.remedy != nullptr ? rows.remedy : detail::kFp32OverflowRemedy};
+}
+
+// A forward's lse is finite, or -inf for a row with no allowed key (which the backward gives zero
+// gradients, so that -inf round-trips). NaN or +inf comes from no forward of finite inputs and
+// gave NaN gradients without a word, so it is refused naming the row; with a NaN or inf in q, k
+// or v (or a NaN or +inf in the bias) it is the forward's own and gives what they give.
+template <class L>
+void refuse_impossible_lse(TensorView<const L> lse, TensorView<const float> q, TensorView<const float> k,
+                           TensorView<const float> v, const Mask& mask, const detail::BackwardRows& rows) {
+  const std::optional<NonFinite> bad = find_non_finite(lse, true);
+  if (!bad || detail::inputs_explain_overflow(q, k, v, mask)) return;
+  const std::vector<int64_t>& at = bad->index;
+  throw Error(fmt::format(
+      "{}: {} is {} although q, k and v are finite; no forward gives that (a row's lse is finite, "
+      "or -inf when the row has no allowed key): pass the lse that the forward returned with out",
+      fp32_backward_overflow(rows).who, rows.lse_row(at[0], at[1], at[2]), std::isnan(bad->value) ? "NaN" : "+inf"));
 }
 
 // Called when the gradients of finite inputs overflowed: refuses naming lse if a row's given lse
@@ -107,6 +124,7 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   read.insert(read.end(),
               {detail::named_span("dout", dout), detail::named_span("out", out), detail::named_span("lse", lse)});
   detail::require_gradient_outputs(dq, dk, dv, dbias, std::move(read));
+  refuse_impossible_lse(lse, q, k, v, options.mask, rows);
   if (options.kernel == Kernel::reference) {
     reference_backward_f32(dq, dk, dv, dbias, dout, q, k, v, options, rows);
     return;
@@ -127,15 +145,10 @@ void backward_any(TensorView<float> dq, TensorView<float> dk, TensorView<float> 
   p.dbias = dbias.empty() ? nullptr : dbias.data(), p.dbias_stride = kernels::strides_of(dbias);
   p.whole_rows = !rows.partial;
   if (kernels::backward(p, dk, dv, dbias, path, options.num_threads)) return;
-  // The kernel flags an inf or NaN gradient as it writes it. Non-finite inputs, out, or a NaN or
-  // +inf in lse (no forward's: a row's lse is finite, or -inf when it has no key) explain it;
-  // otherwise a foreign lse or an fp32 overflow (dout·v or a sum past the range) does.
-  bool lse_bad = false;
-  for_each_element(lse, [&](const L& x, const auto&) {
-    lse_bad = lse_bad || std::isnan(x) || x == std::numeric_limits<L>::infinity();
-  });
-  detail::refuse_overflow(fp32_backward_overflow(rows), q, k, v, options.mask, &dout,
-                          !detail::all_finite(out) || lse_bad,
+  // The kernel flags an inf or NaN gradient as it writes it. Non-finite inputs or out explain it
+  // (lse's NaN and +inf were refused above unless the inputs explain them); otherwise a foreign
+  // lse or an fp32 overflow (dout·v or a sum past the range) does.
+  detail::refuse_overflow(fp32_backward_overflow(rows), q, k, v, options.mask, &dout, !detail::all_finite(out),
                           [&] { refuse_foreign_lse(q, k, v, lse, options, rows); });
 }
 
