@@ -1,5 +1,9 @@
 // qkv.explain: every intermediate step of attention for a short input, in float64, as a dict of
 // numpy arrays (or the CLI's text / JSON renderings).
+#include <optional>
+#include <tuple>
+#include <utility>
+
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
@@ -75,9 +79,24 @@ std::vector<std::string> tokens_for(const py::object& tokens, int64_t rows) {
 
 struct ExplainArgs {
   py::object example, tokens, x, layer, q, k, v, w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o;
-  int64_t num_heads = 1;
-  std::optional<int64_t> num_kv_heads;
+  std::optional<int64_t> num_heads, num_kv_heads;  // unset: not given
 };
+
+// A layer brings its own heads and weights: an argument that would set them is refused unless it
+// says what the layer has (it was ignored without a word).
+void refuse_besides_layer(const ExplainArgs& a, const qkv::LayerConfig& layer) {
+  for (const auto& [given, has, name] : {std::tuple{a.num_heads, layer.num_heads, "num_heads"},
+                                         std::tuple{a.num_kv_heads, layer.num_kv_heads, "num_kv_heads"}})
+    if (given && *given != has)
+      throw py::value_error(
+          fmt::format("explain: {}={} conflicts with layer, which has {}={}; leave {} out (the "
+                      "layer brings its own)",
+                      name, *given, name, has, name));
+  for (const auto& [obj, name] : {std::pair{&a.b_q, "b_q"}, std::pair{&a.b_k, "b_k"}, std::pair{&a.b_v, "b_v"},
+                                  std::pair{&a.w_o, "w_o"}, std::pair{&a.b_o, "b_o"}})
+    if (!obj->is_none())
+      throw py::value_error(fmt::format("explain: {} is not used with layer (the layer brings its own weights)", name));
+}
 
 qkv::Explanation build(const ExplainArgs& a) {
   const bool have_qkv = !a.q.is_none() || !a.k.is_none() || !a.v.is_none();
@@ -105,6 +124,7 @@ qkv::Explanation build(const ExplainArgs& a) {
       throw py::type_error(
           fmt::format("layer must be a qkv.MultiHeadAttention, got {}", std::string(py::repr(a.layer))));
     const auto& layer = a.layer.cast<const PyLayer&>().layer;
+    refuse_besides_layer(a, layer.config());
     return qkv::explain_layer(tokens_for(a.tokens, x.dim(0)), x, layer);
   }
   Matrix x = to_matrix(a.x, "x");
@@ -112,10 +132,10 @@ qkv::Explanation build(const ExplainArgs& a) {
   if (!have_w) return qkv::explain_parameter_free(std::move(tokens), std::move(x));
   if (a.w_q.is_none() || a.w_k.is_none() || a.w_v.is_none())
     throw py::value_error("explain: w_q, w_k and w_v go together");
-  return qkv::explain_projections(std::move(tokens), std::move(x), to_matrix(a.w_q, "w_q"), to_matrix(a.w_k, "w_k"),
-                                  to_matrix(a.w_v, "w_v"), a.num_heads, a.num_kv_heads.value_or(a.num_heads),
-                                  to_matrix(a.b_q, "b_q"), to_matrix(a.b_k, "b_k"), to_matrix(a.b_v, "b_v"),
-                                  to_matrix(a.w_o, "w_o"), to_matrix(a.b_o, "b_o"));
+  return qkv::explain_projections(
+      std::move(tokens), std::move(x), to_matrix(a.w_q, "w_q"), to_matrix(a.w_k, "w_k"), to_matrix(a.w_v, "w_v"),
+      a.num_heads.value_or(1), a.num_kv_heads.value_or(a.num_heads.value_or(1)), to_matrix(a.b_q, "b_q"),
+      to_matrix(a.b_k, "b_k"), to_matrix(a.b_v, "b_v"), to_matrix(a.w_o, "w_o"), to_matrix(a.b_o, "b_o"));
 }
 
 constexpr const char* kExplainDoc = R"(Every step of self-attention for a short input, computed in float64.
@@ -149,9 +169,10 @@ py::object explain(const py::object& example, const py::object& tokens, const py
                    const py::object& kv_heads, const py::object& format_obj, const py::object& precision_obj,
                    const py::object& color_scale_obj, const py::object& labels) {
   const std::string format = string_arg(format_obj, "format");
-  const int64_t num_heads = index_arg(heads, "num_heads");
-  const std::optional<int64_t> num_kv_heads =
-      kv_heads.is_none() ? std::nullopt : std::optional<int64_t>(index_arg(kv_heads, "num_kv_heads"));
+  auto count = [](const py::object& obj, const char* name) {
+    return obj.is_none() ? std::nullopt : std::optional<int64_t>(index_arg(obj, name));
+  };
+  const std::optional<int64_t> num_heads = count(heads, "num_heads"), num_kv_heads = count(kv_heads, "num_kv_heads");
   const int64_t digits = index_arg(precision_obj, "precision");
   if (digits < 0 || digits > 17) throw py::value_error(fmt::format("precision must be in [0, 17], got {}", digits));
   const int precision = static_cast<int>(digits);
@@ -170,8 +191,9 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     // N: the rows of x, or of q on the (q, k, v) path.
     const py::object& rows = x.is_none() ? q : x;
     const uint64_t n = rows.is_none() ? 0 : static_cast<uint64_t>(py::len(rows));
-    throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, num_heads),
-                           3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(num_heads, 1)));
+    const int64_t h = num_heads.value_or(1);
+    throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, h),
+                           3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(h, 1)));
   }
   // What qkv.explain(sentence=...) says of its input: the same title, source and weights lines
   // the CLI prints for a sentence.
@@ -210,9 +232,9 @@ void bind_explain(py::module_& m) {
         py::arg("x") = py::none(), py::arg("layer") = py::none(), py::arg("q") = py::none(), py::arg("k") = py::none(),
         py::arg("v") = py::none(), py::arg("w_q") = py::none(), py::arg("w_k") = py::none(),
         py::arg("w_v") = py::none(), py::arg("b_q") = py::none(), py::arg("b_k") = py::none(),
-        py::arg("b_v") = py::none(), py::arg("w_o") = py::none(), py::arg("b_o") = py::none(), py::arg("num_heads") = 1,
-        py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict", py::arg("precision") = 8,
-        py::arg("color_scale") = "absolute", py::arg("labels") = py::none(), kExplainDoc);
+        py::arg("b_v") = py::none(), py::arg("w_o") = py::none(), py::arg("b_o") = py::none(),
+        py::arg("num_heads") = py::none(), py::arg("num_kv_heads") = py::none(), py::arg("format") = "dict",
+        py::arg("precision") = 8, py::arg("color_scale") = "absolute", py::arg("labels") = py::none(), kExplainDoc);
   m.def("explain_examples", &qkv::example_names, "Names of the built-in worked examples qkv.explain() accepts.");
 }
 

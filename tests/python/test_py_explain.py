@@ -66,6 +66,24 @@ def test_layer_explanation_matches_forward():
     np.testing.assert_allclose(steps["output"], layer.forward(x), atol=1e-5, err_msg=seed_note(7100))
 
 
+def test_layer_refuses_heads_and_weights_it_does_not_use():
+    """With layer=, num_heads, num_kv_heads and the biases and w_o were ignored without a word
+    (num_heads=7 explained the layer's 2 heads). A value equal to the layer's is no conflict."""
+    layer = qkv.MultiHeadAttention(4, 2, seed=1)
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^explain: num_heads=7 conflicts with layer, which has num_heads=2; leave "
+                                         r"num_heads out \(the layer brings its own\)$"):
+        qkv.explain(x=x, layer=layer, num_heads=7)
+    with pytest.raises(ValueError, match=r"^explain: num_kv_heads=1 conflicts with layer, which has num_kv_heads=2; "
+                                         r"leave num_kv_heads out \(the layer brings its own\)$"):
+        qkv.explain(x=x, layer=layer, num_kv_heads=1)
+    for name in ("b_q", "b_k", "b_v", "w_o", "b_o"):
+        with pytest.raises(ValueError, match=rf"^explain: {name} is not used with layer \(the layer brings its own "
+                                             r"weights\)$"):
+            qkv.explain(x=x, layer=layer, **{name: np.zeros(4)})
+    assert qkv.explain(x=x, layer=layer, num_heads=2, num_kv_heads=2)["num_heads"] == 2
+
+
 def test_parameter_free_and_qkv_and_renderings():
     rng = rng_for(7200)
     x = rng.standard_normal((3, 4))
