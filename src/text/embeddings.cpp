@@ -39,7 +39,14 @@ Embeddings::Embeddings(std::vector<std::string> words, Tensor<float> matrix)
   if (matrix_.rank() != 2 || matrix_.dim(0) != static_cast<int64_t>(words_.size()))
     throw Error(fmt::format("Embeddings: {} words but the matrix has shape {} (expected [{}, E])", words_.size(),
                             shape_string(matrix_.shape()), words_.size()));
+  // What Embeddings::load refuses in a file (its messages name the file and line) is refused
+  // here for every way in: the loader ends here too, and a vocabulary built in memory was let
+  // through empty, or with vectors of no values, that no file could have given.
+  if (words_.empty()) throw Error("Embeddings: the vocabulary is empty (no words)");
   const int64_t dim = matrix_.dim(1);
+  if (dim == 0)
+    throw Error(
+        fmt::format("Embeddings: the vectors have 0 dimensions (matrix shape {})", shape_string(matrix_.shape())));
   for (int64_t i = 0; i < matrix_.numel(); ++i)
     if (!std::isfinite(matrix_[i]))
       throw Error(fmt::format("Embeddings: value {} of word {} is {}; embeddings must be finite", i % dim + 1,

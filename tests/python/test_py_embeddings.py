@@ -109,3 +109,19 @@ def test_malformed_files_raise_value_error_naming_the_file(tmp_path):
     binary.write_bytes(b"\x80")
     with pytest.raises(ValueError, match=r"binary.bin: line 1: expected a word2vec header .*\\x80"):
         qkv.load_embeddings(str(binary), format="word2vec_binary")
+
+
+def test_an_empty_vocabulary_or_width_is_refused_as_a_file_of_one_is(tmp_path):
+    """Embeddings([], zeros((0, 3))) and Embeddings(words, zeros((V, 0))) were accepted, while
+    loading a file that gives the same is refused."""
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n")  # GloVe without a row
+    with pytest.raises(ValueError, match=": the vocabulary is empty \\(no rows of vectors\\)$"):
+        qkv.Embeddings.load(str(path))
+    with pytest.raises(ValueError, match=r"^Embeddings: the vocabulary is empty \(no words\)$"):
+        qkv.Embeddings([], np.zeros((0, 3), np.float32))
+    path.write_text("2 0\na\nb\n")
+    with pytest.raises(ValueError, match=": line 1: the header declares vectors of 0 dimensions$"):
+        qkv.Embeddings.load(str(path))
+    with pytest.raises(ValueError, match=r"^Embeddings: the vectors have 0 dimensions \(matrix shape \[2, 0\]\)$"):
+        qkv.Embeddings(["a", "b"], np.zeros((2, 0), np.float32))
