@@ -1,6 +1,7 @@
 #include "errors.h"
 
 #include <cstring>
+#include <string>
 
 #include <pybind11/pybind11.h>
 
@@ -30,11 +31,23 @@ void set_error(PyObject* type, const char* what) {
   Py_DECREF(text);
 }
 
+// qkv's message names the path for C++ callers and the CLI ("cannot open /x: No such file or
+// directory"), and OSError's str appends ": '/x'", so str(e) showed it twice. The path is taken out
+// where it stands as a word before a ':' ("cannot open: No such file or directory: '/x'").
+std::string without_path(std::string message, const std::string& path) {
+  if (path.empty()) return message;
+  const std::string lead = path + ": ", inner = " " + path + ":";
+  if (message.starts_with(lead)) message.erase(0, lead.size());
+  for (std::size_t at = message.find(inner); at != std::string::npos; at = message.find(inner, at))
+    message.erase(at, inner.size() - 1);
+  return message;
+}
+
 // A file that cannot be opened raises what open() raises: OSError(errno, message, filename)
 // constructs the subclass for the errno (FileNotFoundError, PermissionError, IsADirectoryError),
-// with errno and filename set; the message stays qkv's.
+// with errno and filename set; the message is qkv's, less the path that OSError adds.
 void set_file_error(const qkv::FileError& e) {
-  PyObject* text = message_text(e.what());
+  PyObject* text = message_text(without_path(e.what(), e.path()).c_str());
   PyObject* filename = PyUnicode_DecodeFSDefaultAndSize(e.path().data(), static_cast<Py_ssize_t>(e.path().size()));
   PyObject* error = text != nullptr && filename != nullptr
                         ? PyObject_CallFunction(PyExc_OSError, "iOO", e.errnum(), text, filename)
