@@ -1,5 +1,6 @@
 #include "bind_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -94,13 +95,27 @@ namespace {
 
 // Results of `shape` with `element_bytes` per element must fit in the machine's memory: a larger
 // request (decode_attention_weights(top_k=2**31) over 5 keys: 24 GB) could be granted by
-// overcommit, and the process SIGKILLed as it is written, instead of raising MemoryError.
+// overcommit, and the process SIGKILLed as it is written, instead of raising MemoryError. A
+// request past 2^64 bytes has no uint64 count for OutOfMemory (top_k=2**62 was reported as
+// 18446744073709551615 bytes, the saturated count): it is given as a float and said to be so.
 void require_in_memory(const std::vector<int64_t>& shape, std::size_t element_bytes) {
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d <= 0; })) return;  // no elements
   unsigned __int128 bytes = element_bytes;
-  for (int64_t d : shape) bytes = std::min<unsigned __int128>(bytes * std::max<int64_t>(d, 0), UINT64_MAX);
+  double approx = static_cast<double>(element_bytes);
+  bool beyond = false;
+  for (const int64_t d : shape) {
+    approx *= static_cast<double>(d);
+    beyond = beyond || (bytes *= static_cast<uint64_t>(d)) > UINT64_MAX;  // each d < 2^63: no wrap
+  }
+  const std::string what = fmt::format("results of shape {}", qkv::shape_string(shape));
+  if (beyond) {
+    PyErr_SetString(
+        PyExc_MemoryError,
+        fmt::format("{}: cannot allocate {:.4g} bytes (more than a 64-bit address space holds)", what, approx).c_str());
+    throw py::error_already_set();
+  }
   const unsigned long long physical = qkv::physical_memory_bytes();
-  if (physical != 0 && bytes > physical)
-    throw qkv::OutOfMemory(fmt::format("results of shape {}", qkv::shape_string(shape)), static_cast<uint64_t>(bytes));
+  if (physical != 0 && bytes > physical) throw qkv::OutOfMemory(what, static_cast<uint64_t>(bytes));
 }
 
 }  // namespace

@@ -327,6 +327,22 @@ def test_a_top_k_larger_than_memory_is_a_memory_error():
     assert lines[2] == "[[[[0, 1, 2, 3, 4, -1, -1]]]]", lines[2]
 
 
+
+def test_a_top_k_past_the_address_space_reports_its_real_size():
+    """top_k=2**62 asks for 6 * 2**62 * 12 bytes, past 2^64: the count saturated and the message
+    said "cannot allocate 18446744073709551615 bytes". Refused before anything is allocated."""
+    c = qkv.KVCache(8, 4, 1, 8)
+    s = c.create()
+    c.append(s, np.ones((5, 1, 8), np.float32), np.ones((5, 1, 8), np.float32))
+    q = np.ones((1, 1, 6, 8), np.float32)
+    x = np.ones((1, 1, 6, 8), np.float32)
+    want = (r"^results of shape \[1, 1, 6, 4611686018427387904\]: cannot allocate 3\.32e\+20 bytes \(more than a "
+            r"64-bit address space holds\)$")
+    for call in (lambda: qkv.decode_attention_weights(q, c, [s], top_k=2**62),
+                 lambda: qkv.attention_weights(x, x, top_k=2**62)):
+        with pytest.raises(MemoryError, match=want):
+            call()
+
 # ---- a KVCache shared by threads ----
 
 def test_cache_free_waits_for_a_decode_reading_its_pages():
