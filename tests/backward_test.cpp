@@ -506,15 +506,19 @@ TEST(Backward, Fp32RefusesAGradientOverflowFromFiniteInputs) {
           }
         }
     }
-  // Nor is an lse of +inf, which no forward returns (it was called an overflow of finite inputs,
-  // with the advice to scale them down).
+  // An lse of +inf, which no forward returns, is refused as such, not called an overflow of finite
+  // inputs with the advice to scale them down.
   Tensor<float> q = rng.normal32(dims4(1, 2, 3, 4)), k = rng.normal32(dims4(1, 2, 5, 4));
   Tensor<float> v = rng.normal32(dims4(1, 2, 5, 4)), dout = rng.normal32(dims4(1, 2, 3, 4));
   Tensor<float> out({1, 2, 3, 4}), lse({1, 2, 3}), dq({1, 2, 3, 4}), dk({1, 2, 5, 4}), dv({1, 2, 5, 4});
   attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview());
   lse[0] = std::numeric_limits<float>::infinity();
-  EXPECT_NO_THROW(attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
-                                     out.cview(), lse.cview()));
+  test::expect_error(
+      [&] {
+        attention_backward(dq.view(), dk.view(), dv.view(), {}, dout.cview(), q.cview(), k.cview(), v.cview(),
+                           out.cview(), lse.cview());
+      },
+      {"attention_backward: lse[0, 0, 0] (batch, head, query row) is +inf although q, k and v are finite"});
 }
 
 TEST(Backward, RefusesBadShapes) {

@@ -15,9 +15,12 @@ namespace qkv {
 // thread count. options.kernel as in the forward: reference runs the float64 oracle
 // (reference_attention_backward, which needs no out or lse, and refuses finite inputs whose scores
 // or gradients overflow float64) and rounds each gradient once. Throws qkv::Error, as the forward
-// does, when q, k, v, dout and out hold no NaN or inf (nor lse a NaN, nor the bias a NaN or +inf)
-// but a gradient came out inf or NaN (dout·v or a gradient's sum past 3.4e38, or on the reference
-// kernel a gradient past float32's range); the gradients are then unspecified. What no row reads
+// does, when q, k, v, dout and out hold no NaN or inf (nor the bias a NaN or +inf) but a gradient
+// came out inf or NaN (dout·v or a gradient's sum past 3.4e38, or on the reference kernel a
+// gradient past float32's range), naming lse instead where a row's is not the forward's; the
+// gradients are then unspecified. A NaN or +inf in lse, which no forward of finite inputs returns
+// (a row's lse is finite, or -inf when it has no allowed key), is refused with qkv::Error naming
+// the row, unless q, k, v or the bias hold NaN or inf themselves. What no row reads
 // (keys past key_lengths or before every row's window, rows past query_lengths) may hold anything,
 // inf and NaN included: it gets zero gradients and changes no other. A row whose lse is too large
 // to hold its normalizer (|lse| past 2^10 here, past 2^29 in float64: every key under a bias of

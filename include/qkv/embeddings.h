@@ -41,8 +41,8 @@ class Embeddings {
   static Embeddings load(const std::string& path, EmbeddingFormat format = EmbeddingFormat::automatic,
                          InvalidUtf8 invalid = InvalidUtf8::keep);
 
-  // Builds from words and a matrix [V, E] (words.size() == V, every value finite; qkv::Error
-  // otherwise). Duplicate words keep the first.
+  // Builds from words and a matrix [V, E] (words.size() == V ≥ 1, E ≥ 1, every value finite;
+  // qkv::Error otherwise). Duplicate words keep the first.
   Embeddings(std::vector<std::string> words, Tensor<float> matrix);
 
   int64_t size() const { return static_cast<int64_t>(words_.size()); }
