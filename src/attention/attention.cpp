@@ -10,6 +10,7 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/forward.h"
+#include "attention/forward_as.h"
 #include "attention/output_checks.h"
 #include "attention/overflow.h"
 #include "kernels/mask_eval.h"
@@ -145,7 +146,7 @@ AttentionShape check_forward(std::span<const int64_t> out, std::span<const int64
 // reference or the fused kernel.
 template <class T, class L>
 void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q, TensorView<const T> k,
-                 TensorView<const T> v, const AttentionOptions& options) {
+                 TensorView<const T> v, const AttentionOptions& options, const detail::Caller& caller = {}) {
   const AttentionShape s =
       check_forward(out.shape(), lse.shape(), q.shape(), k.shape(), v.shape(), !lse.empty(), options);
   std::vector<detail::NamedSpan> read = detail::read_spans(q, k, v, options.mask);
@@ -171,8 +172,7 @@ void forward_any(TensorView<float> out, TensorView<L> lse, TensorView<const T> q
   // The kernel flags a row with an allowed key that came out non-finite, or with every score -inf
   // (l = 0), as it writes the rows: no pass of its own.
   if (nonfinite.load() || emptied.load())
-    detail::refuse_overflow({"attention_forward", "float32", "3.4e38", detail::kFp32OverflowRemedy}, q, k, v,
-                            options.mask);
+    detail::refuse_overflow(detail::fp32_overflow("attention_forward", caller), q, k, v, options.mask);
 }
 
 }  // namespace
@@ -195,6 +195,12 @@ void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, Tens
 void attention_forward_lse64(TensorView<float> out, TensorView<double> lse, TensorView<const bf16> q,
                              TensorView<const bf16> k, TensorView<const bf16> v, const AttentionOptions& options) {
   forward_any(out, lse, q, k, v, options);
+}
+
+void detail::attention_forward_as(const Caller& caller, TensorView<float> out, TensorView<double> lse,
+                                  TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+                                  const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options, caller);
 }
 
 const char* simd_path_name(Simd simd) { return simd_name(kernels::resolve_simd(simd)); }

@@ -31,8 +31,7 @@ std::string BackwardRows::lse_row(int64_t b, int64_t h, int64_t i) const {
 namespace {
 
 detail::Overflow fp32_backward_overflow(const detail::BackwardRows& rows) {
-  return {rows.who != nullptr ? rows.who : "attention_backward", "float32", "3.4e38",
-          rows.remedy != nullptr ? rows.remedy : detail::kFp32OverflowRemedy};
+  return detail::fp32_overflow("attention_backward", rows.caller);
 }
 
 // A forward's lse is finite, or -inf for a row with no allowed key (which the backward gives zero

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/overflow.h"
 #include "qkv/backward.h"
 
 namespace qkv::detail {
@@ -15,10 +16,8 @@ struct BackwardRows {
   // row. Turns off the shortcut that zeroes the gradient of a row with exactly one allowed key,
   // which is exact only when that key is the whole row.
   bool partial = false;
-  // Who the caller called, and what it can do about an fp32 overflow: varlen takes no kernel
-  // choice in Python, so the float64 reference is no remedy it can use. Null: attention_backward's.
-  const char* who = nullptr;
-  const char* remedy = nullptr;
+  // Who the caller called, and what it can do about an fp32 overflow (varlen's own).
+  Caller caller = {};
   // >= 0: this call's lse rows are columns packed_row0 + i of the caller's packed [H, total_q]
   // lse (varlen), and messages name them so.
   int64_t packed_row0 = -1;

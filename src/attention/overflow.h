@@ -36,6 +36,19 @@ bool inputs_explain_overflow(TensorView<const T> q, TensorView<const T> k, Tenso
 inline constexpr const char* kFp32OverflowRemedy =
     "scale the inputs down or use the float64 reference kernel (Kernel::reference; kernel=\"reference\" in Python)";
 
+// Who a caller of an fp32 kernel called, and what it can do about an overflow, where that is not
+// attention_forward's or attention_backward's: varlen names itself, and Python's varlen takes no
+// kernel choice.
+struct Caller {
+  const char* who = nullptr;     // null: the function's own name
+  const char* remedy = nullptr;  // null: kFp32OverflowRemedy
+};
+
+// The varlen functions' Caller.
+inline constexpr const char* kVarlenOverflowRemedy =
+    "scale the inputs down (the float64 reference kernel is Kernel::reference in C++; Python's varlen has no "
+    "kernel choice)";
+
 // Which result overflowed, and in what arithmetic, for the message of refuse_overflow.
 struct Overflow {
   const char* who;                             // the function the caller called ("attention_forward")
@@ -45,6 +58,13 @@ struct Overflow {
   const char* inputs = "q, k and v";           // the inputs whose finiteness makes it an overflow
   const char* results = "scores or P·V sums";  // what went past the limit
 };
+
+// The fp32 kernels' Overflow for a call of `own` (attention_forward, attention_backward) made as
+// `caller`.
+inline Overflow fp32_overflow(const char* own, const Caller& caller) {
+  return {caller.who != nullptr ? caller.who : own, "float32", "3.4e38",
+          caller.remedy != nullptr ? caller.remedy : kFp32OverflowRemedy};
+}
 
 // Call when a row with an allowed key came out non-finite (or with every logit -inf:
 // MaskEval::row_has_allowed_key), or when a gradient did: throws unless the inputs explain it. A backward passes its

@@ -13,6 +13,7 @@
 
 #include "attention/backward_checks.h"
 #include "attention/backward_rows.h"
+#include "attention/forward_as.h"
 #include "attention/output_checks.h"
 #include "qkv/backward.h"
 #include "qkv/error.h"
@@ -111,8 +112,9 @@ void varlen_attention_forward(TensorView<float> out, TensorView<double> lse, Ten
       continue;
     }
     o.dropout.first_batch = options.dropout.first_batch + s;
-    attention_forward_lse64(rows_of(out, q0, q1), lse.empty() ? TensorView<double>{} : lse_of(lse, q0, q1),
-                            rows_of(q, q0, q1), rows_of(k, k0, k1), rows_of(v, k0, k1), o);
+    detail::attention_forward_as({"varlen_attention_forward", detail::kVarlenOverflowRemedy}, rows_of(out, q0, q1),
+                                 lse.empty() ? TensorView<double>{} : lse_of(lse, q0, q1), rows_of(q, q0, q1),
+                                 rows_of(k, k0, k1), rows_of(v, k0, k1), o);
   }
 }
 
@@ -144,12 +146,10 @@ void varlen_attention_backward(TensorView<float> dq, TensorView<float> dk, Tenso
     }
     o.dropout.first_batch = options.dropout.first_batch + s;
     // Messages name varlen, its packed lse rows, and no kernel choice (Python's varlen has none).
-    detail::attention_backward_rows(rows_of(dq, q0, q1), rows_of(dk, k0, k1), rows_of(dv, k0, k1), {},
-                                    rows_of(dout, q0, q1), rows_of(q, q0, q1), rows_of(k, k0, k1), rows_of(v, k0, k1),
-                                    rows_of(out, q0, q1), lse_of(lse, q0, q1), o,
-                                    {.who = "varlen_attention_backward",
-                                     .remedy = "scale the inputs down (varlen has no float64 path)",
-                                     .packed_row0 = q0});
+    detail::attention_backward_rows(
+        rows_of(dq, q0, q1), rows_of(dk, k0, k1), rows_of(dv, k0, k1), {}, rows_of(dout, q0, q1), rows_of(q, q0, q1),
+        rows_of(k, k0, k1), rows_of(v, k0, k1), rows_of(out, q0, q1), lse_of(lse, q0, q1), o,
+        {.caller = {"varlen_attention_backward", detail::kVarlenOverflowRemedy}, .packed_row0 = q0});
   }
 }
 

@@ -11,6 +11,10 @@ import qkv
 CU = [0, 3, 6]
 
 
+VARLEN_REMEDY = ("scale the inputs down (the float64 reference kernel is Kernel::reference in C++; Python's varlen "
+                 "has no kernel choice)")
+
+
 def _varlen_case():
     rng = np.random.default_rng(7)
     q = rng.standard_normal((6, 2, 4), dtype=np.float32)
@@ -89,5 +93,13 @@ def test_a_varlen_gradient_overflow_suggests_only_what_varlen_takes():
     with pytest.raises(ValueError) as e:
         qkv.varlen_attention_backward(q, q, v, v, out, lse, [0, 2, 4], [0, 2, 4])
     assert str(e.value) == ("varlen_attention_backward: the gradients overflowed float32 although q, k, v and dout are "
-                            "finite (scores, dout·v or gradient sums beyond 3.4e38); scale the inputs down (varlen has "
-                            "no float64 path)")
+                            "finite (scores, dout·v or gradient sums beyond 3.4e38); " + VARLEN_REMEDY)
+
+
+def test_a_varlen_forward_overflow_names_varlen_and_suggests_only_what_varlen_takes():
+    """It named attention_forward and suggested kernel="reference", which Python's varlen does not take."""
+    q = np.full((4, 1, 2), 1e20, np.float32)  # scores past 3.4e38
+    with pytest.raises(ValueError) as e:
+        qkv.varlen_attention(q, q, q, [0, 2, 4], [0, 2, 4])
+    assert str(e.value) == ("varlen_attention_forward: the output overflowed float32 although q, k and v are finite "
+                            "(scores or P·V sums beyond 3.4e38); " + VARLEN_REMEDY)
