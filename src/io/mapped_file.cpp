@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 
 #include "qkv/address_space.h"
-
 #include "qkv/error.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv::detail {
 
@@ -100,6 +100,8 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     if (p == MAP_FAILED) {
       int e = errno;
       ::close(fd);
+      // No room in the address space (RLIMIT_AS) is what the caller handles as out of memory.
+      if (e == ENOMEM) throw OutOfMemory(fmt::format("cannot map {}", path), static_cast<uint64_t>(size_));
       throw Error(fmt::format("cannot map {} ({} bytes): {}", path, size_, errno_text(e)));
     }
     data_ = static_cast<const char*>(p);

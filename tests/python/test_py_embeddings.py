@@ -125,3 +125,29 @@ def test_an_empty_vocabulary_or_width_is_refused_as_a_file_of_one_is(tmp_path):
         qkv.Embeddings.load(str(path))
     with pytest.raises(ValueError, match=r"^Embeddings: the vectors have 0 dimensions \(matrix shape \[2, 0\]\)$"):
         qkv.Embeddings(["a", "b"], np.zeros((2, 0), np.float32))
+
+
+def test_a_file_the_address_space_cannot_map_is_memory_error(tmp_path):
+    """mmap's ENOMEM under RLIMIT_AS was a plain "cannot map" ValueError; it is MemoryError, with the
+    size asked for. A sparse file, so nothing is written; the cap is set in a child process."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    path = tmp_path / "big.txt"
+    with open(path, "wb") as f:
+        f.truncate(2 << 30)
+    script = textwrap.dedent(f"""
+        import resource, qkv
+        resource.setrlimit(resource.RLIMIT_AS, (1200 << 20, resource.RLIM_INFINITY))
+        for load in (qkv.load_embeddings, qkv.Embeddings.load):
+            try:
+                load({str(path)!r})
+                print("no error")
+            except Exception as e:
+                print(f"{{type(e).__name__}}: {{e}}")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    want = f"MemoryError: cannot map {path}: cannot allocate {2 << 30} bytes (out of memory)"
+    assert proc.stdout.splitlines() == [want, want], (proc.stdout, proc.stderr)
