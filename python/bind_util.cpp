@@ -499,10 +499,9 @@ qkv::Tensor<float> widen_bf16(const py::array& a, const char* name) {
 namespace {
 
 // Runs on the calling thread with the GIL released; PyErr_CheckSignals needs it back. Not while
-// the interpreter exits: a daemon thread taking the GIL then is ended by pthread_exit, whose
-// unwinding through the kernel's frames aborted the process; the call runs on to its end instead.
+// the interpreter exits (gil_release.h): the call runs on to its end instead.
 bool python_signal_pending(void*) {
-  if (_Py_IsFinalizing() != 0) return false;
+  if (interpreter_exiting()) return false;
   py::gil_scoped_acquire gil;
   return PyErr_CheckSignals() != 0;
 }

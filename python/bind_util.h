@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bind_mask.h"
+#include "gil_release.h"
 #include "qkv/attention.h"
 #include "qkv/interrupt.h"
 #include "qkv/tensor.h"
@@ -176,7 +177,7 @@ class InterruptibleRelease {
   };
   qkv::InterruptScope scope_;  // declared first: outlives the release, so the GIL is held again first
   PendingSignals pending_;
-  py::gil_scoped_release release_;
+  GilRelease release_;
 };
 
 }  // namespace qkvpy

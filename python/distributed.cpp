@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "gil_release.h"
 #include "qkv/distributed.h"
 
 namespace py = pybind11;
@@ -45,7 +46,7 @@ PYBIND11_MODULE(_qkv_distributed, m) {
     Array out = new_array({qv.dim(0), qv.dim(1), qv.dim(2), vv.dim(3)});
     Array lse = new_array({qv.dim(0), qv.dim(1), qv.dim(2)});
     {
-      py::gil_scoped_release release;
+      qkvpy::GilRelease release;
       qkv::ring_attention_forward(comm_of(comm), mutable_view(out), mutable_view(lse), qv, kv, vv, o);
     }
     return py::make_tuple(out, lse);
@@ -60,7 +61,7 @@ PYBIND11_MODULE(_qkv_distributed, m) {
     Array dk = new_array({kv.dim(0), kv.dim(1), kv.dim(2), kv.dim(3)});
     Array dv = new_array({vv.dim(0), vv.dim(1), vv.dim(2), vv.dim(3)});
     {
-      py::gil_scoped_release release;
+      qkvpy::GilRelease release;
       qkv::ring_attention_backward(comm_of(comm), mutable_view(dq), mutable_view(dk), mutable_view(dv),
                                    view(dout, "dout"), qv, kv, vv, view(out, "out"), lv, o);
     }

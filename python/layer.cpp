@@ -236,7 +236,7 @@ void bind_layer(py::module_& m) {
       [](const PyLayer& l, const py::object& path) {
         const std::string p = path_arg(path, "path");
         const SharedReads::Reading reading(&l.layer);
-        py::gil_scoped_release release;
+        GilRelease release;
         l.layer.save(p);
       },
       py::arg("path"),
@@ -245,7 +245,7 @@ void bind_layer(py::module_& m) {
       "load",
       [](const py::object& path) {
         const std::string p = path_arg(path, "path");
-        py::gil_scoped_release release;
+        GilRelease release;
         return PyLayer(MultiHeadAttention::load(p));
       },
       py::arg("path"),

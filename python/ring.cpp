@@ -14,6 +14,7 @@
 #include "bare_new.h"
 #include "bind_mask.h"
 #include "bindings.h"
+#include "gil_release.h"
 #include "distributed/ring_plan.h"
 #include "qkv/options_parse.h"
 
@@ -145,7 +146,7 @@ void bind_ring(py::module_& m) {
       .def("step",
            [](Forward& f, int src, const Array& k, const Array& v) {
              const qkv::ring::ShardAt shard = shard_of(f.plan, src, k, v);
-             py::gil_scoped_release release;
+             qkvpy::GilRelease release;
              f.steps->step(src, shard);
            })
       .def("finish", [](Forward& f) {
@@ -186,7 +187,7 @@ void bind_ring(py::module_& m) {
              const int64_t Mr = p.kv_tokens(src);
              Array dk = new_array({p.B, p.Hkv, Mr, p.D}), dv = new_array({p.B, p.Hkv, Mr, p.Dv});
              {
-               py::gil_scoped_release release;
+               qkvpy::GilRelease release;
                b.steps->step(src, shard, dk.mutable_data(), dv.mutable_data());
              }
              return py::make_tuple(dk, dv);

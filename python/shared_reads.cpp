@@ -8,6 +8,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "gil_release.h"
+
 namespace py = pybind11;
 
 namespace qkvpy {
@@ -40,10 +42,11 @@ std::unique_lock<std::mutex> wait_until(F ready) {
   while (!ready()) {
     lock.unlock();
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       std::unique_lock wait(readers_mutex());
       // Ctrl-C ends the wait: a change can wait for a read of seconds.
       while (!readers_changed().wait_for(wait, std::chrono::milliseconds(20), ready)) {
+        if (interpreter_exiting()) continue;  // no GIL to take (gil_release.h)
         wait.unlock();
         const py::gil_scoped_acquire gil;
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();

@@ -202,3 +202,32 @@ def test_interrupt_does_not_fire_without_a_signal():
     a = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
     b = qkv.scaled_dot_product_attention(q, q, q, kernel="reference")
     assert np.array_equal(a, b)
+
+
+# ---- a daemon thread still in a call while the interpreter exits ----
+
+def test_a_daemon_threads_call_that_ends_while_the_interpreter_exits_does_not_abort():
+    """The call's end took the GIL again while the interpreter was finalizing; CPython ended the
+    thread with pthread_exit inside that destructor, and the process aborted ("terminate called
+    without an active exception", exit -6): 3 runs of 3. A cycle with a slow __del__, left to the
+    interpreter's last collection, holds finalization open while the call ends."""
+    script = textwrap.dedent("""
+        import gc, threading, time
+        import numpy as np
+        import qkv
+        class SlowDel:
+            def __del__(self, sleep=time.sleep):
+                sleep(2)
+        gc.disable()
+        cycle = SlowDel()
+        cycle.self = cycle
+        del cycle
+        q = np.random.default_rng(0).standard_normal((1, 8, 4096, 64)).astype(np.float32)
+        t = threading.Thread(target=lambda: qkv.scaled_dot_product_attention(q, q, q, num_threads=1), daemon=True)
+        t.start()
+        time.sleep(0.05)
+        print("the call still running at exit:", t.is_alive(), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "the call still running at exit: True\n", "")
