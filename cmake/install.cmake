@@ -42,6 +42,17 @@ file(RELATIVE_PATH QKV_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INST
 # file(RELATIVE_PATH) ends the way up with a "/" ("../../"): kept, the prefix and every path built
 # on it would hold a "//".
 string(REGEX REPLACE "/+$" "" QKV_PC_UP "${QKV_PC_UP}")
+# Nix and some distributions pass an absolute CMAKE_INSTALL_LIBDIR or INCLUDEDIR: such a dir is
+# written as it is, since "${prefix}/" before it names no directory. The way up above holds then
+# too: it leads from that fixed libdir to the configured prefix, where such a tree is installed.
+foreach(dir LIBDIR INCLUDEDIR)
+  cmake_path(IS_ABSOLUTE CMAKE_INSTALL_${dir} _absolute)
+  if(_absolute)
+    set(QKV_PC_${dir} ${CMAKE_INSTALL_${dir}})
+  else()
+    set(QKV_PC_${dir} "\${prefix}/${CMAKE_INSTALL_${dir}}")
+  endif()
+endforeach()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

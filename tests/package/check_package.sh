@@ -3,11 +3,13 @@
 #   install: installs this build to a temporary prefix, then builds and runs the README's
 #     "Use from CMake" consumer (find_package(qkv CONFIG REQUIRED), static and shared), the same
 #     program through pkg-config run with an empty environment (the .pc's rpath finds libqkv; again
-#     after the prefix is moved, and from the unpacked .deb; no '//' in the .pc's paths), a ring
-#     consumer (COMPONENTS distributed, built with -Wall -Wextra -Werror) when qkv was built with
-#     MPI, the installed command (--version; `explain` on a sentence with no flags, reading
-#     <prefix>/share/qkv/words.txt), and the installed Python package from the directory
-#     /usr/bin/python3 reads for that prefix.
+#     after the prefix is moved, and from the unpacked .deb; no '//' in the .pc's paths, and each
+#     directory its flags name exists), a ring consumer (COMPONENTS distributed, built with -Wall
+#     -Wextra -Werror) when qkv was built with MPI, the installed command (--version; `explain` on
+#     a sentence with no flags, reading <prefix>/share/qkv/words.txt), and the installed Python
+#     package from the directory /usr/bin/python3 reads for that prefix; then the tree configured
+#     for an absolute libdir outside the prefix, installed, and set back, with the .pc and the
+#     CMake package checked there.
 #   deb: builds the .deb, checks its contents and Depends, unpacks it with dpkg -x into a scratch
 #     root and runs its command (no flags, its own data), its Python package and its qkv.pc.
 # The word vectors are checked only when `make demo` has built build/data/words.txt (said if not).
@@ -43,22 +45,40 @@ check_cli() {
 }
 
 # pkg-config as the README says, through the qkv.pc in <pcdir>, which must lead to <root> wherever
-# that tree was put: no '//' in the file or the flags, and the README's program built with them
-# runs with an empty environment on <root>'s libqkv (the .pc's rpath).
+# that tree was put: no '//' in the file or the flags, every directory they name exists, and the
+# README's program built with them runs with an empty environment on the libqkv under <libroot>
+# (<root> unless given; the .pc's rpath).
 check_pc() {
-  local pcdir=$1 root=$2 prefix_seen flags got loaded
+  local pcdir=$1 root=$2 libroot=${3:-$2} prefix_seen flags flag dir got loaded
   if grep -q '//' "$pcdir/qkv.pc"; then fail "$pcdir/qkv.pc holds a '//': $(grep '//' "$pcdir/qkv.pc")"; fi
   prefix_seen=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=prefix qkv)
   [[ "$prefix_seen" != */ ]] || fail "$pcdir/qkv.pc: prefix $prefix_seen ends in '/' (its paths then hold a '//')"
   [ "$(realpath "$prefix_seen")" = "$(realpath "$root")" ] || fail "$pcdir/qkv.pc: prefix $prefix_seen is not $root"
   flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs qkv)
   [[ "$flags" != *//* ]] || fail "pkg-config qkv from $pcdir: '$flags' holds a '//'"
+  for flag in $flags; do
+    case $flag in -I*) dir=${flag#-I} ;; -L*) dir=${flag#-L} ;; -Wl,-rpath,*) dir=${flag#-Wl,-rpath,} ;; *) continue ;; esac
+    [ -d "$dir" ] || fail "pkg-config qkv from $pcdir: $flag names no directory"
+  done
   g++ -O1 "$work/consumer/hello.cpp" -o "$work/hello-pc" $flags
   got=$(env -i "$work/hello-pc")
   [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "pkg-config from $pcdir: unexpected output '$got'"
   loaded=$(env -i ldd "$work/hello-pc" | awk '$1 ~ /^libqkv\.so/ {print $3}')
-  [[ "$(realpath "$loaded")" == "$(realpath "$root")"/* ]] || fail "hello-pc loads libqkv from '$loaded', not from $root"
+  [[ "$(realpath "$loaded")" == "$(realpath "$libroot")"/* ]] || fail "hello-pc loads libqkv from '$loaded', not from $libroot"
   echo "pkg-config from $pcdir (prefix=$prefix_seen), run with an empty environment: $got"
+}
+
+# The README's CMake consumer linked to <target>, built in <dir>, configured with <where> (the
+# -D that leads find_package to qkv); it must print the expected weights.
+check_cmake() {
+  local target=$1 dir=$2 where=$3 got
+  mkdir -p "$dir/src" && cp "$work/consumer/hello.cpp" "$dir/src/"
+  sed "s/qkv::qkv)/$target)/" "$work/consumer/CMakeLists.txt" > "$dir/src/CMakeLists.txt"
+  cmake -S "$dir/src" -B "$dir" "$where" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$dir" >/dev/null
+  got=$("$dir/hello")
+  [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "find_package, $target: unexpected output '$got'"
+  echo "find_package ($where), $target: $got"
 }
 
 # The qkv package under <dir>, imported by Debian's interpreter from outside the tree.
@@ -129,14 +149,7 @@ if find "$prefix/include" -name '*.h' | xargs grep -l '"\(core\|io\|kernels\|att
 fi
 
 for target in qkv::qkv qkv::qkv_shared; do
-  dir=$work/build-${target//:/_}
-  sed "s/qkv::qkv)/$target)/" "$work/consumer/CMakeLists.txt" > "$work/consumer/CMakeLists.txt.$$"
-  mkdir -p "$dir/src" && cp "$work/consumer/hello.cpp" "$dir/src/" && mv "$work/consumer/CMakeLists.txt.$$" "$dir/src/CMakeLists.txt"
-  cmake -S "$dir/src" -B "$dir" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$dir" >/dev/null
-  got=$("$dir/hello")
-  [ "$got" = "out[0] = 0.731059 0.268941" ] || fail "find_package, $target: unexpected output '$got'"
-  echo "find_package, $target: $got"
+  check_cmake $target "$work/build-${target//:/_}" -DCMAKE_PREFIX_PATH="$prefix"
 done
 
 # pkg-config as the README says: the .pc is in <prefix>/lib/pkgconfig for a prefix other than /usr.
@@ -189,3 +202,30 @@ check_python "$prefix/$pydir"
 # The whole prefix moved elsewhere: the .pc finds it there (its prefix is relative to the file).
 mv "$prefix" "$work/moved"
 check_pc "$work/moved/lib/pkgconfig" "$work/moved"
+
+# An absolute libdir, as Nix and some distributions pass (-DCMAKE_INSTALL_LIBDIR=/...), here outside
+# the prefix as Nix's outputs are. CMake fixes such a dir when the tree is configured, and the CMake
+# package then names the configured prefix, so the tree is configured for both, installed, and set
+# back as it was (by the cmake that configured it); only install rules change, so nothing is recompiled.
+cached() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+old_prefix=$(cached CMAKE_INSTALL_PREFIX)
+old_libdir=$(cached CMAKE_INSTALL_LIBDIR)
+tree_cmake=$(cached CMAKE_COMMAND)
+configure() {
+  "$tree_cmake" -S "$src" -B "$build" -DCMAKE_INSTALL_PREFIX="$1" -DCMAKE_INSTALL_LIBDIR="$2" > "$work/configure.log" 2>&1 \
+    || { cat "$work/configure.log" >&2; fail "configuring $build with prefix $1 and libdir $2 failed"; }
+}
+trap '(configure "$old_prefix" "$old_libdir"); rm -rf "$work"' EXIT
+abs=$work/abs
+configure "$abs/out" "$abs/lib/lib64"
+cmake --install "$build" --prefix "$abs/out" >/dev/null
+configure "$old_prefix" "$old_libdir"
+trap 'rm -rf "$work"' EXIT
+[ "$(cached CMAKE_INSTALL_PREFIX)|$(cached CMAKE_INSTALL_LIBDIR)" = "$old_prefix|$old_libdir" ] \
+  || fail "$build was not set back to prefix $old_prefix and libdir $old_libdir"
+[ -f "$abs/lib/lib64/libqkv.so" ] && [ -f "$abs/out/include/qkv/qkv.h" ] || fail "the absolute libdir's install is not where it was configured"
+check_pc "$abs/lib/lib64/pkgconfig" "$abs/out" "$abs/lib/lib64"
+# Debian's CMake does not search lib64 under a CMAKE_PREFIX_PATH entry: the package's own dir is given.
+check_cmake qkv::qkv_shared "$work/build-abs" -Dqkv_DIR="$abs/lib/lib64/cmake/qkv"
+loaded=$(env -i ldd "$work/build-abs/hello" | awk '$1 ~ /^libqkv\.so/ {print $3}')
+[[ "$(realpath "$loaded")" == "$(realpath "$abs/lib/lib64")"/* ]] || fail "the CMake consumer loads libqkv from '$loaded', not from $abs/lib/lib64"
