@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-demo build demo-build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
+.PHONY: all deps deps-demo deps-package build demo-build demo test test-asan-fuzz test-tsan-arm64 bench clean sanitize sanitize-asan sanitize-tsan \
   fuzz fuzz-smoke arm64 check-long package soak
 
 all: build
@@ -14,6 +14,8 @@ deps:
 	@scripts/install-deps.sh test
 deps-demo:
 	@scripts/install-deps.sh demo
+deps-package:
+	@scripts/install-deps.sh package
 
 # With ccache (make deps installs it), the pip tests' own tree build-pip/ (setup.py) gets this
 # build's objects instead of compiling the library and module again inside ctest, even with an
@@ -101,12 +103,22 @@ soak: build
 	$(BUILD)/tests/qkv_soak $(SOAK_ARGS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(PACKAGE_BUILD)
 
 # A .deb of the library, headers, CMake package, pkg-config file, the qkv command and the Python
-# module (README, "C++"; docs/cpp.md): apt-get install ./$(BUILD)/qkv_*.deb
-package: build
-	cd $(BUILD) && cpack -G DEB
+# module (README, "C++"; docs/cpp.md): apt-get install ./$(BUILD)/qkv_*.deb. cpack first builds all
+# of the tree it packs, so the .deb comes from a tree of its own without the tests and benchmarks
+# (a developer's $(BUILD) keeps them). It ships the data `make demo` trained into $(BUILD)/data,
+# linked anew each time so that a retrained file is the one shipped.
+PACKAGE_BUILD ?= $(BUILD)-package
+package: deps-package
+	test -f $(PACKAGE_BUILD)/CMakeCache.txt || cmake -S . -B $(PACKAGE_BUILD) -DCMAKE_BUILD_TYPE=Release \
+	  -DQKV_BUILD_TESTS=OFF -DQKV_BUILD_BENCH=OFF $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache) $(CMAKE_FLAGS)
+	mkdir -p $(PACKAGE_BUILD)/data
+	for f in words.txt context-layer.safetensors; do rm -f $(PACKAGE_BUILD)/data/$$f; \
+	  if [ -f $(BUILD)/data/$$f ]; then ln $(BUILD)/data/$$f $(PACKAGE_BUILD)/data/$$f || cp $(BUILD)/data/$$f $(PACKAGE_BUILD)/data/; fi; done
+	cmake --build $(PACKAGE_BUILD) -j$(JOBS)
+	cd $(PACKAGE_BUILD) && cpack -G DEB -B $(abspath $(BUILD))
 
 # Builds Release and prints the comparison table (qkv vs the FMA peak and PyTorch); see docs/benchmarks.md.
 bench: build

@@ -10,7 +10,8 @@
 #     package from the directory /usr/bin/python3 reads for that prefix; then the tree configured
 #     for an absolute libdir outside the prefix, installed, and set back, with the .pc and the
 #     CMake package checked there.
-#   deb: builds the .deb, checks its contents and Depends, unpacks it with dpkg -x into a scratch
+#   deb: checks that `make package` packs a tree of its own without tests and benchmarks (a dry
+#     run), builds the .deb, checks its contents and Depends, unpacks it with dpkg -x into a scratch
 #     root and runs its command (no flags, its own data), its Python package and its qkv.pc.
 # The word vectors are checked only when `make demo` has built build/data/words.txt (said if not).
 # Usage: check_package.sh <build dir> <source dir> [install|deb]
@@ -105,6 +106,17 @@ for f in CMakeLists.txt hello.cpp; do
 done
 
 if [ "$what" = deb ]; then
+  # `make package` builds only what the .deb ships: cpack first builds all of the tree it packs, so
+  # that tree is one of its own without the tests and benchmarks, and the tree given here, a
+  # developer's, is neither configured nor built. Read from a dry run (a real one compiles again).
+  plan=$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory -C "$src" package BUILD="$build" \
+    PACKAGE_BUILD="$work/package-tree" | sed -e ':a' -e '/\\$/{N; s/\\\n//; ta}')
+  grep -q -- "-B $work/package-tree .*-DQKV_BUILD_TESTS=OFF -DQKV_BUILD_BENCH=OFF" <<<"$plan" \
+    && grep -q -- "cd $work/package-tree && cpack -G DEB" <<<"$plan" \
+    || fail "make package does not pack a tree of its own without tests and benchmarks: $plan"
+  if grep -E -- "QKV_BUILD_(TESTS|BENCH)=ON|cmake -S [^ ]+ -B $build( |\$)|cmake --build $build( |\$)" <<<"$plan"; then
+    fail "make package configures or builds more than the .deb ships (above)"
+  fi
   (cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
   deb=$(ls "$work"/deb/qkv_*.deb)
   echo "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)"
