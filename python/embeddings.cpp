@@ -86,7 +86,7 @@ std::shared_ptr<Embeddings> load(const std::string& path, const std::string& for
                                  const std::string& unicode_errors) {
   const qkv::EmbeddingFormat f = parse_format(format);
   const qkv::InvalidUtf8 invalid = parse_unicode_errors(unicode_errors);
-  GilRelease release;
+  InterruptibleRelease release;  // Ctrl-C stops the load between blocks of the file
   auto e = std::make_shared<Embeddings>(Embeddings::load(path, f, invalid));
   check_words_are_utf8(*e, path);
   return e;

@@ -5,11 +5,13 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "io_test_util.h"
 #include "qkv/embeddings.h"
+#include "qkv/interrupt.h"
 #include "sanitizers.h"
 #include "test_util.h"
 
@@ -119,6 +121,19 @@ TEST(Embeddings, TextRowsThatDoNotParseAreNotReadAsBinary) {
     write_raw(dir.file("w.txt"), std::string("2 3\n") + body);
     expect_error([&] { Embeddings::load(dir.file("w.txt")); }, {"w.txt: line 2: value 1 of \"katze\"", bad});
   }
+}
+
+// A stop request (Ctrl-C in Python) ends a load between blocks of the file, the first included,
+// with Interrupted; the same file loads without one.
+TEST(Embeddings, AStopRequestEndsALoad) {
+  TempDir dir;
+  write_raw(dir.file("w.txt"), "katze 0.1 0.2 0.3\nhund 0.4 0.5 0.6\n");
+  {
+    InterruptScope stop([](void*) { return true; }, nullptr);
+    std::this_thread::sleep_for(InterruptScope::kPollInterval + std::chrono::milliseconds(5));  // the poll is due
+    EXPECT_THROW(Embeddings::load(dir.file("w.txt")), Interrupted);
+  }
+  EXPECT_EQ(Embeddings::load(dir.file("w.txt")).size(), 2);
 }
 
 // A binary file whose words start after '\n's (a blank line after the header; gensim's

@@ -14,6 +14,7 @@
 #include "qkv/attention_options.h"
 #include "qkv/embeddings.h"
 #include "qkv/error.h"
+#include "qkv/interrupt.h"
 
 namespace qkv {
 namespace {
@@ -26,6 +27,13 @@ using detail::MappedFile;
 using detail::quoted;
 
 constexpr std::size_t kBlockBytes = std::size_t{32} << 20;
+
+// Between blocks: a stop request (Ctrl-C in Python, qkv/interrupt.h) ends the load, which takes
+// seconds for a large file (GloVe's 840B words: about 28 s).
+void stop_if_asked() {
+  InterruptScope* const scope = InterruptScope::current();
+  if (stop_requested(scope)) throw_if_stopped(scope);
+}
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
@@ -199,6 +207,7 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
     if (pos - released >= kBlockBytes) {
       file.release(released, pos);
       released = pos;
+      stop_if_asked();
     }
   }
   if (rows == 0) throw Error(fmt::format("{}: the vocabulary is empty (no rows of vectors)", path));
@@ -225,6 +234,7 @@ Loaded parse_text(const MappedFile& file, std::size_t start, int64_t first_line,
   int64_t line_no = first_line;
   while (pos < bytes.size()) {
     // Gather up to a block of rows, then parse them on all threads.
+    stop_if_asked();
     std::size_t block_start = pos;
     block.clear();
     while (pos < bytes.size() && pos - block_start < kBlockBytes) {
@@ -305,6 +315,7 @@ Loaded parse_binary(const MappedFile& file, std::size_t start, int64_t rows, int
     if (pos - released >= kBlockBytes) {
       file.release(released, pos);
       released = pos;
+      stop_if_asked();
     }
   }
   while (pos < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[pos]))) ++pos;
