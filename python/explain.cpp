@@ -191,7 +191,7 @@ py::object explain(const py::object& example, const py::object& tokens, const py
     // N: the rows of x, or of q on the (q, k, v) path.
     const py::object& rows = x.is_none() ? q : x;
     const uint64_t n = rows.is_none() ? 0 : static_cast<uint64_t>(py::len(rows));
-    const int64_t h = num_heads.value_or(1);
+    const int64_t h = layer.is_none() ? num_heads.value_or(1) : layer.cast<const PyLayer&>().layer.config().num_heads;
     throw qkv::OutOfMemory(fmt::format("explain: the N x N steps of {} tokens and {} heads", n, h),
                            3 * n * n * sizeof(double) * static_cast<uint64_t>(std::max<int64_t>(h, 1)));
   }

@@ -120,6 +120,12 @@ def test_explain_bad_arguments():
     with pytest.raises(MemoryError, match="explain: the N x N steps of 1000000 tokens and 1 heads: cannot allocate "
                                           "24000000000000 bytes"):
         qkv.explain(q=big, k=big, v=big)
+    # With a layer, its heads (the message said "1 heads" whatever the layer had).
+    layer = qkv.MultiHeadAttention(4, 2, seed=1)
+    big = np.ones((10**6, 4), np.float32)
+    with pytest.raises(MemoryError, match="explain: the N x N steps of 1000000 tokens and 2 heads: cannot allocate "
+                                          "48000000000000 bytes"):
+        qkv.explain(x=big, layer=layer)
     # Refused by name (these leaked pybind11's "Unable to cast" or its signature of explain()).
     x = np.ones((2, 4), np.float32)
     for kwargs, exc, message in [
