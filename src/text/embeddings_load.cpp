@@ -31,8 +31,7 @@ constexpr std::size_t kBlockBytes = std::size_t{32} << 20;
 // Between blocks: a stop request (Ctrl-C in Python, qkv/interrupt.h) ends the load, which takes
 // seconds for a large file (GloVe's 840B words: about 28 s).
 void stop_if_asked() {
-  InterruptScope* const scope = InterruptScope::current();
-  if (stop_requested(scope)) throw_if_stopped(scope);
+  if (stop_requested(InterruptScope::current())) throw Interrupted();
 }
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }

@@ -54,6 +54,21 @@ LONG_CALLS = {
 }
 
 
+def _interrupt(proc, delay, timeout):
+    """SIGINT to `proc` `delay` s after it prints "start" (0: at once); returns its stdout, its stderr
+    and the seconds from the signal to its end. Kills it on the way out."""
+    try:
+        assert proc.stdout.readline().strip() == "start", proc.stderr.read()
+        if delay:
+            time.sleep(delay)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, time.monotonic() - sent
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("kind", sorted(LONG_CALLS))
 def test_ctrl_c_interrupts_a_long_call_promptly(kind):
     script = textwrap.dedent("""
@@ -74,15 +89,7 @@ def test_ctrl_c_interrupts_a_long_call_promptly(kind):
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    try:
-        assert proc.stdout.readline().strip() == "start", proc.stderr.read()
-        time.sleep(1.0)  # well inside the call
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        waited = time.monotonic() - sent
-    finally:
-        proc.kill()
+    out, err, waited = _interrupt(proc, 1.0, timeout=60)  # 1 s: well inside the call
     print(f"{kind}: {out.strip()}; the process ended {waited:.2f} s after SIGINT")
     assert proc.returncode == 3, (out, err)
     assert "interrupted" in out and "result=None" in out, out
@@ -120,18 +127,9 @@ def test_ctrl_c_at_many_moments_around_the_start_of_a_call():
     for offset in CTRL_C_OFFSETS:
         proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
-        try:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            assert proc.stdout.readline().strip() == "start", proc.stderr.read()
-            if offset:
-                time.sleep(offset)
-            sent = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=120)
-            waited = time.monotonic() - sent
-        finally:
-            proc.kill()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err, waited = _interrupt(proc, offset, timeout=120)
         print(f"SIGINT {offset * 1000:.1f} ms after start: {out.strip()}; ended {waited:.3f} s after it")
         assert proc.returncode == 3, (offset, out, err)
         if waited > 2.0:
