@@ -26,7 +26,7 @@ def aggregates(path, stat):
 
 
 # The peaks by kind: "fp32" the widest fp32 FMA path, "avx2" the AVX2 FMA path (a binary run with
-# --avx2), "bf16" the bf16 dot product. The benchmark binaries' names for their own runs of each,
+# --avx2), "bf16" the bf16 products (AMX tiles where granted, else the bf16 dot product). The benchmark binaries' names for their own runs of each,
 # before the rows (<name>/threads:<t>) and, for the FMA peaks, after them (<name>/after/threads:<t>):
 PEAK_RUNS = {"fp32": "fma_peak", "avx2": "avx2/fma_peak", "bf16": "bf16_peak"}
 

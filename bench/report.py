@@ -87,7 +87,7 @@ def main():
           f"(inputs + outputs {mem['inputs_outputs_mb']:.1f} MB, VmHWM reset {'ok' if mem['reset_ok'] else 'FAILED'}).")
     print("bf16 rows are compared with PyTorch fp32 on the same shape (1.13 has no fast bf16 CPU attention); their "
           "% FMA peak is of the fp32 FMA peak, as the fp32 rows', where the targets table and `qkv bench` hold them "
-          "to the bf16 dot-product peak.")
+          "to the peak of the bf16 products (AMX tiles where granted, else the bf16 dot product).")
     print("CPU columns: flops / (process CPU seconds / threads), for qkv, the FMA peak and PyTorch alike; "
           "they estimate the speed while the threads run, which wall time hides when the machine is loaded.")
 

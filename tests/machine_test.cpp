@@ -47,6 +47,9 @@ TEST(Machine, ClassNamesTellTheFullAndHalfWidthCoresApart) {
   EXPECT_EQ(machine_class_name("AuthenticAMD", 25, 1, false), "Zen 3 (AVX2)");
   EXPECT_EQ(machine_class_name("GenuineIntel", 6, 85, true), "Skylake-SP");
   EXPECT_EQ(machine_class_name("GenuineIntel", 6, 0x8f, true), "Sapphire Rapids");
+  EXPECT_EQ(machine_class_name("GenuineIntel", 6, 0x8f, true, true), "Sapphire Rapids");
+  EXPECT_EQ(machine_class_name("GenuineIntel", 6, 167, true, true), "Intel Xeon with AMX (family 6 model 167)");
+  EXPECT_EQ(machine_class_name("GenuineIntel", 6, 167, true), "GenuineIntel family 6 model 167 (AVX-512)");
   EXPECT_EQ(machine_class_name("HygonGenuine", 24, 1, false), "HygonGenuine family 24 model 1 (no AVX-512)");
 }
 
@@ -99,7 +102,7 @@ TEST(Machine, BandwidthProbeSummarizesItsOwnRuns) {
 }
 
 TEST(Machine, PeakMeasurementSummarizesItsOwnRuns) {
-  for (PeakIsa isa : {PeakIsa::avx512, PeakIsa::avx2, PeakIsa::avx512_bf16}) {
+  for (PeakIsa isa : {PeakIsa::avx512, PeakIsa::avx2, PeakIsa::avx512_bf16, PeakIsa::amx_bf16}) {
     const PeakMeasurement m = measure_peak(1, isa, 3, 0.02);
     if (!peak_isa_available(isa)) {
       EXPECT_TRUE(m.rates.empty());
@@ -124,9 +127,27 @@ TEST(Machine, PeakMeasurementSummarizesItsOwnRuns) {
   if (peak_isa_available(PeakIsa::avx2)) {
     EXPECT_EQ(fma_peak_work(1, 10, PeakIsa::avx2), 10 * 16 * 12 * 2.0);
   }
+  // AMX: four 16 x 16 tile products of 32 bf16 each per step, on every thread.
+  if (peak_isa_available(PeakIsa::amx_bf16)) {
+    EXPECT_EQ(fma_peak_work(2, 10, PeakIsa::amx_bf16), 2 * 10 * 4 * 16 * 16 * 32 * 2.0);
+  } else {
+    test::expect_error([] { fma_peak_work(1, 1, PeakIsa::amx_bf16); }, {"this CPU has no AMX-BF16"});
+  }
   test::expect_error([] { measure_peak(0, PeakIsa::avx2, 1, 0.1); }, {"out of range"});
   test::expect_error([] { measure_peak(kMaxThreads + 1, PeakIsa::avx2, 1, 0.1); }, {"out of range"});
   test::expect_error([] { fma_peak_work(kMaxThreads + 1, 1, PeakIsa::avx2); }, {"must be in [1, 4096]"});
+}
+
+// The bf16 rows' ceiling is the instruction their products run on: AMX only for whole tiles (a head
+// dim a multiple of 32, a value dim of 16), and only where the CPU and OS grant it.
+TEST(Machine, Bf16ProductsRunOnAmxOnlyForWholeTiles) {
+  const PeakIsa tiles = peak_isa_available(PeakIsa::amx_bf16) ? PeakIsa::amx_bf16 : PeakIsa::avx512_bf16;
+  std::printf("AMX-BF16 %s\n", tiles == PeakIsa::amx_bf16 ? "granted" : "absent or not granted");
+  EXPECT_EQ(bf16_product_isa(64, 64), tiles);
+  EXPECT_EQ(bf16_product_isa(128, 16), tiles);
+  EXPECT_EQ(bf16_product_isa(40, 64), PeakIsa::avx512_bf16);
+  EXPECT_EQ(bf16_product_isa(64, 40), PeakIsa::avx512_bf16);
+  EXPECT_EQ(bf16_product_isa(59, 59), PeakIsa::avx512_bf16);
 }
 
 // The same decode step, hot (its 8 MiB cache read just before) and cold (memory_probe_bytes()

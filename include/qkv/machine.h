@@ -10,21 +10,29 @@
 namespace qkv {
 
 // What the peak can be measured with: fp32 FMAs on 512-bit (avx512) or 256-bit (avx2) vectors,
-// or AVX512_BF16's bf16 pair dot products into fp32 (avx512_bf16, `vdpbf16ps`), what the bf16
-// forward's products run on.
-enum class PeakIsa { avx512, avx2, avx512_bf16 };
+// AVX512_BF16's bf16 pair dot products into fp32 (avx512_bf16, `vdpbf16ps`), or AMX-BF16's tile
+// products (amx_bf16, `tdpbf16ps`). The bf16 forward's products run on AMX where the CPU and OS
+// grant it (and QKV_AMX is not 0), else on vdpbf16ps: bf16_product_isa().
+enum class PeakIsa { avx512, avx2, avx512_bf16, amx_bf16 };
 
 // Requires threads >= 1, iterations >= 1 and a CPU with `isa` (else throws qkv::Error). Runs
 // `iterations` steps of independent accumulator chains, 16 of one 512-bit vector (avx512,
 // avx512_bf16) or 12 of two 256-bit vectors (avx2), more than latency x issue width on any
-// current core, on each of `threads` OpenMP threads; returns the flops done (an FMA: 2 per lane;
-// a bf16 pair dot product: 4 per lane, as the attention FLOP counts count them), so flops / seconds
+// current core, or (amx_bf16) four tile products from two A and two B tiles, on each of `threads`
+// OpenMP threads; returns the flops done (an FMA: 2 per lane; a bf16 pair dot product: 4 per lane;
+// a tile product 16 x 16 x 32 x 2, as the attention FLOP counts count them), so flops / seconds
 // is the peak. Thread-safe (uses its own OpenMP team).
 double fma_peak_work(int threads, int64_t iterations, PeakIsa isa);
 
 // True if this CPU can run `isa` as the kernels would: AVX-512 is F, BW, DQ and VL beside AVX2
-// with FMA (MachineInfo::avx512); always false off x86.
+// with FMA (MachineInfo::avx512); AMX-BF16 only once the OS grants the tile state and QKV_AMX is
+// not 0; always false off x86.
 bool peak_isa_available(PeakIsa isa);
+
+// The instruction the bf16 forward's products run on here for head dims d (q, k) and dv (v), and
+// so its rows' ceiling: amx_bf16 where available and d is a multiple of 32 and dv of 16 (whole
+// tiles), else avx512_bf16 (which may itself be unavailable: then bf16 runs on fp32 FMAs).
+PeakIsa bf16_product_isa(int64_t d, int64_t dv);
 
 // A peak measured `repeats` times (each run about `seconds` long) on `threads` threads: each
 // run's flop/s, their best (the ceiling: other load only ever lowers a run) and median. All 0

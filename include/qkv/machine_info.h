@@ -14,12 +14,15 @@ struct MachineInfo {
   std::string brand;   // the CPU's own name string, trimmed
   int family = 0, model = 0;
   // The class the tables are kept per, e.g. "Zen 5 (full-width AVX-512)", "Zen 4 (double-pumped
-  // AVX-512)", "Skylake-SP"; "<vendor> family F model M" for a CPU not in the table.
+  // AVX-512)", "Skylake-SP"; for an Intel model not in the table but with AMX (a hypervisor may
+  // report any model) "Intel Xeon with AMX (family 6 model M)"; else "<vendor> family F model M".
   std::string class_name;
   // Each implies the one before, as the kernels take them: avx2 is AVX2 with FMA; avx512 is
   // AVX-512 F, BW, DQ and VL (the subsets qkv's kernels and OpenBLAS's SkylakeX kernels use)
   // beside avx2; avx512_bf16 and avx512_vnni are those extensions beside avx512.
   bool avx2 = false, avx512 = false, avx512_bf16 = false, avx512_vnni = false;
+  // AMX-TILE and AMX-BF16 in cpuid (whether the OS grants the tile state is the kernels' question).
+  bool amx_bf16 = false;
   // The L3 one core can fill (one CCD's on AMD, where a core allocates only in its own), in bytes;
   // 0 if nothing reports it. l3_source says where it came from, and why when a reported size was
   // not taken as it is.
@@ -30,9 +33,9 @@ struct MachineInfo {
 // Reads cpuid and sysfs once; thread-safe.
 const MachineInfo& machine_info();
 
-// The maker's class name for (vendor, family, model) and whether the CPU has AVX-512: the table
-// behind MachineInfo::class_name, exposed so it can be checked without the CPU at hand.
-std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512);
+// The maker's class name for (vendor, family, model) and whether the CPU has AVX-512 and AMX-BF16:
+// the table behind MachineInfo::class_name, exposed so it can be checked without the CPU at hand.
+std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512, bool amx = false);
 
 // machine_info().l3_bytes.
 int64_t l3_cache_bytes();

@@ -117,8 +117,10 @@ MachineInfo detect() {
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   m.avx512_bf16 = m.avx512 && __builtin_cpu_supports("avx512bf16");
   m.avx512_vnni = m.avx512 && __builtin_cpu_supports("avx512vnni");
+  const Regs seven = cpuid(7);
+  m.amx_bf16 = (seven.d >> 24 & 1) != 0 && (seven.d >> 22 & 1) != 0;  // AMX-TILE, AMX-BF16
 #endif
-  m.class_name = machine_class_name(m.vendor, m.family, m.model, m.avx512);
+  m.class_name = machine_class_name(m.vendor, m.family, m.model, m.avx512, m.amx_bf16);
 
   if ((m.l3_bytes = sysfs_l3()) > 0) {
     m.l3_source = "sysfs";
@@ -150,7 +152,7 @@ MachineInfo detect() {
 
 }  // namespace
 
-std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512) {
+std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512, bool amx) {
   if (vendor == "AuthenticAMD") {
     // Zen 4 and the mobile Zen 5 parts run a 512-bit instruction as two 256-bit halves; desktop
     // and server Zen 5 have full 512-bit datapaths, so their AVX-512 peak is twice AVX2's.
@@ -176,6 +178,9 @@ std::string machine_class_name(const std::string& vendor, int family, int model,
       case 0xae:
         return "Granite Rapids";
       default:
+        // Guests are often shown a model of the hypervisor's choosing (family 6 model 167, a
+        // client part's, on a Xeon with AMX and 2 MiB of L2 per core): AMX names the server class.
+        if (amx) return fmt::format("Intel Xeon with AMX (family 6 model {})", model);
         break;
     }
   }

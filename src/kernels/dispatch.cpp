@@ -3,9 +3,6 @@
 #include <cstdlib>
 #include <string>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,13 +17,12 @@ namespace qkv::kernels {
 namespace {
 
 #if defined(__x86_64__)
-// AMX-TILE and AMX-BF16 (CPUID.7.0:EDX bits 24 and 22), and Linux's permission to use the tile
-// data (the kernel enables it per process on request). QKV_AMX=0 leaves AMX unused.
-bool amx_granted() {
+// AMX-TILE and AMX-BF16 (MachineInfo), and Linux's permission to use the tile data (the kernel
+// enables it per process on request). QKV_AMX=0 leaves AMX unused.
+bool amx_granted(const MachineInfo& m) {
   const char* env = std::getenv("QKV_AMX");
   if (env != nullptr && std::string(env) == "0") return false;
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || (d >> 24 & 1) == 0 || (d >> 22 & 1) == 0) return false;
+  if (!m.amx_bf16) return false;
 #if defined(__linux__)
   constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -44,7 +40,7 @@ CpuFeatures detect() {
   f.avx2_fma = m.avx2;
   f.avx512 = m.avx512;
   f.avx512_bf16 = m.avx512_bf16;
-  f.amx_bf16 = f.avx512_bf16 && amx_granted();
+  f.amx_bf16 = f.avx512_bf16 && amx_granted(m);
   f.split_k = !(m.vendor == "AuthenticAMD" && m.family == 0x1A);
 #elif defined(__aarch64__)
   f.neon = true;

@@ -6,6 +6,7 @@
 #include "core/first_error.h"
 #include "core/thread_share.h"
 #include "qkv/interrupt.h"
+#include "qkv/machine.h"
 
 #include <algorithm>
 #include <limits>
@@ -56,7 +57,7 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
   const AttentionShape& s = p.shape;
   p.tile_rows = plan_tile_rows(s);
   p.bf16_dot = p.is_bf16() && path == Simd::avx512 && cpu_features().avx512_bf16;
-  p.bf16_amx = p.bf16_dot && cpu_features().amx_bf16 && s.D % 32 == 0 && s.Dv % 16 == 0;
+  p.bf16_amx = p.bf16_dot && bf16_product_isa(s.D, s.Dv) == PeakIsa::amx_bf16;
   p.tile_group = plan_tile_group(s, p.tile_rows);
   const int64_t task_rows = p.tile_rows * p.tile_group;
   const int64_t tiles = (s.N + task_rows - 1) / task_rows;

@@ -1,4 +1,4 @@
-// The machine's fp32 FMA and bf16 dot-product peaks, measured the way the attention kernels would
+// The machine's fp32 FMA, bf16 dot-product and AMX-BF16 tile peaks, measured the way the attention kernels would
 // reach them: more independent accumulator chains than latency x issue width, so latency never
 // stalls, and no memory traffic. A peak measured too low makes a kernel "reach" more than 100%,
 // so every caller takes the best of several runs at the thread count it judges.
@@ -15,8 +15,10 @@
 
 #include <fmt/format.h>
 
-#include "qkv/machine_info.h"
+#include "kernels/amx_tiles.h"
+#include "kernels/dispatch.h"
 #include "qkv/attention_options.h"
+#include "qkv/machine_info.h"
 #include "qkv/error.h"
 #include "qkv/machine.h"
 
@@ -63,6 +65,39 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float chains_bf16(int64_
   _mm512_storeu_ps(lanes, s);
   return lanes[0] + lanes[15];
 }
+// AMX-BF16: four accumulator tiles (each tdpbf16ps is 16 x 16 fp32 lanes x 16 pairs, 16,384
+// flops) from two A and two B tiles, as the bf16 forward's 2 x 2 blocks run them. Four
+// independent accumulators hide the instruction's latency behind its issue interval. Small inputs
+// keep the sums finite however long it runs.
+constexpr double kAmxFlopsPerStep = 4 * 16.0 * 16 * 32 * 2;
+
+__attribute__((target("amx-tile,amx-bf16"), noinline)) float chains_amx(int64_t iterations, float seed) {
+  alignas(64) uint16_t x[16 * 32], y[16 * 32];
+  std::fill(std::begin(x), std::end(x), uint16_t{0x3c00});  // 2^-7
+  std::fill(std::begin(y), std::end(y), uint16_t{0x2000});  // 2^-63
+  alignas(64) float c[16 * 16];
+  std::fill(std::begin(c), std::end(c), seed);
+  kernels::load_tile_config();
+  _tile_loadd(0, c, 64);
+  _tile_loadd(1, c, 64);
+  _tile_loadd(2, c, 64);
+  _tile_loadd(3, c, 64);
+  _tile_loadd(4, x, 64);
+  _tile_loadd(5, y, 64);
+  _tile_loadd(6, x, 64);
+  _tile_loadd(7, y, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  float sum = c[0];
+  _tile_stored(3, c, 64);
+  _tile_release();
+  return sum + c[255];
+}
 #undef QKV_CHAINS
 #undef QKV_DECLARE
 #undef QKV_FMA
@@ -96,7 +131,9 @@ __attribute__((target("avx2,fma"), noinline)) float chains_avx2(int64_t iteratio
 float chains_avx512(int64_t, float seed) { return seed; }
 float chains_avx2(int64_t, float seed) { return seed; }
 float chains_bf16(int64_t, float seed) { return seed; }
+float chains_amx(int64_t, float seed) { return seed; }
 constexpr int kChains512 = 16;
+constexpr double kAmxFlopsPerStep = 0;
 #endif
 
 }  // namespace
@@ -112,6 +149,8 @@ bool peak_isa_available(PeakIsa isa) {
       return m.avx512_bf16;
     case PeakIsa::avx2:
       return m.avx2;
+    case PeakIsa::amx_bf16:
+      return kernels::cpu_features().amx_bf16;  // the OS's grant and QKV_AMX, as the forward sees them
   }
   return false;
 }
@@ -124,8 +163,15 @@ const char* peak_isa_name(PeakIsa isa) {
       return "AVX512_BF16";
     case PeakIsa::avx2:
       return "AVX2 with FMA";
+    case PeakIsa::amx_bf16:
+      return "AMX-BF16";
   }
   return "?";
+}
+
+PeakIsa bf16_product_isa(int64_t d, int64_t dv) {
+  const bool tiles = d % 32 == 0 && dv % 16 == 0;
+  return tiles && peak_isa_available(PeakIsa::amx_bf16) ? PeakIsa::amx_bf16 : PeakIsa::avx512_bf16;
 }
 
 double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
@@ -141,14 +187,16 @@ double fma_peak_work(int threads, int64_t iterations, PeakIsa isa) {
     const float seed = 0.5f + static_cast<float>(omp_get_thread_num());
     const float r = isa == PeakIsa::avx512        ? chains_avx512(iterations, seed)
                     : isa == PeakIsa::avx512_bf16 ? chains_bf16(iterations, seed)
+                    : isa == PeakIsa::amx_bf16    ? chains_amx(iterations, seed)
                                                   : chains_avx2(iterations, seed);
 #pragma omp critical
     sink = sink + r;
   }
   // Flops per step and thread: 16 lanes x chains x (2 per FMA, 4 per bf16 pair dot product);
-  // avx2's 2 x 12 chains of 8 lanes x 2 are 16 x 12 x 2.
+  // avx2's 2 x 12 chains of 8 lanes x 2 are 16 x 12 x 2; AMX's four tile products.
   const double per_step = isa == PeakIsa::avx512        ? 16.0 * kChains512 * 2
                           : isa == PeakIsa::avx512_bf16 ? 16.0 * kChains512 * 4
+                          : isa == PeakIsa::amx_bf16    ? kAmxFlopsPerStep
                                                         : 16.0 * 12 * 2;
   return per_step * static_cast<double>(iterations) * threads;
 }

@@ -361,6 +361,26 @@ def test_kernel_rows_print_what_their_block_reaches_alone(tmp_path):
         assert "block alone" not in row(out, "prefill bf16 S3/S4", t)[0], out
 
 
+def test_bf16_rows_divide_by_the_amx_peak_where_the_probe_measured_it(tmp_path):
+    # The bf16 forward runs on AMX tiles where the OS grants them: 1,500 GFLOP/s is 50% of a 3,000
+    # GFLOP/s tile peak, not 1,500% of the 100 GFLOP/s vdpbf16ps peak. Without AMX (bf16_amx 0,
+    # or absent in older results) the row divides by vdpbf16ps's.
+    fwd = bench_file(tmp_path / "qkv.json", {"median": {f"attention/{s}/bf16/threads:1": 1500e9 for s in ("S3", "S4")},
+                                             "max": {"fma_peak/threads:1": 200e9}})
+    for amx, work, expected in ((3000e9, "prefill bf16 S3/S4, % of bf16 AMX tile peak", "50%"),
+                                (0, "prefill bf16 S3/S4, % of bf16 dot peak", "1500%")):
+        m = machine(20e9)
+        for r in m["threads"]:
+            r["bf16_dot"] = {"best": 100e9 * r["threads"]}
+            r["bf16_amx"] = {"best": amx * r["threads"]}
+        (tmp_path / "machine-0.json").write_text(json.dumps(m))
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py"), "--machine",
+                            str(tmp_path / "machine-0.json"), "--qkv", fwd], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert row(r.stdout, work, 1)[0] == expected, r.stdout
+    assert "bf16 dot peak 100.0 GFLOP/s" in r.stdout
+
+
 def test_kernel_rows_on_avx2_take_the_blocks_of_the_avx2_run(tmp_path):
     # A CPU whose kernels run AVX2 has no AVX-512 blocks in qkv_bench's own run: the rows take the
     # blocks of its --avx2 run (130 GFLOP/s against the 200 peak), and an AVX-512 machine's rows

@@ -31,6 +31,7 @@ std::vector<MachineFigures> measure_machine(const std::vector<int>& thread_count
     f.avx512 = measure_peak(threads, PeakIsa::avx512, repeats, kPeakSeconds);
     f.avx2 = measure_peak(threads, PeakIsa::avx2, repeats, kPeakSeconds);
     f.bf16 = measure_peak(threads, PeakIsa::avx512_bf16, repeats, kPeakSeconds);
+    f.amx = measure_peak(threads, PeakIsa::amx_bf16, repeats, kPeakSeconds);
     f.bandwidth = probe_read_bandwidth(threads, memory_probe_bytes(), 2 * repeats + 1);
     out.push_back(std::move(f));
   }
@@ -52,10 +53,11 @@ void print_machine(const std::vector<MachineFigures>& figures, const std::string
   fmt::print("  peaks, GFLOP/s best (median) of {} runs:\n",
              figures.empty() ? 0
                              : std::max({figures[0].avx512.rates.size(), figures[0].avx2.rates.size(),
-                                         figures[0].bf16.rates.size()}));
-  fmt::print("  {:>7} {:>18} {:>18} {:>18}\n", "threads", "fp32 AVX-512", "fp32 AVX2", "bf16 dot (vdpbf16ps)");
+                                         figures[0].bf16.rates.size(), figures[0].amx.rates.size()}));
+  fmt::print("  {:>7} {:>18} {:>18} {:>18} {:>18}\n", "threads", "fp32 AVX-512", "fp32 AVX2", "bf16 dot (vdpbf16ps)",
+             "bf16 AMX (tdpbf16ps)");
   for (const MachineFigures& f : figures)
-    fmt::print("  {:>7} {} {} {}\n", f.threads, rate(f.avx512), rate(f.avx2), rate(f.bf16));
+    fmt::print("  {:>7} {} {} {} {}\n", f.threads, rate(f.avx512), rate(f.avx2), rate(f.bf16), rate(f.amx));
   if (figures.empty()) return;
   const BandwidthProbe& first = figures[0].bandwidth;
   fmt::print("  read bandwidth, GB/s median (min-max) of {} passes over {}, by streams per thread:\n",
@@ -93,6 +95,7 @@ nlohmann::json machine_json(const std::vector<MachineFigures>& figures, const st
                             {"fp32_avx512", peak_json(f.avx512)},
                             {"fp32_avx2", peak_json(f.avx2)},
                             {"bf16_dot", peak_json(f.bf16)},
+                            {"bf16_amx", peak_json(f.amx)},
                             {"bandwidth",
                              {{"bytes", f.bandwidth.bytes},
                               {"best", f.bandwidth.best},

@@ -1,5 +1,5 @@
 // `qkv bench`'s machine section: what the CPU is, its L3 and cold-cache eviction, and its
-// ceilings (fp32 FMA peaks, the bf16 dot-product peak, read bandwidth by streams per thread),
+// ceilings (fp32 FMA peaks, the bf16 dot-product and AMX tile peaks, read bandwidth by streams per thread),
 // measured at each thread count the benchmark uses.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace qkv::cli {
 
 struct MachineFigures {
   int threads = 0;
-  PeakMeasurement avx512, avx2, bf16;  // empty where the CPU lacks the instruction set
+  PeakMeasurement avx512, avx2, bf16, amx;  // empty where the CPU (or OS) lacks the instruction set
   BandwidthProbe bandwidth;
   // The fp32 peak a kernel on this machine's widest path is held to (AVX-512, else AVX2).
   double fp32_peak() const { return avx512.best > 0 ? avx512.best : avx2.best; }

@@ -227,7 +227,8 @@ int run_bench(const BenchArgs& a) {
   const std::string automatic = simd_path_name(Simd::automatic);
   const std::vector<MachineFigures> figures = measure_machine(counts, kMachineRuns);
   const MachineFigures& mine = figures.back();
-  const double peak256 = mine.avx2.best, peak = mine.fp32_peak(), peak_bf16 = mine.bf16.best;
+  const double peak256 = mine.avx2.best, peak = mine.fp32_peak();
+  const double peak_bf16 = bf16_product_isa(s.D, s.D) == PeakIsa::amx_bf16 ? mine.amx.best : mine.bf16.best;
   const double bandwidth = mine.bandwidth.best;
   if (a.machine_only) {
     fmt::print("qkv bench --machine: threads {}\n", threads);
@@ -296,7 +297,8 @@ int run_bench(const BenchArgs& a) {
       else
         attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
     });
-    // bf16 inputs on AVX-512 run their products as vdpbf16ps where the CPU has it: that peak.
+    // bf16 inputs on AVX-512 run their products on AMX tiles or vdpbf16ps where the CPU has them:
+    // that peak.
     const bool dot = bf16_in && p.kernel == Kernel::fused && p.simd == Simd::avx512 && peak_bf16 > 0;
     const double own = p.kernel == Kernel::fused && p.simd == Simd::avx2 ? peak256 : dot ? peak_bf16 : peak;
     const std::string pct = own > 0 ? fixed(100.0 * flops / seconds / own, 7, 1) : "      -";
@@ -309,8 +311,9 @@ int run_bench(const BenchArgs& a) {
   fmt::print("automatic choice: fused {} (QKV_SIMD overrides it)\n", automatic);
   if (peak > 0)
     fmt::print(
-        "(% peak: of the path's own instruction set's peak (avx2: AVX2's FMA; avx512 with bf16 inputs: the bf16\n"
-        " dot product's), the others of the machine's fp32 FMA peak;\n"
+        "(% peak: of the path's own instruction set's peak (avx2: AVX2's FMA; avx512 with bf16 inputs: AMX's\n"
+        " tile product or the bf16 dot product, whichever the kernel runs), the others of the machine's fp32 FMA "
+        "peak;\n"
         " above 100 means other programs slowed the peak measurement)\n");
   return 0;
 }

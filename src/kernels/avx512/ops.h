@@ -3,6 +3,7 @@
 // is compiled for AVX-512 (src/kernels/CMakeLists.txt); the library around it stays baseline.
 #pragma once
 
+#include "kernels/amx_tiles.h"
 #include "kernels/kernel_deps.h"
 
 namespace qkv::kernels {
@@ -47,16 +48,7 @@ struct Bf16PairDot {
 // vdpbf16ps; both flush subnormal inputs and outputs.
 struct AmxBf16 {
   // Loads the tile configuration on this thread; end() releases the tile state.
-  static void begin() {
-    struct alignas(64) Config {
-      uint8_t palette = 1, start_row = 0;
-      uint8_t reserved[14] = {};
-      uint16_t colsb[16] = {};
-      uint8_t rows[16] = {};
-    } config;
-    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-    _tile_loadconfig(&config);
-  }
+  static void begin() { load_tile_config(); }
   static void end() { _tile_release(); }
 
   // C [rows x cols] = (accumulate ? C : 0) + A · B: A [rows x 2kp] bf16 rows lda bytes apart,
