@@ -66,7 +66,7 @@ def main():
     fwd = runs["forward"]
     peak1 = fwd.get("avx2/fma_peak/threads:1", (0, 0, 0))[2]
     for name, (_, _, rate) in sorted(fwd.items()):
-        if name.startswith("avx2/microkernel/") and peak1:
+        if name.startswith("avx2/microkernel/") and peak1 and rate:  # the softmax alone counts no flops
             print(f"- {name} (1 thread, cache-resident 64 x 64 block): {rate / 1e9:.1f} GFLOP/s per CPU second "
                   f"= {100 * rate / peak1:.0f}% of the AVX2 FMA peak")
     print("- % AVX2 peak: wall medians; CPU columns: flops / (process CPU seconds / threads), judged against the "

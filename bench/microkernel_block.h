@@ -41,6 +41,50 @@ void run_block(benchmark::State& state, bool scores, int64_t d) {
       benchmark::Counter(2.0 * 64 * 64 * static_cast<double>(g.kdim), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The online softmax of one block of scores st [nk x 64 lanes] (rows ls apart) whose unscaled
+// maxima per lane are block_max: the weights in place, their sum into l, alpha, the new max m.
+template <class Ops>
+void block_softmax(float* st, int64_t ls, int64_t nk, const float* block_max, typename Ops::V scale, float* m, float* l,
+                   float* alpha) {
+  using V = typename Ops::V;
+  for (int64_t c = 0; c < 64; c += Ops::kLanes) {
+    const V m_old = Ops::load(m + c);
+    const V m_new = Ops::max(Ops::mul(Ops::load(block_max + c), scale), m_old);
+    const V neg_m = Ops::sub(Ops::zero(), m_new);
+    V sum = Ops::zero();
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const V p = kernels::weight<Ops>(Ops::load(st + jj * ls + c), scale, neg_m);
+      Ops::store(st + jj * ls + c, p);
+      sum = Ops::add(sum, p);
+    }
+    const V a = kernels::exp_e<Ops>(Ops::sub(m_old, m_new));
+    Ops::store(alpha + c, a);
+    Ops::store(l + c, Ops::fma(a, Ops::load(l + c), sum));
+    Ops::store(m + c, m_new);
+  }
+}
+
+// The fused block's softmax alone (block_softmax on Ops::kKeyBlock keys x 64 lanes, in cache, no
+// products): the least elementwise work a forward does per score. Counter "scores": scores per
+// second. Where the products run far faster than fp32 FMAs (AMX tiles), this, not the products,
+// bounds the forward: per score the products are 4·D flops at the tile peak.
+template <class Ops>
+void run_softmax_block(benchmark::State& state) {
+  constexpr int64_t nk = Ops::kKeyBlock;
+  const int64_t ls = kernels::column_read_stride(64);
+  std::vector<float> st(nk * ls), m(64, 0.0f), l(64, 0.0f), alpha(64), block_max(64, 1.0f);
+  for (int64_t i = 0; i < nk * ls; ++i) st[i] = 0.001f * static_cast<float>(i % 997);
+  const typename Ops::V scale = Ops::set1(0.125f);
+  for (auto _ : state) {
+    // The weights overwrite their scores: each pass starts from the same values again, as a
+    // kernel's next block brings fresh scores.
+    block_softmax<Ops>(st.data(), ls, nk, block_max.data(), scale, m.data(), l.data(), alpha.data());
+    std::fill(m.begin(), m.end(), 0.0f);
+    benchmark::DoNotOptimize(st.data());
+  }
+  state.counters["scores"] = benchmark::Counter(64.0 * nk, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The forward's work on one cache-resident block of the family's key block (Ops::kKeyBlock keys)
 // and 64 query lanes, and nothing else: Sᵀ = K · Qᵀ into rows as far apart as the kernel's
 // (column_read_stride) with each query row's max folded into the product's stores (the deferred
@@ -63,21 +107,7 @@ void run_fused_block(benchmark::State& state, int64_t d) {
   for (auto _ : state) {
     std::fill(block_max.begin(), block_max.end(), -1e30f);
     kernels::gemm_blocked<Ops>(scores, nk, 64 / L);
-    for (int64_t c = 0; c < 64; c += L) {
-      const V m_old = Ops::load(m.data() + c);
-      const V m_new = Ops::max(Ops::mul(Ops::load(block_max.data() + c), scale), m_old);
-      const V neg_m = Ops::sub(Ops::zero(), m_new);
-      V sum = Ops::zero();
-      for (int64_t jj = 0; jj < nk; ++jj) {
-        const V p = kernels::weight<Ops>(Ops::load(st.data() + jj * ls + c), scale, neg_m);
-        Ops::store(st.data() + jj * ls + c, p);
-        sum = Ops::add(sum, p);
-      }
-      const V a = kernels::exp_e<Ops>(Ops::sub(m_old, m_new));
-      Ops::store(alpha.data() + c, a);
-      Ops::store(l.data() + c, Ops::fma(a, Ops::load(l.data() + c), sum));
-      Ops::store(m.data() + c, m_new);
-    }
+    block_softmax<Ops>(st.data(), ls, nk, block_max.data(), scale, m.data(), l.data(), alpha.data());
     kernels::gemm_blocked<Ops>(values, 64, 64 / L);
     benchmark::DoNotOptimize(o.data());
   }
@@ -122,9 +152,13 @@ void run_backward_block(benchmark::State& state, int64_t d) {
 }
 
 // Registers the family's three block products as <prefix>scores_D64, scores_D128 and values, the
-// fused forward blocks as fused_D64 and fused_D128 and the backward's as backward_D64, _D128.
+// fused forward blocks as fused_D64 and fused_D128 and the backward's as backward_D64, _D128, and
+// the forward block's softmax alone as softmax.
 template <class Ops>
 void register_blocks(const std::string& prefix) {
+  benchmark::RegisterBenchmark((prefix + "softmax").c_str(), [](benchmark::State& s) { run_softmax_block<Ops>(s); })
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
   for (int64_t d : {64, 128})
     benchmark::RegisterBenchmark((prefix + "scores_D" + std::to_string(d)).c_str(),
                                  [d](benchmark::State& s) { run_block<Ops>(s, true, d); })

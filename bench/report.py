@@ -8,10 +8,11 @@ import os
 from shapes import load as load_shapes
 
 
-def microkernels(path):
-    """{name: FLOP/s per CPU second} of the isolated micro-kernel benchmarks."""
-    return {b["run_name"].replace("/repeats:5", ""): b["FLOPS"] for b in json.load(open(path))["benchmarks"]
-            if b.get("aggregate_name") == "median" and b["run_name"].startswith("microkernel/")}
+def microkernels(path, counter="FLOPS"):
+    """{name: `counter` per CPU second} of the isolated micro-kernel benchmarks that count it (the
+    block products FLOPS, the softmax alone scores)."""
+    return {b["run_name"].replace("/repeats:5", ""): b[counter] for b in json.load(open(path))["benchmarks"]
+            if b.get("aggregate_name") == "median" and b["run_name"].startswith("microkernel/") and counter in b}
 
 
 def medians(path, stat="median"):
@@ -82,6 +83,9 @@ def main():
     for name, rate in microkernels(a.qkv).items():
         print(f"{name} (AVX-512, 1 thread, cache-resident 64 x 64 block): {rate / 1e9:.1f} GFLOP/s per CPU second "
               f"= {100 * rate / peak1:.0f}% of the FMA peak" if peak1 else f"{name}: {rate / 1e9:.1f} GFLOP/s")
+    for name, rate in microkernels(a.qkv, "scores").items():
+        print(f"{name} (the forward block's online softmax alone, no products, 1 thread, in cache): "
+              f"{rate / 1e9:.2f} G scores/s per CPU second = {1e9 / rate:.3f} ns per score")
     print()
     print(f"S6 fp32, 2 threads: peak resident memory growth during the call {mem['peak_growth_mb']:.2f} MB "
           f"(inputs + outputs {mem['inputs_outputs_mb']:.1f} MB, VmHWM reset {'ok' if mem['reset_ok'] else 'FAILED'}).")

@@ -542,3 +542,31 @@ def test_decode_filter_selects_the_cold_steps_the_targets_take():
         assert len(listed) == 30 and all("/cold/" in n for n in listed), listed
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "targets.py")], capture_output=True, text=True)
     assert r.returncode == 2 and "the following arguments are required: --machine" in r.stderr, r.stderr
+
+
+def test_tile_ceiling_probe_prints_each_diet_against_the_peak():
+    # The micro-tile's arithmetic from registers, with its loads, its broadcasts and both: each a
+    # rate and a % of the FMA peak the same process measured (no speed is judged here).
+    probe = BENCH / "qkv_tile_ceiling_probe"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
+    r = subprocess.run([str(probe)], capture_output=True, text=True, timeout=300)
+    if r.returncode == 1 and "this CPU has no AVX-512" in r.stderr:
+        pytest.skip("this CPU has no AVX-512: " + r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^AVX-512 micro-tile (\d+) x (\d+) \(\d+ FMAs", r.stdout, re.M), r.stdout
+    peak = re.search(r"^fp32 FMA peak \(16 chains from registers\) ([0-9.]+) GFLOP/s$", r.stdout, re.M)
+    assert peak and float(peak.group(1)) > 0, r.stdout
+    for diet in ("registers only", "with B's vector loads", "with A's broadcasts", "with both (the micro-kernel's diet)"):
+        m = re.search(rf"^  {re.escape(diet)} +([0-9.]+) GFLOP/s +([0-9.]+)% of the peak$", r.stdout, re.M)
+        assert m, (diet, r.stdout)
+        rate, pct = float(m.group(1)), float(m.group(2))
+        assert rate > 0 and pct == pytest.approx(100 * rate / float(peak.group(1)), abs=0.2), (diet, r.stdout)
+
+
+def test_tile_ceiling_probe_refuses_arguments():
+    probe = BENCH / "qkv_tile_ceiling_probe"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
+    r = subprocess.run([str(probe), "64"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "usage: qkv_tile_ceiling_probe (it takes no arguments)" in r.stderr, r

@@ -376,10 +376,10 @@ Command add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand(
       "bench",
-      "Measures this machine's fp32 FMA and bf16 dot peaks and read bandwidth, then times attention_forward on a "
-      "shape\n"
-      "through every path this CPU can run (fused avx512 / avx2 / scalar; the float64 reference for small\n"
-      "shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the path the automatic choice takes.");
+      "Measures this machine's fp32 FMA, bf16 dot and AMX tile peaks and read bandwidth, then times\n"
+      "attention_forward on a shape through every path this CPU can run (fused avx512 / avx2 / scalar;\n"
+      "the float64 reference for small shapes): time (median), GFLOP/s, GB/s, % of the FMA peak, and the\n"
+      "path the automatic choice takes.");
   CLI::Option* shape = sub->add_option("--shape", args->shape, "B,H,N,M,D (default 1,12,1024,1024,64)")
                            ->check(parsed_by([](const std::string& t) { parse_shape(t); }, "--shape", "B,H,N,M,D"));
   CLI::Option* decode =
