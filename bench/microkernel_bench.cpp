@@ -10,6 +10,7 @@
 // Before the region (isa_region.h): library code stays compiled for the baseline ISA.
 #include "isa_region.h"
 #include "kernels/kernel_deps.h"
+#include "qkv/tensor.h"
 
 QKV_ISA_REGION_BEGIN("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
 

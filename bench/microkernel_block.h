@@ -1,15 +1,15 @@
 // One cache-resident block product of the fused kernels for the micro-kernel benchmarks
 // (microkernel_bench.cpp: AVX-512, microkernel_avx2_bench.cpp: AVX2): what a family's block
 // products reach without the softmax, packing and memory traffic around them, and (fused_D*)
-// with the block's online softmax between them. Include only after kernel_deps.h, a family's
-// ISA region (isa_region.h), its <isa>/ops.h, microkernel.h and softmax_columns.h.
+// with the block's online softmax between them. Include only after qkv/tensor.h and kernel_deps.h
+// (before the region), a family's ISA region (isa_region.h), its <isa>/ops.h, microkernel.h and
+// softmax_columns.h.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 namespace qkv::bench {
 namespace {
@@ -25,10 +25,20 @@ kernels::GemmArgs<float, float> block_args(const float* a, int64_t a_row, int64_
   return g;
 }
 
+// n floats of x, 64-byte aligned as the kernels' workspaces and qkv's tensors are. A vector's data
+// (16 bytes past a page once it is large) made each 64-byte load of B span two cache lines, which
+// cost these blocks 10-20 points of the peak on an Intel Xeon (qkv_tile_ceiling_probe).
+Tensor<float> floats(int64_t n, float x = 0.0f) {
+  Tensor<float> t({n}, "block buffer");
+  std::fill(t.data(), t.data() + n, x);
+  return t;
+}
+
 // scores: Sᵀ [64 keys x 64 lanes] = K [64 x D] · Qᵀ [D x 64]; values: O [64 x 64] = alpha ⊙ O + P · V.
 template <class Ops>
 void run_block(benchmark::State& state, bool scores, int64_t d) {
-  std::vector<float> a(64 * 256, 0.01f), b(256 * 64, 0.02f), c(64 * 64, 0.0f), alpha(64, 0.999f);
+  Tensor<float> a = floats(64 * 256, 0.01f), b = floats(256 * 64, 0.02f), c = floats(64 * 64),
+                alpha = floats(64, 0.999f);
   // A: rows of K, or P read transposed.
   const kernels::GemmArgs<float, float> g =
       scores ? block_args(a.data(), d, 1, d, b.data(), 64, c.data(), 64)
@@ -72,14 +82,14 @@ template <class Ops>
 void run_softmax_block(benchmark::State& state) {
   constexpr int64_t nk = Ops::kKeyBlock;
   const int64_t ls = kernels::column_read_stride(64);
-  std::vector<float> st(nk * ls), m(64, 0.0f), l(64, 0.0f), alpha(64), block_max(64, 1.0f);
+  Tensor<float> st = floats(nk * ls), m = floats(64), l = floats(64), alpha = floats(64), block_max = floats(64, 1.0f);
   for (int64_t i = 0; i < nk * ls; ++i) st[i] = 0.001f * static_cast<float>(i % 997);
   const typename Ops::V scale = Ops::set1(0.125f);
   for (auto _ : state) {
     // The weights overwrite their scores: each pass starts from the same values again, as a
     // kernel's next block brings fresh scores.
     block_softmax<Ops>(st.data(), ls, nk, block_max.data(), scale, m.data(), l.data(), alpha.data());
-    std::fill(m.begin(), m.end(), 0.0f);
+    std::fill(m.data(), m.data() + 64, 0.0f);
     benchmark::DoNotOptimize(st.data());
   }
   state.counters["scores"] = benchmark::Counter(64.0 * nk, benchmark::Counter::kIsIterationInvariantRate);
@@ -97,15 +107,15 @@ void run_fused_block(benchmark::State& state, int64_t d) {
   using V = typename Ops::V;
   constexpr int64_t L = Ops::kLanes, nk = Ops::kKeyBlock;
   const int64_t ls = kernels::column_read_stride(64);
-  std::vector<float> k(nk * d, 0.01f), qt(d * 64, 0.02f), st(nk * ls), v(nk * 64, 0.03f), o(64 * 64, 0.0f);
-  std::vector<float> m(64, 0.0f), l(64, 0.0f), alpha(64);
-  std::vector<float> block_max(64);
+  Tensor<float> k = floats(nk * d, 0.01f), qt = floats(d * 64, 0.02f), st = floats(nk * ls), v = floats(nk * 64, 0.03f),
+                o = floats(64 * 64);
+  Tensor<float> m = floats(64), l = floats(64), alpha = floats(64), block_max = floats(64);
   auto scores = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), ls);
   scores.col_max = block_max.data();
   const auto values = block_args(st.data(), 1, ls, nk, v.data(), 64, o.data(), 64, alpha.data());
   const V scale = Ops::set1(1.0f / std::sqrt(static_cast<float>(d)));
   for (auto _ : state) {
-    std::fill(block_max.begin(), block_max.end(), -1e30f);
+    std::fill(block_max.data(), block_max.data() + 64, -1e30f);
     kernels::gemm_blocked<Ops>(scores, nk, 64 / L);
     block_softmax<Ops>(st.data(), ls, nk, block_max.data(), scale, m.data(), l.data(), alpha.data());
     kernels::gemm_blocked<Ops>(values, 64, 64 / L);
@@ -123,8 +133,10 @@ template <class Ops>
 void run_backward_block(benchmark::State& state, int64_t d) {
   using V = typename Ops::V;
   constexpr int64_t L = Ops::kLanes;
-  std::vector<float> k(64 * d, 0.01f), qt(d * 64, 0.02f), q(64 * d, 0.02f), v(64 * d, 0.03f), dot(d * 64, 0.01f),
-      dout(64 * d, 0.01f), st(64 * 64), dpt(64 * 64), dv(64 * d), dk(64 * d), dq(64 * d), lse(64, 1.0f), D(64, 0.5f);
+  Tensor<float> k = floats(64 * d, 0.01f), qt = floats(d * 64, 0.02f), q = floats(64 * d, 0.02f),
+                v = floats(64 * d, 0.03f), dot = floats(d * 64, 0.01f), dout = floats(64 * d, 0.01f),
+                st = floats(64 * 64), dpt = floats(64 * 64), dv = floats(64 * d), dk = floats(64 * d),
+                dq = floats(64 * d), lse = floats(64, 1.0f), D = floats(64, 0.5f);
   const auto s = block_args(k.data(), d, 1, d, qt.data(), 64, st.data(), 64);
   const auto dp = block_args(v.data(), d, 1, d, dot.data(), 64, dpt.data(), 64);
   const auto dvs = block_args(st.data(), 64, 1, 64, dout.data(), d, dv.data(), d, nullptr, true);

@@ -59,6 +59,40 @@ TEST(FusedForward, MatchesReferenceOnLongRows) {
   }
 }
 
+// V's rows are read in place when 64-byte aligned and copied into the kernel's aligned workspace
+// otherwise (a misaligned load spans two cache lines); a copy shared by the tiles of a group. The
+// sums and their order are the same either way, so the outputs are too, bit for bit.
+TEST(FusedForward, ValuesAtAnyAlignmentGiveTheSameBits) {
+  test::Rng rng("FusedForward.ValuesAlignment");
+  for (int64_t dv : {64, 128}) {
+    test::Problem p;
+    p.shape = AttentionShape{2, 2, 1, 300, 700, 64, dv};
+    p.q = test::make_strided(rng, 2, 2, 300, 64, test::Layout::contiguous, true);
+    p.k = test::make_strided(rng, 2, 1, 700, 64, test::Layout::contiguous, true);
+    p.v = test::make_strided(rng, 2, 1, 700, dv, test::Layout::contiguous, true);
+    p.out = test::make_strided(rng, 2, 2, 300, dv, test::Layout::contiguous, false);
+    p.lse = Tensor<float>({2, 2, 300});
+    // The same values one float further on: every row misaligned.
+    const int64_t n = p.v.storage.numel();
+    Tensor<float> shifted({n + 1});
+    std::copy(p.v.storage.data(), p.v.storage.data() + n, shifted.data() + 1);
+    const std::array<int64_t, 4> shape{2, 1, 700, dv};
+    const TensorView<float> misaligned(shifted.data() + 1, shape);
+    ASSERT_NE(reinterpret_cast<std::uintptr_t>(misaligned.data()) % 64, 0u);
+    for (Simd simd : test::available_paths()) {
+      const int threads = static_cast<int>(rng.uniform_int(1, 3));
+      test::run_fused(p, simd, threads);
+      const std::vector<float> aligned_out(p.out.storage.data(), p.out.storage.data() + p.out.storage.numel());
+      const TensorView<float> aligned_v = p.v.view;
+      p.v.view = misaligned;
+      test::run_fused(p, simd, threads);
+      p.v.view = aligned_v;
+      EXPECT_EQ(std::memcmp(aligned_out.data(), p.out.storage.data(), aligned_out.size() * sizeof(float)), 0)
+          << simd_path_name(simd) << " Dv " << dv << " threads " << threads;
+    }
+  }
+}
+
 TEST(FusedForward, FullyMaskedRowsAreZeroOnEveryPath) {
   test::Rng rng("FusedForward.FullyMasked");
   Tensor<float> q = rng.normal32({2, 2, 70, 16}), k = rng.normal32({2, 2, 33, 16}), v = rng.normal32({2, 2, 33, 8});

@@ -68,7 +68,12 @@ class ForwardTile {
       k_direct_ = p.k_stride.col == 1 && s_.D % 2 == 0 && p.k_stride.row % 2 == 0;
     else
       k_direct_ = std::is_same_v<In, float>;
-    v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv;
+    // V's rows only when aligned to the family's vectors too, as P·V loads whole vectors of them:
+    // a misaligned AVX-512 load spans two cache lines, which cost an Intel Xeon's P·V more than the
+    // copy into the aligned workspace (shared by the group's tiles) does: S6 10% at one and two
+    // threads, S3 and S4 3-4%.
+    v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv &&
+                vectors_aligned(v_, p.v_stride.row * static_cast<int64_t>(sizeof(In)), L * sizeof(float));
     const int64_t group = p.tile_group;
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * ls_));

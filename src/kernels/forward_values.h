@@ -49,7 +49,10 @@ bool ForwardTile<Ops, In, Pairs>::block_product(const In* v, int64_t nb, const f
     g.b = reinterpret_cast<const float*>(v);
     g.ldb = p_.v_stride.row;
   } else {
-    pack_values(v, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, vpack_);
+    if (packed_->v != v || packed_->nb != nb) {  // another tile of the group may have packed it
+      pack_values(v, nb, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, vpack_);
+      *packed_ = {v, nb};
+    }
     g.b = vpack_;
     g.ldb = dvp_;
   }

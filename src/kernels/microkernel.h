@@ -140,6 +140,14 @@ constexpr int64_t column_read_stride(int64_t n) {
   return (lines | 1) * 16;
 }
 
+// Whether rows starting at p, row_bytes apart, all start on a boundary of vector_bytes (the
+// family's vector, a divisor of a 64-byte cache line): then no vector load of such B rows spans
+// two cache lines.
+inline bool vectors_aligned(const void* p, int64_t row_bytes, int64_t vector_bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(vector_bytes) == 0 &&
+         row_bytes % vector_bytes == 0;
+}
+
 // The B rows one K chunk of gemm_blocked may span: with more, B fell out of L1 (32 KB on many
 // cores) between the strips of rows that reuse it. A block product of K = 128 over one panel of B
 // (P·V over a key block of 128 at Dv = 64, or the scores at head dim 128) ran at ~80% of the FMA

@@ -11,7 +11,10 @@ namespace {
 template <class In>
 void pack_values(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv, int64_t dvp, float* dst) {
   for (int64_t jj = 0; jj < nb; ++jj) {
-    for (int64_t e = 0; e < Dv; ++e) dst[jj * dvp + e] = widen(v[jj * row + e * col]);
+    if (std::is_same_v<In, float> && col == 1)  // contiguous floats (rows not aligned): a copy
+      std::memcpy(dst + jj * dvp, v + jj * row, static_cast<std::size_t>(Dv) * sizeof(float));
+    else
+      for (int64_t e = 0; e < Dv; ++e) dst[jj * dvp + e] = widen(v[jj * row + e * col]);
     for (int64_t e = Dv; e < dvp; ++e) dst[jj * dvp + e] = 0.0f;
   }
 }
