@@ -21,13 +21,15 @@ struct MachineInfo {
   // AVX-512 F, BW, DQ and VL (the subsets qkv's kernels and OpenBLAS's SkylakeX kernels use)
   // beside avx2; avx512_bf16 and avx512_vnni are those extensions beside avx512.
   bool avx2 = false, avx512 = false, avx512_bf16 = false, avx512_vnni = false;
-  // AMX-TILE and AMX-BF16 in cpuid (whether the OS grants the tile state is the kernels' question).
-  bool amx_bf16 = false;
   // The L3 one core can fill (one CCD's on AMD, where a core allocates only in its own), in bytes;
   // 0 if nothing reports it. l3_source says where it came from, and why when a reported size was
   // not taken as it is.
   int64_t l3_bytes = 0;
   std::string l3_source;
+  // AMX-TILE and AMX-BF16 in cpuid (whether the OS grants the tile state is the kernels' question).
+  // Last, so that every field before it keeps its offset for programs built against the 0.4
+  // headers (docs/cpp.md: a layout change would raise the minor version).
+  bool amx_bf16 = false;
 };
 
 // Reads cpuid and sysfs once; thread-safe.
@@ -35,7 +37,9 @@ const MachineInfo& machine_info();
 
 // The maker's class name for (vendor, family, model) and whether the CPU has AVX-512 and AMX-BF16:
 // the table behind MachineInfo::class_name, exposed so it can be checked without the CPU at hand.
-std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512, bool amx = false);
+std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512, bool amx);
+// The same without AMX (amx = false): the 0.4 signature, kept for programs built against it.
+std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512);
 
 // machine_info().l3_bytes.
 int64_t l3_cache_bytes();

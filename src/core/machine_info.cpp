@@ -194,6 +194,10 @@ std::string machine_class_name(const std::string& vendor, int family, int model,
   return fmt::format("{} family {} model {} ({})", vendor, family, model, avx512 ? "AVX-512" : "no AVX-512");
 }
 
+std::string machine_class_name(const std::string& vendor, int family, int model, bool avx512) {
+  return machine_class_name(vendor, family, model, avx512, false);
+}
+
 const MachineInfo& machine_info() {
   static const MachineInfo info = detect();
   return info;
