@@ -70,8 +70,8 @@ class ForwardTile {
       k_direct_ = std::is_same_v<In, float>;
     // V's rows only when aligned to the family's vectors too, as P·V loads whole vectors of them:
     // a misaligned AVX-512 load spans two cache lines, which cost an Intel Xeon's P·V more than the
-    // copy into the aligned workspace (shared by the group's tiles) does: S6 10% at one and two
-    // threads, S3 and S4 3-4%.
+    // copy into the aligned workspace (shared by the group's tiles) does: S6 8-10% at one and two
+    // threads, S3 and S4 2-4%.
     v_direct_ = std::is_same_v<In, float> && p.v_stride.col == 1 && dvp_ == s_.Dv &&
                 vectors_aligned(v_, p.v_stride.row * static_cast<int64_t>(sizeof(In)), L * sizeof(float));
     const int64_t group = p.tile_group;

@@ -1,6 +1,6 @@
-// The machine's fp32 FMA, bf16 dot-product and AMX-BF16 tile peaks, measured the way the attention kernels would
-// reach them: more independent accumulator chains than latency x issue width, so latency never
-// stalls, and no memory traffic. A peak measured too low makes a kernel "reach" more than 100%,
+// The machine's fp32 FMA, bf16 dot-product and AMX-BF16 tile peaks, measured the way the attention
+// kernels would reach them: more independent accumulator chains than latency x issue width, so
+// latency never stalls, and no memory traffic. A peak measured too low makes a kernel "reach" more than 100%,
 // so every caller takes the best of several runs at the thread count it judges.
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -65,6 +65,7 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float chains_bf16(int64_
   _mm512_storeu_ps(lanes, s);
   return lanes[0] + lanes[15];
 }
+
 // AMX-BF16: four accumulator tiles (each tdpbf16ps is 16 x 16 fp32 lanes x 16 pairs, 16,384
 // flops) from two A and two B tiles, as the bf16 forward's 2 x 2 blocks run them. Four
 // independent accumulators hide the instruction's latency behind its issue interval. Small inputs
