@@ -10,8 +10,10 @@ namespace {
 // beyond Dv.
 template <class In>
 void pack_values(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv, int64_t dvp, float* dst) {
+  bool copy = false;  // contiguous floats (rows not aligned to the vectors): a copy per row
+  if constexpr (std::is_same_v<In, float>) copy = col == 1;
   for (int64_t jj = 0; jj < nb; ++jj) {
-    if (std::is_same_v<In, float> && col == 1)  // contiguous floats (rows not aligned): a copy
+    if (copy)
       std::memcpy(dst + jj * dvp, v + jj * row, static_cast<std::size_t>(Dv) * sizeof(float));
     else
       for (int64_t e = 0; e < Dv; ++e) dst[jj * dvp + e] = widen(v[jj * row + e * col]);
