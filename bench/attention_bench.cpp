@@ -138,7 +138,7 @@ void register_group(int threads) {
   const std::string t = "/threads:" + std::to_string(threads);
   register_peak("fma_peak" + t, threads, best_peak_isa());
   // What the bf16 forward's products run on (AMX tiles or vdpbf16ps), where the CPU has it: the
-  // same for S3 and S4 (head dims 64 and 128).
+  // same for S3 and S4 (both of head dim 64).
   const PeakIsa bf16 = bf16_product_isa(64, 64);
   if (peak_isa_available(bf16)) register_peak("bf16_peak" + t, threads, bf16);
   for (const Shape& shape : kShapes) register_shape("attention/", shape, false, threads, Simd::automatic);
