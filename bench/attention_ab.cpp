@@ -6,16 +6,19 @@
 // qkv_bench binaries) drew rates 10-20% apart on a shared Zen 5 host within minutes, more than the
 // changes they were to measure; in one process both sides share the host's minute.
 //   build/bench/qkv_attention_ab LIB_B [--shapes S2,S3,1x2x4096x256] [--threads 1,2] [--rounds R]
-//                                      [--backward]
+//                                      [--backward | --bf16]
 // Shapes are bench/shapes.h's names or BxHxNxD (not causal, q, k and v N(0, 1)). Prints per case
 // the medians over rounds of A's and B's wall time per call, the median and range of the rounds'
-// ratios B / A, and whether the two builds' outputs have the same bits.
+// ratios B / A, and whether the two builds' outputs have the same bits. --bf16 times the forward
+// on q, k and v rounded to bf16.
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,28 +35,38 @@
 namespace qkv::bench {
 namespace {
 
-// attention_forward and attention_backward (fp32, fp32 lse), the overloads both builds run, and
-// their symbols in the other build (the Itanium C++ ABI's names, as GCC and Clang mangle them).
+// attention_forward (fp32 or bf16 inputs) and attention_backward (fp32), with fp32 lse, the
+// overloads both builds run, and their symbols in the other build (the Itanium C++ ABI's names, as
+// GCC and Clang mangle them).
 using ForwardFn = void (*)(TensorView<float>, TensorView<float>, TensorView<const float>, TensorView<const float>,
                            TensorView<const float>, const AttentionOptions&);
+using ForwardBf16Fn = void (*)(TensorView<float>, TensorView<float>, TensorView<const bf16>, TensorView<const bf16>,
+                               TensorView<const bf16>, const AttentionOptions&);
 using BackwardFn = void (*)(TensorView<float>, TensorView<float>, TensorView<float>, TensorView<float>,
                             TensorView<const float>, TensorView<const float>, TensorView<const float>,
                             TensorView<const float>, TensorView<const float>, TensorView<const float>,
                             const AttentionOptions&);
 constexpr const char* kForwardSymbol =
     "_ZN3qkv17attention_forwardENS_10TensorViewIfEES1_NS0_IKfEES3_S3_RKNS_16AttentionOptionsE";
+constexpr const char* kForwardBf16Symbol =
+    "_ZN3qkv17attention_forwardENS_10TensorViewIfEES1_NS0_IKNS_4bf16EEES4_S4_RKNS_16AttentionOptionsE";
 constexpr const char* kBackwardSymbol =
     "_ZN3qkv18attention_backwardENS_10TensorViewIfEES1_S1_S1_NS0_IKfEES3_S3_S3_S3_S3_RKNS_16AttentionOptionsE";
 
 struct Build {
   ForwardFn forward;
   BackwardFn backward;
+  ForwardBf16Fn forward_bf16;
 };
+
+// What a case times.
+enum class Work { forward, backward, forward_bf16 };
 
 // One case's inputs and both builds' outputs.
 struct Problem {
   Shape shape;
   std::vector<float> q, k, v, dout, out, lse;
+  std::vector<bf16> qb, kb, vb;  // --bf16: q, k and v rounded
   std::vector<float> result[2];  // out (forward) or dq, dk, dv one after another (backward)
   std::array<int64_t, 4> dims() const { return {shape.B, shape.H, shape.N, shape.D}; }
   std::array<int64_t, 3> rows() const { return {shape.B, shape.H, shape.N}; }
@@ -77,7 +90,7 @@ Shape parse_shape(const std::string& s) {
 }
 
 // Calls `build` once on the problem, into its result slot `slot`.
-void call(const Build& build, Problem& p, int threads, bool backward, int slot) {
+void call(const Build& build, Problem& p, int threads, Work work, int slot) {
   AttentionOptions o;
   o.num_threads = threads;
   if (p.shape.causal) o.mask.causal = CausalAlign::top_left;
@@ -85,7 +98,13 @@ void call(const Build& build, Problem& p, int threads, bool backward, int slot) 
   const auto cf = [&](const std::vector<float>& x) { return TensorView<const float>(x.data(), d); };
   std::vector<float>& r = p.result[slot];
   const std::size_t n = p.q.size();
-  if (!backward) {
+  if (work == Work::forward_bf16) {
+    const auto cb = [&](const std::vector<bf16>& x) { return TensorView<const bf16>(x.data(), d); };
+    build.forward_bf16(TensorView<float>(r.data(), d), TensorView<float>(p.lse.data(), p.rows()), cb(p.qb), cb(p.kb),
+                       cb(p.vb), o);
+    return;
+  }
+  if (work == Work::forward) {
     build.forward(TensorView<float>(r.data(), d), TensorView<float>(p.lse.data(), p.rows()), cf(p.q), cf(p.k), cf(p.v),
                   o);
     return;
@@ -96,9 +115,9 @@ void call(const Build& build, Problem& p, int threads, bool backward, int slot) 
 }
 
 // Seconds per call: a sample of at least 20 ms (at least one call).
-double call_time(const Build& build, Problem& p, int threads, bool backward, int slot, int calls) {
+double call_time(const Build& build, Problem& p, int threads, Work work, int slot, int calls) {
   const auto start = std::chrono::steady_clock::now();
-  for (int c = 0; c < calls; ++c) call(build, p, threads, backward, slot);
+  for (int c = 0; c < calls; ++c) call(build, p, threads, work, slot);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
 }
 
@@ -106,7 +125,7 @@ int run(int argc, char** argv) {
   CLI::App app("The forward or backward of this build (A) against another build's libqkv (B), in one process.");
   std::string lib_b;
   int rounds = 11;
-  bool backward = false;
+  bool backward = false, bf16_inputs = false;
   std::vector<std::string> shape_names{"S2", "S3", "S4"};
   std::vector<int64_t> threads{1};
   app.add_option("lib_b", lib_b, "the other build's shared library (libqkv.so...)")->required();
@@ -122,7 +141,8 @@ int run(int argc, char** argv) {
         }
       });
   app.add_option("--threads", threads, "thread counts")->delimiter(',')->check(CLI::Range(1, 1024));
-  app.add_flag("--backward", backward, "time the backward (the forward's out and lse from A)");
+  auto* back = app.add_flag("--backward", backward, "time the backward (the forward's out and lse from A)");
+  app.add_flag("--bf16", bf16_inputs, "time the forward on q, k and v rounded to bf16")->excludes(back);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -135,16 +155,23 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "qkv_attention_ab: cannot load %s: %s\n", lib_b.c_str(), dlerror());
     return 1;
   }
+  const Work work = backward ? Work::backward : bf16_inputs ? Work::forward_bf16 : Work::forward;
   const Build b{reinterpret_cast<ForwardFn>(dlsym(lib, kForwardSymbol)),
-                reinterpret_cast<BackwardFn>(dlsym(lib, kBackwardSymbol))};
-  if (b.forward == nullptr || b.backward == nullptr) {
-    std::fprintf(stderr, "qkv_attention_ab: %s has no fp32 qkv::attention_forward and attention_backward\n",
+                reinterpret_cast<BackwardFn>(dlsym(lib, kBackwardSymbol)),
+                reinterpret_cast<ForwardBf16Fn>(dlsym(lib, kForwardBf16Symbol))};
+  if (b.forward == nullptr || b.backward == nullptr || b.forward_bf16 == nullptr) {
+    std::fprintf(stderr,
+                 "qkv_attention_ab: %s has no qkv::attention_forward (fp32 and bf16) and fp32 attention_backward\n",
                  lib_b.c_str());
     return 1;
   }
-  const Build a{static_cast<ForwardFn>(&attention_forward), static_cast<BackwardFn>(&attention_backward)};
+  const Build a{static_cast<ForwardFn>(&attention_forward), static_cast<BackwardFn>(&attention_backward),
+                static_cast<ForwardBf16Fn>(&attention_forward)};
   const MachineInfo& m = machine_info();
-  std::printf("%s A/B in one process: A = this build, B = %s; %s (%s)\n", backward ? "backward" : "forward",
+  std::printf("%s A/B in one process: A = this build, B = %s; %s (%s)\n",
+              backward      ? "backward"
+              : bf16_inputs ? "bf16 forward"
+                            : "forward",
               lib_b.c_str(), m.class_name.c_str(), m.brand.c_str());
   std::printf(
       "medians of %d rounds, wall µs per call; bits: A's and B's outputs\n\n"
@@ -156,23 +183,26 @@ int run(int argc, char** argv) {
     draw_inputs(s, p.q, p.k, p.v, &p.dout);
     const std::size_t n = p.q.size();
     p.lse.resize(static_cast<std::size_t>(s.B * s.H * s.N));
+    if (bf16_inputs)
+      for (auto [x, y] : {std::pair{&p.q, &p.qb}, {&p.k, &p.kb}, {&p.v, &p.vb}})
+        std::transform(x->begin(), x->end(), std::back_inserter(*y), float_to_bf16);
     for (auto& r : p.result) r.resize(backward ? 3 * n : n);
     if (backward) {  // the backward's out and lse: A's forward
       p.out.resize(n);
-      call(a, p, 1, false, 0);
+      call(a, p, 1, Work::forward, 0);
       std::copy_n(p.result[0].begin(), n, p.out.begin());
     }
     for (int64_t t : threads) {
       const int th = static_cast<int>(t);
-      const double first = call_time(a, p, th, backward, 0, 1);  // warm-up: thread pool, scratch
-      call_time(b, p, th, backward, 1, 1);
+      const double first = call_time(a, p, th, work, 0, 1);  // warm-up: thread pool, scratch
+      call_time(b, p, th, work, 1, 1);
       const bool same = std::memcmp(p.result[0].data(), p.result[1].data(), p.result[0].size() * sizeof(float)) == 0;
       const int calls = std::max(1, static_cast<int>(0.02 / first));
       std::vector<double> ta, tb, ratio;
       for (int r = 0; r < rounds; ++r) {
         const bool a_first = r % 2 == 0;
-        const double t1 = call_time(a_first ? a : b, p, th, backward, a_first ? 0 : 1, calls);
-        const double t2 = call_time(a_first ? b : a, p, th, backward, a_first ? 1 : 0, calls);
+        const double t1 = call_time(a_first ? a : b, p, th, work, a_first ? 0 : 1, calls);
+        const double t2 = call_time(a_first ? b : a, p, th, work, a_first ? 1 : 0, calls);
         ta.push_back(a_first ? t1 : t2);
         tb.push_back(a_first ? t2 : t1);
         ratio.push_back(tb.back() / ta.back());

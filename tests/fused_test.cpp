@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include <gtest/gtest.h>
 
@@ -122,30 +123,45 @@ TEST(FusedForward, FullyMaskedRowsAreZeroOnEveryPath) {
 }
 
 // A NaN in q reaches only its own row; a NaN in v (or k) reaches only the rows whose band holds its
-// key (here: causal, so the rows at or after it), even when it shares a block with other rows.
-TEST(FusedForward, NanReachesOnlyTheRowsThatUseIt) {
+// key (here: causal, so the rows at or after it), even when it shares a block with other rows. In
+// fp32 (D = 24), and in bf16 at D = 64, where the products run on AMX tiles if the CPU has them:
+// N = 300 puts the NaNs in the third key block, after blocks that started O.
+template <class T>
+void expect_nan_reaches_only_its_rows(int64_t D) {
   test::Rng rng("FusedForward.Nan");
-  const int64_t N = 100, D = 24;
+  const int64_t N = 300;
   Tensor<float> q = rng.normal32({1, 1, N, D}), k = rng.normal32({1, 1, N, D}), v = rng.normal32({1, 1, N, D});
   q[7 * D + 3] = kNaN;
-  v[70 * D + 5] = kNaN;
-  k[90 * D + 1] = kNaN;
+  v[270 * D + 5] = kNaN;
+  k[290 * D + 1] = kNaN;
+  Tensor<T> qt({1, 1, N, D}), kt({1, 1, N, D}), vt({1, 1, N, D});
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      qt[i] = float_to_bf16(q[i]), kt[i] = float_to_bf16(k[i]), vt[i] = float_to_bf16(v[i]);
+    } else {
+      qt[i] = q[i], kt[i] = k[i], vt[i] = v[i];
+    }
+  }
   for (Simd simd : test::available_paths()) {
     AttentionOptions options;
     options.simd = simd;
     options.mask.causal = CausalAlign::top_left;
     Tensor<float> out({1, 1, N, D}), lse({1, 1, N});
-    attention_forward(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+    attention_forward(out.view(), lse.view(), qt.cview(), kt.cview(), vt.cview(), options);
     for (int64_t i = 0; i < N; ++i) {
       for (int64_t e = 0; e < D; ++e) {
-        const bool poisoned = i == 7 || i >= 90 || (i >= 70 && e == 5);  // v poisons one column
-        EXPECT_EQ(std::isnan(out[i * D + e]), poisoned) << simd_path_name(simd) << " row " << i << " col " << e;
+        const bool poisoned = i == 7 || i >= 290 || (i >= 270 && e == 5);  // v poisons one column
+        ASSERT_EQ(std::isnan(out[i * D + e]), poisoned)
+            << simd_path_name(simd) << " D " << D << " row " << i << " col " << e;
       }
     }
     EXPECT_TRUE(std::isnan(lse[7]));
-    EXPECT_TRUE(std::isfinite(lse[69]));
+    EXPECT_TRUE(std::isfinite(lse[269]));
   }
 }
+
+TEST(FusedForward, NanReachesOnlyTheRowsThatUseIt) { expect_nan_reaches_only_its_rows<float>(24); }
+TEST(FusedForward, NanReachesOnlyTheRowsThatUseItInBf16Tiles) { expect_nan_reaches_only_its_rows<bf16>(64); }
 
 // Finite inputs whose scores (q · 1e20) or P·V sums (v near FLT_MAX) overflow fp32 were returned
 // as NaN or inf; now refused on every path, while the float64 reference computes them, and NaN

@@ -33,7 +33,7 @@ enum : int {
   k_pack,    // the block's K rows, packed (fp32, or bf16 pairs)
   tiles,     // the group's ForwardTile objects
   p_pairs,   // P as bf16 pairs
-  p_rows,    // P's pairs transposed, one row per query (the AMX tile product's A)
+  v_rows,    // V's pairs transposed, one row per value column (the AMX P·V's A, the group's)
   k_sizes,   // |k| of each key of the task's kv head (large_scores.h)
   wide,      // Qᵀ and rows of K widened to double for large_scores.h's second sum
   s_lo,      // what rounding the second sums to float left, laid out as scores

@@ -77,6 +77,7 @@ class ForwardTile {
     const int64_t group = p.tile_group;
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
     st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * ls_));
+    // O [bq x dvp], or with AMX Oᵀ [dvp x bq] (accumulate_pairs)
     o_ = ws.get<float>(forward_slot::out, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
     static_assert(forward_slot::count <= Workspace::kSlots);
     pv_ = ws.get<float>(forward_slot::block_pv, static_cast<std::size_t>(bq_ * dvp_));
@@ -92,7 +93,7 @@ class ForwardTile {
       vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kBc / 2 * dvp_));
       ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kBc / 2 * bq_));
     }
-    if (amx_) prows_ = ws.get<uint32_t>(forward_slot::p_rows, static_cast<std::size_t>(kBc / 2 * bq_));
+    if (amx_) vrows_ = ws.get<uint32_t>(forward_slot::v_rows, static_cast<std::size_t>(kBc / 2 * dvp_));
     // AMX reads K in rows of 16: a block of fewer keys is packed with zero rows after it.
     kpack_ = k_direct_ && !amx_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
     float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 6 * bq_)) + sub * 6 * bq_;
@@ -431,8 +432,8 @@ class ForwardTile {
   }
 
   // Whether P·V on bf16 pairs takes P as pairs straight from the exponentials (softmax()): not
-  // with AMX, whose tiles want P padded to 32 keys, nor in block()'s rare case, which reads fp32 P.
-  bool p_as_pairs() const { return pairs_pv_ && !amx_ && !rows_in_band_ && !p_.dropout.active(); }
+  // with dropout, which zeroes fp32 P, nor in block()'s rare case, which reads fp32 P.
+  bool p_as_pairs() const { return pairs_pv_ && !rows_in_band_ && !p_.dropout.active(); }
 
   // P · V of the block into O (forward_values.h).
   void accumulate(int64_t j0, int64_t nb);
@@ -440,7 +441,9 @@ class ForwardTile {
   bool into_o(G& g, int64_t vecs, const float* alpha);
   bool block_product(const In* v, int64_t nb, const float* alpha);
   bool accumulate_pairs(const In* v, int64_t nb, const float* alpha);
-  void accumulate_tiles(int64_t kp, int64_t lanes, float* dst);
+  void fold_rows_transposed(const float* alpha);
+  template <class T>
+  static void transpose_tiles(const T* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst, int64_t ld_dst);
 
   void write_rows() {
     // Exponent bits all set: inf or NaN (a bit test, so the common loop below still vectorizes).
@@ -449,13 +452,19 @@ class ForwardTile {
     auto flag = [&](float x) { nonfinite |= (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u; };
     std::array<double, kMaxTileRows> log_l;
     log_rows<kDoubleLanes<Ops>>(l_, log_l.data(), rows_);
+    const float* o_rows = o_;
+    if constexpr (Pairs)
+      if (amx_) {  // O's rows from its transpose, into the block product's room (done with)
+        transpose_tiles(o_, bq_, dvp_, qvecs_ * L, pv_, dvp_);
+        o_rows = pv_;
+      }
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t i = i0_ + r;
       float* out = p_.out + p_.out_stride.at(b_, h_, i);
       const bool masked = !live_[r] || l_[r] == 0.0f;  // l is NaN, not 0, if a NaN reached the row
       emptied = emptied || (live_[r] && l_[r] == 0.0f && mask_.row_has_allowed_key(b_, h_, i));
       const float inv = masked ? 0.0f : p_.dropout_scale / l_[r];
-      const float* o = o_ + r * dvp_;
+      const float* o = o_rows + r * dvp_;
       if (masked) {
         for (int64_t e = 0; e < s_.Dv; ++e) out[e * p_.out_stride.col] = 0.0f;
       } else if (p_.out_stride.col == 1) {  // the common layout, in a loop the compiler vectorizes
@@ -504,7 +513,7 @@ class ForwardTile {
   bool refine_ = false;                          // whether any score of the tile can pass the bound
   bool near_max_ = false, separate_ = false;     // refine_near_max may take the blocks; a block showed it pays
   Elem *qt_, *kpack_;
-  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *prows_ = nullptr;  // Pairs only; prows_ AMX only
+  uint32_t *vpairs_ = nullptr, *ppairs_ = nullptr, *vrows_ = nullptr;  // Pairs only; vrows_ AMX only
   float *vpack_, *st_, *o_, *pv_, *m_, *l_, *alpha_, *lo_rel_, *hi_rel_, *col_max_;
 };
 

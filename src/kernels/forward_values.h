@@ -7,7 +7,8 @@ namespace qkv::kernels {
 namespace {
 
 // O = alpha ⊙ O + P · V[j0 : j0+nb], the block summed on its own first: summed onto O, every key
-// rounded at O's size (flat weights over 16k keys erred 8.7e-4, the fp32 rule allows 1e-4).
+// rounded at O's size (flat weights over 16k keys erred 8.7e-4, the fp32 rule allows 1e-4). With
+// AMX, O is held transposed (accumulate_tiles).
 template <class Ops, class In, bool Pairs>
 void ForwardTile<Ops, In, Pairs>::accumulate(int64_t j0, int64_t nb) {
   const In* v = v_ + j0 * p_.v_stride.row;
@@ -17,13 +18,30 @@ void ForwardTile<Ops, In, Pairs>::accumulate(int64_t j0, int64_t nb) {
   bool folded = first;
   if (rows_in_band_) {
     accumulate_in_bands(st_, ls_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, rows_, live_.data(), lo_.data(),
-                        hi_.data(), j0, nb, first ? o_ : pv_);
+                        hi_.data(), j0, nb, first && !amx_ ? o_ : pv_);
+    if (amx_) return fold_rows_transposed(alpha);
   } else if constexpr (Pairs) {
     folded = pairs_pv_ ? accumulate_pairs(v, nb, alpha) : block_product(v, nb, alpha);
   } else {
     folded = block_product(v, nb, alpha);
   }
-  if (!folded) fold_block<Ops>(o_, pv_, alpha_, amx_ && !rows_in_band_ ? qvecs_ * L : rows_, dvp_);
+  if (folded) return;
+  if (amx_)
+    fold_block_transposed<Ops>(o_, pv_, alpha_, qvecs_ * L, dvp_, bq_);
+  else
+    fold_block<Ops>(o_, pv_, alpha_, rows_, dvp_);
+}
+
+// accumulate_in_bands' rows in pv_ [rows x dvp] joined to the transposed O of AMX tiles, as
+// fold_block_transposed would (one FMA per element), for that rare case; lanes past the rows get 0.
+template <class Ops, class In, bool Pairs>
+void ForwardTile<Ops, In, Pairs>::fold_rows_transposed(const float* alpha) {
+  for (int64_t r = 0; r < qvecs_ * L; ++r)
+    for (int64_t e = 0; e < dvp_; ++e) {
+      const float pv = r < rows_ ? pv_[r * dvp_ + e] : 0.0f;
+      float& o = o_[e * bq_ + r];
+      o = alpha == nullptr ? pv : std::fma(alpha[r], o, pv);
+    }
 }
 
 // Where K runs in one pass the micro-kernel stores alpha ⊙ O + (P·V)_block (fold_block's FMA,
@@ -75,6 +93,8 @@ bool ForwardTile<Ops, In, Pairs>::accumulate_pairs(const In* v, int64_t nb, cons
       for (int64_t g = 0; g < lanes; g += L)
         Dot::round_pairs(Ops::load(st_ + 2 * k * ls_ + g), Ops::load(st_ + (2 * k + 1) * ls_ + g),
                          ppairs_ + k * bq_ + g);
+  } else if (amx_) {  // the pairs past the block's keys up to the tile product's depth
+    std::fill(ppairs_ + (nb + 1) / 2 * bq_, ppairs_ + kp * bq_, 0u);
   }
   const int64_t sm = p_.v_stride.row, se = p_.v_stride.col;
   const int64_t full = se == 1 ? s_.Dv / L * L : 0;
@@ -90,10 +110,13 @@ bool ForwardTile<Ops, In, Pairs>::accumulate_pairs(const In* v, int64_t nb, cons
       for (int64_t e = full; e < s_.Dv; ++e) dst[e] = pair_bits(lo[e * se], hi ? hi[e * se] : bf16{});
       std::fill(dst + s_.Dv, dst + dvp_, 0u);
     }
+    if (amx_) transpose_tiles(vpairs_, dvp_, kp, dvp_, vrows_, kp);
     *packed_ = {v, nb};
   }
   if (amx_) {
-    accumulate_tiles(kp, lanes, alpha == nullptr ? o_ : pv_);
+    // Oᵀ = Vᵀ · Pᵀ: A = V's pairs transposed (one row per value column, the group's), B = P's
+    // pairs as the exponentials wrote them, so no tile transposes its P.
+    Ops::TileDot::gemm(vrows_, kp * 4, ppairs_, bq_, alpha == nullptr ? o_ : pv_, bq_, dvp_, lanes, kp, false);
     return alpha == nullptr;
   }
   GemmArgs<uint32_t, uint32_t> g;
@@ -109,16 +132,17 @@ bool ForwardTile<Ops, In, Pairs>::accumulate_pairs(const In* v, int64_t nb, cons
   return folded;
 }
 
-// The AMX form of accumulate_pairs' product: prows [lanes x kp] = ppairs transposed (one row
-// of pairs per query, A of the tile product), then dst = prows · vpairs.
+// dst [cols x rows] = src [rows x cols] transposed in 32-bit elements (rows, cols: multiples of
+// Ops::kTranspose), src rows ld_src apart, dst rows ld_dst apart.
 template <class Ops, class In, bool Pairs>
-void ForwardTile<Ops, In, Pairs>::accumulate_tiles(int64_t kp, int64_t lanes, float* dst) {
-  static_assert(Ops::kTranspose == 16);  // the tile product's rows of 16 pairs
-  for (int64_t k0 = 0; k0 < kp; k0 += 16)
-    for (int64_t q0 = 0; q0 < lanes; q0 += 16)
-      Ops::transpose(reinterpret_cast<const float*>(ppairs_ + k0 * bq_ + q0), bq_, 16,
-                     reinterpret_cast<float*>(prows_ + q0 * kp + k0), kp);
-  Ops::TileDot::gemm(prows_, kp * 4, vpairs_, dvp_, dst, dvp_, lanes, dvp_, kp, false);
+template <class T>
+void ForwardTile<Ops, In, Pairs>::transpose_tiles(const T* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst,
+                                                  int64_t ld_dst) {
+  constexpr int64_t n = Ops::kTranspose;
+  for (int64_t r0 = 0; r0 < rows; r0 += n)
+    for (int64_t c0 = 0; c0 < cols; c0 += n)
+      Ops::transpose(reinterpret_cast<const float*>(src + r0 * ld_src + c0), ld_src, n,
+                     reinterpret_cast<float*>(dst + c0 * ld_dst + r0), ld_dst);
 }
 
 }  // namespace

@@ -32,6 +32,17 @@ void fold_block(float* o, const float* pv, const float* alpha, int64_t rows, int
   }
 }
 
+// The same for O held transposed, ot [dvp x ld] (the AMX forward's): column g of ot is query
+// row g, so alpha is a vector over `lanes` rows (a multiple of the lanes).
+template <class Ops>
+void fold_block_transposed(float* ot, const float* pvt, const float* alpha, int64_t lanes, int64_t dvp, int64_t ld) {
+  for (int64_t g = 0; g < lanes; g += Ops::kLanes) {
+    const typename Ops::V a = Ops::load(alpha + g);
+    for (int64_t e = 0; e < dvp; ++e)
+      Ops::store(ot + e * ld + g, Ops::fma(a, Ops::load(ot + e * ld + g), Ops::load(pvt + e * ld + g)));
+  }
+}
+
 // Whether any of the nb rows of V at v (as pack_values) holds an Inf or a NaN.
 template <class Ops, class In>
 bool has_nonfinite(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv) {
