@@ -570,3 +570,43 @@ def test_tile_ceiling_probe_refuses_arguments():
         pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
     r = subprocess.run([str(probe), "64"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "usage: qkv_tile_ceiling_probe (it takes no arguments)" in r.stderr, r
+
+
+def test_amx_block_probe_prints_each_piece_against_the_amx_peak():
+    # The bf16 forward's key block on AMX tiles piece by piece, added, in series and pipelined:
+    # each a time, and the products' share of the AMX peak the same process measured (no speed is
+    # judged here). Skipped where the CPU or OS gives no AMX tiles, as the forward then uses none.
+    probe = BENCH / "qkv_amx_block_probe"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
+    r = subprocess.run([str(probe)], capture_output=True, text=True, timeout=300)
+    if r.returncode == 1 and "gives no AMX-BF16 tiles" in r.stderr:
+        pytest.skip("no AMX here: " + r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^bf16 forward key block on AMX tiles: 64 queries x 128 keys, head dims 64, 1 thread;$",
+                     r.stdout, re.M), r.stdout
+    head = re.search(r"^AMX-BF16 tile peak ([0-9.]+) GFLOP/s; each line's products \(([0-9.]+) MFLOP for both\)",
+                     r.stdout, re.M)
+    assert head and float(head.group(1)) > 0 and float(head.group(2)) == pytest.approx(2.10), r.stdout
+    peak, mflop = float(head.group(1)), float(head.group(2))
+    times = {}
+    for piece, share in (("scores alone", 0.5), ("softmax alone", 0), ("softmax beside one tile product", 0),
+                         ("values and fold alone", 0.5), ("the three times added", 1),
+                         ("in series (the kernel's order)", 1), ("pipelined (scores beside the last softmax)", 1)):
+        m = re.search(rf"^  {re.escape(piece)} +([0-9.]+) us(?:  +([0-9.]+)% of the peak)?$", r.stdout, re.M)
+        assert m, (piece, r.stdout)
+        times[piece] = float(m.group(1))
+        assert times[piece] > 0 and (m.group(2) is not None) == (share > 0), (piece, r.stdout)
+        if share:
+            expected = 100 * share * mflop * 1e6 / (times[piece] * 1e-6) / (peak * 1e9)
+            assert float(m.group(2)) == pytest.approx(expected, rel=0.01, abs=0.2), (piece, r.stdout)
+    added = times["scores alone"] + times["softmax alone"] + times["values and fold alone"]
+    assert times["the three times added"] == pytest.approx(added, abs=0.002), r.stdout
+
+
+def test_amx_block_probe_refuses_arguments():
+    probe = BENCH / "qkv_amx_block_probe"
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
+    r = subprocess.run([str(probe), "64"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "usage: qkv_amx_block_probe (it takes no arguments)" in r.stderr, r
