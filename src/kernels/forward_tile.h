@@ -13,7 +13,9 @@
 // Pairs (AVX512_BF16) both products run on bf16 pairs with vdpbf16ps (fp32 sums): S = Q·Kᵀ on the
 // inputs as given, and P·V with P rounded to bf16 (2^-9 relative), which keeps the bf16 path
 // within FlashAttention's rule for low precision (attention.h): PyTorch's bf16 composite rounds
-// the scores, P and out to bf16 as well.
+// the scores, P and out to bf16 as well. Where the CPU has AMX-BF16 tiles (ForwardParams::bf16_amx)
+// both products run on them instead, and O is held transposed (Oᵀ = Vᵀ · Pᵀ, forward_values.h), so
+// that P's pairs go from the exponentials to the tile product as they are.
 #pragma once
 
 #include "kernels/dropout_tile.h"

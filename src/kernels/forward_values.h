@@ -8,7 +8,7 @@ namespace {
 
 // O = alpha ⊙ O + P · V[j0 : j0+nb], the block summed on its own first: summed onto O, every key
 // rounded at O's size (flat weights over 16k keys erred 8.7e-4, the fp32 rule allows 1e-4). With
-// AMX, O is held transposed (accumulate_tiles).
+// AMX, O is held transposed (accumulate_pairs).
 template <class Ops, class In, bool Pairs>
 void ForwardTile<Ops, In, Pairs>::accumulate(int64_t j0, int64_t nb) {
   const In* v = v_ + j0 * p_.v_stride.row;

@@ -544,15 +544,22 @@ def test_decode_filter_selects_the_cold_steps_the_targets_take():
     assert r.returncode == 2 and "the following arguments are required: --machine" in r.stderr, r.stderr
 
 
+def run_probe(name, *args, absent=None):
+    """Runs the hand-run probe build/bench/<name> with args; skips where it is not built, or where it
+    exits 1 with `absent` (the CPU lacks what it measures)."""
+    probe = BENCH / name
+    if not probe.exists():
+        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
+    r = subprocess.run([str(probe), *args], capture_output=True, text=True, timeout=300)
+    if absent is not None and r.returncode == 1 and absent in r.stderr:
+        pytest.skip(f"{name}: {r.stderr}")
+    return r
+
+
 def test_tile_ceiling_probe_prints_each_diet_against_the_peak():
     # The micro-tile's arithmetic from registers, with its loads, its broadcasts and both: each a
     # rate and a % of the FMA peak the same process measured (no speed is judged here).
-    probe = BENCH / "qkv_tile_ceiling_probe"
-    if not probe.exists():
-        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
-    r = subprocess.run([str(probe)], capture_output=True, text=True, timeout=300)
-    if r.returncode == 1 and "this CPU has no AVX-512" in r.stderr:
-        pytest.skip("this CPU has no AVX-512: " + r.stderr)
+    r = run_probe("qkv_tile_ceiling_probe", absent="this CPU has no AVX-512")
     assert r.returncode == 0, r.stderr
     assert re.search(r"^AVX-512 micro-tile (\d+) x (\d+) \(\d+ FMAs", r.stdout, re.M), r.stdout
     peak = re.search(r"^fp32 FMA peak \(16 chains from registers\) ([0-9.]+) GFLOP/s$", r.stdout, re.M)
@@ -565,10 +572,7 @@ def test_tile_ceiling_probe_prints_each_diet_against_the_peak():
 
 
 def test_tile_ceiling_probe_refuses_arguments():
-    probe = BENCH / "qkv_tile_ceiling_probe"
-    if not probe.exists():
-        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
-    r = subprocess.run([str(probe), "64"], capture_output=True, text=True, timeout=60)
+    r = run_probe("qkv_tile_ceiling_probe", "64")
     assert r.returncode == 2 and "usage: qkv_tile_ceiling_probe (it takes no arguments)" in r.stderr, r
 
 
@@ -576,12 +580,7 @@ def test_amx_block_probe_prints_each_piece_against_the_amx_peak():
     # The bf16 forward's key block on AMX tiles piece by piece, added, in series and pipelined:
     # each a time, and the products' share of the AMX peak the same process measured (no speed is
     # judged here). Skipped where the CPU or OS gives no AMX tiles, as the forward then uses none.
-    probe = BENCH / "qkv_amx_block_probe"
-    if not probe.exists():
-        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
-    r = subprocess.run([str(probe)], capture_output=True, text=True, timeout=300)
-    if r.returncode == 1 and "gives no AMX-BF16 tiles" in r.stderr:
-        pytest.skip("no AMX here: " + r.stderr)
+    r = run_probe("qkv_amx_block_probe", absent="gives no AMX-BF16 tiles")
     assert r.returncode == 0, r.stderr
     assert re.search(r"^bf16 forward key block on AMX tiles: 64 queries x 128 keys, head dims 64, 1 thread;$",
                      r.stdout, re.M), r.stdout
@@ -605,8 +604,5 @@ def test_amx_block_probe_prints_each_piece_against_the_amx_peak():
 
 
 def test_amx_block_probe_refuses_arguments():
-    probe = BENCH / "qkv_amx_block_probe"
-    if not probe.exists():
-        pytest.skip(f"{probe} is not built (QKV_BUILD_BENCH=OFF)")
-    r = subprocess.run([str(probe), "64"], capture_output=True, text=True, timeout=60)
+    r = run_probe("qkv_amx_block_probe", "64")
     assert r.returncode == 2 and "usage: qkv_amx_block_probe (it takes no arguments)" in r.stderr, r
