@@ -18,9 +18,9 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
-#include <utility>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -59,8 +59,11 @@ struct Build {
   ForwardBf16Fn forward_bf16;
 };
 
-// What a case times.
+// What a case times, and its name in the printed title.
 enum class Work { forward, backward, forward_bf16 };
+const char* name_of(Work w) {
+  return w == Work::backward ? "backward" : w == Work::forward ? "forward" : "bf16 forward";
+}
 
 // One case's inputs and both builds' outputs.
 struct Problem {
@@ -168,11 +171,8 @@ int run(int argc, char** argv) {
   const Build a{static_cast<ForwardFn>(&attention_forward), static_cast<BackwardFn>(&attention_backward),
                 static_cast<ForwardBf16Fn>(&attention_forward)};
   const MachineInfo& m = machine_info();
-  std::printf("%s A/B in one process: A = this build, B = %s; %s (%s)\n",
-              backward      ? "backward"
-              : bf16_inputs ? "bf16 forward"
-                            : "forward",
-              lib_b.c_str(), m.class_name.c_str(), m.brand.c_str());
+  std::printf("%s A/B in one process: A = this build, B = %s; %s (%s)\n", name_of(work), lib_b.c_str(),
+              m.class_name.c_str(), m.brand.c_str());
   std::printf(
       "medians of %d rounds, wall µs per call; bits: A's and B's outputs\n\n"
       "| shape | thr | A | B | B / A | rounds' B / A | bits |\n|---|---|---|---|---|---|---|\n",
