@@ -443,7 +443,6 @@ class ForwardTile {
   bool into_o(G& g, int64_t vecs, const float* alpha);
   bool block_product(const In* v, int64_t nb, const float* alpha);
   bool accumulate_pairs(const In* v, int64_t nb, const float* alpha);
-  void fold_rows_transposed(const float* alpha);
   template <class T>
   static void transpose_tiles(const T* src, int64_t ld_src, int64_t rows, int64_t cols, T* dst, int64_t ld_dst);
 

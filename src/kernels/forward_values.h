@@ -17,9 +17,10 @@ void ForwardTile<Ops, In, Pairs>::accumulate(int64_t j0, int64_t nb) {
   const float* const alpha = first ? nullptr : alpha_;  // the first block writes O itself
   bool folded = first;
   if (rows_in_band_) {
+    float* const dst = first ? o_ : pv_;
+    if (amx_) std::fill(dst, dst + dvp_ * bq_, 0.0f);  // Oᵀ's lanes past the rows, as the tiles leave them
     accumulate_in_bands(st_, ls_, v, p_.v_stride.row, p_.v_stride.col, s_.Dv, dvp_, rows_, live_.data(), lo_.data(),
-                        hi_.data(), j0, nb, first && !amx_ ? o_ : pv_);
-    if (amx_) return fold_rows_transposed(alpha);
+                        hi_.data(), j0, nb, dst, amx_ ? 1 : dvp_, amx_ ? bq_ : 1);
   } else if constexpr (Pairs) {
     folded = pairs_pv_ ? accumulate_pairs(v, nb, alpha) : block_product(v, nb, alpha);
   } else {
@@ -30,18 +31,6 @@ void ForwardTile<Ops, In, Pairs>::accumulate(int64_t j0, int64_t nb) {
     fold_block_transposed<Ops>(o_, pv_, alpha_, qvecs_ * L, dvp_, bq_);
   else
     fold_block<Ops>(o_, pv_, alpha_, rows_, dvp_);
-}
-
-// accumulate_in_bands' rows in pv_ [rows x dvp] joined to the transposed O of AMX tiles, as
-// fold_block_transposed would (one FMA per element), for that rare case; lanes past the rows get 0.
-template <class Ops, class In, bool Pairs>
-void ForwardTile<Ops, In, Pairs>::fold_rows_transposed(const float* alpha) {
-  for (int64_t r = 0; r < qvecs_ * L; ++r)
-    for (int64_t e = 0; e < dvp_; ++e) {
-      const float pv = r < rows_ ? pv_[r * dvp_ + e] : 0.0f;
-      float& o = o_[e * bq_ + r];
-      o = alpha == nullptr ? pv : std::fma(alpha[r], o, pv);
-    }
 }
 
 // Where K runs in one pass the micro-kernel stores alpha ⊙ O + (P·V)_block (fold_block's FMA,

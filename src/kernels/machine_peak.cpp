@@ -1,7 +1,7 @@
 // The machine's fp32 FMA, bf16 dot-product and AMX-BF16 tile peaks, measured the way the attention
 // kernels would reach them: more independent accumulator chains than latency x issue width, so
-// latency never stalls, and no memory traffic. A peak measured too low makes a kernel "reach" more than 100%,
-// so every caller takes the best of several runs at the thread count it judges.
+// latency never stalls, and no memory traffic. A peak measured too low makes a kernel "reach" more
+// than 100%, so every caller takes the best of several runs at the thread count it judges.
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

@@ -67,22 +67,23 @@ bool has_nonfinite(const In* v, int64_t nb, int64_t row, int64_t col, int64_t Dv
 
 // o = P · V with each row over its own keys only, in plain loops: the forward tile's rare case,
 // where a NaN or Inf in V must not reach rows whose band leaves its key out (0 · NaN = NaN).
-// pt [nb x ls] = Pᵀ of the block at key j0, v its rows (as pack_values), row r < rows of o (dvp
-// apart, the columns past Dv zeroed) takes keys [lo[r], hi[r]) if live[r].
+// pt [nb x ls] = Pᵀ of the block at key j0, v its rows (as pack_values), row r < rows of o takes
+// keys [lo[r], hi[r]) if live[r]. o's element (r, e) lies at r·o_row + e·o_col (O as rows, or
+// transposed for AMX tiles); its columns past Dv up to dvp are zeroed.
 template <class In>
 void accumulate_in_bands(const float* pt, int64_t ls, const In* v, int64_t row, int64_t col, int64_t Dv, int64_t dvp,
                          int64_t rows, const bool* live, const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nb,
-                         float* o) {
+                         float* o, int64_t o_row, int64_t o_col) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t first = live[r] ? std::clamp<int64_t>(lo[r] - j0, 0, nb) : 0;
     const int64_t last = live[r] ? std::clamp<int64_t>(hi[r] - j0, first, nb) : first;
-    float* out = o + r * dvp;
+    float* out = o + r * o_row;
     for (int64_t e = 0; e < Dv; ++e) {
       float acc = 0.0f;
       for (int64_t jj = first; jj < last; ++jj) acc += pt[jj * ls + r] * widen(v[jj * row + e * col]);
-      out[e] = acc;
+      out[e * o_col] = acc;
     }
-    std::fill(out + Dv, out + dvp, 0.0f);
+    for (int64_t e = Dv; e < dvp; ++e) out[e * o_col] = 0.0f;
   }
 }
 
