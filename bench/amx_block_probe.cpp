@@ -131,15 +131,8 @@ double best_time(Block& b, Diet diet) {
   return best;
 }
 
-int run(int argc, char**) {
-  if (argc > 1) {
-    std::fprintf(stderr, "usage: qkv_amx_block_probe (it takes no arguments)\n");
-    return 2;
-  }
-  if (!qkv::peak_isa_available(qkv::PeakIsa::amx_bf16)) {
-    std::fprintf(stderr, "qkv_amx_block_probe: this CPU or OS gives no AMX-BF16 tiles (or QKV_AMX=0)\n");
-    return 1;
-  }
+// probe_main has checked the arguments and the CPU.
+int run(int, char**) {
   const double peak = qkv::measure_peak(1, qkv::PeakIsa::amx_bf16, 5, 0.2).best;
   Block b;
   Ops::TileDot::begin();
@@ -170,4 +163,7 @@ int run(int argc, char**) {
 
 QKV_ISA_REGION_END
 
-int main(int argc, char** argv) { return qkv::bench::tool_main("qkv_amx_block_probe", run, argc, argv); }
+int main(int argc, char** argv) {
+  return qkv::bench::probe_main("qkv_amx_block_probe", qkv::PeakIsa::amx_bf16,
+                                "this CPU or OS gives no AMX-BF16 tiles (or QKV_AMX=0)", run, argc, argv);
+}

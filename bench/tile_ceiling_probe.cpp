@@ -87,15 +87,8 @@ double best_rate(const qkv::Tensor<float>& buf) {
   return best;
 }
 
-int run(int argc, char**) {
-  if (argc > 1) {
-    std::fprintf(stderr, "usage: qkv_tile_ceiling_probe (it takes no arguments)\n");
-    return 2;
-  }
-  if (!qkv::peak_isa_available(qkv::PeakIsa::avx512)) {
-    std::fprintf(stderr, "qkv_tile_ceiling_probe: this CPU has no AVX-512\n");
-    return 1;
-  }
+// probe_main has checked the arguments and the CPU.
+int run(int, char**) {
   // 64-byte aligned, as the kernels' buffers: a vector's 16-byte alignment split every other 64-byte
   // load across two cache lines, which read 71-73% of the peak where aligned loads read 85%
   // (Intel Xeon with AMX).
@@ -119,4 +112,7 @@ int run(int argc, char**) {
 
 QKV_ISA_REGION_END
 
-int main(int argc, char** argv) { return qkv::bench::tool_main("qkv_tile_ceiling_probe", run, argc, argv); }
+int main(int argc, char** argv) {
+  return qkv::bench::probe_main("qkv_tile_ceiling_probe", qkv::PeakIsa::avx512, "this CPU has no AVX-512", run, argc,
+                                argv);
+}
