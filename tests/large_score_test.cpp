@@ -396,5 +396,39 @@ TEST(LargeScores, BackwardRecomputesTheForwardsScores) {
   }
 }
 
+// Row 5's scores are exactly 0 while their fp32 products overflow past the second block of keys
+// (q = ±2^124 on the two halves of d, each key the same on both): NaN there, so those blocks cannot
+// be screened by their fp32 maxima, and each of their scores is summed again. The other rows are
+// q·50 (scores ~±400 against the third block), and the first two blocks' keys are small, so the
+// screen takes those blocks first. Keys in multiples of 2^-13 keep every double sum exact.
+TEST(LargeScores, ScoresWhoseFp32ProductsOverflowAreSummedAgainAfterScreenedBlocks) {
+  test::Rng rng("LargeScores.ScoresWhoseFp32ProductsOverflow");
+  const int64_t N = 64, M = 384, D = 64, row = 5;
+  Tensor<float> q = rng.normal32({1, 1, N, D}), k = rng.normal32({1, 1, M, D}), v = rng.normal32({1, 1, M, D});
+  auto qv = q.view();
+  auto kv = k.view();
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t d = 0; d < D; ++d)
+      qv(0, 0, i, d) = i == row ? (d < D / 2 ? 0x1p124f : -0x1p124f) : 50 * qv(0, 0, i, d);
+  for (int64_t j = 0; j < M; ++j)
+    for (int64_t d = 0; d < D / 2; ++d)
+      kv(0, 0, j, d + D / 2) = kv(0, 0, j, d) = std::round(kv(0, 0, j, d) * 8) * (j < 256 ? 0x1p-13f : 2.0f);
+  const Tensor<double> q64 = to_contiguous<double>(q.cview()), k64 = to_contiguous<double>(k.cview());
+  const Tensor<double> v64 = to_contiguous<double>(v.cview());
+  Tensor<double> out_ref({1, 1, N, D}), lse_ref({1, 1, N});
+  reference_attention_forward(out_ref.view(), lse_ref.view(), {}, q64.cview(), k64.cview(), v64.cview(), {});
+  const double tol = 2e-5 * (1 + max_abs(out_ref));
+  for (Simd simd : test::available_paths()) {
+    AttentionOptions options;
+    options.simd = simd;
+    Tensor<float> out({1, 1, N, D});
+    Tensor<double> lse({1, 1, N});
+    attention_forward_lse64(out.view(), lse.view(), q.cview(), k.cview(), v.cview(), options);
+    EXPECT_LE(max_err(out, out_ref), tol) << simd_path_name(simd);
+    for (int64_t i = 0; i < N; ++i)
+      EXPECT_NEAR(lse[i], lse_ref[i], 2e-5 * (1 + std::abs(lse_ref[i]))) << simd_path_name(simd) << " row " << i;
+  }
+}
+
 }  // namespace
 }  // namespace qkv

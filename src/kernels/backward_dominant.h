@@ -55,7 +55,9 @@ void BackwardTile<Ops>::defer_dominant_keys(int64_t row, int64_t rows, int64_t j
     for (int64_t c = 0; c < T; c += 8) {
       Narrow x;
       std::memcpy(&x, ds + c, sizeof x);
-      sum += __builtin_convertvector(x, Wide);
+      Wide w;
+      widen_floats(x, w);
+      sum += w;
     }
     others_[row + r] += ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
   }

@@ -367,7 +367,7 @@ class BackwardTile : BackwardOps<Ops> {
     alignas(64) float thr[T];
     for (int64_t r = 0; r < rows; ++r) thr[r] = lse_[r] - margin_[row + r];
     const float limit = large_score_limit(p_.scale);
-    uint16_t chosen[T * T / 8];
+    uint32_t chosen[T * T / 8];
     if (qp == nullptr)
       return near_lse_choose<Ops>(st_, T, rows, T, thr, q_sizes_ + row, k_sizes_ + j0, limit, chosen) >= 0;
     return refine_near_lse<Ops>(qp, dp_, q_sizes_ + row, kr, dp_, k_sizes_ + j0, s_.D, p_.scale, st_, slo_, T, rows, T,

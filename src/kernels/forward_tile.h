@@ -292,7 +292,8 @@ class ForwardTile {
           if (near_max &&
               (lo_block_ = refine_near_max<Ops>(g.a, g.a_row, k_sizes_ + j0, q_ + i0_ * p_.q_stride.row,
                                                 p_.q_stride.row, qa_.data(), dk_, p_.scale, st_, slo_, lo_bits_, ls_,
-                                                nb, qvecs_ * L, m_, margin_.data(), large_score_limit(p_.scale))))
+                                                nb, qvecs_ * L, max_folded_ ? col_max_ : nullptr, m_, margin_.data(),
+                                                large_score_limit(p_.scale), extent == Refine::every)))
             return true;
         if (extent == Refine::some && !near_max) scale_scores(nb);  // first: the second sums are written scaled
         near_max_ = near_max_ && !near_max;  // a block it did not separate: the tile sums the dense way

@@ -46,7 +46,10 @@ double near_max_dot(const float* a, const float* b, int64_t n) {
       F x, y;
       std::memcpy(&x, a + d + v * W, sizeof x);
       std::memcpy(&y, b + d + v * W, sizeof y);
-      sum[v] += __builtin_convertvector(x, D) * __builtin_convertvector(y, D);
+      D wx, wy;
+      widen_floats(x, wx);
+      widen_floats(y, wy);
+      sum[v] += wx * wy;
     }
   double p[8];
   std::memcpy(p, sum, sizeof p);
@@ -82,7 +85,7 @@ typename Ops::V add_low_parts(typename Ops::V x, uint64_t bits, const float* lo)
 // the backward's 64 x 64 cost less than masking its adds.
 template <class Ops>
 void sum_chosen(const float* a, int64_t a_row, const float* b, int64_t b_row, int64_t kdim, float scale, float* s,
-                float* s_lo, uint64_t* lo_bits, int64_t lds, int64_t rows, const uint16_t* chosen, int64_t count) {
+                float* s_lo, uint64_t* lo_bits, int64_t lds, int64_t rows, const uint32_t* chosen, int64_t count) {
   const bool masked = kMaskedLowParts<Ops> && lo_bits != nullptr;
   if (masked)
     std::fill(lo_bits, lo_bits + rows, uint64_t{0});
@@ -96,32 +99,38 @@ void sum_chosen(const float* a, int64_t a_row, const float* b, int64_t b_row, in
   }
 }
 
-// refine_near_max's first pass: s (a block's fp32 scores, rows of keys against `lanes` lanes,
-// lds apart) scaled in place by `scale`, and thr[x] = the larger of m[x] (the lane's running
-// maximum over the blocks before) and the block's largest, less margin[x]. False if a score is
-// inf or NaN. Keys outer: each group's maximum is its own chain (with keys inner, each max waited
-// on the one before).
+// refine_near_max's first pass: thr[x] = the larger of m[x] (the lane's running maximum over the
+// blocks before) and the block's largest scaled score, less margin[x]. The block's largest is
+// block_max[x]·scale where the scores' product took the block's maxima of the unscaled scores as it
+// stored them (scale > 0: rounding is monotone, so that is the largest of the scaled scores), else
+// the largest of s·scale (a block of `nb` rows of keys against `lanes` lanes, lds apart), read here.
+// s is not written: near_max_choose scales it. False if a score it reads is inf or NaN (thr is
+// written either way). Keys outer: each group's maximum is its own chain (with keys inner, each max
+// waited on the one before).
 template <class Ops>
-bool near_max_thresholds(float* s, int64_t lds, int64_t nb, int64_t lanes, float scale, const float* m,
-                         const float* margin, float* thr) {
+bool near_max_thresholds(const float* s, int64_t lds, int64_t nb, int64_t lanes, float scale, const float* block_max,
+                         const float* m, const float* margin, float* thr) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   const int64_t groups = lanes / L;
   const V sc = Ops::set1(scale);
   V mx[kWideCols / L], finite[kWideCols / L];  // finite: s·0 summed, NaN where a score is inf or NaN
-  for (int64_t g = 0; g < groups; ++g) mx[g] = Ops::load(m + g * L), finite[g] = Ops::zero();
-  for (int64_t jj = 0; jj < nb; ++jj)
+  for (int64_t g = 0; g < groups; ++g) {
+    mx[g] = Ops::load(m + g * L), finite[g] = Ops::zero();
+    if (block_max != nullptr) mx[g] = Ops::max(Ops::mul(Ops::load(block_max + g * L), sc), mx[g]);
+  }
+  for (int64_t jj = 0; block_max == nullptr && jj < nb; ++jj)
     for (int64_t g = 0; g < groups; ++g) {
       const V x = Ops::mul(Ops::load(s + jj * lds + g * L), sc);
-      Ops::store(s + jj * lds + g * L, x);
       mx[g] = Ops::max(x, mx[g]);
       finite[g] = Ops::fma(x, Ops::zero(), finite[g]);
     }
+  bool all_finite = true;
   for (int64_t g = 0; g < groups; ++g) {
-    if (Ops::any_nan(finite[g])) return false;
+    all_finite = all_finite && !Ops::any_nan(finite[g]);
     Ops::store(thr + g * L, Ops::sub(mx[g], Ops::load(margin + g * L)));
   }
-  return true;
+  return all_finite;
 }
 
 // Room for the chosen scores of a block of `scores`: the screens stop past one in eight, and
@@ -130,79 +139,103 @@ constexpr int64_t chosen_room(int64_t scores) { return scores / 8 + kWideCols; }
 
 // Whether the family packs the set lanes of a mask into memory (Ops::append_lanes).
 template <class Ops>
-constexpr bool kPacksLanes = requires(uint16_t* out) {
+constexpr bool kPacksLanes = requires(uint32_t* out) {
   Ops::append_lanes(0u, 0, out);
 };
 
 // One key's row of near_max_choose without branches on the scores, for a family that packs lanes:
-// appends to chosen[count, ...) key·kWideCols + x for each lane x < lanes whose score s[x] reaches
-// thr[x] and whose norms pass limit (refined(size, sizes[x])), in ascending order; returns the new
-// count. The running maxima let one or two scores in a hundred through at random, and a branch per
-// passing score cost the screen most of its time there (with AVX2's masks and no packing, the
-// branches measured faster).
-template <class Ops>
-int64_t choose_row_packed(const float* s, const float* thr, float size, const float* sizes, int64_t lanes, float limit,
-                          int64_t key, uint16_t* chosen, int64_t count) {
+// scales the row s in place, and appends to chosen[count, ...) key·kWideCols + x for each lane x <
+// lanes whose scaled score reaches thr[x] and, unless `every` says all do, whose norms pass limit
+// (refined(size, sizes[x])), in ascending order; returns the new count. finite gathers s·0 (NaN
+// where a score is inf or NaN). The running maxima let one or two scores in a hundred through at
+// random, and a branch per passing score cost the screen most of its time there (with AVX2's masks
+// and no packing, the branches measured faster).
+template <class Ops, bool kEvery>
+int64_t choose_row_packed(float* s, typename Ops::V sc, const float* thr, float size, const float* sizes, int64_t lanes,
+                          float limit, int64_t key, uint32_t* chosen, int64_t count, typename Ops::V& finite) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   const V a = Ops::set1(size), lim = Ops::set1(limit);
   for (int64_t g = 0; g < lanes / L; ++g) {
-    const V norms = Ops::mul(a, Ops::load(sizes + g * L));
-    // refined() is a strict compare that fails on NaN: both ge_masks.
-    const uint32_t bits = Ops::ge_mask(Ops::load(s + g * L), Ops::load(thr + g * L)) & Ops::ge_mask(norms, lim) &
-                          ~Ops::ge_mask(lim, norms);
+    const V x = Ops::mul(Ops::load(s + g * L), sc);
+    Ops::store(s + g * L, x);
+    finite = Ops::fma(x, Ops::zero(), finite);
+    uint32_t bits = Ops::ge_mask(x, Ops::load(thr + g * L));
+    if constexpr (!kEvery) {
+      const V norms = Ops::mul(a, Ops::load(sizes + g * L));
+      // refined() is a strict compare that fails on NaN: both ge_masks.
+      bits &= Ops::ge_mask(norms, lim) & ~Ops::ge_mask(lim, norms);
+    }
     count += Ops::append_lanes(bits, static_cast<int32_t>(key * kWideCols + g * L), chosen + count);
   }
   return count;
 }
 
-// refine_near_max's second pass: the (key, lane) of each score of s at or over its lane's thr whose
-// norms pass `limit` (refined()), as key·kWideCols + lane, into chosen (chosen_room); their count,
-// or -1 past one score in eight, where summing them one by one would not pay.
+// refine_near_max's second pass: s (nb rows of keys against `lanes` lanes, lds apart) scaled in
+// place by `scale`, and the (key, lane) of each scaled score at or over its lane's thr whose norms
+// pass `limit` (refined(); every: the caller found that all do), as key·kWideCols + lane, into
+// chosen (chosen_room); their count, or -1 past one score in eight, where summing them one by one
+// would not pay, or where a score is inf or NaN. All of s is scaled either way.
 template <class Ops>
-int64_t near_max_choose(const float* s, int64_t lds, int64_t nb, int64_t lanes, const float* thr, const float* k_sizes,
-                        const float* q_sizes, float limit, uint16_t* chosen) {
+int64_t near_max_choose(float* s, int64_t lds, int64_t nb, int64_t lanes, float scale, const float* thr,
+                        const float* k_sizes, const float* q_sizes, float limit, bool every, uint32_t* chosen) {
+  using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   const int64_t most = nb * lanes / 8;
-  int64_t count = 0;
-  for (int64_t jj = 0; jj < nb; ++jj) {
+  const V sc = Ops::set1(scale);
+  V finite = Ops::zero();
+  int64_t count = 0, jj = 0;
+  for (; jj < nb && count <= most; ++jj) {
+    float* row = s + jj * lds;
     if constexpr (kPacksLanes<Ops>) {
-      count = choose_row_packed<Ops>(s + jj * lds, thr, k_sizes[jj], q_sizes, lanes, limit, jj, chosen, count);
-      if (count > most) return -1;
+      count = every ? choose_row_packed<Ops, true>(row, sc, thr, k_sizes[jj], q_sizes, lanes, limit, jj, chosen, count,
+                                                   finite)
+                    : choose_row_packed<Ops, false>(row, sc, thr, k_sizes[jj], q_sizes, lanes, limit, jj, chosen, count,
+                                                    finite);
     } else {
       uint64_t bits = 0;  // a key's lanes in one mask
-      for (int64_t g = 0; g < lanes / L; ++g)
-        bits |= static_cast<uint64_t>(Ops::ge_mask(Ops::load(s + jj * lds + g * L), Ops::load(thr + g * L))) << (g * L);
-      for (; bits != 0; bits &= bits - 1) {
+      for (int64_t g = 0; g < lanes / L; ++g) {
+        const V x = Ops::mul(Ops::load(row + g * L), sc);
+        Ops::store(row + g * L, x);
+        finite = Ops::fma(x, Ops::zero(), finite);
+        bits |= static_cast<uint64_t>(Ops::ge_mask(x, Ops::load(thr + g * L))) << (g * L);
+      }
+      for (; bits != 0 && count <= most; bits &= bits - 1) {
         const int64_t x = std::countr_zero(bits);
-        if (!refined(k_sizes[jj], q_sizes[x], limit)) continue;
-        if (count == most) return -1;
-        chosen[count++] = static_cast<uint16_t>(jj * kWideCols + x);
+        if (every || refined(k_sizes[jj], q_sizes[x], limit))
+          chosen[count++] = static_cast<uint32_t>(jj * kWideCols + x);
       }
     }
   }
-  return count;
+  for (; jj < nb; ++jj)  // past `most`: the rest scaled for refine_scores
+    for (int64_t g = 0; g < lanes / L; ++g)
+      Ops::store(s + jj * lds + g * L, Ops::mul(Ops::load(s + jj * lds + g * L), sc));
+  return count > most || Ops::any_nan(finite) ? -1 : count;
 }
 
 // The forward's cheaper form of refine_scores for a block where the row maxima decide: s holds
 // the block's fp32 products, rows of keys (k + jj·k_row, contiguous) against lanes of queries
 // (q + x·q_row, contiguous), scaled here in place; m the lanes' running maxima over the blocks
-// before, margin near_max_margins'. A score is summed again, as refine_scores would (refined(): the
-// same norms and limit), only where its fp32 value reaches the larger of m and the block's largest
-// less the margin: with q·50 (scores ~±150) that leaves ~1-2% of them; the others keep the fp32
-// product and no low part (sum_chosen). The sums differ from refine_scores' in order (the last bits of a score of
-// weight > e^-T, docs/accuracy.md). Returns false, with the scores scaled and nothing else
-// written, where it would not pay (more than one score in eight to sum) or where a score is not
-// finite: then refine_scores takes the block.
+// before, margin near_max_margins', block_max the block's maxima of the unscaled scores where the
+// product took them (else null: near_max_thresholds). A score is summed again, as refine_scores
+// would (refined(): the same norms and limit; `every` where the caller found that all pass), only
+// where its fp32 value reaches the larger of m and the block's largest less the margin: with q·50
+// (scores ~±150) that leaves ~1-2% of them; the others keep the fp32 product and no low part
+// (sum_chosen). The sums differ from refine_scores' in order (the last bits of a score of weight >
+// e^-T, docs/accuracy.md). Returns false, with the scores scaled and nothing else written, where it
+// would not pay (more than one score in eight to sum) or where a score is not finite: then
+// refine_scores takes the block.
 template <class Ops>
 bool refine_near_max(const float* k, int64_t k_row, const float* k_sizes, const float* q, int64_t q_row,
                      const float* q_sizes, int64_t kdim, float scale, float* s, float* s_lo, uint64_t* lo_bits,
-                     int64_t lds, int64_t nb, int64_t lanes, const float* m, const float* margin, float limit) {
+                     int64_t lds, int64_t nb, int64_t lanes, const float* block_max, const float* m,
+                     const float* margin, float limit, bool every) {
   alignas(64) float thr[kWideCols];
-  uint16_t chosen[chosen_room(Ops::kKeyBlock * kWideCols)];  // nb <= kKeyBlock, lanes <= kWideCols
-  if (!near_max_thresholds<Ops>(s, lds, nb, lanes, scale, m, margin, thr)) return false;
-  const int64_t count = near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen);
-  if (count < 0) return false;
+  uint32_t chosen[chosen_room(Ops::kKeyBlock * kWideCols)];  // nb <= kKeyBlock, lanes <= kWideCols
+  const bool finite = near_max_thresholds<Ops>(s, lds, nb, lanes, scale, block_max, m, margin, thr);
+  // Called either way, as it scales s (and finds any score that is not finite again).
+  const int64_t count = near_max_choose<Ops>(s, lds, nb, lanes, scale, thr, k_sizes, q_sizes, limit, every, chosen);
+  if (!finite || count < 0) return false;
   sum_chosen<Ops>(k, k_row, q, q_row, kdim, scale, s, s_lo, lo_bits, lds, nb, chosen, count);
   return true;
 }
@@ -215,9 +248,9 @@ template <class Ops>
 bool near_max_separates(float* s, int64_t lds, int64_t nb, int64_t lanes, const float* m, const float* margin,
                         const float* k_sizes, const float* q_sizes, float limit) {
   alignas(64) float thr[kWideCols];
-  uint16_t chosen[chosen_room(Ops::kKeyBlock * kWideCols)];
-  return near_max_thresholds<Ops>(s, lds, nb, lanes, 1.0f, m, margin, thr) &&
-         near_max_choose<Ops>(s, lds, nb, lanes, thr, k_sizes, q_sizes, limit, chosen) >= 0;
+  uint32_t chosen[chosen_room(Ops::kKeyBlock * kWideCols)];
+  return near_max_thresholds<Ops>(s, lds, nb, lanes, 1.0f, nullptr, m, margin, thr) &&
+         near_max_choose<Ops>(s, lds, nb, lanes, 1.0f, thr, k_sizes, q_sizes, limit, false, chosen) >= 0;
 }
 
 // The backward's screen, for a pair of tiles whose rows' lse the forward left: s holds the fp32
@@ -228,7 +261,7 @@ bool near_max_separates(float* s, int64_t lds, int64_t nb, int64_t lanes, const 
 // chosen; their count, or -1 past one score in eight or where a score is not finite.
 template <class Ops>
 int64_t near_lse_choose(const float* s, int64_t lds, int64_t rows, int64_t lanes, const float* thr,
-                        const float* q_sizes, const float* k_sizes, float limit, uint16_t* chosen) {
+                        const float* q_sizes, const float* k_sizes, float limit, uint32_t* chosen) {
   using V = typename Ops::V;
   constexpr int L = Ops::kLanes;
   const int64_t most = rows * lanes / 8;
@@ -246,7 +279,7 @@ int64_t near_lse_choose(const float* s, int64_t lds, int64_t rows, int64_t lanes
       const int64_t x = std::countr_zero(bits);
       if (!refined(q_sizes[r], k_sizes[x], limit)) continue;
       if (count == most) return -1;
-      chosen[count++] = static_cast<uint16_t>(r * kWideCols + x);
+      chosen[count++] = static_cast<uint32_t>(r * kWideCols + x);
     }
   }
   return Ops::any_nan(finite) ? -1 : count;
@@ -259,7 +292,7 @@ template <class Ops>
 bool refine_near_lse(const float* q, int64_t q_row, const float* q_sizes, const float* k, int64_t k_row,
                      const float* k_sizes, int64_t kdim, float scale, float* s, float* s_lo, int64_t lds, int64_t rows,
                      int64_t lanes, const float* thr, float limit) {
-  uint16_t chosen[kWideCols * kWideCols / 8];  // rows, lanes <= kWideCols
+  uint32_t chosen[kWideCols * kWideCols / 8];  // rows, lanes <= kWideCols
   const int64_t count = near_lse_choose<Ops>(s, lds, rows, lanes, thr, q_sizes, k_sizes, limit, chosen);
   if (count < 0) return false;
   sum_chosen<Ops>(q, q_row, k, k_row, kdim, scale, s, s_lo, nullptr, lds, rows, chosen, count);

@@ -46,7 +46,8 @@ void log_rows(const float* x, double* out, int64_t n) {
     } else {
       for (int j = 0; j < Lanes; ++j) xf[j] = r0 + j < n ? x[r0 + j] : 1.0f;
     }
-    const D v = __builtin_convertvector(xf, D);
+    D v;
+    widen_floats(xf, v);
     D y = v;
     log_normal<Lanes>(y);
     for (int j = 0; j < Lanes; ++j)

@@ -153,11 +153,10 @@ struct Avx512 {
   }
   // out[0, popcount(bits)) = first + i for each set bit i, ascending; the whole vector is stored, so
   // out has room for kLanes. The register form of the compress: its store form is slow on Zen 4.
-  static int append_lanes(uint32_t bits, int32_t first, uint16_t* out) {
+  static int append_lanes(uint32_t bits, int32_t first, uint32_t* out) {
     const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(first),
                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m512i packed = _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), lanes);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(packed));
+    _mm512_storeu_si512(out, _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), lanes));
     return std::popcount(bits);
   }
 
