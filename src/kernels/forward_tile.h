@@ -182,7 +182,8 @@ class ForwardTile {
     column_squares<Ops>(qt_, bq_, s_.D, qvecs_, qa_.data());
     refine_ = std::sqrt(largest(qa_.data(), rows_)) * k_bound_ > large_gate_limit(p_.scale, s_.D);
     if (!refine_) return;  // ordinary inputs
-    for (int64_t r = 0; r < kMaxTileRows; ++r) qa_[r] = r < rows_ ? l2_norm(qt_ + r, bq_, s_.D) : 0.0f;
+    column_l2_norms(qt_, bq_, rows_, s_.D, qa_.data());
+    std::fill(qa_.begin() + rows_, qa_.end(), 0.0f);
     near_max_margins(qa_.data(), kMaxTileRows, k_bound_, p_.scale, s_.D, s_.M, margin_.data());
     // refine_near_max reads rows of q and k as contiguous floats.
     near_max_ = std::is_same_v<In, float> && !mask_.has_elementwise() && p_.q_stride.col == 1 && p_.k_stride.col == 1;
