@@ -77,6 +77,16 @@ float l2_norm(const T* x, int64_t stride, int64_t n) {
 using Wide = double __attribute__((vector_size(64)));
 using Narrow = float __attribute__((vector_size(32)));
 
+// u = eight contiguous elements widened to float (an out-parameter: a returned 32-byte vector
+// changes the ABI where AVX is off, the scalar family's).
+template <class T>
+void narrow_at(const T* p, Narrow& u) {
+  if constexpr (std::is_same_v<T, float>)
+    std::memcpy(&u, p, sizeof u);
+  else
+    for (int i = 0; i < 8; ++i) u[i] = widen(p[i]);
+}
+
 // out[r] = l2_norm(xt + r, ld, n), the same bits, for r < rows of a matrix held transposed (row r
 // is column r of xt, whose rows are ld apart and readable up to rows rounded up to 8): eight rows
 // at a time, one in each lane, each summing in l2_norm's order.
@@ -86,7 +96,7 @@ inline void column_l2_norms(const float* xt, int64_t ld, int64_t rows, int64_t n
     for (Wide& x : s) x = Wide{};  // not `= {}`: GCC cleared that with rep stos
     auto add = [&](int64_t d, Wide& sum) {
       Narrow f;
-      std::memcpy(&f, xt + d * ld + r0, sizeof f);
+      narrow_at(xt + d * ld + r0, f);
       Wide e;
       widen_floats(f, e);
       sum += e * e;
@@ -98,16 +108,6 @@ inline void column_l2_norms(const float* xt, int64_t ld, int64_t rows, int64_t n
     const Wide total = (s[0] + s[1]) + (s[2] + s[3]);
     for (int64_t i = 0; i < 8 && r0 + i < rows; ++i) out[r0 + i] = static_cast<float>(std::sqrt(total[i]));
   }
-}
-
-// u = eight contiguous elements widened to float (an out-parameter: a returned 32-byte vector
-// changes the ABI where AVX is off, the scalar family's).
-template <class T>
-void narrow_at(const T* p, Narrow& u) {
-  if constexpr (std::is_same_v<T, float>)
-    std::memcpy(&u, p, sizeof u);
-  else
-    for (int i = 0; i < 8; ++i) u[i] = widen(p[i]);
 }
 
 // The gates' bound: max_r |x_r| in fp32, any order, over rows row_stride apart of n elements

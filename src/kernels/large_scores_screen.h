@@ -143,6 +143,16 @@ constexpr bool kPacksLanes = requires(uint32_t* out) {
   Ops::append_lanes(0u, 0, out);
 };
 
+// The L scores at p scaled in place by sc, returned; finite gathers them ·0 (NaN where one is inf
+// or NaN). near_max_choose's one pass over a block.
+template <class Ops>
+typename Ops::V scale_in_place(float* p, typename Ops::V sc, typename Ops::V& finite) {
+  const typename Ops::V x = Ops::mul(Ops::load(p), sc);
+  Ops::store(p, x);
+  finite = Ops::fma(x, Ops::zero(), finite);
+  return x;
+}
+
 // One key's row of near_max_choose without branches on the scores, for a family that packs lanes:
 // scales the row s in place, and appends to chosen[count, ...) key·kWideCols + x for each lane x <
 // lanes whose scaled score reaches thr[x] and, unless `every` says all do, whose norms pass limit
@@ -157,9 +167,7 @@ int64_t choose_row_packed(float* s, typename Ops::V sc, const float* thr, float 
   constexpr int L = Ops::kLanes;
   const V a = Ops::set1(size), lim = Ops::set1(limit);
   for (int64_t g = 0; g < lanes / L; ++g) {
-    const V x = Ops::mul(Ops::load(s + g * L), sc);
-    Ops::store(s + g * L, x);
-    finite = Ops::fma(x, Ops::zero(), finite);
+    const V x = scale_in_place<Ops>(s + g * L, sc, finite);
     uint32_t bits = Ops::ge_mask(x, Ops::load(thr + g * L));
     if constexpr (!kEvery) {
       const V norms = Ops::mul(a, Ops::load(sizes + g * L));
@@ -195,9 +203,7 @@ int64_t near_max_choose(float* s, int64_t lds, int64_t nb, int64_t lanes, float 
     } else {
       uint64_t bits = 0;  // a key's lanes in one mask
       for (int64_t g = 0; g < lanes / L; ++g) {
-        const V x = Ops::mul(Ops::load(row + g * L), sc);
-        Ops::store(row + g * L, x);
-        finite = Ops::fma(x, Ops::zero(), finite);
+        const V x = scale_in_place<Ops>(row + g * L, sc, finite);
         bits |= static_cast<uint64_t>(Ops::ge_mask(x, Ops::load(thr + g * L))) << (g * L);
       }
       for (; bits != 0 && count <= most; bits &= bits - 1) {
@@ -208,8 +214,7 @@ int64_t near_max_choose(float* s, int64_t lds, int64_t nb, int64_t lanes, float 
     }
   }
   for (; jj < nb; ++jj)  // past `most`: the rest scaled for refine_scores
-    for (int64_t g = 0; g < lanes / L; ++g)
-      Ops::store(s + jj * lds + g * L, Ops::mul(Ops::load(s + jj * lds + g * L), sc));
+    for (int64_t g = 0; g < lanes / L; ++g) scale_in_place<Ops>(s + jj * lds + g * L, sc, finite);
   return count > most || Ops::any_nan(finite) ? -1 : count;
 }
 
