@@ -491,6 +491,18 @@ TEST(Decode, RefusesOutputsOverTheirInputsNullDataAndAMisshapenLse) {
                {"decode_attention_weights: lse: shape [1, 1, 1] must be [1, 4, 1]"});
   expect_error([&] { decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, small_lse.cview(), 3); },
                {"decode_attention_top_k: lse: shape [1, 1, 1] must be [1, 4, 1]"});
+  // No input explains a NaN or +inf lse here: decode_attention refuses a non-finite q or bias, and
+  // the cache holds finite values.
+  Tensor<float> bad_lse({1, 4, 1});
+  bad_lse.view()(0, 2, 0) = std::numeric_limits<float>::quiet_NaN();
+  const std::string impossible =
+      " although q and the cache are finite; no forward gives that (a row's lse is finite, or -inf when the row has "
+      "no allowed key): pass the lse that decode_attention returned for this q and cache, or no lse to recompute it";
+  expect_error([&] { decode_attention_weights(weights.view(), q.cview(), kv, bad_lse.cview()); },
+               {"decode_attention_weights: lse[0, 2, 0] is NaN" + impossible});
+  bad_lse.view()(0, 2, 0) = std::numeric_limits<float>::infinity();
+  expect_error([&] { decode_attention_top_k(values.view(), indices.view(), q.cview(), kv, bad_lse.cview(), 3); },
+               {"decode_attention_top_k: lse[0, 2, 0] is +inf" + impossible});
   // Separate buffers pass, the forward's lse among them.
   decode(out.view(), lse.view(), q.cview(), {});
   decode_attention_weights(weights.view(), q.cview(), kv, lse.cview());

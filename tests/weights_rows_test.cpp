@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
@@ -132,6 +134,39 @@ TEST(WeightsRows, RejectsBadArguments) {
   EXPECT_EQ(
       message([&] { attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), {}, ok_rows, 0); }),
       "attention_weights_topk: top_k must be at least 1, got 0");
+}
+
+// A forward gives no row a NaN or +inf lse from finite q and k: a chosen row's is refused by the
+// backward's rule, naming it; a row not chosen is not read, and a NaN in q is the caller's own.
+TEST(WeightsRows, RefusesANanOrInfLseOfAChosenRow) {
+  test::Rng rng("WeightsRows.RefusesANanOrInfLseOfAChosenRow");
+  Tensor<float> q = rng.normal32({1, 2, 5, 4}), k = rng.normal32({1, 2, 7, 4});
+  Tensor<float> w({1, 2, 2, 7}), values({1, 2, 2, 3});
+  Tensor<int64_t> indices({1, 2, 2, 3});
+  const std::vector<int64_t> chosen{0, 3}, others{4, 0};
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Tensor<float> lse({1, 2, 5});
+    std::fill(lse.data(), lse.data() + lse.numel(), 3.0f);
+    lse.view()(0, 1, 3) = bad;
+    const std::string want = fmt::format(
+        "attention_weights: the lse of query row 3 (batch 0, head 1) is {} although q and k are finite; no forward "
+        "gives that (a row's lse is finite, or -inf when the row has no allowed key): pass the lse the forward "
+        "returned for these q, k, mask and scale, or no lse to recompute it",
+        std::isnan(bad) ? "NaN" : "+inf");
+    test::expect_error([&] { attention_weights_rows(w.view(), q.cview(), k.cview(), lse.cview(), chosen); }, {want});
+    test::expect_error(
+        [&] { attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), lse.cview(), chosen, 3); },
+        {want});
+    attention_weights_rows(w.view(), q.cview(), k.cview(), lse.cview(), others);
+    attention_weights_topk(values.view(), indices.view(), q.cview(), k.cview(), lse.cview(), others, 3);
+    for (int64_t j = 0; j < 7; ++j) EXPECT_TRUE(std::isfinite(w.view()(0, 1, 0, j))) << j;
+    // A NaN in q is the caller's own: the row's weights are NaN, as the composite's are.
+    const float kept = q.view()(0, 1, 3, 2);
+    q.view()(0, 1, 3, 2) = std::numeric_limits<float>::quiet_NaN();
+    attention_weights_rows(w.view(), q.cview(), k.cview(), lse.cview(), chosen);
+    for (int64_t j = 0; j < 7; ++j) EXPECT_TRUE(std::isnan(w.view()(0, 1, 1, j))) << j;
+    q.view()(0, 1, 3, 2) = kept;
+  }
 }
 
 }  // namespace

@@ -21,9 +21,10 @@ namespace qkv {
 // by more than 2^-14 (a row under a -1e9 mask: by 32), is replaced by the row's own where it is
 // that row's to its precision, as attention_backward does. A NaN score makes its row's allowed
 // weights NaN. Memory: O(M) per thread besides `weights`. Throws qkv::Error for inconsistent shapes
-// or a row index outside [0, N), and, by attention_backward's rule for lse, for weights past
-// float32's range from finite q, k and bias and an lse without NaN (an lse far below its row's,
-// e.g. -1e30; -inf reads as a fully masked row, as there), for an output sharing memory with an
+// or a row index outside [0, N), and, by attention_backward's rule for lse, for a chosen row's lse
+// that is NaN or +inf (no forward of finite q, k and bias gives one; -inf reads as a fully masked
+// row, as there) and for weights past float32's range from finite q, k and bias (an lse far below
+// its row's, e.g. -1e30), for an output sharing memory with an
 // input or itself, and (qkv::OutOfMemory) when a row of M float64 logits per thread cannot be
 // allocated. Thread-safe for distinct outputs; uses options.num_threads threads.
 void attention_weights_rows(TensorView<float> weights, TensorView<const float> q, TensorView<const float> k,

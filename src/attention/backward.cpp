@@ -34,20 +34,16 @@ detail::Overflow fp32_backward_overflow(const detail::BackwardRows& rows) {
   return detail::fp32_overflow("attention_backward", rows.caller);
 }
 
-// A forward's lse is finite, or -inf for a row with no allowed key (which the backward gives zero
-// gradients, so that -inf round-trips). NaN or +inf comes from no forward of finite inputs and
-// gave NaN gradients without a word, so it is refused naming the row; with a NaN or inf in q, k
-// or v (or a NaN or +inf in the bias) it is the forward's own and gives what they give.
+// The backward gives a row whose lse is -inf zero gradients, so that the forward's -inf
+// round-trips; NaN or +inf is refused by the rule for a caller's lse (impossible_lse).
 template <class L>
 void refuse_impossible_lse(TensorView<const L> lse, TensorView<const float> q, TensorView<const float> k,
                            TensorView<const float> v, const Mask& mask, const detail::BackwardRows& rows) {
   const std::optional<NonFinite> bad = find_non_finite(lse, true);
   if (!bad || detail::inputs_explain_overflow(q, k, v, mask)) return;
   const std::vector<int64_t>& at = bad->index;
-  throw Error(fmt::format(
-      "{}: {} is {} although q, k and v are finite; no forward gives that (a row's lse is finite, "
-      "or -inf when the row has no allowed key): pass the lse that the forward returned with out",
-      fp32_backward_overflow(rows).who, rows.lse_row(at[0], at[1], at[2]), std::isnan(bad->value) ? "NaN" : "+inf"));
+  detail::refuse_impossible_lse(fp32_backward_overflow(rows).who, rows.lse_row(at[0], at[1], at[2]), bad->value,
+                                "q, k and v", "pass the lse that the forward returned with out");
 }
 
 // Called when the gradients of finite inputs overflowed: refuses naming lse if a row's given lse

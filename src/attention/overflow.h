@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -29,6 +30,22 @@ template <class T>
 bool inputs_explain_overflow(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, const Mask& mask) {
   return !all_finite(q) || !all_finite(k) || !all_finite(v) ||
          (!mask.bias.empty() && find_non_finite(mask.bias, true).has_value());
+}
+
+// A forward's lse is finite, or -inf for a row with no allowed key (read as a fully masked row).
+// NaN or +inf comes from no forward of finite inputs and would pass into every weight or gradient
+// of its row without a word, so whatever reads a caller's lse refuses one (refuse_impossible_lse)
+// unless the inputs are non-finite themselves (inputs_explain_overflow): then it is the forward's.
+inline bool impossible_lse(double x) { return std::isnan(x) || x == std::numeric_limits<double>::infinity(); }
+
+// Throws for a caller's lse at `row` (as the caller indexes it) holding `value` (impossible_lse),
+// read by `who` from a forward of `inputs`; `remedy` says which lse to pass instead.
+[[noreturn]] inline void refuse_impossible_lse(const char* who, const std::string& row, double value,
+                                               const char* inputs, const char* remedy) {
+  throw Error(fmt::format(
+      "{}: {} is {} although {} are finite; no forward gives that (a row's lse is finite, or -inf when the row has "
+      "no allowed key): {}",
+      who, row, std::isnan(value) ? "NaN" : "+inf", inputs, remedy));
 }
 
 // What a caller of an fp32 kernel can do about an overflow: the float64 reference computes the

@@ -104,15 +104,33 @@ constexpr detail::Overflow kWeightsOverflow{
     "q and k",
     "weights e^(score - lse)"};
 
+// The chosen rows' given lse by the rule for a caller's lse (impossible_lse): a row not chosen is
+// not read. The row is named by its indices alone, as lse may be [B, H, N], [H, N] or [N].
+void refuse_impossible_lse(const RowProblem& p, TensorView<const float> q, TensorView<const float> k,
+                           TensorView<const float> lse, std::span<const int64_t> rows, const Mask& mask) {
+  if (lse.empty()) return;
+  for (int64_t b = 0; b < p.s.B; ++b)
+    for (int64_t h = 0; h < p.s.H; ++h)
+      for (const int64_t i : rows) {
+        const double x = lse(b, h, i);
+        if (!detail::impossible_lse(x)) continue;
+        if (detail::inputs_explain_overflow(q, k, k, mask)) return;
+        detail::refuse_impossible_lse(kWeightsOverflow.who,
+                                      fmt::format("the lse of query row {} (batch {}, head {})", i, b, h), x,
+                                      kWeightsOverflow.inputs, kWeightsOverflow.remedy);
+      }
+}
+
 // Runs fn(b, h, r, w, row_lse) for every chosen row on the option's threads, each row on one
 // thread, w holding the row's logits (see row_logits); row_lse is -inf for a fully masked row
 // (or given as -inf, which attention_backward also reads as one).
 // fn returns whether the weights it wrote are finite; if one is not, it is refused by
-// attention_backward's rule (refuse_overflow): finite q, k and bias and an lse without NaN do not
-// explain it.
+// attention_backward's rule (refuse_overflow): finite q, k and bias do not explain it, and the
+// chosen rows' lse holds no NaN or +inf by then (refuse_impossible_lse).
 template <class Fn>
 void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const AttentionOptions& options,
                   TensorView<const float> q, TensorView<const float> k, TensorView<const float> lse, Fn fn) {
+  refuse_impossible_lse(p, q, k, lse, rows, options.mask);
   const detail::MaskEval mask(options.mask, p.s);
   const int64_t R = static_cast<int64_t>(rows.size());
   const int64_t items = p.s.B * p.s.H * R;
@@ -148,9 +166,7 @@ void for_each_row(const RowProblem& p, std::span<const int64_t> rows, const Atte
                       static_cast<uint64_t>(p.s.M) * sizeof(double) * static_cast<uint64_t>(threads));
   throw_if_stopped(interrupt);
   if (finite.load()) return;
-  bool lse_nan = false;
-  if (!lse.empty()) for_each_element(lse, [&](const float& x, const auto&) { lse_nan = lse_nan || std::isnan(x); });
-  detail::refuse_overflow<float>(kWeightsOverflow, q, k, k, options.mask, nullptr, lse_nan);
+  detail::refuse_overflow<float>(kWeightsOverflow, q, k, k, options.mask);
 }
 
 // What the weights functions read, which their outputs must not share memory with.

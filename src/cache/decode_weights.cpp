@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "attention/overflow.h"
 #include "attention/top_k.h"
 #include "cache/decode_reads.h"
 #include "core/kv_codec.h"
@@ -46,6 +47,13 @@ class DecodeRows {
     const std::array<int64_t, 4> oshape{B, H, N, kv.Dv};
     Tensor<float> scratch(oshape, fmt::format("{}: scratch", who));
     decode_attention(scratch.view(), TensorView<float>(), q, kv, check);
+    // decode_attention refuses a non-finite q or bias and the cache holds finite values, so no
+    // input explains a NaN or +inf lse (detail::impossible_lse).
+    if (const auto bad = lse.empty() ? std::nullopt : find_non_finite(lse, true))
+      detail::refuse_impossible_lse(who, fmt::format("lse[{}, {}, {}]", bad->index[0], bad->index[1], bad->index[2]),
+                                    bad->value, "q and the cache",
+                                    "pass the lse that decode_attention returned for this q and cache, or no lse to "
+                                    "recompute it");
     read_ = detail::decode_read_spans(q, kv, options.attention.mask);
     read_.push_back(detail::named_span("lse", lse));
     mask_ = options.attention.mask;

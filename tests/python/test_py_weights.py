@@ -151,6 +151,31 @@ def test_an_lse_that_makes_weights_overflow_is_refused_as_the_backward_refuses_i
     assert np.all(np.asarray(w[0] if top_k else w)[0, 0, 0] == 0)
 
 
+@pytest.mark.parametrize("top_k", [None, 2])
+@pytest.mark.parametrize("value, word", [(np.nan, "NaN"), (np.inf, r"\+inf")])
+def test_a_nan_or_inf_lse_is_refused_naming_the_row_as_the_backward_refuses_it(top_k, value, word):
+    rng = rng_for(10901)
+    q = rng.standard_normal((2, 3, 4)).astype(np.float32)  # [H, N, D]: lse is [H, N]
+    k = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    _, lse = qkv.scaled_dot_product_attention(q, k, k, return_lse="float64")
+    lse[1, 2] = value
+    tail = (r" although q and k are finite; no forward gives that \(a row's lse is finite, or -inf when the row has "
+            r"no allowed key\): pass the lse the forward returned for these q, k, mask and scale, or no lse to "
+            r"recompute it")
+    with pytest.raises(ValueError, match=r"^attention_weights: the lse of query row 2 \(batch 0, head 1\) is " + word
+                       + tail + "$"):
+        qkv.attention_weights(q, k, lse=lse, top_k=top_k)
+    # A row that is not chosen is not read; the chosen ones get the forward's weights.
+    got = qkv.attention_weights(q, k, lse=lse, rows=[0, 1], top_k=top_k)
+    want = qkv.attention_weights(q, k, rows=[0, 1], top_k=top_k)
+    for g, w in zip(got if top_k else [got], want if top_k else [want]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    # A NaN in q is the caller's own: its row's weights are NaN, as the composite's are.
+    q[1, 2, 0] = np.nan
+    w = qkv.attention_weights(q, k, lse=lse, rows=[2])
+    assert np.isnan(w[1, 0]).all()
+
+
 def test_rows_of_rank_2_are_refused_by_name():
     q = np.ones((3, 4), np.float32)
     with pytest.raises(TypeError, match=r"rows\[0\] must be an integer, got array\(\[0\]\)"):
