@@ -202,6 +202,11 @@ void detail::attention_forward_as(const Caller& caller, TensorView<float> out, T
                                   const AttentionOptions& options) {
   forward_any(out, lse, q, k, v, options, caller);
 }
+void detail::attention_forward_as(const Caller& caller, TensorView<float> out, TensorView<float> lse,
+                                  TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
+                                  const AttentionOptions& options) {
+  forward_any(out, lse, q, k, v, options, caller);
+}
 
 const char* simd_path_name(Simd simd) { return simd_name(kernels::resolve_simd(simd)); }
 

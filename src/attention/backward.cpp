@@ -22,8 +22,8 @@ namespace qkv {
 namespace detail {
 
 std::string BackwardRows::lse_row(int64_t b, int64_t h, int64_t i) const {
-  if (packed_row0 >= 0) return fmt::format("lse[{}, {}] (head, packed query row)", h, packed_row0 + i);
-  return fmt::format("lse[{}, {}, {}] (batch, head, query row)", b, h, i);
+  if (packed) return fmt::format("lse[{}, {}] (head, packed query row)", h, row0 + i);
+  return fmt::format("lse[{}, {}, {}] (batch, head, query row)", b, h, row0 + i);
 }
 
 }  // namespace detail

@@ -18,9 +18,10 @@ struct BackwardRows {
   bool partial = false;
   // Who the caller called, and what it can do about an fp32 overflow (varlen's own).
   Caller caller = {};
-  // >= 0: this call's lse rows are columns packed_row0 + i of the caller's packed [H, total_q]
-  // lse (varlen), and messages name them so.
-  int64_t packed_row0 = -1;
+  // This call's row i is row row0 + i of the caller's lse (a ring block's rows among the rank's),
+  // or with `packed` column row0 + i of its packed [H, total_q] lse (varlen); messages name them so.
+  int64_t row0 = 0;
+  bool packed = false;
 
   // Row (b, h, i) of this call's lse as the caller indexes it.
   std::string lse_row(int64_t b, int64_t h, int64_t i) const;

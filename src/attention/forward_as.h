@@ -1,5 +1,5 @@
-// Internal: attention_forward made on behalf of another function (varlen's sequences), whose
-// overflow messages name that function and its remedy.
+// Internal: attention_forward made on behalf of another function (varlen's sequences, ring
+// attention's blocks), whose overflow messages name that function and its remedy.
 #pragma once
 
 #include "attention/overflow.h"
@@ -10,5 +10,7 @@ namespace qkv::detail {
 void attention_forward_as(const Caller& caller, TensorView<float> out, TensorView<double> lse,
                           TensorView<const float> q, TensorView<const float> k, TensorView<const float> v,
                           const AttentionOptions& options);
+void attention_forward_as(const Caller& caller, TensorView<float> out, TensorView<float> lse, TensorView<const float> q,
+                          TensorView<const float> k, TensorView<const float> v, const AttentionOptions& options);
 
 }  // namespace qkv::detail

@@ -66,6 +66,11 @@ inline constexpr const char* kVarlenOverflowRemedy =
     "scale the inputs down (the float64 reference kernel is Kernel::reference in C++; Python's varlen has no "
     "kernel choice)";
 
+// Ring attention's Caller remedy: its Python functions take no kernel choice.
+inline constexpr const char* kRingOverflowRemedy =
+    "scale the inputs down (the float64 reference kernel is Kernel::reference in C++ and --kernel reference in the "
+    "CLI; Python's ring_attention has no kernel choice)";
+
 // Which result overflowed, and in what arithmetic, for the message of refuse_overflow.
 struct Overflow {
   const char* who;                             // the function the caller called ("attention_forward")

@@ -149,7 +149,7 @@ void varlen_attention_backward(TensorView<float> dq, TensorView<float> dk, Tenso
     detail::attention_backward_rows(
         rows_of(dq, q0, q1), rows_of(dk, k0, k1), rows_of(dv, k0, k1), {}, rows_of(dout, q0, q1), rows_of(q, q0, q1),
         rows_of(k, k0, k1), rows_of(v, k0, k1), rows_of(out, q0, q1), lse_of(lse, q0, q1), o,
-        {.caller = {"varlen_attention_backward", detail::kVarlenOverflowRemedy}, .packed_row0 = q0});
+        {.caller = {"varlen_attention_backward", detail::kVarlenOverflowRemedy}, .row0 = q0, .packed = true});
   }
 }
 

@@ -354,7 +354,8 @@ void run_error_cases() {
   };
   const Tensor<float> ones = filled(1.0f), big_k = filled(1e19f);
   expect_error(
-      "overflow in one rank's steps", fmt::format("rank {}: attention_forward: the output overflowed", last), [&] {
+      "overflow in one rank's steps",
+      fmt::format("rank {}: ring attention: the output overflowed float32 although q, k and v are finite", last), [&] {
         Tensor<float> out = filled(0.0f);
         const Tensor<float> q = filled(g_rank == last ? 1e20f : 1.0f);
         qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), {}, q.cview(), big_k.cview(), ones.cview(), {});
@@ -367,6 +368,23 @@ void run_error_cases() {
     qkv::ring_attention_backward(MPI_COMM_WORLD, dq.view(), dk.view(), dv.view(), ones.cview(), ones.cview(),
                                  ones.cview(), ones.cview(), out.cview(), lse.cview(), {});
   });
+  // A NaN lse in the last row of one rank's shard: named as that rank's lse row, whichever of the
+  // ring's block calls reads it (with dropout a zigzag shard's two chunks are separate calls).
+  expect_error(
+      "a NaN lse on one rank",
+      fmt::format("rank {}: ring attention backward: lse[0, 0, {}] (batch, head, query row) is NaN although "
+                  "q, k and v are finite; no forward gives that",
+                  last, qkv::shard_length(N, g_ranks, last, zig) - 1),
+      [&] {
+        Tensor<float> out = filled(0.0f), lse({1, 1, n}), dq = filled(0.0f), dk = filled(0.0f), dv = filled(0.0f);
+        qkv::RingOptions o;
+        o.attention.dropout = {.p = 0.25, .seed = 7};
+        qkv::ring_attention_forward(MPI_COMM_WORLD, out.view(), lse.view(), ones.cview(), ones.cview(), ones.cview(),
+                                    o);
+        if (g_rank == last) lse[n - 1] = std::numeric_limits<float>::quiet_NaN();
+        qkv::ring_attention_backward(MPI_COMM_WORLD, dq.view(), dk.view(), dv.view(), ones.cview(), ones.cview(),
+                                     ones.cview(), ones.cview(), out.cview(), lse.cview(), o);
+      });
   expect_error("bias refused", "keep and bias masks are not supported", [&] {
     Tensor<float> t({1, 1, n, 8}), bias({1, 1, 1, 1});
     qkv::RingOptions o;

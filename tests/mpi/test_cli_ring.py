@@ -87,7 +87,7 @@ def test_a_fault_in_one_ranks_steps_fails_every_rank(tmp_path):
     q[0, 0, 3:9] *= np.float32(1e20)  # zigzag over 2 ranks: chunks [3, 6) and [6, 9) are rank 1's
     start = time.monotonic()
     proc, out, _ = attend(tmp_path, 2, [], q=q, k=k, v=v)
-    check_failure(proc, out, "qkv: error: rank 1: attention_forward: the output overflowed float32")
+    check_failure(proc, out, "qkv: error: rank 1: ring attention: the output overflowed float32")
     assert time.monotonic() - start < 60
 
 
