@@ -95,17 +95,18 @@ void run_softmax_block(benchmark::State& state) {
   state.counters["scores"] = benchmark::Counter(64.0 * nk, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The forward's work on one cache-resident block of the family's key block (Ops::kKeyBlock keys)
-// and 64 query lanes, and nothing else: Sᵀ = K · Qᵀ into rows as far apart as the kernel's
-// (column_read_stride) with each query row's max folded into the product's stores (the deferred
-// scale, as forward_tile.h's interior blocks), the weights in place and their sum
-// (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No packing, transposes, masks or memory
-// traffic: the ceiling of the fp32 forward's blocks at this D on this machine. FLOPs: the two
-// products only, as the attention benchmarks count them.
+// The forward's work on one cache-resident block of the fp32 forward's keys on this CPU
+// (fp32_block_keys: QKV_KEY_BLOCK, else the CPU's choice) and 64 query lanes, and nothing else:
+// Sᵀ = K · Qᵀ into rows as far apart as the kernel's (column_read_stride) with each query row's
+// max folded into the product's stores (the deferred scale, as forward_tile.h's interior blocks),
+// the weights in place and their sum (softmax_columns.h), alpha, then O = alpha ⊙ O + P · V. No
+// packing, transposes, masks or memory traffic: the ceiling of the fp32 forward's blocks at this D
+// on this machine. FLOPs: the two products only, as the attention benchmarks count them.
 template <class Ops>
 void run_fused_block(benchmark::State& state, int64_t d) {
   using V = typename Ops::V;
-  constexpr int64_t L = Ops::kLanes, nk = Ops::kKeyBlock;
+  constexpr int64_t L = Ops::kLanes;
+  const int64_t nk = kernels::fp32_block_keys<Ops>(kernels::fp32_key_block());
   const int64_t ls = kernels::column_read_stride(64);
   Tensor<float> k = floats(nk * d, 0.01f), qt = floats(d * 64, 0.02f), st = floats(nk * ls), v = floats(nk * 64, 0.03f),
                 o = floats(64 * 64);

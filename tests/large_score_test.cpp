@@ -396,11 +396,11 @@ TEST(LargeScores, BackwardRecomputesTheForwardsScores) {
   }
 }
 
-// Row 5's scores are exactly 0 while their fp32 products overflow past the second block of keys
-// (q = ±2^124 on the two halves of d, each key the same on both): NaN there, so those blocks cannot
-// be screened by their fp32 maxima, and each of their scores is summed again. The other rows are
-// q·50 (scores ~±400 against the third block), and the first two blocks' keys are small, so the
-// screen takes those blocks first. Keys in multiples of 2^-13 keep every double sum exact.
+// Row 5's scores are exactly 0 while their fp32 products overflow from key 256 on (q = ±2^124 on
+// the two halves of d, each key the same on both): NaN there, so those blocks cannot be screened
+// by their fp32 maxima, and each of their scores is summed again. The other rows are q·50 (scores
+// ~±400 against keys 256 on), and the keys before 256 are small, so the screen takes their blocks
+// (two of 128 keys or four of 64) first. Keys in multiples of 2^-13 keep every double sum exact.
 TEST(LargeScores, ScoresWhoseFp32ProductsOverflowAreSummedAgainAfterScreenedBlocks) {
   test::Rng rng("LargeScores.ScoresWhoseFp32ProductsOverflow");
   const int64_t N = 64, M = 384, D = 64, row = 5;

@@ -42,6 +42,7 @@ CpuFeatures detect() {
   f.avx512_bf16 = m.avx512_bf16;
   f.amx_bf16 = f.avx512_bf16 && amx_granted(m);
   f.split_k = !(m.vendor == "AuthenticAMD" && m.family == 0x1A);
+  if (m.vendor == "GenuineIntel" && m.amx_bf16) f.fp32_key_block = 64;
 #elif defined(__aarch64__)
   f.neon = true;
 #endif
@@ -106,7 +107,33 @@ const EnvSimd& env_simd() {
   return value;
 }
 
+// QKV_KEY_BLOCK as read once per process: 64 or 128, 0 when unset, or the message for another value.
+struct EnvKeyBlock {
+  int64_t keys = 0;
+  std::string error;
+};
+
+const EnvKeyBlock& env_key_block() {
+  static const EnvKeyBlock value = [] {
+    EnvKeyBlock e;
+    const char* env = std::getenv("QKV_KEY_BLOCK");
+    const std::string text = env == nullptr ? "" : env;
+    if (text == "64" || text == "128")
+      e.keys = std::stoll(text);
+    else if (!text.empty())
+      e.error = fmt::format("QKV_KEY_BLOCK must be 64 or 128 (keys per block of the fp32 forward), got '{}'", text);
+    return e;
+  }();
+  return value;
+}
+
 }  // namespace
+
+int64_t fp32_key_block() {
+  const EnvKeyBlock& env = env_key_block();
+  if (!env.error.empty()) throw Error(env.error);
+  return env.keys > 0 ? env.keys : cpu_features().fp32_key_block;
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();

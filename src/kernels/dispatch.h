@@ -19,8 +19,16 @@ struct CpuFeatures {
   // Whether block products split a long K into chunks (GemmArgs::split_k, microkernel.h): measured
   // to pay on Skylake-SP, and to cost 1-3% on Zen 5 (AMD family 1Ah), which runs K in one pass.
   bool split_k = true;
+  // Keys per block of the fp32 forward (ForwardParams::key_block), at most a family's
+  // Ops::kKeyBlock: 64 on Intel's cores with AMX, where the AVX-512 forward ran 3-7% faster than
+  // with 128 (S3, S4, S6; its bf16 on tiles keeps 128, which ran 15% faster there); 128 elsewhere.
+  int64_t fp32_key_block = 128;
 };
 const CpuFeatures& cpu_features();
+
+// The fp32 forward's keys per block: QKV_KEY_BLOCK (64 or 128) when set, for measuring either on
+// any CPU; else CpuFeatures::fp32_key_block. Throws qkv::Error for another QKV_KEY_BLOCK.
+int64_t fp32_key_block();
 
 // Resolves a request to a concrete path (never Simd::automatic): the caller's explicit choice,
 // else QKV_SIMD, else the best path the CPU has. Throws qkv::Error for a path the CPU lacks or

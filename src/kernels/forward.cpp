@@ -59,6 +59,7 @@ void forward(const ForwardParams& params, Simd path, int num_threads) {
   p.bf16_dot = p.is_bf16() && path == Simd::avx512 && cpu_features().avx512_bf16;
   p.bf16_amx = p.bf16_dot && bf16_product_isa(s.D, s.Dv) == PeakIsa::amx_bf16;
   p.tile_group = plan_tile_group(s, p.tile_rows);
+  p.key_block = fp32_key_block();
   const int64_t task_rows = p.tile_rows * p.tile_group;
   const int64_t tiles = (s.N + task_rows - 1) / task_rows;
   const int64_t heads = s.B * s.H;

@@ -38,7 +38,6 @@ template <class Ops, class In, bool Pairs>
 class ForwardTile {
   using V = typename Ops::V;
   static constexpr int L = Ops::kLanes;
-  static constexpr int64_t kBc = Ops::kKeyBlock;
   // What S = Q·Kᵀ multiplies: floats, or bf16 pairs (one uint32_t holds two).
   using Elem = std::conditional_t<Pairs, uint32_t, float>;
 
@@ -55,7 +54,8 @@ class ForwardTile {
         b_(t.b),
         h_(t.h),
         hk_(t.h / (p.shape.H / p.shape.Hkv)),
-        i0_(t.i0 + sub * p.tile_rows) {
+        i0_(t.i0 + sub * p.tile_rows),
+        kb_(Pairs ? Ops::kKeyBlock : fp32_block_keys<Ops>(p.key_block)) {
     q_ = ForwardParams::typed<In>(p.q) + p.q_stride.at(b_, h_, 0);
     k_ = ForwardParams::typed<In>(p.k) + p.k_stride.at(b_, hk_, 0);
     v_ = ForwardParams::typed<In>(p.v) + p.v_stride.at(b_, hk_, 0);
@@ -78,7 +78,7 @@ class ForwardTile {
                 vectors_aligned(v_, p.v_stride.row * static_cast<int64_t>(sizeof(In)), L * sizeof(float));
     const int64_t group = p.tile_group;
     qt_ = ws.get<Elem>(forward_slot::q_t, static_cast<std::size_t>(group * dk_ * bq_)) + sub * dk_ * bq_;
-    st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kBc * ls_));
+    st_ = ws.get<float>(forward_slot::scores, static_cast<std::size_t>(kb_ * ls_));
     // O [bq x dvp], or with AMX Oᵀ [dvp x bq] (accumulate_pairs)
     o_ = ws.get<float>(forward_slot::out, static_cast<std::size_t>(group * bq_ * dvp_)) + sub * bq_ * dvp_;
     static_assert(forward_slot::count <= Workspace::kSlots);
@@ -90,14 +90,14 @@ class ForwardTile {
     pairs_pv_ = Pairs && s_.Dv >= L;
     amx_ = Pairs && p.bf16_amx;  // then Dv >= 16 = L: pairs_pv_ too
     vpack_ =
-        v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kBc * dvp_));
+        v_direct_ || pairs_pv_ ? nullptr : ws.get<float>(forward_slot::v_pack, static_cast<std::size_t>(kb_ * dvp_));
     if (pairs_pv_) {
-      vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kBc / 2 * dvp_));
-      ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kBc / 2 * bq_));
+      vpairs_ = ws.get<uint32_t>(forward_slot::v_pack, static_cast<std::size_t>(kb_ / 2 * dvp_));
+      ppairs_ = ws.get<uint32_t>(forward_slot::p_pairs, static_cast<std::size_t>(kb_ / 2 * bq_));
     }
-    if (amx_) vrows_ = ws.get<uint32_t>(forward_slot::v_rows, static_cast<std::size_t>(kBc / 2 * dvp_));
+    if (amx_) vrows_ = ws.get<uint32_t>(forward_slot::v_rows, static_cast<std::size_t>(kb_ / 2 * dvp_));
     // AMX reads K in rows of 16: a block of fewer keys is packed with zero rows after it.
-    kpack_ = k_direct_ && !amx_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kBc * dk_));
+    kpack_ = k_direct_ && !amx_ ? nullptr : ws.get<Elem>(forward_slot::k_pack, static_cast<std::size_t>(kb_ * dk_));
     float* stats = ws.get<float>(forward_slot::stats, static_cast<std::size_t>(group * 6 * bq_)) + sub * 6 * bq_;
     m_ = stats;
     l_ = stats + bq_;
@@ -114,14 +114,14 @@ class ForwardTile {
     if constexpr (!Pairs) q_sizes();
     std::fill(m_, m_ + qvecs_ * L, -std::numeric_limits<float>::infinity());
     std::fill(l_, l_ + qvecs_ * L, 0.0f);
-    return (jhi_ - jlo_ + kBc - 1) / kBc;
+    return (jhi_ - jlo_ + kb_ - 1) / kb_;
   }
   // The keys [lo, hi) the tile's blocks cover, once start() returned a count above 0.
   std::pair<int64_t, int64_t> keys() const { return {jlo_, jhi_}; }
   // Folds key block `n` (< start()) into the running softmax and O; blocks go in order.
   void step(int64_t n) {
-    const int64_t j0 = jlo_ + n * kBc;
-    block(j0, std::min(kBc, jhi_ - j0));
+    const int64_t j0 = jlo_ + n * kb_;
+    block(j0, std::min(kb_, jhi_ - j0));
   }
   void finish() { write_rows(); }
 
@@ -195,7 +195,7 @@ class ForwardTile {
   // of the head, which refine_large reads.
   bool wants_key_sizes() const { return refine_; }
   // wide, s_lo: room for large_scores.h to widen Qᵀ and rows of K (refine_room(D) doubles) and
-  // for the scores' low parts (kBc·bq floats), shared by the group's tiles.
+  // for the scores' low parts (kb_·bq floats), shared by the group's tiles.
   void use_key_sizes(const float* sizes, double* wide, float* s_lo) {
     k_sizes_ = sizes;
     wide_ = wide;
@@ -376,8 +376,8 @@ class ForwardTile {
       // Block-relative bounds are small integers, exact in fp32; dead lanes mask everything.
       for (int64_t r = 0; r < qvecs_ * L; ++r) {
         const bool live = r < rows_ && live_[r];
-        lo_rel_[r] = live ? static_cast<float>(std::clamp<int64_t>(lo_[r] - j0, -1, kBc + 1)) : 0.0f;
-        hi_rel_[r] = live ? static_cast<float>(std::clamp<int64_t>(hi_[r] - j0, -1, kBc + 1)) : 0.0f;
+        lo_rel_[r] = live ? static_cast<float>(std::clamp<int64_t>(lo_[r] - j0, -1, kb_ + 1)) : 0.0f;
+        hi_rel_[r] = live ? static_cast<float>(std::clamp<int64_t>(hi_[r] - j0, -1, kb_ + 1)) : 0.0f;
       }
     }
     for (int64_t g = 0; g < qvecs_; ++g) {
@@ -504,6 +504,7 @@ class ForwardTile {
   const AttentionShape& s_;
   const detail::MaskEval& mask_;
   int64_t b_, h_, hk_, i0_;
+  int64_t kb_;  // keys per block: ForwardParams::key_block for fp32 products, the family's for pairs
   const In *q_, *k_, *v_;
   int64_t bq_ = 0, ls_ = 0, rows_ = 0, qvecs_ = 0, dvp_ = 0, dk_ = 0;  // ls_: st_'s row stride
   bool k_direct_ = false, v_direct_ = false, first_block_ = true, pairs_pv_ = false, amx_ = false;

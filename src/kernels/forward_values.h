@@ -77,7 +77,7 @@ bool ForwardTile<Ops, In, Pairs>::accumulate_pairs(const In* v, int64_t nb, cons
   using Dot = typename Ops::PairDot;
   const int64_t kp = amx_ ? (nb + 31) / 32 * 16 : (nb + 1) / 2, lanes = qvecs_ * L;
   if (!p_as_pairs()) {
-    std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kBc: room
+    std::fill(st_ + nb * ls_, st_ + 2 * kp * ls_, 0.0f);  // 2·kp <= kb_: room
     for (int64_t k = 0; k < kp; ++k)
       for (int64_t g = 0; g < lanes; g += L)
         Dot::round_pairs(Ops::load(st_ + 2 * k * ls_ + g), Ops::load(st_ + (2 * k + 1) * ls_ + g),

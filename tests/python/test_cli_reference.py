@@ -1,5 +1,8 @@
 """`qkv attend` against an independent numpy attention (qkv_testlib.attention) on random cases:
 GQA, cross-attention, odd sizes, every mask kind and their combinations, float64 end to end."""
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -220,3 +223,39 @@ def test_attend_float32_same_bytes_for_any_thread_count(run, tmp_path, seed, ker
         assert proc.returncode == 0, f"seed {seed}: {proc.stderr}"
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1] == outputs[2], f"seed {seed}: results depend on the thread count"
+
+
+@pytest.mark.parametrize("keys", ["64", "128"])
+def test_either_key_block_of_the_fp32_forward_keeps_the_fp32_rule(qkv_bin, tmp_path, seed, keys):
+    """QKV_KEY_BLOCK picks the fp32 forward's keys per block on any CPU (the default is chosen per
+    CPU): either one, over keys that span several blocks and a causal band, is within the fp32 rule
+    of float64 attention, with the same bits for one and two threads."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in [(1, 2, 200, 64), (1, 2, 300, 64), (1, 2, 300, 40)])
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"{name}.npy", x)
+    env = dict(os.environ, QKV_KEY_BLOCK=keys)
+    outs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"out{threads}.npy"
+        proc = subprocess.run([qkv_bin, "attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v",
+                               tmp_path / "v.npy", "--causal", "--out", out, "--threads", threads],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, f"seed {seed}: {proc.stderr}"
+        outs.append(np.load(out))
+    want, _, _ = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal="top_left")
+    assert np.abs(outs[0] - want).max() <= 2e-5 * (1 + np.abs(want).max()), f"seed {seed}"
+    assert outs[0].tobytes() == outs[1].tobytes(), f"seed {seed}: the bits depend on the threads"
+
+
+def test_another_key_block_is_refused_by_name(qkv_bin, tmp_path):
+    for name, shape in (("q", (3, 8)), ("k", (5, 8)), ("v", (5, 8))):
+        np.save(tmp_path / f"{name}.npy", np.ones(shape, np.float32))
+    env = dict(os.environ, QKV_KEY_BLOCK="96")
+    proc = subprocess.run([qkv_bin, "attend", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v",
+                           tmp_path / "v.npy", "--out", tmp_path / "out.npy"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert proc.stderr == ("qkv: error: QKV_KEY_BLOCK must be 64 or 128 (keys per block of the fp32 forward), "
+                           "got '96'\n"), proc.stderr
+    assert not (tmp_path / "out.npy").exists()

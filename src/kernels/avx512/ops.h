@@ -107,7 +107,9 @@ struct Avx512 {
   // Micro-tile: 6 rows x 4 vectors = 24 accumulators of the 32 registers, leaving room for the
   // 4 B vectors; broadcasts of A fold into the FMAs as memory operands.
   static constexpr int kRows = 6, kVecs = 4;
-  // Keys per block: 128 measured 1-2% faster than 64 on S2-S6 (fewer O rescales per key).
+  // Keys per block at most (buffers are sized for it): the bf16 forward's, and the fp32 forward's
+  // where the CPU takes 128 (CpuFeatures::fp32_key_block); 128 measured 1-2% faster than 64 on
+  // S2-S6 (fewer O rescales per key) on the class it was tuned on.
   static constexpr int kKeyBlock = 128;
 
   static V zero() { return _mm512_setzero_ps(); }
