@@ -20,8 +20,9 @@ struct CpuFeatures {
   // to pay on Skylake-SP, and to cost 1-3% on Zen 5 (AMD family 1Ah), which runs K in one pass.
   bool split_k = true;
   // Keys per block of the fp32 forward (ForwardParams::key_block), at most a family's
-  // Ops::kKeyBlock: 64 on Intel's cores with AMX, where the AVX-512 forward ran 3-7% faster than
-  // with 128 (S3, S4, S6; its bf16 on tiles keeps 128, which ran 15% faster there); 128 elsewhere.
+  // Ops::kKeyBlock: 64 on Intel's cores with AMX, where the AVX-512 forward ran 3-5% faster than
+  // with 128 (S3, S4, S6, S3q50; its bf16 on tiles keeps 128, which ran 15% faster there); 128
+  // elsewhere, where it was tuned.
   int64_t fp32_key_block = 128;
 };
 const CpuFeatures& cpu_features();
