@@ -131,13 +131,20 @@ detail::StagedFile::StagedFile(const std::string& path, const OutputTarget& out,
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
     tmp_ = temporary_name(target_);
+    // Listed before it exists: a fatal signal between the file's creation and its listing left it
+    // behind. Listed too early, the handler unlinks a name not created yet, or (EEXIST) a file of
+    // that very name, which only a dead process with this PID can have left.
+    slot_ = list_staged(tmp_);
     fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST)
+    if (fd >= 0) break;
+    const int error = errno;
+    unlist_staged(slot_);
+    slot_ = -1;
+    if (error != EEXIST)
       throw Error(fmt::format("cannot write {}: cannot create a temporary file in {}: {}", path, directory_of(target_),
-                              detail::errno_text(errno)));
+                              detail::errno_text(error)));
   }
   if (fd < 0) throw Error(fmt::format("cannot write {}: no unused temporary name in {}", path, directory_of(target_)));
-  slot_ = list_staged(tmp_);
 
   try {
     // Replacing a file keeps its permissions, as an in-place write would.
