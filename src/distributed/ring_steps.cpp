@@ -10,8 +10,9 @@
 namespace qkv::ring {
 namespace {
 
-// Messages of a block's forward name ring attention and its remedy.
-constexpr detail::Caller kCaller{"ring attention", detail::kRingOverflowRemedy};
+// Messages of a block's forward and backward name ring attention and its remedy.
+constexpr detail::Caller kForwardCaller{"ring attention", detail::kRingOverflowRemedy};
+constexpr detail::Caller kBackwardCaller{"ring attention backward", detail::kRingOverflowRemedy};
 
 // Merges a block's (out, lse) into the running (acc_out, acc_lse), all [B,H,n,·].
 void merge_block(TensorView<float> acc_out, TensorView<float> acc_lse, TensorView<const float> out,
@@ -63,12 +64,12 @@ void ForwardSteps::step(int src, ShardAt shard) {
     const TensorView<const float> kc = shard.k_rows(plan_, src, c.k_offset, c.m);
     const TensorView<const float> vc = shard.v_rows(plan_, src, c.k_offset, c.m);
     if (acc_.claim(c.q_first, c.q_end)) {
-      detail::attention_forward_as(kCaller, acc_out, acc_l, rows(q_, c.q_offset, c.n), kc, vc, c.options);
+      detail::attention_forward_as(kForwardCaller, acc_out, acc_l, rows(q_, c.q_offset, c.n), kc, vc, c.options);
       continue;
     }
     TensorView<float> bo(block_out_.data(), {plan_.B, plan_.H, c.n, plan_.Dv});
     TensorView<float> bl(block_lse_.data(), {plan_.B, plan_.H, c.n});
-    detail::attention_forward_as(kCaller, bo, bl, rows(q_, c.q_offset, c.n), kc, vc, c.options);
+    detail::attention_forward_as(kForwardCaller, bo, bl, rows(q_, c.q_offset, c.n), kc, vc, c.options);
     merge_block(acc_out, acc_l, bo, bl, threads_);
   }
 }
@@ -124,8 +125,7 @@ void BackwardSteps::step(int src, ShardAt shard, float* dk, float* dv) {
     detail::attention_backward_rows(
         bdq, bdk, bdv, TensorView<float>(), rows(dout_, c.q_offset, n), rows(q_, c.q_offset, n),
         shard.k_rows(plan_, src, c.k_offset, m), shard.v_rows(plan_, src, c.k_offset, m), rows(out_, c.q_offset, n),
-        rows(lse_, c.q_offset, n), c.options,
-        {.partial = true, .caller = {"ring attention backward", detail::kRingOverflowRemedy}, .row0 = c.q_offset});
+        rows(lse_, c.q_offset, n), c.options, {.partial = true, .caller = kBackwardCaller, .row0 = c.q_offset});
     if (!dq_fresh) add_into(dq_rows, bdq, threads_);
     if (!dkv_fresh) {
       add_into(dk_rows, bdk, threads_);

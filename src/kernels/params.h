@@ -55,10 +55,10 @@ struct ForwardParams {
   // Tiles per task, run block by block together so they share each K/V block in cache; also
   // from the shape alone.
   int64_t tile_group = 1;
-  // Keys per block of the fp32 products (fp32_key_block, dispatch.h), capped by the family's
-  // Ops::kKeyBlock; 0: the family's. bf16 pairs take the family's. One value for the whole call,
-  // so the blocks (and so the bits) do not depend on the threads.
-  int64_t key_block = 0;
+  // Keys per block of the fp32 products (fp32_key_block, dispatch.h, set by kernels::forward),
+  // capped by the family's Ops::kKeyBlock; bf16 pairs take the family's. One value for the whole
+  // call, so the blocks (and so the bits) do not depend on the threads.
+  int64_t key_block = 128;
   // bf16 inputs: multiply pairs with vdpbf16ps (AVX512_BF16) instead of widening to fp32.
   bool bf16_dot = false;
   // bf16_dot with both products on AMX tiles (AMX-BF16; D a multiple of 32, Dv of 16).

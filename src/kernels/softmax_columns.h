@@ -7,11 +7,10 @@ namespace qkv::kernels {
 namespace {
 
 // Keys per block of the fp32 forward in family Ops for ForwardParams::key_block (the CPU's
-// choice, fp32_key_block): capped by the family's Ops::kKeyBlock, which sizes its buffers; 0 or
-// less: the family's own.
+// choice, fp32_key_block): capped by the family's Ops::kKeyBlock, which sizes its buffers.
 template <class Ops>
 int64_t fp32_block_keys(int64_t key_block) {
-  return key_block <= 0 ? Ops::kKeyBlock : std::min<int64_t>(key_block, Ops::kKeyBlock);
+  return std::min<int64_t>(key_block, Ops::kKeyBlock);
 }
 
 // max(m, st[jj·ls] for jj < nb), lane by lane, in four chains: one chain waited for max's latency
